@@ -1,3 +1,8 @@
-fn main() {
-    println!("Hello, world!");
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = iggy_connect::cli::Cli::parse();
+    iggy_connect::cli::run(cli)
 }

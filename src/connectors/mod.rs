@@ -1,0 +1,234 @@
+//! The connector interfaces, the registry that builds connectors from config, and
+//! one module per connector under `sources/` and `sinks/`.
+
+pub mod registry;
+pub mod sinks;
+pub mod sources;
+
+use std::error::Error as StdError;
+use std::fmt;
+
+use async_trait::async_trait;
+use serde::de::DeserializeOwned;
+
+use crate::message::{SinkMessage, SourceRecord, TopicRef};
+
+pub use registry::{ConnectorKind, Registry};
+
+pub type BoxError = Box<dyn StdError + Send + Sync>;
+
+/// A source reads from an external system and hands the engine batches.
+///
+/// The engine drives it with exactly one batch in flight:
+/// `poll` -> (send to Iggy, save state, retrying as long as needed) -> `commit`
+/// -> `poll` ... A source may stage what it needs to finish a batch (rows to
+/// delete, clients to answer) in `poll`, but it must do nothing destructive or
+/// irreversible until `commit` is called: `commit` means the batch is in Iggy and
+/// the state returned with it is saved. After a failed delivery the engine retries
+/// the same batch and never calls `poll` in between; if it gives up it calls
+/// `close` without `commit`, and the source must leave its input untouched.
+#[async_trait]
+pub trait Source: Send + Sync {
+    /// Prepares the source. `state` is what the last committed batch returned, as
+    /// saved by the state store, or `None` on a fresh start.
+    async fn open(&mut self, state: Option<&[u8]>) -> Result<(), ConnectorError>;
+
+    /// Returns the next batch, waiting as long as the source needs to (a poll
+    /// interval, incoming requests). Must be cancel-safe: dropping the future
+    /// (on shutdown) loses nothing.
+    async fn poll(&self) -> Result<SourceBatch, ConnectorError>;
+
+    /// The batch returned by the last `poll` is durable: apply what it staged.
+    async fn commit(&self) -> Result<(), ConnectorError>;
+
+    /// How the engine should treat failed deliveries of this source's batches.
+    fn batch_policy(&self) -> BatchPolicy {
+        BatchPolicy::default()
+    }
+
+    /// Releases resources. Called once, whether the source stopped normally or
+    /// not; a batch that was polled but not committed must not be applied.
+    async fn close(&mut self) -> Result<(), ConnectorError>;
+}
+
+/// A sink writes batches of decoded messages to an external system.
+#[async_trait]
+pub trait Sink: Send + Sync {
+    async fn open(&mut self) -> Result<(), ConnectorError>;
+
+    /// Writes one batch. `Ok` means every message is durably in the target system;
+    /// only then does the engine commit the batch's offsets. Several topics of one
+    /// sink may call `write` concurrently.
+    async fn write(&self, topic: &TopicRef, messages: &[SinkMessage]) -> Result<(), SinkError>;
+
+    async fn close(&mut self) -> Result<(), ConnectorError>;
+}
+
+/// One poll's worth of records and the state the source will have once they are
+/// durable.
+#[derive(Debug, Default)]
+pub struct SourceBatch {
+    pub records: Vec<SourceRecord>,
+    /// The source's state after this batch (MessagePack, see [`encode_state`]).
+    /// Saved by the engine before `commit`; `None` keeps the previous state.
+    pub state: Option<Vec<u8>>,
+    /// The source has nothing more to produce, ever (a finite generator). The
+    /// engine delivers this batch, commits it and stops the source as completed.
+    pub finished: bool,
+}
+
+/// How the engine handles NACKs (failed sends or state saves) for a source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchPolicy {
+    /// Stop the source after this many consecutive NACKs of the same batch.
+    /// `None` retries forever.
+    pub max_consecutive_nacks: Option<u32>,
+}
+
+impl BatchPolicy {
+    pub const DEFAULT_MAX_CONSECUTIVE_NACKS: u32 = 5;
+
+    pub const fn never_stop() -> Self {
+        Self {
+            max_consecutive_nacks: None,
+        }
+    }
+
+    /// Applies a config override, where 0 means never stop.
+    pub fn with_override(self, max_consecutive_nacks: Option<u32>) -> Self {
+        match max_consecutive_nacks {
+            None => self,
+            Some(0) => Self::never_stop(),
+            Some(limit) => Self {
+                max_consecutive_nacks: Some(limit),
+            },
+        }
+    }
+}
+
+impl Default for BatchPolicy {
+    fn default() -> Self {
+        Self {
+            max_consecutive_nacks: Some(Self::DEFAULT_MAX_CONSECUTIVE_NACKS),
+        }
+    }
+}
+
+/// An error from a connector's `open`, `poll`, `commit` or `close`.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectorError {
+    /// The operation may succeed if retried (network, timeouts, a busy backend).
+    #[error("{0}")]
+    Transient(#[source] BoxError),
+    /// The connector cannot continue; the engine stops it with reason `fatal`.
+    #[error("{0}")]
+    Fatal(#[source] BoxError),
+}
+
+impl ConnectorError {
+    pub fn transient(error: impl Into<BoxError>) -> Self {
+        Self::Transient(error.into())
+    }
+
+    pub fn fatal(error: impl Into<BoxError>) -> Self {
+        Self::Fatal(error.into())
+    }
+
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Transient(_))
+    }
+}
+
+/// Why a sink's `write` failed, which decides what the engine does next.
+#[derive(Debug, thiserror::Error)]
+pub enum SinkError {
+    /// Nothing is known to be lost: the engine retries the same batch with backoff
+    /// and leaves the offsets where they are.
+    #[error("transient write failure: {0}")]
+    Transient(#[source] BoxError),
+    /// These messages can never be written (the backend refuses them). The rest of
+    /// the batch may or may not have been written; the engine applies the sink's
+    /// `on_error` policy to the rejected ones and writes the rest again.
+    #[error("{} message(s) rejected, first: {}", .0.len(), .0.first().map(|r| r.reason.as_str()).unwrap_or(""))]
+    Rejected(Vec<Rejection>),
+    /// The sink cannot continue (misconfiguration, lost permissions): the engine
+    /// stops it with reason `fatal` without committing.
+    #[error("fatal write failure: {0}")]
+    Fatal(#[source] BoxError),
+}
+
+impl SinkError {
+    pub fn transient(error: impl Into<BoxError>) -> Self {
+        Self::Transient(error.into())
+    }
+
+    pub fn fatal(error: impl Into<BoxError>) -> Self {
+        Self::Fatal(error.into())
+    }
+}
+
+/// One message of a batch that the backend refused for good.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// Index into the `messages` slice passed to `write`.
+    pub index: usize,
+    pub reason: String,
+}
+
+/// An invalid `plugin_config`, naming the field and what was expected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginConfigError {
+    /// Dotted path of the offending field inside `plugin_config` (empty for the
+    /// table as a whole).
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for PluginConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.field.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "{}: {}", self.field, self.message)
+        }
+    }
+}
+
+impl std::error::Error for PluginConfigError {}
+
+impl PluginConfigError {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Parses a connector's `plugin_config` into its typed config, naming the field
+/// that does not fit.
+pub fn parse_plugin_config<T: DeserializeOwned>(
+    config: &serde_json::Value,
+) -> Result<T, PluginConfigError> {
+    serde_path_to_error::deserialize(config).map_err(|error| {
+        let field = match error.path().to_string() {
+            path if path == "." => String::new(),
+            path => path,
+        };
+        PluginConfigError {
+            field,
+            message: error.into_inner().to_string(),
+        }
+    })
+}
+
+/// Serializes a source's state with field names, so tools and the API can decode
+/// it without knowing its type.
+pub fn encode_state<T: serde::Serialize>(state: &T) -> Result<Vec<u8>, ConnectorError> {
+    rmp_serde::to_vec_named(state).map_err(ConnectorError::fatal)
+}
+
+/// Decodes a state written by [`encode_state`].
+pub fn decode_state<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ConnectorError> {
+    rmp_serde::from_slice(bytes).map_err(ConnectorError::fatal)
+}

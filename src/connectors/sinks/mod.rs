@@ -1,0 +1,4 @@
+//! One module per sink connector, each behind its own cargo feature.
+
+#[cfg(feature = "stdout-sink")]
+pub mod stdout;

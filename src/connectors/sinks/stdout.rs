@@ -1,0 +1,88 @@
+//! `stdout` sink: prints each payload on its own line when `print_payload = true`
+//! and logs a summary per batch. Useful for demos and for checking a pipeline.
+
+use std::io::Write;
+
+use async_trait::async_trait;
+use serde::Deserialize;
+use tracing::info;
+
+use crate::connectors::registry::SinkEntry;
+use crate::connectors::{ConnectorError, Sink, SinkError, parse_plugin_config};
+use crate::message::{Payload, SinkMessage, TopicRef};
+
+pub const ENTRY: SinkEntry = SinkEntry {
+    name: "stdout",
+    feature: "stdout-sink",
+    description: "prints messages to standard output",
+    secret_fields: &[],
+    build: |config| Ok(Box::new(StdoutSink::new(parse_plugin_config(config)?))),
+};
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StdoutConfig {
+    #[serde(default)]
+    pub print_payload: bool,
+}
+
+pub struct StdoutSink {
+    config: StdoutConfig,
+}
+
+impl StdoutSink {
+    pub fn new(config: StdoutConfig) -> Self {
+        Self { config }
+    }
+}
+
+#[async_trait]
+impl Sink for StdoutSink {
+    async fn open(&mut self) -> Result<(), ConnectorError> {
+        Ok(())
+    }
+
+    async fn write(&self, topic: &TopicRef, messages: &[SinkMessage]) -> Result<(), SinkError> {
+        let (Some(first), Some(last)) = (messages.first(), messages.last()) else {
+            return Ok(());
+        };
+        info!(
+            stream = %topic.stream,
+            topic = %topic.topic,
+            partition_id = first.partition_id,
+            first_offset = first.offset,
+            last_offset = last.offset,
+            messages = messages.len(),
+            "stdout sink received a batch"
+        );
+        if !self.config.print_payload {
+            return Ok(());
+        }
+        let mut out = Vec::with_capacity(messages.len() * 128);
+        for message in messages {
+            match &message.payload {
+                Payload::Json(value) => {
+                    serde_json::to_writer(&mut out, value).map_err(SinkError::fatal)?
+                }
+                Payload::Text(text) => out.extend_from_slice(text.as_bytes()),
+                Payload::Raw(bytes) => {
+                    out.extend_from_slice(String::from_utf8_lossy(bytes).as_bytes())
+                }
+            }
+            out.push(b'\n');
+        }
+        // Writing to a pipe can block; keep it off the async workers.
+        tokio::task::spawn_blocking(move || {
+            let mut stdout = std::io::stdout().lock();
+            stdout.write_all(&out)?;
+            stdout.flush()
+        })
+        .await
+        .map_err(SinkError::fatal)?
+        .map_err(|error| SinkError::fatal(format!("cannot write to standard output: {error}")))
+    }
+
+    async fn close(&mut self) -> Result<(), ConnectorError> {
+        Ok(())
+    }
+}

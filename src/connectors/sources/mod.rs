@@ -1,0 +1,4 @@
+//! One module per source connector, each behind its own cargo feature.
+
+#[cfg(feature = "random-source")]
+pub mod random;

@@ -1,0 +1,181 @@
+//! `random` source: generates JSON records (`{id, title, name, text}`) for demos,
+//! tests and benchmarks. Its state is the number of records committed so far, so
+//! a restart continues the count and `max_count` holds across restarts.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rand::RngExt;
+use serde::{Deserialize, Serialize};
+
+use crate::connectors::registry::SourceEntry;
+use crate::connectors::{
+    ConnectorError, Source, SourceBatch, decode_state, encode_state, parse_plugin_config,
+};
+use crate::message::{Payload, SourceRecord};
+
+pub const ENTRY: SourceEntry = SourceEntry {
+    name: "random",
+    feature: "random-source",
+    description: "generates random JSON records (demos, tests, benchmarks)",
+    secret_fields: &[],
+    build: |config| Ok(Box::new(RandomSource::new(parse_plugin_config(config)?)?)),
+};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RandomConfig {
+    /// Wait between batches (upstream's default is 1 s; ours is shorter so a
+    /// first `pipe` run finishes quickly).
+    #[serde(default = "default_interval", with = "crate::config::duration")]
+    pub interval: Duration,
+    /// Stop after this many records in total (across restarts).
+    #[serde(default)]
+    pub max_count: Option<u64>,
+    /// Records per batch, drawn from `[min, max)`; `[n, n]` means exactly n.
+    #[serde(default = "default_messages_range")]
+    pub messages_range: [u64; 2],
+    /// Length of the random `text` field.
+    #[serde(default = "default_payload_size")]
+    pub payload_size: usize,
+}
+
+fn default_interval() -> Duration {
+    Duration::from_millis(100)
+}
+
+fn default_messages_range() -> [u64; 2] {
+    [10, 50]
+}
+
+fn default_payload_size() -> usize {
+    100
+}
+
+/// What the source persists: upstream's field name.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RandomState {
+    pub messages_produced: u64,
+}
+
+pub struct RandomSource {
+    config: RandomConfig,
+    /// Records committed so far.
+    committed: AtomicU64,
+    /// The count once the batch in flight commits.
+    staged: Mutex<Option<u64>>,
+    polled_once: AtomicBool,
+    /// Random alphanumeric text that records take slices of, so generating a
+    /// record costs no per-character randomness.
+    text_pool: String,
+}
+
+const TEXT_POOL_LEN: usize = 64 * 1024;
+const ALPHANUMERIC: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+
+impl RandomSource {
+    pub fn new(config: RandomConfig) -> Result<Self, crate::connectors::PluginConfigError> {
+        let [min, max] = config.messages_range;
+        if max < min {
+            return Err(crate::connectors::PluginConfigError::new(
+                "messages_range",
+                format!("expected [min, max] with min <= max, found [{min}, {max}]"),
+            ));
+        }
+        let mut rng = rand::rng();
+        let pool_len = TEXT_POOL_LEN.max(config.payload_size * 2);
+        let text_pool = (0..pool_len)
+            .map(|_| char::from(ALPHANUMERIC[rng.random_range(0..ALPHANUMERIC.len())]))
+            .collect();
+        Ok(Self {
+            config,
+            committed: AtomicU64::new(0),
+            staged: Mutex::new(None),
+            polled_once: AtomicBool::new(false),
+            text_pool,
+        })
+    }
+
+    fn batch_size(&self, remaining: u64) -> u64 {
+        let [min, max] = self.config.messages_range;
+        let size = if max > min {
+            rand::rng().random_range(min..max)
+        } else {
+            min
+        };
+        size.min(remaining)
+    }
+
+    fn record(&self) -> SourceRecord {
+        let id = uuid::Uuid::new_v4();
+        let size = self.config.payload_size;
+        let start = rand::rng().random_range(0..=self.text_pool.len() - size);
+        let payload = serde_json::json!({
+            "id": id.to_string(),
+            "title": "Hello",
+            "name": "World",
+            "text": &self.text_pool[start..start + size],
+        });
+        SourceRecord::new(Payload::Json(payload)).with_id(id.as_u128())
+    }
+
+    fn lock_staged(&self) -> std::sync::MutexGuard<'_, Option<u64>> {
+        self.staged
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[async_trait]
+impl Source for RandomSource {
+    async fn open(&mut self, state: Option<&[u8]>) -> Result<(), ConnectorError> {
+        if let Some(bytes) = state {
+            let state: RandomState = decode_state(bytes)?;
+            self.committed
+                .store(state.messages_produced, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
+    async fn poll(&self) -> Result<SourceBatch, ConnectorError> {
+        let committed = self.committed.load(Ordering::SeqCst);
+        let remaining = self
+            .config
+            .max_count
+            .map_or(u64::MAX, |max| max.saturating_sub(committed));
+        if remaining == 0 {
+            return Ok(SourceBatch {
+                finished: true,
+                ..SourceBatch::default()
+            });
+        }
+        if self.polled_once.swap(true, Ordering::SeqCst) && !self.config.interval.is_zero() {
+            tokio::time::sleep(self.config.interval).await;
+        }
+        let count = self.batch_size(remaining);
+        let records: Vec<SourceRecord> = (0..count).map(|_| self.record()).collect();
+        let produced = committed + count;
+        *self.lock_staged() = Some(produced);
+        Ok(SourceBatch {
+            records,
+            state: Some(encode_state(&RandomState {
+                messages_produced: produced,
+            })?),
+            finished: self.config.max_count.is_some_and(|max| produced >= max),
+        })
+    }
+
+    async fn commit(&self) -> Result<(), ConnectorError> {
+        if let Some(produced) = self.lock_staged().take() {
+            self.committed.store(produced, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
+    async fn close(&mut self) -> Result<(), ConnectorError> {
+        self.lock_staged().take();
+        Ok(())
+    }
+}

@@ -1,0 +1,143 @@
+//! Stream schemas: how a payload becomes the bytes stored in Iggy (sources) and
+//! how stored bytes become a payload again (sinks). Names follow upstream's
+//! `schema` values.
+
+use std::fmt;
+use std::str::FromStr;
+
+use bytes::Bytes;
+
+use crate::message::Payload;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Schema {
+    Json,
+    Raw,
+    Text,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CodecError {
+    #[error("payload is not valid JSON: {0}")]
+    InvalidJson(String),
+    #[error("payload is not valid UTF-8 text")]
+    InvalidText,
+}
+
+impl Schema {
+    /// Turns a payload into the bytes stored under this schema.
+    ///
+    /// `json` accepts JSON values, text (stored as a JSON string, as upstream does)
+    /// and raw bytes that already hold valid JSON; `text` accepts text, JSON
+    /// (serialized) and raw UTF-8; `raw` stores whatever bytes the payload has.
+    pub fn encode(self, payload: &Payload) -> Result<Bytes, CodecError> {
+        match (self, payload) {
+            (Schema::Json, Payload::Json(value)) => serde_json::to_vec(value)
+                .map(Bytes::from)
+                .map_err(|error| CodecError::InvalidJson(error.to_string())),
+            (Schema::Json, Payload::Text(text)) => serde_json::to_vec(text)
+                .map(Bytes::from)
+                .map_err(|error| CodecError::InvalidJson(error.to_string())),
+            (Schema::Json, Payload::Raw(bytes)) => {
+                serde_json::from_slice::<serde::de::IgnoredAny>(bytes)
+                    .map_err(|error| CodecError::InvalidJson(error.to_string()))?;
+                Ok(bytes.clone())
+            }
+            (Schema::Text, Payload::Raw(bytes)) => {
+                std::str::from_utf8(bytes).map_err(|_| CodecError::InvalidText)?;
+                Ok(bytes.clone())
+            }
+            (Schema::Text | Schema::Raw, payload) => Ok(payload.to_bytes()),
+        }
+    }
+
+    /// Turns stored bytes into a payload, checking they fit the schema.
+    pub fn decode(self, bytes: Bytes) -> Result<Payload, CodecError> {
+        match self {
+            Schema::Json => serde_json::from_slice(&bytes)
+                .map(Payload::Json)
+                .map_err(|error| CodecError::InvalidJson(error.to_string())),
+            Schema::Text => String::from_utf8(bytes.into())
+                .map(Payload::Text)
+                .map_err(|_| CodecError::InvalidText),
+            Schema::Raw => Ok(Payload::Raw(bytes)),
+        }
+    }
+}
+
+impl fmt::Display for Schema {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Schema::Json => "json",
+            Schema::Raw => "raw",
+            Schema::Text => "text",
+        })
+    }
+}
+
+impl FromStr for Schema {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        match value {
+            "json" => Ok(Schema::Json),
+            "raw" => Ok(Schema::Raw),
+            "text" => Ok(Schema::Text),
+            "proto" | "flat_buffer" | "avro" => Err(format!(
+                "schema \"{value}\" is not supported by iggy-connect yet; use json, raw or text"
+            )),
+            other => Err(format!(
+                "expected one of json, raw, text; found \"{other}\""
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn given_json_value_when_encoded_and_decoded_should_round_trip() {
+        let value = serde_json::json!({"id": 1, "name": "x"});
+        let bytes = Schema::Json.encode(&Payload::Json(value.clone())).unwrap();
+        assert_eq!(Schema::Json.decode(bytes).unwrap(), Payload::Json(value));
+    }
+
+    #[test]
+    fn given_invalid_bytes_when_decoded_as_json_or_text_should_fail() {
+        assert!(Schema::Json.decode(Bytes::from_static(b"{nope")).is_err());
+        assert!(
+            Schema::Text
+                .decode(Bytes::from_static(&[0xff, 0xfe]))
+                .is_err()
+        );
+        assert!(Schema::Raw.decode(Bytes::from_static(&[0xff])).is_ok());
+    }
+
+    #[test]
+    fn given_raw_bytes_when_encoded_as_json_should_require_valid_json() {
+        assert!(
+            Schema::Json
+                .encode(&Payload::Raw(Bytes::from_static(b"[1,2]")))
+                .is_ok()
+        );
+        assert!(
+            Schema::Json
+                .encode(&Payload::Raw(Bytes::from_static(b"[1,")))
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn given_text_when_encoded_as_json_should_become_a_json_string() {
+        let bytes = Schema::Json.encode(&Payload::Text("hi".into())).unwrap();
+        assert_eq!(&bytes[..], b"\"hi\"");
+    }
+
+    #[test]
+    fn given_upstream_only_schemas_when_parsed_should_say_not_supported() {
+        let error = "avro".parse::<Schema>().unwrap_err();
+        assert!(error.contains("not supported"), "{error}");
+    }
+}

@@ -1,0 +1,199 @@
+//! Per-connector counters: kept locally for `/stats` and the tests, and exported
+//! through the `metrics` facade under upstream's names. Handles are resolved once
+//! per connector, so the hot path formats no labels.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use metrics::{Counter, Histogram, Label};
+
+use crate::connectors::ConnectorKind;
+
+/// A counter readable in-process and exported to Prometheus.
+#[derive(Debug)]
+pub struct DualCounter {
+    local: AtomicU64,
+    exported: Counter,
+}
+
+impl DualCounter {
+    fn new(name: &'static str, labels: &[Label]) -> Self {
+        Self {
+            local: AtomicU64::new(0),
+            exported: metrics::counter!(name, labels.iter()),
+        }
+    }
+
+    pub fn add(&self, count: u64) {
+        if count > 0 {
+            self.local.fetch_add(count, Ordering::Relaxed);
+            self.exported.increment(count);
+        }
+    }
+
+    pub fn get(&self) -> u64 {
+        self.local.load(Ordering::Relaxed)
+    }
+}
+
+/// Where in a pipeline an error happened; a label on the per-stage error counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorStage {
+    Poll,
+    Decode,
+    Transform,
+    Encode,
+    Send,
+    StateSave,
+    Commit,
+    Write,
+    OffsetCommit,
+    DeadLetter,
+}
+
+impl ErrorStage {
+    const ALL: [ErrorStage; 10] = [
+        ErrorStage::Poll,
+        ErrorStage::Decode,
+        ErrorStage::Transform,
+        ErrorStage::Encode,
+        ErrorStage::Send,
+        ErrorStage::StateSave,
+        ErrorStage::Commit,
+        ErrorStage::Write,
+        ErrorStage::OffsetCommit,
+        ErrorStage::DeadLetter,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorStage::Poll => "poll",
+            ErrorStage::Decode => "decode",
+            ErrorStage::Transform => "transform",
+            ErrorStage::Encode => "encode",
+            ErrorStage::Send => "send",
+            ErrorStage::StateSave => "state_save",
+            ErrorStage::Commit => "commit",
+            ErrorStage::Write => "write",
+            ErrorStage::OffsetCommit => "offset_commit",
+            ErrorStage::DeadLetter => "dead_letter",
+        }
+    }
+}
+
+/// Timed stages of a batch, upstream's `stage` label values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Source: poll; sink: decode.
+    Decode,
+    /// Transform and encode (source) or decode-to-write preparation (sink).
+    Prepare,
+    IggySend,
+    StateSave,
+    /// Sink: the connector's write.
+    Write,
+    Total,
+}
+
+impl Stage {
+    const ALL: [Stage; 6] = [
+        Stage::Decode,
+        Stage::Prepare,
+        Stage::IggySend,
+        Stage::StateSave,
+        Stage::Write,
+        Stage::Total,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::Decode => "decode",
+            Stage::Prepare => "prepare",
+            Stage::IggySend => "iggy_send",
+            Stage::StateSave => "state_save",
+            Stage::Write => "write",
+            Stage::Total => "total",
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct ConnectorMetrics {
+    /// Source: records returned by `poll`.
+    pub produced: DualCounter,
+    /// Source: messages acknowledged by the bus.
+    pub sent: DualCounter,
+    /// Sink: messages polled from the bus.
+    pub consumed: DualCounter,
+    /// Sink: messages written by the connector.
+    pub processed: DualCounter,
+    /// Messages dropped on purpose by a transform.
+    pub filtered: DualCounter,
+    /// Every error, whatever the stage (upstream's `errors_total`).
+    pub errors: DualCounter,
+    /// Failed deliveries of a source batch (send or state save).
+    pub nacks: DualCounter,
+    /// Retried attempts of a batch, source or sink.
+    pub retries: DualCounter,
+    /// Messages sent to the dead-letter topic.
+    pub dead_lettered: DualCounter,
+    /// Messages skipped under `on_error = "skip"` or dropped after a decode error.
+    pub skipped: DualCounter,
+    errors_by_stage: Vec<Counter>,
+    stage_durations: Vec<Histogram>,
+}
+
+impl ConnectorMetrics {
+    pub fn new(key: &str, kind: ConnectorKind) -> Self {
+        let labels = vec![
+            Label::new("connector_key", key.to_owned()),
+            Label::new("connector_type", kind.to_string()),
+        ];
+        let with = |name: &'static str, value: &'static str| {
+            let mut labels = labels.clone();
+            labels.push(Label::new(name, value));
+            labels
+        };
+        Self {
+            produced: DualCounter::new("iggy_connector_messages_produced_total", &labels),
+            sent: DualCounter::new("iggy_connector_messages_sent_total", &labels),
+            consumed: DualCounter::new("iggy_connector_messages_consumed_total", &labels),
+            processed: DualCounter::new("iggy_connector_messages_processed_total", &labels),
+            filtered: DualCounter::new("iggy_connector_messages_filtered_total", &labels),
+            errors: DualCounter::new("iggy_connector_errors_total", &labels),
+            nacks: DualCounter::new("iggy_connector_nacks_total", &labels),
+            retries: DualCounter::new("iggy_connector_retries_total", &labels),
+            dead_lettered: DualCounter::new("iggy_connector_messages_dead_lettered_total", &labels),
+            skipped: DualCounter::new("iggy_connector_messages_skipped_total", &labels),
+            errors_by_stage: ErrorStage::ALL
+                .iter()
+                .map(|stage| {
+                    metrics::counter!(
+                        "iggy_connector_stage_errors_total",
+                        with("stage", stage.as_str()).iter()
+                    )
+                })
+                .collect(),
+            stage_durations: Stage::ALL
+                .iter()
+                .map(|stage| {
+                    metrics::histogram!(
+                        "iggy_connector_stage_duration_seconds",
+                        with("stage", stage.as_str()).iter()
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    /// Counts `count` errors at `stage`.
+    pub fn error(&self, stage: ErrorStage, count: u64) {
+        self.errors.add(count);
+        // `ALL` lists the stages in declaration order, so the discriminant indexes it.
+        self.errors_by_stage[stage as usize].increment(count);
+    }
+
+    pub fn record_duration(&self, stage: Stage, elapsed: Duration) {
+        self.stage_durations[stage as usize].record(elapsed.as_secs_f64());
+    }
+}

@@ -1,0 +1,86 @@
+//! The pipelines and their lifecycle. The engine knows no connector by name: it
+//! drives `Source`/`Sink` trait objects over the `Bus` and enforces the delivery
+//! contract (see ARCHITECTURE.md).
+
+pub mod backoff;
+pub mod codec;
+pub mod dead_letter;
+pub mod metrics;
+pub mod runtime;
+pub mod sink;
+pub mod source;
+pub mod status;
+pub mod transforms;
+
+use std::any::Any;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::time::Duration;
+
+use futures::FutureExt;
+use tokio_util::sync::CancellationToken;
+
+pub use runtime::Runtime;
+pub use status::{Status, StatusSnapshot, StopReason};
+
+/// How a pipeline is told to stop, and how long it may take to finish the batch
+/// in flight once told.
+#[derive(Debug, Clone)]
+pub struct Shutdown {
+    token: CancellationToken,
+    grace: Duration,
+}
+
+impl Shutdown {
+    pub fn new(token: CancellationToken, grace: Duration) -> Self {
+        Self { token, grace }
+    }
+
+    /// A shutdown that is requested with this one, and can also be requested on
+    /// its own without affecting this one.
+    pub fn child(&self) -> Self {
+        Self {
+            token: self.token.child_token(),
+            grace: self.grace,
+        }
+    }
+
+    pub fn request(&self) {
+        self.token.cancel();
+    }
+
+    pub fn is_requested(&self) -> bool {
+        self.token.is_cancelled()
+    }
+
+    /// Completes when a stop is requested.
+    pub async fn requested(&self) {
+        self.token.cancelled().await;
+    }
+
+    /// Completes when the in-flight batch's time is up: `grace` after the stop
+    /// was requested.
+    pub async fn grace_expired(&self) {
+        self.token.cancelled().await;
+        tokio::time::sleep(self.grace).await;
+    }
+}
+
+/// Runs a connector call, turning a panic inside it into an error message so a
+/// misbehaving connector stops alone instead of taking the process down.
+pub async fn catch_panic<F: Future>(future: F) -> Result<F::Output, String> {
+    AssertUnwindSafe(future)
+        .catch_unwind()
+        .await
+        .map_err(|payload| panic_message(payload.as_ref()))
+}
+
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(text) = payload.downcast_ref::<&str>() {
+        format!("connector panicked: {text}")
+    } else if let Some(text) = payload.downcast_ref::<String>() {
+        format!("connector panicked: {text}")
+    } else {
+        "connector panicked".to_owned()
+    }
+}

@@ -1,0 +1,552 @@
+//! Owns the connectors of one process: starts, stops and restarts them, and
+//! shows their config, status and counters to the CLI and the API.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, warn};
+
+use crate::config::{ConnectorConfig, KindConfig};
+use crate::connectors::{ConnectorKind, Registry};
+use crate::engine::backoff::Backoff;
+use crate::engine::metrics::ConnectorMetrics;
+use crate::engine::sink::{SinkContext, SinkPipeline, TopicReader};
+use crate::engine::source::{Route, SourcePipeline};
+use crate::engine::status::{StatusCell, StatusSnapshot, StopReason};
+use crate::engine::transforms::TransformChain;
+use crate::engine::{Shutdown, catch_panic};
+use crate::iggy::{Bus, BusError, ConsumerSpec, Producer, ProducerTarget};
+use crate::message::TopicRef;
+use crate::state::StateStore;
+
+pub struct Runtime {
+    bus: Arc<dyn Bus>,
+    state: Arc<dyn StateStore>,
+    shutdown_timeout: Duration,
+    slots: Mutex<Vec<Arc<Slot>>>,
+}
+
+/// One configured connector, running or not.
+struct Slot {
+    kind: ConnectorKind,
+    key: String,
+    config: RwLock<Arc<ConnectorConfig>>,
+    status: Arc<StatusCell>,
+    metrics: Arc<ConnectorMetrics>,
+    task: tokio::sync::Mutex<Option<Task>>,
+}
+
+struct Task {
+    shutdown: Shutdown,
+    handle: JoinHandle<()>,
+}
+
+/// What the CLI and the API see of a connector.
+#[derive(Debug, Clone)]
+pub struct ConnectorView {
+    pub config: Arc<ConnectorConfig>,
+    pub status: StatusSnapshot,
+    pub metrics: Arc<ConnectorMetrics>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("no {kind} with key \"{key}\"")]
+    NotFound { kind: ConnectorKind, key: String },
+    #[error("a {kind} with key \"{key}\" is already configured")]
+    Duplicate { kind: ConnectorKind, key: String },
+}
+
+impl Runtime {
+    pub fn new(
+        bus: Arc<dyn Bus>,
+        state: Arc<dyn StateStore>,
+        shutdown_timeout: Duration,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            bus,
+            state,
+            shutdown_timeout,
+            slots: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Registers a connector without starting it.
+    pub fn add(&self, config: ConnectorConfig) -> Result<(), RuntimeError> {
+        let mut slots = self.lock_slots();
+        if slots
+            .iter()
+            .any(|slot| slot.kind == config.kind && slot.key == config.key)
+        {
+            return Err(RuntimeError::Duplicate {
+                kind: config.kind,
+                key: config.key,
+            });
+        }
+        let total = match config.kind {
+            ConnectorKind::Source => metrics::gauge!("iggy_connectors_sources_total"),
+            ConnectorKind::Sink => metrics::gauge!("iggy_connectors_sinks_total"),
+        };
+        total.increment(1.0);
+        slots.push(Arc::new(Slot {
+            kind: config.kind,
+            key: config.key.clone(),
+            status: Arc::new(StatusCell::new(config.kind)),
+            metrics: Arc::new(ConnectorMetrics::new(&config.key, config.kind)),
+            config: RwLock::new(Arc::new(config)),
+            task: tokio::sync::Mutex::new(None),
+        }));
+        Ok(())
+    }
+
+    /// Starts every enabled connector. Returns at once; each connector opens in
+    /// its own task and reports its status.
+    pub async fn start_enabled(self: &Arc<Self>) {
+        let slots: Vec<Arc<Slot>> = self.lock_slots().clone();
+        for slot in slots {
+            if slot.config().enabled {
+                self.start_slot(&slot).await;
+            }
+        }
+    }
+
+    /// Starts a connector (enabled or not). A running connector is left alone.
+    pub async fn start(
+        self: &Arc<Self>,
+        kind: ConnectorKind,
+        key: &str,
+    ) -> Result<(), RuntimeError> {
+        let slot = self.slot(kind, key)?;
+        self.start_slot(&slot).await;
+        Ok(())
+    }
+
+    /// Stops a connector: no more polling; the batch in flight gets the shutdown
+    /// timeout to be committed. Waits until it has stopped.
+    pub async fn stop(&self, kind: ConnectorKind, key: &str) -> Result<(), RuntimeError> {
+        let slot = self.slot(kind, key)?;
+        self.stop_slot(&slot).await;
+        Ok(())
+    }
+
+    pub async fn restart(
+        self: &Arc<Self>,
+        kind: ConnectorKind,
+        key: &str,
+    ) -> Result<(), RuntimeError> {
+        let slot = self.slot(kind, key)?;
+        self.stop_slot(&slot).await;
+        self.start_slot(&slot).await;
+        Ok(())
+    }
+
+    /// Waits until a connector's task ends on its own (a finite source completing,
+    /// a connector stopping with an error), without asking it to stop.
+    pub async fn wait_until_stopped(
+        &self,
+        kind: ConnectorKind,
+        key: &str,
+    ) -> Result<(), RuntimeError> {
+        let slot = self.slot(kind, key)?;
+        let mut task = slot.task.lock().await;
+        if let Some(running) = task.as_mut() {
+            let _ = (&mut running.handle).await;
+            *task = None;
+        }
+        Ok(())
+    }
+
+    /// Stops everything: sources first (so nothing new enters Iggy), then sinks.
+    pub async fn shutdown(&self) {
+        for kind in [ConnectorKind::Source, ConnectorKind::Sink] {
+            let slots: Vec<Arc<Slot>> = self
+                .lock_slots()
+                .iter()
+                .filter(|slot| slot.kind == kind)
+                .cloned()
+                .collect();
+            futures::future::join_all(slots.iter().map(|slot| self.stop_slot(slot))).await;
+        }
+    }
+
+    pub fn view(&self, kind: ConnectorKind, key: &str) -> Result<ConnectorView, RuntimeError> {
+        Ok(self.slot(kind, key)?.view())
+    }
+
+    pub fn views(&self) -> Vec<ConnectorView> {
+        self.lock_slots().iter().map(|slot| slot.view()).collect()
+    }
+
+    async fn start_slot(self: &Arc<Self>, slot: &Arc<Slot>) {
+        let mut task = slot.task.lock().await;
+        if task
+            .as_ref()
+            .is_some_and(|running| !running.handle.is_finished())
+        {
+            return;
+        }
+        slot.status.set_starting();
+        let shutdown = Shutdown::new(CancellationToken::new(), self.shutdown_timeout);
+        let runtime = self.clone();
+        let running_slot = slot.clone();
+        let task_shutdown = shutdown.clone();
+        let handle =
+            tokio::spawn(async move { runtime.run_slot(&running_slot, task_shutdown).await });
+        *task = Some(Task { shutdown, handle });
+    }
+
+    async fn stop_slot(&self, slot: &Slot) {
+        let mut task = slot.task.lock().await;
+        let Some(mut running) = task.take() else {
+            return;
+        };
+        if running.handle.is_finished() {
+            return;
+        }
+        slot.status.set_stopping();
+        running.shutdown.request();
+        // The pipeline itself gives up after the grace period; the margin covers
+        // closing the connector.
+        let limit = self.shutdown_timeout + Duration::from_secs(5);
+        if tokio::time::timeout(limit, &mut running.handle)
+            .await
+            .is_err()
+        {
+            warn!(connector_key = %slot.key, "connector did not stop in time; aborting its task");
+            running.handle.abort();
+            slot.status.set_stopped();
+        }
+    }
+
+    async fn run_slot(&self, slot: &Slot, shutdown: Shutdown) {
+        let config = slot.config();
+        let prepared = match config.kind {
+            ConnectorKind::Source => self
+                .prepare_source(slot, &config, &shutdown)
+                .await
+                .map(Prepared::Source),
+            ConnectorKind::Sink => self
+                .prepare_sink(slot, &config, &shutdown)
+                .await
+                .map(Prepared::Sink),
+        };
+        match prepared {
+            Ok(Prepared::Source(pipeline)) => {
+                pipeline.run().await;
+            }
+            Ok(Prepared::Sink(pipeline)) => {
+                pipeline.run().await;
+            }
+            Err(SetupError::Shutdown) => slot.status.set_stopped(),
+            Err(SetupError::Failed(message)) => {
+                error!(connector_key = %slot.key, connector_type = %slot.kind, %message, "connector failed to start");
+                slot.status.set_stopped_by(StopReason::StartFailed, message);
+            }
+        }
+    }
+
+    async fn prepare_source(
+        &self,
+        slot: &Slot,
+        config: &ConnectorConfig,
+        shutdown: &Shutdown,
+    ) -> Result<SourcePipeline, SetupError> {
+        let KindConfig::Source { streams, .. } = &config.kind_config else {
+            return Err(SetupError::Failed("not a source config".into()));
+        };
+        let origin = config.origin();
+        let entry = Registry::source(&config.connector)
+            .map_err(|error| SetupError::Failed(error.to_string()))?;
+        let mut source = (entry.build)(&config.plugin_config).map_err(|error| {
+            SetupError::Failed(format!(
+                "{}: plugin_config.{}: {}",
+                origin.display(),
+                error.field,
+                error.message
+            ))
+        })?;
+        let transforms = build_transforms(config)?;
+        let stored = self
+            .state
+            .load(&config.key)
+            .await
+            .map_err(|error| SetupError::Failed(error.to_string()))?;
+        if let Some(stored) = &stored
+            && stored.connector != config.connector
+        {
+            return Err(SetupError::Failed(format!(
+                "state {} was written by the \"{}\" connector, not \"{}\"; refusing to start from it",
+                self.state.location(&config.key),
+                stored.connector,
+                config.connector
+            )));
+        }
+        let opened =
+            catch_panic(source.open(stored.as_ref().map(|stored| stored.data.as_slice()))).await;
+        let open_error = match opened {
+            Ok(Ok(())) => None,
+            Ok(Err(error)) => Some(error.to_string()),
+            Err(panic) => Some(panic),
+        };
+        if let Some(error) = open_error {
+            let from_state = match &stored {
+                Some(_) => format!(
+                    " (restoring state from {})",
+                    self.state.location(&config.key)
+                ),
+                None => String::new(),
+            };
+            return Err(SetupError::Failed(format!(
+                "open failed{from_state}: {error}"
+            )));
+        }
+        let policy = config.batch_policy(source.batch_policy());
+        let producers = async {
+            let mut routes = Vec::with_capacity(streams.len());
+            for stream in streams {
+                let target = ProducerTarget {
+                    stream: stream.stream.clone(),
+                    topic: stream.topic.clone(),
+                    partitions: stream.partitions,
+                    batch_length: stream.batch_length,
+                    linger_time: stream.linger_time,
+                };
+                let producer = self
+                    .connect(slot, shutdown, || self.bus.producer(&target))
+                    .await?;
+                routes.push(Route {
+                    producer,
+                    schema: stream.schema,
+                    target: format!("{}/{}", stream.stream, stream.topic),
+                });
+            }
+            let dead_letter = self.dead_letter_producer(slot, config, shutdown).await?;
+            Ok((routes, dead_letter))
+        }
+        .await;
+        let (routes, dead_letter) = match producers {
+            Ok(producers) => producers,
+            Err(error) => {
+                let _ = catch_panic(source.close()).await;
+                return Err(error);
+            }
+        };
+        Ok(SourcePipeline {
+            key: config.key.clone(),
+            connector: config.connector.clone(),
+            source,
+            routes,
+            dead_letter,
+            transforms,
+            state_store: self.state.clone(),
+            policy,
+            status: slot.status.clone(),
+            metrics: slot.metrics.clone(),
+            shutdown: shutdown.clone(),
+            verbose: config.verbose,
+        })
+    }
+
+    async fn prepare_sink(
+        &self,
+        slot: &Slot,
+        config: &ConnectorConfig,
+        shutdown: &Shutdown,
+    ) -> Result<SinkPipeline, SetupError> {
+        let KindConfig::Sink { streams, on_error } = &config.kind_config else {
+            return Err(SetupError::Failed("not a sink config".into()));
+        };
+        let origin = config.origin();
+        let entry = Registry::sink(&config.connector)
+            .map_err(|error| SetupError::Failed(error.to_string()))?;
+        let mut sink = (entry.build)(&config.plugin_config).map_err(|error| {
+            SetupError::Failed(format!(
+                "{}: plugin_config.{}: {}",
+                origin.display(),
+                error.field,
+                error.message
+            ))
+        })?;
+        let transforms = build_transforms(config)?;
+        match catch_panic(sink.open()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => return Err(SetupError::Failed(format!("open failed: {error}"))),
+            Err(panic) => return Err(SetupError::Failed(format!("open failed: {panic}"))),
+        }
+        let consumers = async {
+            let mut readers = Vec::new();
+            for stream in streams {
+                for topic in &stream.topics {
+                    let spec = ConsumerSpec {
+                        stream: stream.stream.clone(),
+                        topic: topic.clone(),
+                        group: stream.consumer_group.clone(),
+                        batch_length: stream.batch_length,
+                        poll_interval: stream.poll_interval,
+                    };
+                    let consumer = self
+                        .connect(slot, shutdown, || self.bus.consumer(&spec))
+                        .await?;
+                    readers.push(TopicReader {
+                        topic: TopicRef {
+                            stream: stream.stream.clone(),
+                            topic: topic.clone(),
+                        },
+                        schema: stream.schema,
+                        consumer,
+                    });
+                }
+            }
+            let dead_letter = self.dead_letter_producer(slot, config, shutdown).await?;
+            Ok((readers, dead_letter))
+        }
+        .await;
+        let (readers, dead_letter) = match consumers {
+            Ok(consumers) => consumers,
+            Err(error) => {
+                let _ = catch_panic(sink.close()).await;
+                return Err(error);
+            }
+        };
+        Ok(SinkPipeline {
+            readers,
+            shutdown: shutdown.clone(),
+            context: SinkContext {
+                key: config.key.clone(),
+                sink,
+                dead_letter,
+                on_error: *on_error,
+                transforms,
+                status: slot.status.clone(),
+                metrics: slot.metrics.clone(),
+                verbose: config.verbose,
+            },
+        })
+    }
+
+    async fn dead_letter_producer(
+        &self,
+        slot: &Slot,
+        config: &ConnectorConfig,
+        shutdown: &Shutdown,
+    ) -> Result<Option<Box<dyn Producer>>, SetupError> {
+        let Some(target) = &config.dead_letter else {
+            return Ok(None);
+        };
+        let target = ProducerTarget {
+            stream: target.stream.clone(),
+            topic: target.topic.clone(),
+            partitions: 1,
+            batch_length: crate::config::connector::DEFAULT_BATCH_LENGTH,
+            linger_time: Duration::ZERO,
+        };
+        self.connect(slot, shutdown, || self.bus.producer(&target))
+            .await
+            .map(Some)
+    }
+
+    /// Runs a bus setup call, retrying while the bus is unreachable (a broker
+    /// outage at startup must not stop a connector for good). A refusal by the
+    /// bus (say, a topic it will not create) fails the connector.
+    async fn connect<T, F, Fut>(
+        &self,
+        slot: &Slot,
+        shutdown: &Shutdown,
+        mut call: F,
+    ) -> Result<T, SetupError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, BusError>>,
+    {
+        let mut failures = 0;
+        loop {
+            let result = tokio::select! {
+                biased;
+                () = shutdown.requested() => return Err(SetupError::Shutdown),
+                result = call() => result,
+            };
+            match result {
+                Ok(value) => return Ok(value),
+                Err(BusError::Connection(message)) => {
+                    failures += 1;
+                    let delay = Backoff::SINK.delay(failures);
+                    warn!(connector_key = %slot.key, attempt = failures, retry_in_ms = delay.as_millis() as u64, %message, "bus unreachable, retrying");
+                    slot.status
+                        .record_error(format!("bus unreachable: {message}"));
+                    tokio::select! {
+                        biased;
+                        () = shutdown.requested() => return Err(SetupError::Shutdown),
+                        () = tokio::time::sleep(delay) => {}
+                    }
+                }
+                Err(other) => return Err(SetupError::Failed(other.to_string())),
+            }
+        }
+    }
+
+    fn slot(&self, kind: ConnectorKind, key: &str) -> Result<Arc<Slot>, RuntimeError> {
+        self.lock_slots()
+            .iter()
+            .find(|slot| slot.kind == kind && slot.key == key)
+            .cloned()
+            .ok_or_else(|| RuntimeError::NotFound {
+                kind,
+                key: key.to_owned(),
+            })
+    }
+
+    fn lock_slots(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Slot>>> {
+        self.slots
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Slot {
+    fn config(&self) -> Arc<ConnectorConfig> {
+        self.config
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    fn view(&self) -> ConnectorView {
+        ConnectorView {
+            config: self.config(),
+            status: self.status.snapshot(),
+            metrics: self.metrics.clone(),
+        }
+    }
+}
+
+enum Prepared {
+    Source(SourcePipeline),
+    Sink(SinkPipeline),
+}
+
+enum SetupError {
+    /// A stop was requested while the connector was still starting.
+    Shutdown,
+    Failed(String),
+}
+
+fn build_transforms(config: &ConnectorConfig) -> Result<Arc<TransformChain>, SetupError> {
+    TransformChain::build(&config.transforms)
+        .map(Arc::new)
+        .map_err(|error| {
+            SetupError::Failed(format!(
+                "{}: transforms.{}{}: {}",
+                config.origin().display(),
+                error.transform,
+                if error.field.is_empty() {
+                    String::new()
+                } else {
+                    format!(".{}", error.field)
+                },
+                error.message
+            ))
+        })
+}

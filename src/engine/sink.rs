@@ -1,0 +1,471 @@
+//! The sink pipeline: consume -> decode -> transform -> write -> commit offsets.
+//!
+//! Offsets move only after `write` succeeded for the batch. Transient write
+//! errors retry the same batch with capped backoff; messages the backend refuses
+//! go through the sink's `on_error` policy; a message that does not decode under
+//! its schema is counted and skipped (or dead-lettered), never failing the batch.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use tracing::{debug, error, info, warn};
+
+use crate::config::OnError;
+use crate::connectors::{Rejection, Sink, SinkError};
+use crate::engine::backoff::Backoff;
+use crate::engine::codec::Schema;
+use crate::engine::metrics::{ConnectorMetrics, ErrorStage, Stage};
+use crate::engine::source::Ended;
+use crate::engine::status::{StatusCell, StopReason};
+use crate::engine::transforms::{TransformChain, Verdict};
+use crate::engine::{Shutdown, catch_panic, dead_letter};
+use crate::iggy::{ConsumedBatch, Consumer, Producer};
+use crate::message::{ConsumedMessage, OutgoingMessage, SinkMessage, TopicRef};
+
+/// One topic a sink reads, through its own consumer.
+pub struct TopicReader {
+    pub topic: TopicRef,
+    pub schema: Schema,
+    pub consumer: Box<dyn Consumer>,
+}
+
+pub struct SinkPipeline {
+    pub readers: Vec<TopicReader>,
+    pub shutdown: Shutdown,
+    pub context: SinkContext,
+}
+
+/// What every topic loop of a sink shares.
+pub struct SinkContext {
+    pub key: String,
+    pub sink: Box<dyn Sink>,
+    pub dead_letter: Option<Box<dyn Producer>>,
+    pub on_error: OnError,
+    pub transforms: Arc<TransformChain>,
+    pub status: Arc<StatusCell>,
+    pub metrics: Arc<ConnectorMetrics>,
+    pub verbose: bool,
+}
+
+/// Runs one topic's loop; shares the sink and its settings with the others.
+struct TopicLoop<'a> {
+    pipeline: &'a SinkContext,
+    /// Cancelled by the runtime, or by another topic of this sink that stopped.
+    shutdown: Shutdown,
+}
+
+impl SinkPipeline {
+    /// Runs every topic until a stop is requested or the sink stops on its own,
+    /// then leaves the consumer groups, closes the sink and records the status.
+    pub async fn run(self) -> Ended {
+        let SinkPipeline {
+            mut readers,
+            shutdown,
+            mut context,
+        } = self;
+        context.status.set_running();
+        info!(connector_key = %context.key, topics = readers.len(), "sink running");
+        let topic_shutdown = shutdown.child();
+        let ended = {
+            let mut loops: FuturesUnordered<_> = readers
+                .iter_mut()
+                .map(|reader| {
+                    let topic_loop = TopicLoop {
+                        pipeline: &context,
+                        shutdown: topic_shutdown.clone(),
+                    };
+                    async move { topic_loop.run(reader).await }
+                })
+                .collect();
+            let mut first_stop = None;
+            while let Some(ended) = loops.next().await {
+                if let Ended::Stopped(..) = ended {
+                    // One topic stopping stops the sink: the others finish their
+                    // batch in flight and end.
+                    topic_shutdown.request();
+                    first_stop.get_or_insert(ended);
+                }
+            }
+            first_stop.unwrap_or(Ended::Shutdown)
+        };
+        for reader in &mut readers {
+            if let Err(error) = reader.consumer.close().await {
+                warn!(connector_key = %context.key, topic = %reader.topic, %error, "leaving the consumer group failed");
+            }
+        }
+        match catch_panic(context.sink.close()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => warn!(connector_key = %context.key, %error, "sink close failed"),
+            Err(panic) => warn!(connector_key = %context.key, %panic, "sink close panicked"),
+        }
+        match &ended {
+            Ended::Shutdown => {
+                info!(connector_key = %context.key, "sink stopped");
+                context.status.set_stopped();
+            }
+            Ended::Stopped(reason, message) => {
+                error!(connector_key = %context.key, stop_reason = %reason, %message, "sink stopped");
+                metrics::counter!(
+                    "iggy_connector_stops_total",
+                    "connector_key" => context.key.clone(),
+                    "connector_type" => "sink",
+                    "reason" => reason.as_str()
+                )
+                .increment(1);
+                context.status.set_stopped_by(*reason, message.clone());
+            }
+        }
+        ended
+    }
+}
+
+impl TopicLoop<'_> {
+    async fn run(&self, reader: &mut TopicReader) -> Ended {
+        let pipeline = self.pipeline;
+        let mut poll_failures = 0;
+        loop {
+            let polled = tokio::select! {
+                biased;
+                () = self.shutdown.requested() => return Ended::Shutdown,
+                polled = reader.consumer.poll() => polled,
+            };
+            let batch = match polled {
+                Ok(batch) => batch,
+                Err(error) => {
+                    poll_failures += 1;
+                    pipeline.metrics.error(ErrorStage::Poll, 1);
+                    let message = format!("poll of {} failed: {error}", reader.topic);
+                    warn!(connector_key = %pipeline.key, attempt = poll_failures, %message, "retrying poll");
+                    pipeline.status.record_error(message);
+                    if !self.pause(Backoff::SINK.delay(poll_failures)).await {
+                        return Ended::Shutdown;
+                    }
+                    continue;
+                }
+            };
+            poll_failures = 0;
+            if let Err(ended) = self.handle(reader, batch).await {
+                return ended;
+            }
+        }
+    }
+
+    /// Writes one polled batch and commits its offsets. `Err` ends the loop
+    /// without committing.
+    async fn handle(&self, reader: &mut TopicReader, batch: ConsumedBatch) -> Result<(), Ended> {
+        let pipeline = self.pipeline;
+        let started = Instant::now();
+        let Some(last_offset) = batch.last_offset() else {
+            return Ok(());
+        };
+        let partition_id = batch.partition_id;
+        let count = batch.messages.len();
+        pipeline.metrics.consumed.add(count as u64);
+        let mut dead = Vec::new();
+        let mut messages = self.prepare(reader, batch.messages, &mut dead);
+        pipeline
+            .metrics
+            .record_duration(Stage::Decode, started.elapsed());
+        self.write(&reader.topic, &mut messages, &mut dead).await?;
+        self.send_dead_letters(&dead).await?;
+        if let Err(error) = reader.consumer.commit(partition_id, last_offset).await {
+            // The batch is written; a later commit covers it, or it is redelivered
+            // (at-least-once).
+            pipeline.metrics.error(ErrorStage::OffsetCommit, 1);
+            let message = format!("offset commit on {} failed: {error}", reader.topic);
+            warn!(connector_key = %pipeline.key, partition_id, offset = last_offset, %message);
+            pipeline.status.record_error(message);
+        }
+        pipeline
+            .metrics
+            .record_duration(Stage::Total, started.elapsed());
+        let elapsed_us = started.elapsed().as_micros() as u64;
+        if pipeline.verbose {
+            info!(connector_key = %pipeline.key, topic = %reader.topic, partition_id, offset = last_offset, consumed = count, written = messages.len(), elapsed_us, "batch written");
+        } else {
+            debug!(connector_key = %pipeline.key, topic = %reader.topic, partition_id, offset = last_offset, consumed = count, written = messages.len(), elapsed_us, "batch written");
+        }
+        Ok(())
+    }
+
+    /// Decodes and transforms a polled batch. Messages that fail are counted and
+    /// queued for the dead-letter topic (with `on_error = "dlq"`) or skipped.
+    fn prepare(
+        &self,
+        reader: &TopicReader,
+        consumed: Vec<ConsumedMessage>,
+        dead: &mut Vec<OutgoingMessage>,
+    ) -> Vec<SinkMessage> {
+        let pipeline = self.pipeline;
+        let mut messages = Vec::with_capacity(consumed.len());
+        for message in consumed {
+            let ConsumedMessage {
+                id,
+                offset,
+                partition_id,
+                timestamp,
+                origin_timestamp,
+                checksum,
+                headers,
+                payload,
+            } = message;
+            let mut decoded = match reader.schema.decode(payload.clone()) {
+                Ok(decoded) => decoded,
+                Err(error) => {
+                    let origin = dead_letter::Origin {
+                        stream: &reader.topic.stream,
+                        topic: &reader.topic.topic,
+                        partition_id,
+                        offset,
+                    };
+                    self.drop_message(
+                        ErrorStage::Decode,
+                        &error.to_string(),
+                        id,
+                        headers,
+                        payload,
+                        origin,
+                        dead,
+                    );
+                    continue;
+                }
+            };
+            if !pipeline.transforms.is_empty() {
+                match pipeline.transforms.apply(&mut decoded) {
+                    Ok(Verdict::Keep) => {}
+                    Ok(Verdict::Drop) => {
+                        pipeline.metrics.filtered.add(1);
+                        continue;
+                    }
+                    Err(error) => {
+                        let origin = dead_letter::Origin {
+                            stream: &reader.topic.stream,
+                            topic: &reader.topic.topic,
+                            partition_id,
+                            offset,
+                        };
+                        self.drop_message(
+                            ErrorStage::Transform,
+                            &error.to_string(),
+                            id,
+                            headers,
+                            payload,
+                            origin,
+                            dead,
+                        );
+                        continue;
+                    }
+                }
+            }
+            messages.push(SinkMessage {
+                id,
+                offset,
+                partition_id,
+                timestamp,
+                origin_timestamp,
+                checksum,
+                headers,
+                payload: decoded,
+            });
+        }
+        messages
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn drop_message(
+        &self,
+        stage: ErrorStage,
+        error: &str,
+        id: u128,
+        headers: crate::message::Headers,
+        payload: bytes::Bytes,
+        origin: dead_letter::Origin<'_>,
+        dead: &mut Vec<OutgoingMessage>,
+    ) {
+        let pipeline = self.pipeline;
+        pipeline.metrics.error(stage, 1);
+        warn!(connector_key = %pipeline.key, stage = stage.as_str(), partition_id = origin.partition_id, offset = origin.offset, %error, "dropping message");
+        if pipeline.on_error == OnError::Dlq && pipeline.dead_letter.is_some() {
+            dead.push(dead_letter::message(
+                &pipeline.key,
+                stage.as_str(),
+                error,
+                Some(id),
+                headers,
+                payload,
+                Some(origin),
+            ));
+        } else {
+            pipeline.metrics.skipped.add(1);
+        }
+    }
+
+    /// Writes the batch, retrying transient failures and applying `on_error` to
+    /// rejected messages, until everything left is written.
+    async fn write(
+        &self,
+        topic: &TopicRef,
+        messages: &mut Vec<SinkMessage>,
+        dead: &mut Vec<OutgoingMessage>,
+    ) -> Result<(), Ended> {
+        let pipeline = self.pipeline;
+        let give_up = self.shutdown.grace_expired();
+        tokio::pin!(give_up);
+        let mut failures = 0;
+        while !messages.is_empty() {
+            let started = Instant::now();
+            let written = tokio::select! {
+                biased;
+                () = &mut give_up => return Err(self.abandon()),
+                written = catch_panic(pipeline.sink.write(topic, messages)) => written,
+            };
+            let error = match written {
+                Err(panic) => return Err(Ended::Stopped(StopReason::Panic, panic)),
+                Ok(Ok(())) => {
+                    pipeline
+                        .metrics
+                        .record_duration(Stage::Write, started.elapsed());
+                    pipeline.metrics.processed.add(messages.len() as u64);
+                    return Ok(());
+                }
+                Ok(Err(error)) => error,
+            };
+            pipeline.metrics.error(ErrorStage::Write, 1);
+            match error {
+                SinkError::Transient(error) => {
+                    failures += 1;
+                    let message = format!("write to {topic} failed: {error}");
+                    let delay = Backoff::SINK.delay(failures);
+                    warn!(connector_key = %pipeline.key, attempt = failures, retry_in_ms = delay.as_millis() as u64, %message, "retrying the same batch");
+                    pipeline.status.record_error(message);
+                    pipeline.metrics.retries.add(1);
+                    tokio::select! {
+                        biased;
+                        () = &mut give_up => return Err(self.abandon()),
+                        () = tokio::time::sleep(delay) => {}
+                    }
+                }
+                SinkError::Fatal(error) => {
+                    return Err(Ended::Stopped(
+                        StopReason::Fatal,
+                        format!("write to {topic} failed: {error}"),
+                    ));
+                }
+                SinkError::Rejected(rejections) => {
+                    self.reject(topic, messages, rejections, dead)?
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies `on_error` to rejected messages and removes them from the batch.
+    fn reject(
+        &self,
+        topic: &TopicRef,
+        messages: &mut Vec<SinkMessage>,
+        mut rejections: Vec<Rejection>,
+        dead: &mut Vec<OutgoingMessage>,
+    ) -> Result<(), Ended> {
+        let pipeline = self.pipeline;
+        rejections.retain(|rejection| rejection.index < messages.len());
+        rejections.sort_by_key(|rejection| std::cmp::Reverse(rejection.index));
+        rejections.dedup_by_key(|rejection| rejection.index);
+        let Some(first) = rejections.last() else {
+            return Err(Ended::Stopped(
+                StopReason::Fatal,
+                format!("the sink rejected messages of {topic} without naming any in the batch"),
+            ));
+        };
+        if pipeline.on_error == OnError::Stop {
+            let message = &messages[first.index];
+            return Err(Ended::Stopped(
+                StopReason::Rejected,
+                format!(
+                    "{} message(s) of {topic} rejected, first at partition {} offset {}: {} (on_error = \"stop\")",
+                    rejections.len(),
+                    message.partition_id,
+                    message.offset,
+                    first.reason
+                ),
+            ));
+        }
+        for rejection in rejections {
+            let message = messages.remove(rejection.index);
+            warn!(connector_key = %pipeline.key, partition_id = message.partition_id, offset = message.offset, reason = %rejection.reason, "message rejected by the backend");
+            if pipeline.on_error == OnError::Dlq {
+                let origin = dead_letter::Origin {
+                    stream: &topic.stream,
+                    topic: &topic.topic,
+                    partition_id: message.partition_id,
+                    offset: message.offset,
+                };
+                let payload = message.payload.to_bytes();
+                dead.push(dead_letter::message(
+                    &pipeline.key,
+                    "write",
+                    &rejection.reason,
+                    Some(message.id),
+                    message.headers,
+                    payload,
+                    Some(origin),
+                ));
+            } else {
+                pipeline.metrics.skipped.add(1);
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends the batch's dead letters, retrying until they are stored: the batch's
+    /// offsets must not move past a message that is neither written nor
+    /// dead-lettered.
+    async fn send_dead_letters(&self, dead: &[OutgoingMessage]) -> Result<(), Ended> {
+        let pipeline = self.pipeline;
+        let (false, Some(producer)) = (dead.is_empty(), &pipeline.dead_letter) else {
+            return Ok(());
+        };
+        let give_up = self.shutdown.grace_expired();
+        tokio::pin!(give_up);
+        let mut failures = 0;
+        loop {
+            let sent = tokio::select! {
+                biased;
+                () = &mut give_up => return Err(self.abandon()),
+                sent = producer.send(dead) => sent,
+            };
+            match sent {
+                Ok(()) => {
+                    pipeline.metrics.dead_lettered.add(dead.len() as u64);
+                    return Ok(());
+                }
+                Err(error) => {
+                    failures += 1;
+                    pipeline.metrics.error(ErrorStage::DeadLetter, 1);
+                    let message = format!("send to the dead-letter topic failed: {error}");
+                    warn!(connector_key = %pipeline.key, attempt = failures, %message);
+                    pipeline.status.record_error(message);
+                    tokio::select! {
+                        biased;
+                        () = &mut give_up => return Err(self.abandon()),
+                        () = tokio::time::sleep(Backoff::SINK.delay(failures)) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    fn abandon(&self) -> Ended {
+        warn!(connector_key = %self.pipeline.key, "stop requested and the grace period ran out; the batch in flight stays uncommitted and will be redelivered");
+        Ended::Shutdown
+    }
+
+    async fn pause(&self, delay: Duration) -> bool {
+        tokio::select! {
+            biased;
+            () = self.shutdown.requested() => false,
+            () = tokio::time::sleep(delay) => true,
+        }
+    }
+}

@@ -1,0 +1,103 @@
+//! The engine's narrow view of the message bus (Apache Iggy), and its
+//! implementations. This module is the only code that names the `iggy` crate.
+
+pub mod memory;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::message::{ConsumedMessage, OutgoingMessage};
+
+pub use memory::MemoryBus;
+
+/// The message bus as the engine uses it.
+#[async_trait]
+pub trait Bus: Send + Sync {
+    /// Makes sure the target stream and topic exist (creating them when missing)
+    /// and returns a producer for that topic.
+    async fn producer(&self, target: &ProducerTarget) -> Result<Box<dyn Producer>, BusError>;
+
+    /// Joins (creating when missing) the consumer group on one topic and returns
+    /// a consumer that resumes after the group's last committed offsets.
+    async fn consumer(&self, spec: &ConsumerSpec) -> Result<Box<dyn Consumer>, BusError>;
+}
+
+/// Sends batches to one topic.
+#[async_trait]
+pub trait Producer: Send + Sync {
+    /// Sends every message; `Ok` only once the bus acknowledged all of them.
+    /// After an error some of them may be stored; the caller retries the whole
+    /// slice (at-least-once).
+    async fn send(&self, messages: &[OutgoingMessage]) -> Result<(), BusError>;
+}
+
+/// Reads one topic through a consumer group. Offsets move only on `commit`.
+#[async_trait]
+pub trait Consumer: Send {
+    /// Waits for the next non-empty batch (messages of one partition, in offset
+    /// order). Cancel-safe.
+    async fn poll(&mut self) -> Result<ConsumedBatch, BusError>;
+
+    /// Stores `offset` (the last message handled) as the group's position in
+    /// `partition_id`.
+    async fn commit(&mut self, partition_id: u32, offset: u64) -> Result<(), BusError>;
+
+    /// Leaves the group. Commits nothing.
+    async fn close(&mut self) -> Result<(), BusError>;
+}
+
+/// Where a source's stream entry sends its messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProducerTarget {
+    pub stream: String,
+    pub topic: String,
+    /// Partitions to create the topic with when it does not exist.
+    pub partitions: u32,
+    /// Most messages per send request.
+    pub batch_length: u32,
+    pub linger_time: Duration,
+}
+
+/// What a sink's consumer reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerSpec {
+    pub stream: String,
+    pub topic: String,
+    pub group: String,
+    /// Most messages per poll.
+    pub batch_length: u32,
+    /// How long to wait between polls that found nothing.
+    pub poll_interval: Duration,
+}
+
+/// Messages of one partition, in offset order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConsumedBatch {
+    pub partition_id: u32,
+    pub messages: Vec<ConsumedMessage>,
+}
+
+impl ConsumedBatch {
+    pub fn last_offset(&self) -> Option<u64> {
+        self.messages.last().map(|message| message.offset)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BusError {
+    #[error("cannot connect to the bus: {0}")]
+    Connection(String),
+    #[error("cannot prepare {stream}/{topic}: {reason}")]
+    Setup {
+        stream: String,
+        topic: String,
+        reason: String,
+    },
+    #[error("send refused: {0}")]
+    Send(String),
+    #[error("poll failed: {0}")]
+    Poll(String),
+    #[error("offset commit failed: {0}")]
+    Commit(String),
+}

@@ -1,0 +1,14 @@
+//! iggy-connect: move data between external systems and Apache Iggy streams,
+//! with at-least-once delivery, in one static binary.
+//!
+//! The library holds everything; `main.rs` only parses the command line.
+
+pub mod cli;
+pub mod clock;
+pub mod config;
+pub mod connectors;
+pub mod engine;
+pub mod iggy;
+pub mod logging;
+pub mod message;
+pub mod state;

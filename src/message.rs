@@ -1,0 +1,158 @@
+//! The message shapes that cross the boundaries between connectors, the engine
+//! and the bus.
+
+use std::fmt;
+
+use bytes::Bytes;
+
+/// A message payload as connectors and transforms see it.
+///
+/// Sources hand the engine a payload in whatever shape they naturally have; the
+/// engine encodes it once with the stream's schema. On the sink side the engine
+/// decodes the stored bytes once with the stream's schema.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Payload {
+    Json(serde_json::Value),
+    Text(String),
+    Raw(Bytes),
+}
+
+impl Payload {
+    /// The payload as bytes: JSON is serialized, text and raw are returned as is.
+    pub fn to_bytes(&self) -> Bytes {
+        match self {
+            Payload::Json(value) => Bytes::from(serde_json::to_vec(value).unwrap_or_default()),
+            Payload::Text(text) => Bytes::copy_from_slice(text.as_bytes()),
+            Payload::Raw(bytes) => bytes.clone(),
+        }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Payload::Json(_) => "json",
+            Payload::Text(_) => "text",
+            Payload::Raw(_) => "raw",
+        }
+    }
+}
+
+/// A user header value. Iggy's integer and float kinds are widened to 64 bits;
+/// 128-bit integers travel as raw bytes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HeaderValue {
+    String(String),
+    Bool(bool),
+    Int(i64),
+    UInt(u64),
+    Float(f64),
+    Raw(Bytes),
+}
+
+impl fmt::Display for HeaderValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HeaderValue::String(value) => f.write_str(value),
+            HeaderValue::Bool(value) => write!(f, "{value}"),
+            HeaderValue::Int(value) => write!(f, "{value}"),
+            HeaderValue::UInt(value) => write!(f, "{value}"),
+            HeaderValue::Float(value) => write!(f, "{value}"),
+            HeaderValue::Raw(bytes) => match std::str::from_utf8(bytes) {
+                Ok(text) => f.write_str(text),
+                Err(_) => write!(f, "{bytes:?}"),
+            },
+        }
+    }
+}
+
+impl From<&str> for HeaderValue {
+    fn from(value: &str) -> Self {
+        HeaderValue::String(value.to_owned())
+    }
+}
+
+impl From<String> for HeaderValue {
+    fn from(value: String) -> Self {
+        HeaderValue::String(value)
+    }
+}
+
+/// User headers in insertion order. Keys are unique; an empty list does not allocate.
+pub type Headers = Vec<(String, HeaderValue)>;
+
+/// One record produced by a source, before transforms and encoding.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SourceRecord {
+    /// The record's natural identity (a primary key, an idempotency key), used as
+    /// the Iggy message id. `None` lets the bus mint one.
+    pub id: Option<u128>,
+    /// Which `[[streams]]` entry of the connector this record goes to (0 = first).
+    pub stream_index: usize,
+    pub headers: Headers,
+    pub payload: Payload,
+}
+
+impl SourceRecord {
+    pub fn new(payload: Payload) -> Self {
+        Self {
+            id: None,
+            stream_index: 0,
+            headers: Headers::new(),
+            payload,
+        }
+    }
+
+    pub fn with_id(mut self, id: u128) -> Self {
+        self.id = Some(id);
+        self
+    }
+}
+
+/// A message ready to be sent to the bus: encoded payload plus identity and headers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutgoingMessage {
+    pub id: Option<u128>,
+    pub headers: Headers,
+    pub payload: Bytes,
+}
+
+/// A message as the bus delivered it to a sink pipeline, still encoded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConsumedMessage {
+    pub id: u128,
+    pub offset: u64,
+    pub partition_id: u32,
+    /// Server timestamp, microseconds since the epoch.
+    pub timestamp: u64,
+    /// Producer-side timestamp, microseconds since the epoch.
+    pub origin_timestamp: u64,
+    pub checksum: u64,
+    pub headers: Headers,
+    pub payload: Bytes,
+}
+
+/// A message handed to a sink: the consumed message with its payload decoded
+/// and transformed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SinkMessage {
+    pub id: u128,
+    pub offset: u64,
+    pub partition_id: u32,
+    pub timestamp: u64,
+    pub origin_timestamp: u64,
+    pub checksum: u64,
+    pub headers: Headers,
+    pub payload: Payload,
+}
+
+/// Where a batch of sink messages came from.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TopicRef {
+    pub stream: String,
+    pub topic: String,
+}
+
+impl fmt::Display for TopicRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.stream, self.topic)
+    }
+}

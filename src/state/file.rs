@@ -1,0 +1,145 @@
+//! The embedded default store: one file per source, `{dir}/source_{key}.state`.
+//!
+//! Each file is a small MessagePack envelope (format version, connector name,
+//! CRC32 of the data, the source's own bytes). A save writes a temp file, fsyncs
+//! it, renames it over the target and fsyncs the directory, so a crash leaves
+//! either the old or the new state. A file that does not decode, or whose
+//! checksum does not match, is refused: a corrupt state must never turn into a
+//! silent fresh start.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::state::{StateError, StateStore, StoredState};
+
+const FORMAT_VERSION: u32 = 1;
+
+#[derive(Debug, Clone)]
+pub struct FileStateStore {
+    dir: PathBuf,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Envelope {
+    format: u32,
+    connector: String,
+    crc32: u32,
+    #[serde(with = "serde_bytes")]
+    data: Vec<u8>,
+}
+
+impl FileStateStore {
+    /// A store in `dir`, which is created (with its parents) when missing.
+    pub fn new(dir: impl Into<PathBuf>) -> Result<Self, StateError> {
+        let dir = dir.into();
+        fs::create_dir_all(&dir).map_err(|source| StateError::Write {
+            path: dir.clone(),
+            source,
+        })?;
+        Ok(Self { dir })
+    }
+
+    pub fn path_for(&self, key: &str) -> PathBuf {
+        self.dir.join(format!("source_{key}.state"))
+    }
+
+    fn load_blocking(path: &Path) -> Result<Option<StoredState>, StateError> {
+        let bytes = match fs::read(path) {
+            Ok(bytes) => bytes,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => {
+                return Err(StateError::Read {
+                    path: path.to_owned(),
+                    source,
+                });
+            }
+        };
+        let corrupt = |reason: String| StateError::Corrupt {
+            path: path.to_owned(),
+            reason,
+        };
+        let envelope: Envelope =
+            rmp_serde::from_slice(&bytes).map_err(|error| corrupt(error.to_string()))?;
+        if envelope.format != FORMAT_VERSION {
+            return Err(corrupt(format!(
+                "unknown format version {}",
+                envelope.format
+            )));
+        }
+        if crc32fast::hash(&envelope.data) != envelope.crc32 {
+            return Err(corrupt("checksum mismatch".into()));
+        }
+        Ok(Some(StoredState {
+            connector: envelope.connector,
+            data: envelope.data,
+        }))
+    }
+
+    fn save_blocking(dir: &Path, path: &Path, state: &StoredState) -> Result<(), StateError> {
+        let envelope = Envelope {
+            format: FORMAT_VERSION,
+            connector: state.connector.clone(),
+            crc32: crc32fast::hash(&state.data),
+            data: state.data.clone(),
+        };
+        let bytes = rmp_serde::to_vec_named(&envelope).map_err(|error| StateError::Write {
+            path: path.to_owned(),
+            source: std::io::Error::other(error),
+        })?;
+        let temp = path.with_extension("state.tmp");
+        let write_error = |source| StateError::Write {
+            path: path.to_owned(),
+            source,
+        };
+        let result = write_synced(&temp, &bytes)
+            .and_then(|()| fs::rename(&temp, path))
+            .and_then(|()| File::open(dir)?.sync_all());
+        if result.is_err() {
+            let _ = fs::remove_file(&temp);
+        }
+        result.map_err(write_error)
+    }
+}
+
+#[async_trait]
+impl StateStore for FileStateStore {
+    async fn load(&self, key: &str) -> Result<Option<StoredState>, StateError> {
+        let path = self.path_for(key);
+        run_blocking(move || Self::load_blocking(&path)).await
+    }
+
+    async fn save(&self, key: &str, state: &StoredState) -> Result<(), StateError> {
+        let dir = self.dir.clone();
+        let path = self.path_for(key);
+        let state = state.clone();
+        run_blocking(move || Self::save_blocking(&dir, &path, &state)).await
+    }
+
+    fn location(&self, key: &str) -> String {
+        self.path_for(key).display().to_string()
+    }
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(bytes)?;
+    file.sync_all()
+}
+
+async fn run_blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, StateError> + Send + 'static,
+) -> Result<T, StateError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .unwrap_or_else(|join_error| Err(StateError::Unavailable(join_error.to_string())))
+}

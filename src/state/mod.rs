@@ -1,0 +1,65 @@
+//! Source state: what a source needs to resume where its last committed batch
+//! ended. One state per source key.
+
+pub mod file;
+pub mod memory;
+
+use std::path::PathBuf;
+
+use async_trait::async_trait;
+
+pub use file::FileStateStore;
+pub use memory::MemoryStateStore;
+
+/// A source's committed state, as opaque MessagePack bytes written by the source,
+/// plus which connector wrote it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredState {
+    /// The connector that wrote the state (`random`, `postgres`, ...). A state
+    /// written by another connector under the same key is refused.
+    pub connector: String,
+    pub data: Vec<u8>,
+}
+
+#[async_trait]
+pub trait StateStore: Send + Sync {
+    /// The committed state of `key`; `Ok(None)` when there is none yet.
+    async fn load(&self, key: &str) -> Result<Option<StoredState>, StateError>;
+
+    /// Replaces the state of `key` atomically: after a crash the store holds the
+    /// old or the new state, never a mix.
+    async fn save(&self, key: &str, state: &StoredState) -> Result<(), StateError>;
+
+    /// Where the state of `key` lives, for error messages and the API.
+    fn location(&self, key: &str) -> String;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("cannot read state file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot write state file {path}: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "state file {path} is corrupt ({reason}); refusing to start from it (move it away to start fresh)"
+    )]
+    Corrupt { path: PathBuf, reason: String },
+    #[error(
+        "state file {path} was written by the \"{found}\" connector, not \"{expected}\"; refusing to start from it"
+    )]
+    WrongConnector {
+        path: PathBuf,
+        found: String,
+        expected: String,
+    },
+    #[error("state store refused the save: {0}")]
+    Unavailable(String),
+}
