@@ -46,6 +46,7 @@ pub struct SourcePipeline {
     pub status: Arc<StatusCell>,
     pub metrics: Arc<ConnectorMetrics>,
     pub shutdown: Shutdown,
+    pub backoff: Backoff,
     pub verbose: bool,
 }
 
@@ -117,7 +118,7 @@ impl SourcePipeline {
                     let message = format!("poll failed: {error}");
                     warn!(connector_key = %self.key, attempt = poll_failures, %message, "retrying poll");
                     self.status.record_error(message);
-                    if !self.pause(Backoff::SOURCE.delay(poll_failures)).await {
+                    if !self.pause(self.backoff.delay(poll_failures)).await {
                         return Ended::Shutdown;
                     }
                     continue;
@@ -311,7 +312,7 @@ impl SourcePipeline {
                     ),
                 ));
             }
-            let delay = Backoff::SOURCE.delay(nacks);
+            let delay = self.backoff.delay(nacks);
             warn!(connector_key = %self.key, nacks, retry_in_ms = delay.as_millis() as u64, error = %nack.message, "batch NACKed, retrying the same batch");
             self.metrics.retries.add(1);
             tokio::select! {
@@ -403,7 +404,7 @@ impl SourcePipeline {
             tokio::select! {
                 biased;
                 () = &mut give_up => return Err(self.abandon()),
-                () = tokio::time::sleep(Backoff::SOURCE.delay(failures)) => {}
+                () = tokio::time::sleep(self.backoff.delay(failures)) => {}
             }
         }
     }
