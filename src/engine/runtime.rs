@@ -80,7 +80,11 @@ fn plugin_config_message(config: &ConnectorConfig, error: &PluginConfigError) ->
     } else {
         format!("plugin_config.{}", error.field)
     };
-    format!("{}: field `{field}`: {}", config.origin().display(), error.message)
+    format!(
+        "{}: field `{field}`: {}",
+        config.origin().display(),
+        error.message
+    )
 }
 
 /// One configured connector, running or not.
@@ -326,7 +330,11 @@ impl Runtime {
         let KindConfig::Source { streams, .. } = &config.kind_config else {
             return Err(SetupError::Failed("not a source config".into()));
         };
-        let mut source = self.options.factory.source(config).map_err(SetupError::Failed)?;
+        let mut source = self
+            .options
+            .factory
+            .source(config)
+            .map_err(SetupError::Failed)?;
         let transforms = build_transforms(config)?;
         let stored = self
             .state
@@ -419,7 +427,11 @@ impl Runtime {
         let KindConfig::Sink { streams, on_error } = &config.kind_config else {
             return Err(SetupError::Failed("not a sink config".into()));
         };
-        let mut sink = self.options.factory.sink(config).map_err(SetupError::Failed)?;
+        let mut sink = self
+            .options
+            .factory
+            .sink(config)
+            .map_err(SetupError::Failed)?;
         let transforms = build_transforms(config)?;
         match catch_panic(sink.open()).await {
             Ok(Ok(())) => {}

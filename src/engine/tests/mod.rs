@@ -124,10 +124,16 @@ async fn given_a_batch_when_delivered_should_commit_only_after_send_and_state_sa
         )
     }));
     harness.factory.source_once("src", source);
-    harness.runtime.add(scripted::source_config("src", None)).unwrap();
+    harness
+        .runtime
+        .add(scripted::source_config("src", None))
+        .unwrap();
     harness.runtime.start_enabled().await;
 
-    wait_for("the batch to commit", || log.commits.load(Ordering::SeqCst) == 1).await;
+    wait_for("the batch to commit", || {
+        log.commits.load(Ordering::SeqCst) == 1
+    })
+    .await;
     assert_eq!(
         *log.at_commit.lock().unwrap(),
         vec![format!("messages=3 state={:?}", Some(state_bytes(3)))]
@@ -144,10 +150,16 @@ async fn given_state_save_failures_when_delivering_should_not_commit_until_the_s
     let state = harness.state.clone();
     *log.probe.lock().unwrap() = Some(Box::new(move || format!("saves={}", state.saves().len())));
     harness.factory.source_once("src", source);
-    harness.runtime.add(scripted::source_config("src", None)).unwrap();
+    harness
+        .runtime
+        .add(scripted::source_config("src", None))
+        .unwrap();
     harness.runtime.start_enabled().await;
 
-    wait_for("the batch to commit", || log.commits.load(Ordering::SeqCst) == 1).await;
+    wait_for("the batch to commit", || {
+        log.commits.load(Ordering::SeqCst) == 1
+    })
+    .await;
     assert_eq!(*log.at_commit.lock().unwrap(), vec!["saves=1".to_string()]);
     // The send succeeded the first time: retrying the save did not resend it.
     assert_eq!(harness.numbers_in_topic(TOPIC), vec![0, 1, 2]);
@@ -157,7 +169,8 @@ async fn given_state_save_failures_when_delivering_should_not_commit_until_the_s
 }
 
 #[tokio::test]
-async fn given_refused_sends_when_retried_should_resend_the_same_batch_and_never_save_state_past_it() {
+async fn given_refused_sends_when_retried_should_resend_the_same_batch_and_never_save_state_past_it()
+ {
     let harness = Harness::new(Duration::from_secs(5));
     harness.bus.refuse_sends(3);
     let (source, log) = ScriptedSource::new(
@@ -165,16 +178,32 @@ async fn given_refused_sends_when_retried_should_resend_the_same_batch_and_never
         BatchPolicy::default(),
     );
     let polls = log.clone();
-    *log.probe.lock().unwrap() = Some(Box::new(move || format!("polls={}", polls.polls.load(Ordering::SeqCst))));
+    *log.probe.lock().unwrap() = Some(Box::new(move || {
+        format!("polls={}", polls.polls.load(Ordering::SeqCst))
+    }));
     harness.factory.source_once("src", source);
-    harness.runtime.add(scripted::source_config("src", None)).unwrap();
+    harness
+        .runtime
+        .add(scripted::source_config("src", None))
+        .unwrap();
     harness.runtime.start_enabled().await;
 
-    wait_for("both batches to commit", || log.commits.load(Ordering::SeqCst) == 2).await;
+    wait_for("both batches to commit", || {
+        log.commits.load(Ordering::SeqCst) == 2
+    })
+    .await;
     // No poll happened while the first batch was being retried.
-    assert_eq!(*log.at_commit.lock().unwrap(), vec!["polls=1".to_string(), "polls=2".to_string()]);
+    assert_eq!(
+        *log.at_commit.lock().unwrap(),
+        vec!["polls=1".to_string(), "polls=2".to_string()]
+    );
     // Saves happened only after each batch was sent, in order.
-    let saves: Vec<Vec<u8>> = harness.state.saves().into_iter().map(|(_, data)| data).collect();
+    let saves: Vec<Vec<u8>> = harness
+        .state
+        .saves()
+        .into_iter()
+        .map(|(_, data)| data)
+        .collect();
     assert_eq!(saves, vec![state_bytes(3), state_bytes(6)]);
     assert_eq!(harness.numbers_in_topic(TOPIC), vec![0, 1, 2, 3, 4, 5]);
     let view = harness.runtime.view(ConnectorKind::Source, "src").unwrap();
@@ -190,17 +219,32 @@ async fn given_sends_refused_past_the_limit_when_retried_should_stop_with_reason
     harness.bus.refuse_sends(u32::MAX);
     let (source, log) = ScriptedSource::new(vec![Step::numbers(0..3)], BatchPolicy::default());
     harness.factory.source_once("src", source);
-    harness.runtime.add(scripted::source_config("src", Some(3))).unwrap();
+    harness
+        .runtime
+        .add(scripted::source_config("src", Some(3)))
+        .unwrap();
     harness.runtime.start_enabled().await;
 
-    wait_for("the source to stop", || harness.status(ConnectorKind::Source, "src").status == Status::Error).await;
+    wait_for("the source to stop", || {
+        harness.status(ConnectorKind::Source, "src").status == Status::Error
+    })
+    .await;
     let view = harness.runtime.view(ConnectorKind::Source, "src").unwrap();
     assert_eq!(view.status.stop_reason, Some(StopReason::NackLimit));
-    assert!(view.status.last_error.unwrap().message.contains("max_consecutive_nacks = 3"));
+    assert!(
+        view.status
+            .last_error
+            .unwrap()
+            .message
+            .contains("max_consecutive_nacks = 3")
+    );
     assert_eq!(view.metrics.nacks.get(), 3);
     assert_eq!(log.commits.load(Ordering::SeqCst), 0);
     assert_eq!(log.closes.load(Ordering::SeqCst), 1);
-    assert!(harness.state.get("src").is_none(), "no state may cover an unsent batch");
+    assert!(
+        harness.state.get("src").is_none(),
+        "no state may cover an unsent batch"
+    );
 }
 
 #[tokio::test]
@@ -209,10 +253,16 @@ async fn given_nack_limit_zero_when_sends_fail_many_times_should_never_stop() {
     harness.bus.refuse_sends(25);
     let (source, log) = ScriptedSource::new(vec![Step::numbers(0..3)], BatchPolicy::default());
     harness.factory.source_once("src", source);
-    harness.runtime.add(scripted::source_config("src", Some(0))).unwrap();
+    harness
+        .runtime
+        .add(scripted::source_config("src", Some(0)))
+        .unwrap();
     harness.runtime.start_enabled().await;
 
-    wait_for("the batch to commit", || log.commits.load(Ordering::SeqCst) == 1).await;
+    wait_for("the batch to commit", || {
+        log.commits.load(Ordering::SeqCst) == 1
+    })
+    .await;
     let view = harness.runtime.view(ConnectorKind::Source, "src").unwrap();
     assert_eq!(view.metrics.nacks.get(), 25);
     assert_eq!(view.status.status, Status::Running);
@@ -221,22 +271,41 @@ async fn given_nack_limit_zero_when_sends_fail_many_times_should_never_stop() {
 }
 
 #[tokio::test]
-async fn given_a_connector_that_panics_when_polled_should_stop_only_that_connector_with_reason_panic() {
+async fn given_a_connector_that_panics_when_polled_should_stop_only_that_connector_with_reason_panic()
+ {
     let harness = Harness::new(Duration::from_secs(5));
     let (panicking, _) = ScriptedSource::new(vec![Step::Panic], BatchPolicy::default());
-    let (healthy, healthy_log) = ScriptedSource::new(vec![Step::numbers(0..2), Step::numbers(2..4)], BatchPolicy::default());
+    let (healthy, healthy_log) = ScriptedSource::new(
+        vec![Step::numbers(0..2), Step::numbers(2..4)],
+        BatchPolicy::default(),
+    );
     harness.factory.source_once("bad", panicking);
     harness.factory.source_once("good", healthy);
-    harness.runtime.add(scripted::source_config("bad", None)).unwrap();
-    harness.runtime.add(scripted::source_config("good", None)).unwrap();
+    harness
+        .runtime
+        .add(scripted::source_config("bad", None))
+        .unwrap();
+    harness
+        .runtime
+        .add(scripted::source_config("good", None))
+        .unwrap();
     harness.runtime.start_enabled().await;
 
-    wait_for("the panicking source to stop", || harness.status(ConnectorKind::Source, "bad").status == Status::Error).await;
+    wait_for("the panicking source to stop", || {
+        harness.status(ConnectorKind::Source, "bad").status == Status::Error
+    })
+    .await;
     let bad = harness.status(ConnectorKind::Source, "bad");
     assert_eq!(bad.stop_reason, Some(StopReason::Panic));
     assert!(bad.last_error.unwrap().message.contains("scripted panic"));
-    wait_for("the healthy source to keep going", || healthy_log.commits.load(Ordering::SeqCst) == 2).await;
-    assert_eq!(harness.status(ConnectorKind::Source, "good").status, Status::Running);
+    wait_for("the healthy source to keep going", || {
+        healthy_log.commits.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    assert_eq!(
+        harness.status(ConnectorKind::Source, "good").status,
+        Status::Running
+    );
     harness.runtime.shutdown().await;
 }
 
@@ -247,44 +316,76 @@ async fn given_a_panicking_sink_when_writing_should_stop_it_with_reason_panic_an
     control.panic_next.store(true, Ordering::SeqCst);
     harness.factory.sink("snk", control.clone());
     harness.produce(&[br#"{"n":0}"#]).await;
-    harness.runtime.add(scripted::sink_config("snk", OnError::Stop)).unwrap();
+    harness
+        .runtime
+        .add(scripted::sink_config("snk", OnError::Stop))
+        .unwrap();
     harness.runtime.start_enabled().await;
 
-    wait_for("the sink to stop", || harness.status(ConnectorKind::Sink, "snk").status == Status::Error).await;
-    assert_eq!(harness.status(ConnectorKind::Sink, "snk").stop_reason, Some(StopReason::Panic));
+    wait_for("the sink to stop", || {
+        harness.status(ConnectorKind::Sink, "snk").status == Status::Error
+    })
+    .await;
+    assert_eq!(
+        harness.status(ConnectorKind::Sink, "snk").stop_reason,
+        Some(StopReason::Panic)
+    );
     assert_eq!(harness.bus.committed_offset(STREAM, TOPIC, GROUP, 0), None);
 }
 
 #[tokio::test]
-async fn given_transient_and_fatal_poll_errors_when_polling_should_retry_the_first_and_stop_on_the_second() {
+async fn given_transient_and_fatal_poll_errors_when_polling_should_retry_the_first_and_stop_on_the_second()
+ {
     let harness = Harness::new(Duration::from_secs(5));
     let (source, log) = ScriptedSource::new(
         vec![Step::Fail(true), Step::numbers(0..1), Step::Fail(false)],
         BatchPolicy::default(),
     );
     harness.factory.source_once("src", source);
-    harness.runtime.add(scripted::source_config("src", None)).unwrap();
+    harness
+        .runtime
+        .add(scripted::source_config("src", None))
+        .unwrap();
     harness.runtime.start_enabled().await;
 
-    wait_for("the fatal error to stop the source", || harness.status(ConnectorKind::Source, "src").status == Status::Error).await;
+    wait_for("the fatal error to stop the source", || {
+        harness.status(ConnectorKind::Source, "src").status == Status::Error
+    })
+    .await;
     assert_eq!(log.commits.load(Ordering::SeqCst), 1);
-    assert_eq!(harness.status(ConnectorKind::Source, "src").stop_reason, Some(StopReason::Fatal));
+    assert_eq!(
+        harness.status(ConnectorKind::Source, "src").stop_reason,
+        Some(StopReason::Fatal)
+    );
 }
 
 #[tokio::test]
-async fn given_a_record_that_does_not_encode_when_preparing_should_drop_and_count_it_and_send_the_rest() {
+async fn given_a_record_that_does_not_encode_when_preparing_should_drop_and_count_it_and_send_the_rest()
+ {
     let harness = Harness::new(Duration::from_secs(5));
     let records = vec![
         SourceRecord::new(Payload::Json(serde_json::json!({ "n": 1 }))),
         SourceRecord::new(Payload::Raw(Bytes::from_static(b"{not json"))),
         SourceRecord::new(Payload::Json(serde_json::json!({ "n": 2 }))),
     ];
-    let (source, log) = ScriptedSource::new(vec![Step::Batch { records, state: None }], BatchPolicy::default());
+    let (source, log) = ScriptedSource::new(
+        vec![Step::Batch {
+            records,
+            state: None,
+        }],
+        BatchPolicy::default(),
+    );
     harness.factory.source_once("src", source);
-    harness.runtime.add(scripted::source_config("src", None)).unwrap();
+    harness
+        .runtime
+        .add(scripted::source_config("src", None))
+        .unwrap();
     harness.runtime.start_enabled().await;
 
-    wait_for("the batch to commit", || log.commits.load(Ordering::SeqCst) == 1).await;
+    wait_for("the batch to commit", || {
+        log.commits.load(Ordering::SeqCst) == 1
+    })
+    .await;
     assert_eq!(harness.numbers_in_topic(TOPIC), vec![1, 2]);
     let view = harness.runtime.view(ConnectorKind::Source, "src").unwrap();
     assert_eq!(view.metrics.errors.get(), 1);
@@ -294,15 +395,24 @@ async fn given_a_record_that_does_not_encode_when_preparing_should_drop_and_coun
 }
 
 #[tokio::test]
-async fn given_a_message_that_does_not_decode_when_consumed_should_skip_and_count_it_and_write_the_rest() {
+async fn given_a_message_that_does_not_decode_when_consumed_should_skip_and_count_it_and_write_the_rest()
+ {
     let harness = Harness::new(Duration::from_secs(5));
     let control = Arc::new(SinkControl::default());
     harness.factory.sink("snk", control.clone());
-    harness.produce(&[br#"{"n":0}"#, b"{garbage", br#"{"n":2}"#]).await;
-    harness.runtime.add(scripted::sink_config("snk", OnError::Stop)).unwrap();
+    harness
+        .produce(&[br#"{"n":0}"#, b"{garbage", br#"{"n":2}"#])
+        .await;
+    harness
+        .runtime
+        .add(scripted::sink_config("snk", OnError::Stop))
+        .unwrap();
     harness.runtime.start_enabled().await;
 
-    wait_for("the batch to commit", || harness.bus.committed_offset(STREAM, TOPIC, GROUP, 0) == Some(2)).await;
+    wait_for("the batch to commit", || {
+        harness.bus.committed_offset(STREAM, TOPIC, GROUP, 0) == Some(2)
+    })
+    .await;
     assert_eq!(control.written_numbers(), vec![0, 2]);
     let view = harness.runtime.view(ConnectorKind::Sink, "snk").unwrap();
     assert_eq!(view.metrics.skipped.get(), 1);
@@ -312,23 +422,38 @@ async fn given_a_message_that_does_not_decode_when_consumed_should_skip_and_coun
 }
 
 #[tokio::test]
-async fn given_transient_write_failures_when_retrying_should_leave_offsets_uncommitted_until_written() {
+async fn given_transient_write_failures_when_retrying_should_leave_offsets_uncommitted_until_written()
+ {
     let harness = Harness::new(Duration::from_secs(5));
     let control = Arc::new(SinkControl::default());
     control.transient_failures.store(u32::MAX, Ordering::SeqCst);
     harness.factory.sink("snk", control.clone());
-    harness.produce(&[br#"{"n":0}"#, br#"{"n":1}"#, br#"{"n":2}"#]).await;
-    harness.runtime.add(scripted::sink_config("snk", OnError::Stop)).unwrap();
+    harness
+        .produce(&[br#"{"n":0}"#, br#"{"n":1}"#, br#"{"n":2}"#])
+        .await;
+    harness
+        .runtime
+        .add(scripted::sink_config("snk", OnError::Stop))
+        .unwrap();
     harness.runtime.start_enabled().await;
 
-    wait_for("several failed writes", || control.writes.load(Ordering::SeqCst) >= 5).await;
+    wait_for("several failed writes", || {
+        control.writes.load(Ordering::SeqCst) >= 5
+    })
+    .await;
     assert_eq!(harness.bus.committed_offset(STREAM, TOPIC, GROUP, 0), None);
     assert!(control.written_numbers().is_empty());
 
     control.transient_failures.store(0, Ordering::SeqCst);
-    wait_for("the batch to commit", || harness.bus.committed_offset(STREAM, TOPIC, GROUP, 0) == Some(2)).await;
+    wait_for("the batch to commit", || {
+        harness.bus.committed_offset(STREAM, TOPIC, GROUP, 0) == Some(2)
+    })
+    .await;
     assert_eq!(control.written_numbers(), vec![0, 1, 2]);
-    assert_eq!(harness.status(ConnectorKind::Sink, "snk").status, Status::Running);
+    assert_eq!(
+        harness.status(ConnectorKind::Sink, "snk").status,
+        Status::Running
+    );
     harness.runtime.shutdown().await;
 }
 
@@ -339,32 +464,61 @@ async fn given_a_sink_stopped_while_its_writes_fail_when_restarted_should_get_th
     control.transient_failures.store(u32::MAX, Ordering::SeqCst);
     harness.factory.sink("snk", control.clone());
     harness.produce(&[br#"{"n":0}"#, br#"{"n":1}"#]).await;
-    harness.runtime.add(scripted::sink_config("snk", OnError::Stop)).unwrap();
+    harness
+        .runtime
+        .add(scripted::sink_config("snk", OnError::Stop))
+        .unwrap();
     harness.runtime.start_enabled().await;
 
-    wait_for("a failed write", || control.writes.load(Ordering::SeqCst) >= 2).await;
-    harness.runtime.stop(ConnectorKind::Sink, "snk").await.unwrap();
-    assert_eq!(harness.status(ConnectorKind::Sink, "snk").status, Status::Stopped);
+    wait_for("a failed write", || {
+        control.writes.load(Ordering::SeqCst) >= 2
+    })
+    .await;
+    harness
+        .runtime
+        .stop(ConnectorKind::Sink, "snk")
+        .await
+        .unwrap();
+    assert_eq!(
+        harness.status(ConnectorKind::Sink, "snk").status,
+        Status::Stopped
+    );
     assert_eq!(harness.bus.committed_offset(STREAM, TOPIC, GROUP, 0), None);
 
     control.transient_failures.store(0, Ordering::SeqCst);
-    harness.runtime.start(ConnectorKind::Sink, "snk").await.unwrap();
-    wait_for("the redelivered batch to commit", || harness.bus.committed_offset(STREAM, TOPIC, GROUP, 0) == Some(1)).await;
+    harness
+        .runtime
+        .start(ConnectorKind::Sink, "snk")
+        .await
+        .unwrap();
+    wait_for("the redelivered batch to commit", || {
+        harness.bus.committed_offset(STREAM, TOPIC, GROUP, 0) == Some(1)
+    })
+    .await;
     assert_eq!(control.written_numbers(), vec![0, 1]);
     harness.runtime.shutdown().await;
 }
 
 #[tokio::test]
-async fn given_a_rejected_message_when_on_error_is_stop_should_stop_with_reason_rejected_and_keep_offsets() {
+async fn given_a_rejected_message_when_on_error_is_stop_should_stop_with_reason_rejected_and_keep_offsets()
+ {
     let harness = Harness::new(Duration::from_secs(5));
     let control = Arc::new(SinkControl::default());
     control.reject_bad.store(true, Ordering::SeqCst);
     harness.factory.sink("snk", control.clone());
-    harness.produce(&[br#"{"n":0}"#, br#"{"n":1,"bad":true}"#]).await;
-    harness.runtime.add(scripted::sink_config("snk", OnError::Stop)).unwrap();
+    harness
+        .produce(&[br#"{"n":0}"#, br#"{"n":1,"bad":true}"#])
+        .await;
+    harness
+        .runtime
+        .add(scripted::sink_config("snk", OnError::Stop))
+        .unwrap();
     harness.runtime.start_enabled().await;
 
-    wait_for("the sink to stop", || harness.status(ConnectorKind::Sink, "snk").status == Status::Error).await;
+    wait_for("the sink to stop", || {
+        harness.status(ConnectorKind::Sink, "snk").status == Status::Error
+    })
+    .await;
     let status = harness.status(ConnectorKind::Sink, "snk");
     assert_eq!(status.stop_reason, Some(StopReason::Rejected));
     assert!(status.last_error.unwrap().message.contains("offset 1"));
@@ -377,23 +531,43 @@ async fn given_a_rejected_message_when_on_error_is_skip_should_count_it_and_writ
     let control = Arc::new(SinkControl::default());
     control.reject_bad.store(true, Ordering::SeqCst);
     harness.factory.sink("snk", control.clone());
-    harness.produce(&[br#"{"n":0}"#, br#"{"n":1,"bad":true}"#, br#"{"n":2}"#]).await;
-    harness.runtime.add(scripted::sink_config("snk", OnError::Skip)).unwrap();
+    harness
+        .produce(&[br#"{"n":0}"#, br#"{"n":1,"bad":true}"#, br#"{"n":2}"#])
+        .await;
+    harness
+        .runtime
+        .add(scripted::sink_config("snk", OnError::Skip))
+        .unwrap();
     harness.runtime.start_enabled().await;
 
-    wait_for("the batch to commit", || harness.bus.committed_offset(STREAM, TOPIC, GROUP, 0) == Some(2)).await;
+    wait_for("the batch to commit", || {
+        harness.bus.committed_offset(STREAM, TOPIC, GROUP, 0) == Some(2)
+    })
+    .await;
     assert_eq!(control.written_numbers(), vec![0, 2]);
-    assert_eq!(harness.runtime.view(ConnectorKind::Sink, "snk").unwrap().metrics.skipped.get(), 1);
+    assert_eq!(
+        harness
+            .runtime
+            .view(ConnectorKind::Sink, "snk")
+            .unwrap()
+            .metrics
+            .skipped
+            .get(),
+        1
+    );
     harness.runtime.shutdown().await;
 }
 
 #[tokio::test]
-async fn given_a_rejected_message_when_on_error_is_dlq_should_dead_letter_it_with_headers_saying_why() {
+async fn given_a_rejected_message_when_on_error_is_dlq_should_dead_letter_it_with_headers_saying_why()
+ {
     let harness = Harness::new(Duration::from_secs(5));
     let control = Arc::new(SinkControl::default());
     control.reject_bad.store(true, Ordering::SeqCst);
     harness.factory.sink("snk", control.clone());
-    harness.produce(&[br#"{"n":0}"#, br#"{"n":1,"bad":true}"#]).await;
+    harness
+        .produce(&[br#"{"n":0}"#, br#"{"n":1,"bad":true}"#])
+        .await;
     let mut config = scripted::sink_config("snk", OnError::Dlq);
     config.dead_letter = Some(DeadLetterTarget {
         stream: STREAM.into(),
@@ -402,7 +576,10 @@ async fn given_a_rejected_message_when_on_error_is_dlq_should_dead_letter_it_wit
     harness.runtime.add(config).unwrap();
     harness.runtime.start_enabled().await;
 
-    wait_for("the batch to commit", || harness.bus.committed_offset(STREAM, TOPIC, GROUP, 0) == Some(1)).await;
+    wait_for("the batch to commit", || {
+        harness.bus.committed_offset(STREAM, TOPIC, GROUP, 0) == Some(1)
+    })
+    .await;
     assert_eq!(control.written_numbers(), vec![0]);
     let dead = harness.bus.messages(STREAM, "dlq");
     assert_eq!(dead.len(), 1);
@@ -413,10 +590,28 @@ async fn given_a_rejected_message_when_on_error_is_dlq_should_dead_letter_it_wit
             .find(|(name, _)| name == key)
             .map(|(_, value)| value.to_string())
     };
-    assert_eq!(header(dead_letter::HEADER_ERROR).as_deref(), Some("scripted rejection"));
-    assert_eq!(header(dead_letter::HEADER_ORIGIN_OFFSET).as_deref(), Some("1"));
-    assert_eq!(header(dead_letter::HEADER_ORIGIN_TOPIC).as_deref(), Some(TOPIC));
-    assert_eq!(harness.runtime.view(ConnectorKind::Sink, "snk").unwrap().metrics.dead_lettered.get(), 1);
+    assert_eq!(
+        header(dead_letter::HEADER_ERROR).as_deref(),
+        Some("scripted rejection")
+    );
+    assert_eq!(
+        header(dead_letter::HEADER_ORIGIN_OFFSET).as_deref(),
+        Some("1")
+    );
+    assert_eq!(
+        header(dead_letter::HEADER_ORIGIN_TOPIC).as_deref(),
+        Some(TOPIC)
+    );
+    assert_eq!(
+        harness
+            .runtime
+            .view(ConnectorKind::Sink, "snk")
+            .unwrap()
+            .metrics
+            .dead_lettered
+            .get(),
+        1
+    );
     harness.runtime.shutdown().await;
 }
 
@@ -426,32 +621,57 @@ async fn given_a_batch_in_flight_when_shutdown_is_requested_should_commit_it_bef
     harness.bus.delay_sends(Duration::from_millis(300));
     let (source, log) = ScriptedSource::new(vec![Step::numbers(0..3)], BatchPolicy::default());
     harness.factory.source_once("src", source);
-    harness.runtime.add(scripted::source_config("src", None)).unwrap();
+    harness
+        .runtime
+        .add(scripted::source_config("src", None))
+        .unwrap();
     harness.runtime.start_enabled().await;
 
-    wait_for("the batch to be in flight", || log.polls.load(Ordering::SeqCst) == 1).await;
+    wait_for("the batch to be in flight", || {
+        log.polls.load(Ordering::SeqCst) == 1
+    })
+    .await;
     harness.runtime.shutdown().await;
     assert_eq!(log.commits.load(Ordering::SeqCst), 1);
-    assert_eq!(harness.state.get("src").map(|stored| stored.data), Some(state_bytes(3)));
+    assert_eq!(
+        harness.state.get("src").map(|stored| stored.data),
+        Some(state_bytes(3))
+    );
     assert_eq!(harness.numbers_in_topic(TOPIC), vec![0, 1, 2]);
-    assert_eq!(harness.status(ConnectorKind::Source, "src").status, Status::Stopped);
-    assert_eq!(harness.status(ConnectorKind::Source, "src").stop_reason, None);
+    assert_eq!(
+        harness.status(ConnectorKind::Source, "src").status,
+        Status::Stopped
+    );
+    assert_eq!(
+        harness.status(ConnectorKind::Source, "src").stop_reason,
+        None
+    );
 }
 
 #[tokio::test]
-async fn given_a_send_slower_than_the_grace_period_when_shutting_down_should_leave_the_batch_uncommitted() {
+async fn given_a_send_slower_than_the_grace_period_when_shutting_down_should_leave_the_batch_uncommitted()
+ {
     let harness = Harness::new(Duration::from_millis(50));
     harness.bus.delay_sends(Duration::from_secs(3));
     let (source, log) = ScriptedSource::new(vec![Step::numbers(0..3)], BatchPolicy::default());
     harness.factory.source_once("src", source);
-    harness.runtime.add(scripted::source_config("src", None)).unwrap();
+    harness
+        .runtime
+        .add(scripted::source_config("src", None))
+        .unwrap();
     harness.runtime.start_enabled().await;
 
-    wait_for("the batch to be in flight", || log.polls.load(Ordering::SeqCst) == 1).await;
+    wait_for("the batch to be in flight", || {
+        log.polls.load(Ordering::SeqCst) == 1
+    })
+    .await;
     harness.runtime.shutdown().await;
     assert_eq!(log.commits.load(Ordering::SeqCst), 0);
     assert!(harness.state.get("src").is_none());
-    assert_eq!(harness.status(ConnectorKind::Source, "src").status, Status::Stopped);
+    assert_eq!(
+        harness.status(ConnectorKind::Source, "src").status,
+        Status::Stopped
+    );
 }
 
 #[tokio::test]
@@ -466,11 +686,20 @@ async fn given_saved_state_when_a_source_starts_should_open_it_with_that_state()
     );
     let (source, log) = ScriptedSource::new(Vec::new(), BatchPolicy::default());
     harness.factory.source_once("src", source);
-    harness.runtime.add(scripted::source_config("src", None)).unwrap();
+    harness
+        .runtime
+        .add(scripted::source_config("src", None))
+        .unwrap();
     harness.runtime.start_enabled().await;
 
-    wait_for("the source to open", || log.opened_with.lock().unwrap().is_some()).await;
-    assert_eq!(*log.opened_with.lock().unwrap(), Some(Some(state_bytes(42))));
+    wait_for("the source to open", || {
+        log.opened_with.lock().unwrap().is_some()
+    })
+    .await;
+    assert_eq!(
+        *log.opened_with.lock().unwrap(),
+        Some(Some(state_bytes(42)))
+    );
     harness.runtime.shutdown().await;
 }
 
@@ -486,10 +715,16 @@ async fn given_state_written_by_another_connector_when_starting_should_refuse_to
     );
     let (source, log) = ScriptedSource::new(Vec::new(), BatchPolicy::default());
     harness.factory.source_once("src", source);
-    harness.runtime.add(scripted::source_config("src", None)).unwrap();
+    harness
+        .runtime
+        .add(scripted::source_config("src", None))
+        .unwrap();
     harness.runtime.start_enabled().await;
 
-    wait_for("the start to fail", || harness.status(ConnectorKind::Source, "src").status == Status::Error).await;
+    wait_for("the start to fail", || {
+        harness.status(ConnectorKind::Source, "src").status == Status::Error
+    })
+    .await;
     let status = harness.status(ConnectorKind::Source, "src");
     assert_eq!(status.stop_reason, Some(StopReason::StartFailed));
     assert!(status.last_error.unwrap().message.contains("memory:src"));

@@ -37,7 +37,10 @@ impl Step {
         Step::Batch {
             state: Some(range.end.to_le_bytes().to_vec()),
             records: range
-                .map(|n| SourceRecord::new(Payload::Json(serde_json::json!({ "n": n }))).with_id(u128::from(n) + 1))
+                .map(|n| {
+                    SourceRecord::new(Payload::Json(serde_json::json!({ "n": n })))
+                        .with_id(u128::from(n) + 1)
+                })
                 .collect(),
         }
     }
@@ -90,7 +93,9 @@ impl Source for ScriptedSource {
                 finished: false,
             }),
             Some(Step::Panic) => panic!("scripted panic"),
-            Some(Step::Fail(transient)) if transient => Err(ConnectorError::transient("scripted poll failure")),
+            Some(Step::Fail(transient)) if transient => {
+                Err(ConnectorError::transient("scripted poll failure"))
+            }
             Some(Step::Fail(_)) => Err(ConnectorError::fatal("scripted fatal failure")),
             None => std::future::pending().await,
         }
@@ -157,7 +162,9 @@ impl Sink for ControlledSink {
         }
         let failing = control
             .transient_failures
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| left.checked_sub(1))
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                left.checked_sub(1)
+            })
             .is_ok();
         if failing {
             return Err(SinkError::transient("scripted transient failure"));
@@ -200,22 +207,28 @@ impl ScriptedFactory {
     pub fn source_once(&self, key: &str, source: impl Source + 'static) {
         let cell = Mutex::new(Some(Box::new(source) as Box<dyn Source>));
         self.source_with(key, move || {
-            cell.lock()
-                .unwrap()
-                .take()
-                .unwrap_or_else(|| Box::new(ScriptedSource::new(Vec::new(), BatchPolicy::default()).0))
+            cell.lock().unwrap().take().unwrap_or_else(|| {
+                Box::new(ScriptedSource::new(Vec::new(), BatchPolicy::default()).0)
+            })
         });
     }
 
-    pub fn source_with(&self, key: &str, make: impl Fn() -> Box<dyn Source> + Send + Sync + 'static) {
-        self.sources.lock().unwrap().insert(key.to_owned(), Box::new(make));
+    pub fn source_with(
+        &self,
+        key: &str,
+        make: impl Fn() -> Box<dyn Source> + Send + Sync + 'static,
+    ) {
+        self.sources
+            .lock()
+            .unwrap()
+            .insert(key.to_owned(), Box::new(make));
     }
 
     pub fn sink(&self, key: &str, control: Arc<SinkControl>) {
-        self.sinks
-            .lock()
-            .unwrap()
-            .insert(key.to_owned(), Box::new(move || Box::new(ControlledSink(control.clone()))));
+        self.sinks.lock().unwrap().insert(
+            key.to_owned(),
+            Box::new(move || Box::new(ControlledSink(control.clone()))),
+        );
     }
 }
 
