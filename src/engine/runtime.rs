@@ -533,7 +533,7 @@ impl Runtime {
             };
             match result {
                 Ok(value) => return Ok(value),
-                Err(BusError::Connection(message)) => {
+                Err(BusError::Unavailable(message)) => {
                     failures += 1;
                     let delay = self.options.sink_backoff.delay(failures);
                     warn!(connector_key = %slot.key, attempt = failures, retry_in_ms = delay.as_millis() as u64, %message, "bus unreachable, retrying");

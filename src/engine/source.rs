@@ -230,20 +230,25 @@ impl SourcePipeline {
                     }
                 }
             }
-            match route.schema.encode(&payload) {
-                Ok(bytes) => groups[stream_index].push(OutgoingMessage {
-                    id,
-                    headers,
-                    payload: bytes,
-                }),
-                Err(error) => self.reject(
-                    &mut groups,
-                    ErrorStage::Encode,
-                    &error.to_string(),
-                    id,
-                    headers,
-                    &payload,
-                ),
+            let bytes = match route.schema.encode(&payload) {
+                Ok(bytes) => bytes,
+                Err(error) => {
+                    let error = error.to_string();
+                    self.reject(&mut groups, ErrorStage::Encode, &error, id, headers, &payload);
+                    continue;
+                }
+            };
+            let message = OutgoingMessage {
+                id,
+                headers,
+                payload: bytes,
+            };
+            match route.producer.check(&message) {
+                Ok(()) => groups[stream_index].push(message),
+                Err(error) => {
+                    let OutgoingMessage { id, headers, .. } = message;
+                    self.reject(&mut groups, ErrorStage::Encode, &error, id, headers, &payload);
+                }
             }
         }
         groups
