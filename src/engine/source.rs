@@ -234,7 +234,14 @@ impl SourcePipeline {
                 Ok(bytes) => bytes,
                 Err(error) => {
                     let error = error.to_string();
-                    self.reject(&mut groups, ErrorStage::Encode, &error, id, headers, &payload);
+                    self.reject(
+                        &mut groups,
+                        ErrorStage::Encode,
+                        &error,
+                        id,
+                        headers,
+                        &payload,
+                    );
                     continue;
                 }
             };
@@ -247,7 +254,14 @@ impl SourcePipeline {
                 Ok(()) => groups[stream_index].push(message),
                 Err(error) => {
                     let OutgoingMessage { id, headers, .. } = message;
-                    self.reject(&mut groups, ErrorStage::Encode, &error, id, headers, &payload);
+                    self.reject(
+                        &mut groups,
+                        ErrorStage::Encode,
+                        &error,
+                        id,
+                        headers,
+                        &payload,
+                    );
                 }
             }
         }

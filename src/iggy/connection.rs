@@ -28,7 +28,10 @@ pub struct ConnectionSettings {
 
 #[derive(Clone)]
 enum CredentialsSource {
-    Password { username: String, password: SecretString },
+    Password {
+        username: String,
+        password: SecretString,
+    },
     Token(SecretString),
 }
 
@@ -96,7 +99,11 @@ impl ConnectionSettings {
         let config = TcpClientConfig {
             server_address: self.address.clone(),
             tls_enabled: self.tls.is_some(),
-            tls_domain: self.tls.as_ref().map(|tls| tls.domain.clone()).unwrap_or_default(),
+            tls_domain: self
+                .tls
+                .as_ref()
+                .map(|tls| tls.domain.clone())
+                .unwrap_or_default(),
             tls_ca_file: self
                 .tls
                 .as_ref()
@@ -114,8 +121,12 @@ impl ConnectionSettings {
             nodelay: true,
             ..TcpClientConfig::default()
         };
-        let tcp = TcpClient::create(Arc::new(config))
-            .map_err(|error| BusError::Unavailable(format!("invalid connection settings for {}: {error}", self.address)))?;
+        let tcp = TcpClient::create(Arc::new(config)).map_err(|error| {
+            BusError::Unavailable(format!(
+                "invalid connection settings for {}: {error}",
+                self.address
+            ))
+        })?;
         let client = IggyClient::new(ClientWrapper::Tcp(tcp));
         match tokio::time::timeout(self.request_timeout, client.connect()).await {
             Ok(Ok(())) => Ok(Arc::new(client)),
@@ -137,7 +148,9 @@ fn read_token(token: &str) -> Result<SecretString, SettingsError> {
         return Ok(SecretString::from(token));
     };
     let path = match path.strip_prefix("~/") {
-        Some(rest) => std::env::var("HOME").map_or_else(|_| path.to_owned(), |home| format!("{home}/{rest}")),
+        Some(rest) => {
+            std::env::var("HOME").map_or_else(|_| path.to_owned(), |home| format!("{home}/{rest}"))
+        }
         None => path.to_owned(),
     };
     let content = std::fs::read_to_string(&path).map_err(|error| SettingsError::TokenFile {
@@ -168,12 +181,21 @@ mod tests {
     fn given_a_missing_or_empty_token_file_when_read_should_fail_naming_it() {
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("nope");
-        let error = read_token(&format!("file:{}", missing.display())).err().unwrap();
+        let error = read_token(&format!("file:{}", missing.display()))
+            .err()
+            .unwrap();
         assert!(error.to_string().contains("nope"), "{error}");
         let empty = dir.path().join("empty");
         std::fs::write(&empty, "\n").unwrap();
-        let error = read_token(&format!("file:{}", empty.display())).err().unwrap();
-        assert_eq!(error, SettingsError::EmptyTokenFile { path: empty.display().to_string() });
+        let error = read_token(&format!("file:{}", empty.display()))
+            .err()
+            .unwrap();
+        assert_eq!(
+            error,
+            SettingsError::EmptyTokenFile {
+                path: empty.display().to_string()
+            }
+        );
     }
 
     #[test]
@@ -182,6 +204,9 @@ mod tests {
             password: SecretString::from(""),
             ..IggyConfig::default()
         };
-        assert_eq!(ConnectionSettings::from_config(&config).err(), Some(SettingsError::MissingCredentials));
+        assert_eq!(
+            ConnectionSettings::from_config(&config).err(),
+            Some(SettingsError::MissingCredentials)
+        );
     }
 }

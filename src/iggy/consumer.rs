@@ -29,7 +29,11 @@ pub struct IggyBusConsumer {
 impl IggyBusConsumer {
     /// Joins the group (creating it when missing) on `client`. Offsets are never
     /// stored on poll: only [`Consumer::commit`] stores them.
-    pub async fn open(client: Arc<IggyClient>, spec: &ConsumerSpec, request_timeout: Duration) -> Result<Self, BusError> {
+    pub async fn open(
+        client: Arc<IggyClient>,
+        spec: &ConsumerSpec,
+        request_timeout: Duration,
+    ) -> Result<Self, BusError> {
         let mut builder = client
             .consumer_group(&spec.group, &spec.stream, &spec.topic)
             .map_err(|error| BusError::Setup {
@@ -77,7 +81,10 @@ impl IggyBusConsumer {
     async fn next_message(&mut self) -> Result<ReceivedMessage, BusError> {
         match self.consumer.next().await {
             Some(Ok(message)) => Ok(message),
-            Some(Err(error)) => Err(BusError::Poll(format!("{error} (code {})", error.as_code()))),
+            Some(Err(error)) => Err(BusError::Poll(format!(
+                "{error} (code {})",
+                error.as_code()
+            ))),
             None => Err(BusError::Poll("the consumer was shut down".into())),
         }
     }
@@ -109,11 +116,19 @@ impl Consumer for IggyBusConsumer {
             at_end = is_last(&next);
             messages.push(convert(next));
         }
-        Ok(ConsumedBatch { partition_id, messages })
+        Ok(ConsumedBatch {
+            partition_id,
+            messages,
+        })
     }
 
     async fn commit(&mut self, partition_id: u32, offset: u64) -> Result<(), BusError> {
-        match tokio::time::timeout(self.request_timeout, self.consumer.store_offset(offset, Some(partition_id))).await {
+        match tokio::time::timeout(
+            self.request_timeout,
+            self.consumer.store_offset(offset, Some(partition_id)),
+        )
+        .await
+        {
             Ok(Ok(())) => Ok(()),
             Ok(Err(error)) => Err(BusError::Commit(format!(
                 "partition {partition_id} offset {offset}: {error} (code {})",
@@ -136,8 +151,12 @@ impl Consumer for IggyBusConsumer {
         let _ = self.client.shutdown().await;
         match left {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(error)) => Err(BusError::Poll(format!("leaving the consumer group: {error}"))),
-            Err(_) => Err(BusError::Poll("leaving the consumer group timed out".into())),
+            Ok(Err(error)) => Err(BusError::Poll(format!(
+                "leaving the consumer group: {error}"
+            ))),
+            Err(_) => Err(BusError::Poll(
+                "leaving the consumer group timed out".into(),
+            )),
         }
     }
 }

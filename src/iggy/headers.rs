@@ -14,7 +14,8 @@ pub fn to_iggy(headers: &Headers) -> Result<Option<BTreeMap<HeaderKey, IggyHeade
     }
     let mut map = BTreeMap::new();
     for (key, value) in headers {
-        let key = HeaderKey::try_from(key.as_str()).map_err(|error| format!("header key \"{key}\": {error}"))?;
+        let key = HeaderKey::try_from(key.as_str())
+            .map_err(|error| format!("header key \"{key}\": {error}"))?;
         let value = match value {
             HeaderValue::String(text) => IggyHeaderValue::try_from(text.as_str()),
             HeaderValue::Bool(flag) => Ok(IggyHeaderValue::from(*flag)),
@@ -47,17 +48,41 @@ pub fn from_iggy(message: &IggyMessage) -> Headers {
 
 fn convert_value(value: &IggyHeaderValue) -> HeaderValue {
     let converted = match value.kind() {
-        HeaderKind::String => value.as_str().map(|text| HeaderValue::String(text.to_owned())).ok(),
+        HeaderKind::String => value
+            .as_str()
+            .map(|text| HeaderValue::String(text.to_owned()))
+            .ok(),
         HeaderKind::Bool => value.as_bool().map(HeaderValue::Bool).ok(),
-        HeaderKind::Int8 => value.as_int8().map(|number| HeaderValue::Int(number.into())).ok(),
-        HeaderKind::Int16 => value.as_int16().map(|number| HeaderValue::Int(number.into())).ok(),
-        HeaderKind::Int32 => value.as_int32().map(|number| HeaderValue::Int(number.into())).ok(),
+        HeaderKind::Int8 => value
+            .as_int8()
+            .map(|number| HeaderValue::Int(number.into()))
+            .ok(),
+        HeaderKind::Int16 => value
+            .as_int16()
+            .map(|number| HeaderValue::Int(number.into()))
+            .ok(),
+        HeaderKind::Int32 => value
+            .as_int32()
+            .map(|number| HeaderValue::Int(number.into()))
+            .ok(),
         HeaderKind::Int64 => value.as_int64().map(HeaderValue::Int).ok(),
-        HeaderKind::Uint8 => value.as_uint8().map(|number| HeaderValue::UInt(number.into())).ok(),
-        HeaderKind::Uint16 => value.as_uint16().map(|number| HeaderValue::UInt(number.into())).ok(),
-        HeaderKind::Uint32 => value.as_uint32().map(|number| HeaderValue::UInt(number.into())).ok(),
+        HeaderKind::Uint8 => value
+            .as_uint8()
+            .map(|number| HeaderValue::UInt(number.into()))
+            .ok(),
+        HeaderKind::Uint16 => value
+            .as_uint16()
+            .map(|number| HeaderValue::UInt(number.into()))
+            .ok(),
+        HeaderKind::Uint32 => value
+            .as_uint32()
+            .map(|number| HeaderValue::UInt(number.into()))
+            .ok(),
         HeaderKind::Uint64 => value.as_uint64().map(HeaderValue::UInt).ok(),
-        HeaderKind::Float32 => value.as_float32().map(|number| HeaderValue::Float(number.into())).ok(),
+        HeaderKind::Float32 => value
+            .as_float32()
+            .map(|number| HeaderValue::Float(number.into()))
+            .ok(),
         HeaderKind::Float64 => value.as_float64().map(HeaderValue::Float).ok(),
         _ => None,
     };

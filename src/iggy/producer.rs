@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use iggy::prelude::{
-    Client, Identifier, IggyClient, IggyError, IggyMessage, MessageClient, Partitioning, StreamClient,
-    TopicClient, TopicCreateOptions,
+    Client, Identifier, IggyClient, IggyError, IggyMessage, MessageClient, Partitioning,
+    StreamClient, TopicClient, TopicCreateOptions,
 };
 use tracing::info;
 
@@ -30,14 +30,26 @@ pub struct IggyProducer {
 impl IggyProducer {
     /// Ensures `target`'s stream and topic exist on `client`, creating them when
     /// missing, and returns a producer for the topic.
-    pub async fn open(client: Arc<IggyClient>, target: &ProducerTarget, request_timeout: Duration) -> Result<Self, BusError> {
+    pub async fn open(
+        client: Arc<IggyClient>,
+        target: &ProducerTarget,
+        request_timeout: Duration,
+    ) -> Result<Self, BusError> {
         let stream = identifier(&target.stream, target)?;
         let topic = identifier(&target.topic, target)?;
         let timed = |what: &'static str| {
-            move |_| BusError::Unavailable(format!("{what} of {}/{} timed out", target.stream, target.topic))
+            move |_| {
+                BusError::Unavailable(format!(
+                    "{what} of {}/{} timed out",
+                    target.stream, target.topic
+                ))
+            }
         };
         let unavailable = |what: &str, error: IggyError| {
-            BusError::Unavailable(format!("{what} {}/{}: {error}", target.stream, target.topic))
+            BusError::Unavailable(format!(
+                "{what} {}/{}: {error}",
+                target.stream, target.topic
+            ))
         };
         let stream_exists = tokio::time::timeout(request_timeout, client.get_stream(&stream))
             .await
@@ -65,11 +77,16 @@ impl IggyProducer {
                 partitions_count: Some(target.partitions),
                 ..TopicCreateOptions::default()
             };
-            match tokio::time::timeout(request_timeout, client.create_topic(&stream, &target.topic, &options))
-                .await
-                .map_err(timed("creating the topic"))?
+            match tokio::time::timeout(
+                request_timeout,
+                client.create_topic(&stream, &target.topic, &options),
+            )
+            .await
+            .map_err(timed("creating the topic"))?
             {
-                Ok(_) => info!(stream = %target.stream, topic = %target.topic, partitions = target.partitions, "created topic"),
+                Ok(_) => {
+                    info!(stream = %target.stream, topic = %target.topic, partitions = target.partitions, "created topic")
+                }
                 Err(IggyError::TopicNameAlreadyExists(..)) => {}
                 Err(error) => return Err(refused("the topic", target, &error)),
             }
@@ -97,13 +114,18 @@ impl Producer for IggyProducer {
                 .map_err(BusError::Send)?;
             let sent = tokio::time::timeout(
                 self.request_timeout,
-                self.client.send_messages(&self.stream, &self.topic, &partitioning, &mut batch),
+                self.client
+                    .send_messages(&self.stream, &self.topic, &partitioning, &mut batch),
             )
             .await;
             match sent {
                 Ok(Ok(_)) => {}
                 Ok(Err(error)) => {
-                    return Err(BusError::Send(format!("{}: {error} (code {})", self.target, error.as_code())));
+                    return Err(BusError::Send(format!(
+                        "{}: {error} (code {})",
+                        self.target,
+                        error.as_code()
+                    )));
                 }
                 Err(_) => {
                     return Err(BusError::Send(format!(
@@ -164,13 +186,22 @@ fn identifier(name: &str, target: &ProducerTarget) -> Result<Identifier, BusErro
 fn refused(what: &str, target: &ProducerTarget, error: &IggyError) -> BusError {
     if matches!(
         error,
-        IggyError::Disconnected | IggyError::NotConnected | IggyError::CannotEstablishConnection | IggyError::TcpError
+        IggyError::Disconnected
+            | IggyError::NotConnected
+            | IggyError::CannotEstablishConnection
+            | IggyError::TcpError
     ) {
-        return BusError::Unavailable(format!("creating {what} {}/{}: {error}", target.stream, target.topic));
+        return BusError::Unavailable(format!(
+            "creating {what} {}/{}: {error}",
+            target.stream, target.topic
+        ));
     }
     BusError::Setup {
         stream: target.stream.clone(),
         topic: target.topic.clone(),
-        reason: format!("the server refused to create {what}: {error} (code {})", error.as_code()),
+        reason: format!(
+            "the server refused to create {what}: {error} (code {})",
+            error.as_code()
+        ),
     }
 }
