@@ -719,6 +719,30 @@ async fn a_group_poll_on_a_partition_owned_by_another_member_gets_the_resync_sen
 }
 
 #[tokio::test]
+async fn logging_out_leaves_every_group() {
+    let server = IggyTestServer::start();
+    server.create_topic(STREAM, TOPIC, 1);
+    let client = connect(&server.connection_string()).await;
+    let group = Identifier::named(GROUP).expect("a name");
+    client
+        .create_consumer_group(&stream_id(), &topic_id(), GROUP)
+        .await
+        .expect("the group is created");
+    client
+        .join_consumer_group(&stream_id(), &topic_id(), &group)
+        .await
+        .expect("the client joins");
+    assert_eq!(server.group_members(STREAM, TOPIC, GROUP), 1);
+
+    client.logout_user().await.expect("the client logs out");
+    assert_eq!(server.group_members(STREAM, TOPIC, GROUP), 0);
+    assert_eq!(
+        server.group_assignment(STREAM, TOPIC, GROUP),
+        Vec::<Vec<u32>>::new()
+    );
+}
+
+#[tokio::test]
 async fn storing_an_offset_beyond_the_end_is_refused_and_offsets_may_move_back() {
     let server = IggyTestServer::start();
     server.create_topic(STREAM, TOPIC, 1);
@@ -749,6 +773,16 @@ async fn storing_an_offset_beyond_the_end_is_refused_and_offsets_may_move_back()
     assert_eq!(stored().await, Some(4));
     store(1, 0).await.expect("an offset may move backwards");
     assert_eq!(stored().await, Some(1));
+    client
+        .delete_consumer_offset(&consumer, &stream_id(), &topic_id(), Some(0))
+        .await
+        .expect("the offset is deleted");
+    assert_eq!(stored().await, None);
+    let error = client
+        .delete_consumer_offset(&consumer, &stream_id(), &topic_id(), Some(0))
+        .await
+        .expect_err("nothing left to delete");
+    assert_eq!(error.as_code(), 3021, "{error:?}");
     let error = store(0, 7).await.expect_err("partition 7 does not exist");
     assert_eq!(error.as_code(), 20, "{error:?}");
     let error = client
