@@ -192,6 +192,70 @@ async fn login_with_a_bad_password_is_refused_with_invalid_credentials() {
     assert!(matches!(error, IggyError::InvalidCredentials), "{error:?}");
 }
 
+/// Sends one raw login frame and returns the 256-byte answer.
+async fn raw_login(server: &IggyTestServer, protocol_version: u32, password: &str) -> [u8; 256] {
+    use iggy_binary_protocol::consensus::{Command, HEADER_SIZE, Operation, RequestHeader};
+    use iggy_binary_protocol::requests::users::LoginRegisterRequest;
+    use iggy_binary_protocol::version::ClientVersionInfo;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let body = LoginRegisterRequest {
+        version_info: ClientVersionInfo {
+            protocol_version,
+            sdk_name: iggy_binary_protocol::WireName::new("raw-test").expect("a name"),
+            sdk_version: iggy_binary_protocol::WireName::new("0.0.1").expect("a name"),
+        },
+        username: iggy_binary_protocol::WireName::new("iggy").expect("a name"),
+        password: password.to_owned().into(),
+        client_context: None,
+    }
+    .to_bytes();
+    let header = RequestHeader {
+        command: Command::Request,
+        operation: Operation::Register,
+        size: u32::try_from(HEADER_SIZE + body.len()).expect("small"),
+        client: 0xC1_1E47,
+        ..RequestHeader::default()
+    };
+    let mut stream = tokio::net::TcpStream::connect(server.address())
+        .await
+        .expect("the server accepts");
+    stream
+        .write_all(bytemuck::bytes_of(&header))
+        .await
+        .expect("the header is sent");
+    stream.write_all(&body).await.expect("the body is sent");
+    let mut answer = [0u8; 256];
+    stream
+        .read_exact(&mut answer)
+        .await
+        .expect("one frame comes back");
+    answer
+}
+
+#[tokio::test]
+async fn bad_logins_are_answered_with_eviction_frames() {
+    use iggy_binary_protocol::version::{IGGY_PROTOCOL_VERSION, IGGY_PROTOCOL_VERSION_MIN};
+    const EVICTION: u8 = 13;
+    let server = IggyTestServer::start();
+
+    let answer = raw_login(&server, IGGY_PROTOCOL_VERSION, "wrong").await;
+    assert_eq!(answer[60], EVICTION, "command");
+    assert_eq!(answer[255], 9, "reason InvalidCredentials");
+
+    let answer = raw_login(&server, 0x400, "iggy").await;
+    assert_eq!(answer[60], EVICTION, "command");
+    assert_eq!(answer[255], 14, "reason IncompatibleProtocol");
+    let window = |at: usize| u32::from_le_bytes(answer[at..at + 4].try_into().expect("4 bytes"));
+    assert_eq!(window(144), IGGY_PROTOCOL_VERSION);
+    assert_eq!(window(148), IGGY_PROTOCOL_VERSION_MIN);
+
+    let answer = raw_login(&server, IGGY_PROTOCOL_VERSION, "iggy").await;
+    assert_eq!(answer[60], 8, "a reply");
+    let session = u64::from_le_bytes(answer[176..184].try_into().expect("8 bytes"));
+    assert!(session > 0, "the reply op carries the new session");
+}
+
 #[tokio::test]
 async fn requests_before_login_are_refused_except_ping() {
     let server = IggyTestServer::start();
