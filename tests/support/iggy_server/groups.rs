@@ -1,15 +1,15 @@
 //! Consumer groups: membership, round-robin assignment, the generation
 //! counter, cooperative revocation and the group's stored offsets.
 //!
-//! A member is a client id (the `client` field of the request header), not a
-//! consumer name. Partitions go round-robin over members in join order. When
-//! a membership change moves a partition away from a member that has been
-//! served messages past the group's stored offset, the partition is revoked
-//! cooperatively: the old owner loses it at once, the new owner only gets it
-//! when the old owner stores an offset covering what it was served, or when
-//! the rebalancing timeout runs out. The real server finishes that handover
-//! asynchronously (within about a second of the covering store); here it
-//! happens inside the store itself.
+//! Members are keyed by the request header's `client` id; the consumer's
+//! name plays no part. Partition `p` belongs to member `p % n`, counting
+//! members by the order they joined. If rebalancing would take a partition
+//! from a member whose last served offset is ahead of the group's stored
+//! offset, the handover is cooperative. The current owner is fenced off
+//! immediately, and the incoming owner waits until either an offset store
+//! reaches the last served offset or the rebalancing timeout expires. The
+//! real server performs that step in the background, shortly after the
+//! store; this server performs it synchronously as part of the store.
 
 use iggy_binary_protocol::WireName;
 use iggy_binary_protocol::responses::consumer_groups::{

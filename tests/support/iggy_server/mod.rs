@@ -25,10 +25,10 @@
 //!
 //! Unknown codes are answered with status 3 (`InvalidCommand`), as is every
 //! known code not listed above, including 109 `message.fetch`, which the
-//! 0.11.0 client never sends. There is no long poll in this protocol
-//! version: a poll always answers at once, with an empty reply when there is
-//! nothing to read. Every request but ping and login needs a signed-in
-//! connection (status 40 otherwise).
+//! 0.11.0 client never sends. Protocol 0.11.0 has no long poll, so neither
+//! does this server: every poll is answered immediately, empty if nothing is
+//! there yet. Every request but ping and login needs a signed-in connection
+//! (status 40 otherwise).
 //!
 //! # Differences from the real server
 //!
@@ -222,7 +222,9 @@ impl IggyTestServer {
     }
 
     /// Stops listening and closes every connection; connects are refused
-    /// until [`end_outage`](Self::end_outage). Data is kept.
+    /// until [`end_outage`](Self::end_outage). Data is kept. The port is
+    /// released meanwhile; `end_outage` binds it again (and panics if another
+    /// process took it within 5 s).
     pub fn begin_outage(&mut self) {
         if self.listening {
             self.request(Control::StopListening);
