@@ -19,12 +19,16 @@ use crate::connectors::sources;
 static SOURCES: &[SourceEntry] = &[
     #[cfg(feature = "random-source")]
     sources::random::ENTRY,
+    #[cfg(feature = "postgres-source")]
+    crate::connectors::sources::postgres::ENTRY,
 ];
 
 /// Every sink compiled into this binary.
 static SINKS: &[SinkEntry] = &[
     #[cfg(feature = "stdout-sink")]
     sinks::stdout::ENTRY,
+    #[cfg(feature = "postgres-sink")]
+    crate::connectors::sinks::postgres::ENTRY,
 ];
 
 /// Every connector that exists in this source tree, compiled in or not, so a
