@@ -259,7 +259,10 @@ async fn custom_query_reads_through_its_placeholders_at_least_once_under_refused
     pipeline.wait_for_count(200).await;
     pipeline.runtime.shutdown().await;
     let ids = pipeline.ids();
-    assert!(ids.iter().all(|id| id % 3 != 0), "the query's filter applies");
+    assert!(
+        ids.iter().all(|id| id % 3 != 0),
+        "the query's filter applies"
+    );
     let mut seen = ids.clone();
     seen.sort_unstable();
     seen.dedup();
@@ -325,7 +328,8 @@ async fn every_configured_table_is_read_with_its_own_cursor() {
         "connection_string = \"{}\"\ntables = [\"{left}\", \"{right}\"]\npoll_interval = \"20ms\"\nbatch_size = 50",
         database_url()
     );
-    let pipeline = Pipeline::start(&config, MemoryBus::new(), Arc::new(MemoryStateStore::new())).await;
+    let pipeline =
+        Pipeline::start(&config, MemoryBus::new(), Arc::new(MemoryStateStore::new())).await;
     pipeline.wait_for_count(200).await;
     insert_rows(&pool, &right, 5).await;
     pipeline.wait_for_count(205).await;
@@ -408,6 +412,9 @@ async fn a_missing_table_stops_the_source_with_an_error_naming_it() {
     })
     .await;
     let message = pipeline.status().last_error.unwrap().message;
-    assert!(message.contains(&table) && message.contains("does not exist"), "{message}");
+    assert!(
+        message.contains(&table) && message.contains("does not exist"),
+        "{message}"
+    );
     pipeline.runtime.shutdown().await;
 }

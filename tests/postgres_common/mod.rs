@@ -112,7 +112,11 @@ pub fn sink_config(
 }
 
 fn parse(text: &str) -> ConnectorConfig {
-    match parse_connector_file(Path::new("test.toml"), text, &EnvVars::from_pairs(Vec::new())) {
+    match parse_connector_file(
+        Path::new("test.toml"),
+        text,
+        &EnvVars::from_pairs(Vec::new()),
+    ) {
         Ok((config, _)) => config,
         Err(issues) => panic!("bad test config: {issues:?}\n{text}"),
     }
