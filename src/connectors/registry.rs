@@ -19,6 +19,8 @@ use crate::connectors::sources;
 static SOURCES: &[SourceEntry] = &[
     #[cfg(feature = "random-source")]
     sources::random::ENTRY,
+    #[cfg(feature = "postgres-source")]
+    crate::connectors::sources::postgres::ENTRY,
 ];
 
 /// Every sink compiled into this binary.
@@ -27,6 +29,8 @@ static SINKS: &[SinkEntry] = &[
     sinks::stdout::ENTRY,
     #[cfg(feature = "faulty-sink")]
     sinks::faulty::ENTRY,
+    #[cfg(feature = "postgres-sink")]
+    crate::connectors::sinks::postgres::ENTRY,
 ];
 
 /// Every connector that exists in this source tree, compiled in or not, so a

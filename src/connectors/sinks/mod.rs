@@ -4,3 +4,6 @@
 pub mod faulty;
 #[cfg(feature = "stdout-sink")]
 pub mod stdout;
+
+#[cfg(feature = "postgres-sink")]
+pub mod postgres;

@@ -2,3 +2,6 @@
 
 #[cfg(feature = "random-source")]
 pub mod random;
+
+#[cfg(feature = "postgres-source")]
+pub mod postgres;

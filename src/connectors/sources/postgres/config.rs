@@ -1,0 +1,296 @@
+//! `plugin_config` of the postgres source: upstream's field names and defaults
+//! for the polling mode, checked when the connector is built.
+
+use std::time::Duration;
+
+use secrecy::SecretString;
+use serde::Deserialize;
+
+use crate::connectors::PluginConfigError;
+
+/// Upstream's `plugin_config` for the postgres source. CDC-only fields are
+/// accepted (so an upstream file parses) but `mode = "cdc"` is refused.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PostgresSourceConfig {
+    pub connection_string: SecretString,
+    #[serde(default)]
+    pub mode: Mode,
+    pub tables: Vec<String>,
+    /// Wait between polls once every table is caught up (a poll that filled a
+    /// whole batch is followed by the next one at once).
+    #[serde(default = "default_poll_interval", with = "crate::config::duration")]
+    pub poll_interval: Duration,
+    #[serde(default = "default_batch_size")]
+    pub batch_size: u32,
+    #[serde(default = "default_tracking_column")]
+    pub tracking_column: String,
+    /// Start after this tracking value when there is no saved cursor.
+    #[serde(default, deserialize_with = "scalar_as_string")]
+    pub initial_offset: Option<String>,
+    #[serde(default = "default_max_connections")]
+    pub max_connections: u32,
+    pub custom_query: Option<String>,
+    #[serde(default)]
+    pub snake_case_columns: bool,
+    #[serde(default = "default_true")]
+    pub include_metadata: bool,
+    pub payload_column: Option<String>,
+    pub payload_format: Option<PayloadFormat>,
+    #[serde(default)]
+    pub delete_after_read: bool,
+    pub processed_column: Option<String>,
+    pub primary_key_column: Option<String>,
+    #[serde(default)]
+    pub verbose_logging: bool,
+    /// Upstream's in-connector retry knobs: accepted for compatibility; the
+    /// engine retries failed polls and commits with its own capped backoff.
+    pub max_retries: Option<u32>,
+    pub retry_delay: Option<String>,
+    /// CDC-only upstream fields, accepted and unused in polling mode.
+    pub replication_slot: Option<String>,
+    pub capture_operations: Option<Vec<String>>,
+    pub cdc_backend: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    #[default]
+    Polling,
+    Cdc,
+}
+
+/// How `payload_column` becomes the message payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PayloadFormat {
+    /// The column's bytes as they are (`bytea`).
+    #[serde(alias = "raw")]
+    Bytea,
+    /// The column as text.
+    Text,
+    /// The column as a JSON document (`json`, `jsonb`, or text holding JSON).
+    #[serde(alias = "jsonb", alias = "jsonb_direct", alias = "json")]
+    JsonDirect,
+}
+
+/// What the source does with rows once their batch is durable in Iggy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Consume {
+    /// Leave rows alone; a saved cursor says where to continue.
+    Cursor,
+    /// DELETE delivered rows.
+    Delete,
+    /// UPDATE delivered rows setting this boolean column to TRUE (and read only
+    /// rows where it is FALSE).
+    Mark(String),
+}
+
+impl PostgresSourceConfig {
+    /// Checks what serde cannot: values that parse but make no sense together.
+    pub fn validate(&self) -> Result<(), PluginConfigError> {
+        if self.mode == Mode::Cdc {
+            return Err(PluginConfigError::new(
+                "mode",
+                "logical-replication CDC is not implemented yet; use mode = \"polling\"",
+            ));
+        }
+        if self.tables.is_empty() {
+            return Err(PluginConfigError::new(
+                "tables",
+                "expected at least one table",
+            ));
+        }
+        for table in &self.tables {
+            super::query::quote_qualified(table)
+                .map_err(|message| PluginConfigError::new("tables", message))?;
+        }
+        let columns = [
+            ("tracking_column", Some(&self.tracking_column)),
+            ("payload_column", self.payload_column.as_ref()),
+            ("processed_column", self.processed_column.as_ref()),
+            ("primary_key_column", self.primary_key_column.as_ref()),
+        ];
+        for (field, column) in columns {
+            if let Some(column) = column {
+                super::query::quote_identifier(column)
+                    .map_err(|message| PluginConfigError::new(field, message))?;
+            }
+        }
+        if self.batch_size == 0 {
+            return Err(PluginConfigError::new("batch_size", "expected at least 1"));
+        }
+        if self.max_connections == 0 {
+            return Err(PluginConfigError::new(
+                "max_connections",
+                "expected at least 1",
+            ));
+        }
+        if self.delete_after_read && self.processed_column.is_some() {
+            return Err(PluginConfigError::new(
+                "delete_after_read",
+                "set either delete_after_read or processed_column, not both",
+            ));
+        }
+        if let Some(query) = &self.custom_query {
+            if query.trim().is_empty() {
+                return Err(PluginConfigError::new(
+                    "custom_query",
+                    "expected a SELECT statement",
+                ));
+            }
+            if query.contains("$offset") && self.initial_offset.is_none() {
+                return Err(PluginConfigError::new(
+                    "initial_offset",
+                    "custom_query uses $offset, so initial_offset must say where a fresh start begins",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn consume(&self) -> Consume {
+        match (&self.processed_column, self.delete_after_read) {
+            (_, true) => Consume::Delete,
+            (Some(column), false) => Consume::Mark(column.clone()),
+            (None, false) => Consume::Cursor,
+        }
+    }
+
+    /// The payload column and its format, when the payload is one column rather
+    /// than the whole row.
+    pub fn payload(&self) -> Option<(&str, PayloadFormat)> {
+        self.payload_column
+            .as_deref()
+            .filter(|column| !column.is_empty())
+            .map(|column| (column, self.payload_format.unwrap_or(PayloadFormat::Bytea)))
+    }
+}
+
+fn default_poll_interval() -> Duration {
+    Duration::from_secs(1)
+}
+
+fn default_batch_size() -> u32 {
+    1000
+}
+
+fn default_tracking_column() -> String {
+    "id".to_owned()
+}
+
+fn default_max_connections() -> u32 {
+    10
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// `initial_offset` is a string upstream, but TOML users naturally write
+/// `initial_offset = 1000`; accept numbers and booleans too.
+fn scalar_as_string<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<String>, D::Error> {
+    let value = Option::<serde_json::Value>::deserialize(deserializer)?;
+    match value {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(text)) => Ok(Some(text)),
+        Some(serde_json::Value::Number(number)) => Ok(Some(number.to_string())),
+        Some(serde_json::Value::Bool(flag)) => Ok(Some(flag.to_string())),
+        Some(other) => Err(serde::de::Error::custom(format!(
+            "expected a string or a number, found {other}"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::connectors::parse_plugin_config;
+
+    fn parse(value: serde_json::Value) -> Result<PostgresSourceConfig, PluginConfigError> {
+        let config: PostgresSourceConfig = parse_plugin_config(&value)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    #[test]
+    fn given_upstream_polling_config_when_parsed_should_use_upstream_defaults() {
+        let config = parse(serde_json::json!({
+            "connection_string": "postgres://u:p@localhost/db",
+            "mode": "polling",
+            "tables": ["users"],
+            "initial_offset": 0,
+        }))
+        .unwrap();
+        assert_eq!(config.batch_size, 1000);
+        assert_eq!(config.tracking_column, "id");
+        assert_eq!(config.max_connections, 10);
+        assert!(config.include_metadata);
+        assert_eq!(config.initial_offset.as_deref(), Some("0"));
+        assert_eq!(config.consume(), Consume::Cursor);
+        assert!(config.payload().is_none());
+    }
+
+    #[test]
+    fn given_cdc_mode_when_validated_should_name_the_mode_field() {
+        let error = parse(serde_json::json!({
+            "connection_string": "postgres://localhost/db",
+            "mode": "cdc",
+            "tables": ["users"],
+        }))
+        .unwrap_err();
+        assert_eq!(error.field, "mode");
+        assert!(
+            error.message.contains("CDC is not implemented yet"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn given_payload_format_aliases_when_parsed_should_map_to_three_formats() {
+        for (name, expected) in [
+            ("bytea", PayloadFormat::Bytea),
+            ("raw", PayloadFormat::Bytea),
+            ("text", PayloadFormat::Text),
+            ("json_direct", PayloadFormat::JsonDirect),
+            ("jsonb", PayloadFormat::JsonDirect),
+        ] {
+            let config = parse(serde_json::json!({
+                "connection_string": "postgres://localhost/db",
+                "tables": ["t"],
+                "payload_column": "body",
+                "payload_format": name,
+            }))
+            .unwrap();
+            assert_eq!(config.payload(), Some(("body", expected)), "{name}");
+        }
+    }
+
+    #[test]
+    fn given_contradictory_or_unknown_settings_when_parsed_should_name_the_field() {
+        let base = |extra: serde_json::Value| {
+            let mut value = serde_json::json!({
+                "connection_string": "postgres://localhost/db",
+                "tables": ["t"],
+            });
+            for (key, field) in extra.as_object().unwrap() {
+                value[key] = field.clone();
+            }
+            parse(value).unwrap_err()
+        };
+        let both = base(serde_json::json!({"delete_after_read": true, "processed_column": "done"}));
+        assert_eq!(both.field, "delete_after_read");
+        let typo = base(serde_json::json!({"delete_after_reads": true}));
+        assert!(typo.message.contains("delete_after_reads"), "{typo}");
+        let offset =
+            base(serde_json::json!({"custom_query": "SELECT * FROM t WHERE id > $offset"}));
+        assert_eq!(offset.field, "initial_offset");
+        let table = base(serde_json::json!({"tables": ["a.b.c.d"]}));
+        assert_eq!(table.field, "tables");
+        let format = base(serde_json::json!({"payload_column": "p", "payload_format": "xml"}));
+        assert_eq!(format.field, "payload_format");
+    }
+}

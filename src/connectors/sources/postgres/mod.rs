@@ -1,0 +1,525 @@
+//! `postgres` source: polls PostgreSQL tables and produces one record per row.
+//!
+//! At-least-once in every mode: `poll` reads and stages; only `commit` (the
+//! batch is in Iggy and its state is saved) moves the in-memory cursor and
+//! DELETEs or marks the delivered rows. A NACK retries the same batch without a
+//! new poll; a crash re-reads from the last saved cursor (cursor mode) or from
+//! the rows still in the table (delete/mark mode), so nothing is skipped.
+//!
+//! The cursor is `(tracking value, key)`: with a non-unique tracking column
+//! (`updated_at`) the table's primary key (or `primary_key_column`) breaks ties,
+//! so rows sharing a tracking value across a batch boundary are all read.
+
+mod config;
+mod query;
+mod record;
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use secrecy::ExposeSecret;
+use serde::{Deserialize, Serialize};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::{AssertSqlSafe, Row};
+use tokio::sync::OnceCell;
+use tracing::{debug, info, warn};
+
+pub use config::{Consume, Mode, PayloadFormat, PostgresSourceConfig};
+pub use record::{message_id, to_snake_case};
+
+use crate::connectors::registry::SourceEntry;
+use crate::connectors::{
+    ConnectorError, Source, SourceBatch, decode_state, encode_state, parse_plugin_config,
+};
+use query::{CATALOG_SQL, CatalogColumn, Placeholders, PlanError, TablePlan, fill_placeholders};
+use record::{RowError, RowShape};
+
+/// How long `open` waits for the database before leaving the checks to `poll`.
+const OPEN_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub const ENTRY: SourceEntry = SourceEntry {
+    name: "postgres",
+    feature: "postgres-source",
+    description: "reads rows of PostgreSQL tables by polling (cursor, delete or mark), at-least-once",
+    secret_fields: &["connection_string"],
+    build: |config| {
+        let config: PostgresSourceConfig = parse_plugin_config(config)?;
+        config.validate()?;
+        Ok(Box::new(PostgresSource::new(config)))
+    },
+};
+
+/// What the source persists after each batch: per table, the cursor of the last
+/// delivered row. Bounded by the number of configured tables.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PostgresState {
+    /// Table -> tracking value of the last delivered row (upstream's field name).
+    pub tracking_offsets: BTreeMap<String, String>,
+    /// Table -> key of that row, when ties are broken by a key column.
+    #[serde(default)]
+    pub tracking_keys: BTreeMap<String, String>,
+    #[serde(default)]
+    pub processed_rows: u64,
+}
+
+pub struct PostgresSource {
+    config: PostgresSourceConfig,
+    pool: Option<PgPool>,
+    /// Per-table SQL, built from the catalog on first use.
+    plans: OnceCell<Vec<(TablePlan, RowShape)>>,
+    /// The state of the last committed batch: where the next poll starts.
+    committed: Mutex<PostgresState>,
+    /// What the batch in flight applies on commit.
+    staged: Mutex<Option<Staged>>,
+    /// The last poll found every table caught up: wait `poll_interval` first.
+    caught_up: AtomicBool,
+}
+
+#[derive(Debug)]
+struct Staged {
+    state: PostgresState,
+    /// DELETE/UPDATE statements with the keys of the delivered rows.
+    consume: Vec<(String, Arc<str>, Vec<String>)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PostgresSourceError {
+    #[error("invalid connection_string: {0}")]
+    ConnectionString(#[source] sqlx::Error),
+    #[error("reading the catalog of table {table} failed: {source}")]
+    Catalog {
+        table: String,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error("polling table {table} failed: {source}")]
+    Poll {
+        table: String,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error("applying the committed batch to table {table} failed: {source}")]
+    Consume {
+        table: String,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error(transparent)]
+    Row(#[from] RowError),
+    #[error("the source is not open")]
+    NotOpen,
+}
+
+impl From<PostgresSourceError> for ConnectorError {
+    fn from(error: PostgresSourceError) -> Self {
+        let transient = match &error {
+            PostgresSourceError::Catalog { source, .. }
+            | PostgresSourceError::Poll { source, .. }
+            | PostgresSourceError::Consume { source, .. } => is_transient(source),
+            _ => false,
+        };
+        if transient {
+            ConnectorError::transient(error)
+        } else {
+            ConnectorError::fatal(error)
+        }
+    }
+}
+
+impl PostgresSource {
+    pub fn new(config: PostgresSourceConfig) -> Self {
+        Self {
+            config,
+            pool: None,
+            plans: OnceCell::new(),
+            committed: Mutex::new(PostgresState::default()),
+            staged: Mutex::new(None),
+            caught_up: AtomicBool::new(false),
+        }
+    }
+
+    fn pool(&self) -> Result<&PgPool, PostgresSourceError> {
+        self.pool.as_ref().ok_or(PostgresSourceError::NotOpen)
+    }
+
+    async fn plans(&self) -> Result<&[(TablePlan, RowShape)], PostgresSourceError> {
+        self.plans
+            .get_or_try_init(|| self.build_plans())
+            .await
+            .map(Vec::as_slice)
+    }
+
+    async fn build_plans(&self) -> Result<Vec<(TablePlan, RowShape)>, PostgresSourceError> {
+        let pool = self.pool()?;
+        let mut plans = Vec::with_capacity(self.config.tables.len());
+        for table in &self.config.tables {
+            let quoted = query::quote_qualified(table).unwrap_or_default();
+            let catalog: Vec<CatalogColumn> = sqlx::query(CATALOG_SQL)
+                .bind(quoted)
+                .fetch_all(pool)
+                .await
+                .map_err(|source| PostgresSourceError::Catalog {
+                    table: table.clone(),
+                    source,
+                })?
+                .iter()
+                .map(|row| {
+                    Ok(CatalogColumn {
+                        name: row.try_get(0)?,
+                        sql_type: row.try_get(1)?,
+                        primary_key: row.try_get(2)?,
+                        unique: row.try_get(3)?,
+                    })
+                })
+                .collect::<Result<_, sqlx::Error>>()
+                .map_err(|source| PostgresSourceError::Catalog {
+                    table: table.clone(),
+                    source,
+                })?;
+            let (plan, warning) = TablePlan::build(&self.config, table, &catalog)?;
+            if let Some(warning) = warning {
+                warn!("{warning}");
+            }
+            let shape = RowShape {
+                table: table.clone(),
+                payload: self.config.payload().map(|(_, format)| format),
+                include_metadata: self.config.include_metadata,
+                snake_case_columns: self.config.snake_case_columns,
+                key_is_tracking: plan.key.is_none(),
+            };
+            plans.push((plan, shape));
+        }
+        Ok(plans)
+    }
+
+    /// Runs one table's query from the committed cursor.
+    async fn fetch(
+        &self,
+        plan: &TablePlan,
+        committed: &PostgresState,
+        now: &Now,
+    ) -> Result<Vec<PgRow>, PostgresSourceError> {
+        let pool = self.pool()?;
+        let offset = committed.tracking_offsets.get(&plan.name);
+        let query = match (&plan.custom, self.config.consume(), offset) {
+            (Some(template), _, _) => {
+                let offset = offset
+                    .or(self.config.initial_offset.as_ref())
+                    .map_or("", String::as_str);
+                let sql = fill_placeholders(
+                    template,
+                    &Placeholders {
+                        table: &plan.name,
+                        offset,
+                        limit: self.config.batch_size,
+                        now_rfc3339: &now.rfc3339,
+                        now_unix: now.unix,
+                    },
+                );
+                sqlx::query(AssertSqlSafe(sql))
+            }
+            (None, Consume::Cursor, Some(offset)) => {
+                let query = sqlx::query(AssertSqlSafe(plan.next_sql.clone())).bind(offset);
+                match plan.key {
+                    Some(_) => query.bind(committed.tracking_keys.get(&plan.name)),
+                    None => query,
+                }
+            }
+            (None, _, _) => {
+                let query = sqlx::query(AssertSqlSafe(plan.first_sql.clone()));
+                match &self.config.initial_offset {
+                    Some(initial) => query.bind(initial),
+                    None => query,
+                }
+            }
+        };
+        query
+            .fetch_all(pool)
+            .await
+            .map_err(|source| PostgresSourceError::Poll {
+                table: plan.name.clone(),
+                source,
+            })
+    }
+
+    fn lock_committed(&self) -> MutexGuard<'_, PostgresState> {
+        self.committed
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn lock_staged(&self) -> MutexGuard<'_, Option<Staged>> {
+        self.staged
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    async fn apply(&self, staged: &Staged) -> Result<(), PostgresSourceError> {
+        if staged.consume.iter().all(|(_, _, keys)| keys.is_empty()) {
+            return Ok(());
+        }
+        let pool = self.pool()?;
+        let first_table = staged.consume.first().map_or("", |(table, _, _)| table);
+        let consume_error = |table: &str| {
+            let table = table.to_owned();
+            move |source| PostgresSourceError::Consume { table, source }
+        };
+        // One transaction: a failed commit leaves every row as it was, and the
+        // engine's retry applies the whole batch again.
+        let mut transaction = pool.begin().await.map_err(consume_error(first_table))?;
+        for (table, sql, keys) in &staged.consume {
+            if keys.is_empty() {
+                continue;
+            }
+            sqlx::query(AssertSqlSafe(sql.clone()))
+                .bind(keys)
+                .execute(&mut *transaction)
+                .await
+                .map_err(consume_error(table))?;
+        }
+        transaction
+            .commit()
+            .await
+            .map_err(consume_error(first_table))
+    }
+}
+
+#[async_trait]
+impl Source for PostgresSource {
+    async fn open(&mut self, state: Option<&[u8]>) -> Result<(), ConnectorError> {
+        if let Some(bytes) = state {
+            let mut restored: PostgresState = decode_state(bytes)?;
+            restored.retain_tables(&self.config.tables);
+            info!(tracking_offsets = ?restored.tracking_offsets, processed_rows = restored.processed_rows, "postgres source restored its cursor");
+            *self.lock_committed() = restored;
+        }
+        let options = PgConnectOptions::from_str(self.config.connection_string.expose_secret())
+            .map_err(PostgresSourceError::ConnectionString)?;
+        self.pool = Some(
+            PgPoolOptions::new()
+                .max_connections(self.config.max_connections)
+                .acquire_timeout(Duration::from_secs(10))
+                .connect_lazy_with(options),
+        );
+        // Fail fast on a missing table or column while the database is up; if it
+        // is not, polls retry until it is.
+        match tokio::time::timeout(OPEN_CHECK_TIMEOUT, self.plans()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => {
+                let error = ConnectorError::from(error);
+                if !error.is_transient() {
+                    return Err(error);
+                }
+                warn!(%error, "postgres source cannot reach the database yet; polls will retry");
+            }
+            Err(_) => {
+                warn!("postgres source cannot reach the database yet; polls will retry");
+            }
+        }
+        info!(tables = ?self.config.tables, mode = ?self.config.consume(), "postgres source open");
+        Ok(())
+    }
+
+    async fn poll(&self) -> Result<SourceBatch, ConnectorError> {
+        if self.caught_up.load(Ordering::SeqCst) {
+            tokio::time::sleep(self.config.poll_interval).await;
+        }
+        let plans = self.plans().await?;
+        let committed = self.lock_committed().clone();
+        let now = Now::read();
+        let mut next = committed.clone();
+        let mut records = Vec::new();
+        let mut consume = Vec::new();
+        let mut full = false;
+        for (plan, shape) in plans {
+            let rows = self.fetch(plan, &committed, &now).await?;
+            full |= rows.len() >= self.config.batch_size as usize;
+            records.reserve(rows.len());
+            let mut keys = Vec::new();
+            let mut last = None;
+            for row in &rows {
+                let converted = shape
+                    .convert(row, &now.rfc3339)
+                    .map_err(PostgresSourceError::from)?;
+                if plan.consume_sql.is_some() {
+                    keys.push(
+                        converted
+                            .key
+                            .clone()
+                            .unwrap_or_else(|| converted.tracking.clone()),
+                    );
+                }
+                records.push(converted.record);
+                last = Some((converted.tracking, converted.key));
+            }
+            if let Some((tracking, key)) = last {
+                next.tracking_offsets.insert(plan.name.clone(), tracking);
+                match key.filter(|_| plan.key.is_some()) {
+                    Some(key) => next.tracking_keys.insert(plan.name.clone(), key),
+                    None => next.tracking_keys.remove(&plan.name),
+                };
+            }
+            if let Some(sql) = &plan.consume_sql {
+                consume.push((plan.name.clone(), sql.clone(), keys));
+            }
+        }
+        self.caught_up.store(!full, Ordering::SeqCst);
+        if records.is_empty() {
+            return Ok(SourceBatch::default());
+        }
+        next.processed_rows += records.len() as u64;
+        let state = encode_state(&next)?;
+        if self.config.verbose_logging {
+            info!(records = records.len(), "postgres source polled a batch");
+        } else {
+            debug!(records = records.len(), "postgres source polled a batch");
+        }
+        *self.lock_staged() = Some(Staged {
+            state: next,
+            consume,
+        });
+        Ok(SourceBatch {
+            records,
+            state: Some(state),
+            finished: false,
+        })
+    }
+
+    async fn commit(&self) -> Result<(), ConnectorError> {
+        let Some(staged) = self.lock_staged().take() else {
+            return Ok(());
+        };
+        if let Err(error) = self.apply(&staged).await {
+            // Keep the batch staged: the engine retries the commit.
+            *self.lock_staged() = Some(staged);
+            return Err(error.into());
+        }
+        *self.lock_committed() = staged.state;
+        Ok(())
+    }
+
+    async fn close(&mut self) -> Result<(), ConnectorError> {
+        self.lock_staged().take();
+        if let Some(pool) = self.pool.take() {
+            pool.close().await;
+        }
+        Ok(())
+    }
+}
+
+impl PostgresState {
+    /// Drops cursors of tables no longer configured, so the state stays bounded.
+    fn retain_tables(&mut self, tables: &[String]) {
+        self.tracking_offsets
+            .retain(|table, _| tables.contains(table));
+        self.tracking_keys.retain(|table, _| tables.contains(table));
+    }
+}
+
+/// The poll's clock, for `DatabaseRecord.timestamp` and `$now`/`$now_unix`.
+struct Now {
+    rfc3339: String,
+    unix: u64,
+}
+
+impl Now {
+    fn read() -> Self {
+        let now = SystemTime::now();
+        Self {
+            rfc3339: humantime::format_rfc3339_micros(now).to_string(),
+            unix: now
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |since| since.as_secs()),
+        }
+    }
+}
+
+/// Errors worth retrying: the connection, the server's availability, and
+/// conflicts that a retry resolves. A table that vanished mid-run (renamed by a
+/// migration) is retried too: its rows are not lost by waiting.
+pub(crate) fn is_transient(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(database) => database.code().is_some_and(|code| {
+            code.starts_with("08")
+                || code.starts_with("53")
+                || code.starts_with("57P")
+                || matches!(&*code, "40001" | "40P01" | "55P03" | "57014" | "42P01")
+        }),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> PostgresSourceConfig {
+        parse_plugin_config(&serde_json::json!({
+            "connection_string": "postgres://postgres@127.0.0.1:1/none",
+            "tables": ["a", "b"],
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn given_state_when_encoded_and_decoded_should_round_trip() {
+        let state = PostgresState {
+            tracking_offsets: BTreeMap::from([("a".into(), "2024-01-01 00:00:00+00".into())]),
+            tracking_keys: BTreeMap::from([("a".into(), "17".into())]),
+            processed_rows: 99,
+        };
+        let bytes = encode_state(&state).unwrap();
+        assert_eq!(decode_state::<PostgresState>(&bytes).unwrap(), state);
+    }
+
+    #[tokio::test]
+    async fn given_corrupt_state_when_opened_should_refuse_with_a_fatal_error() {
+        let mut source = PostgresSource::new(config());
+        let error = source.open(Some(b"\xc1not msgpack")).await.unwrap_err();
+        assert!(!error.is_transient(), "{error}");
+    }
+
+    #[tokio::test]
+    async fn given_saved_cursors_when_opened_should_restore_them_and_drop_unknown_tables() {
+        let mut source = PostgresSource::new(config());
+        let saved = PostgresState {
+            tracking_offsets: BTreeMap::from([
+                ("a".into(), "10".into()),
+                ("gone".into(), "5".into()),
+            ]),
+            tracking_keys: BTreeMap::new(),
+            processed_rows: 10,
+        };
+        // Port 1 refuses connections: open still succeeds (polls retry).
+        source
+            .open(Some(&encode_state(&saved).unwrap()))
+            .await
+            .unwrap();
+        let restored = source.lock_committed().clone();
+        assert_eq!(
+            restored.tracking_offsets,
+            BTreeMap::from([("a".into(), "10".into())])
+        );
+        assert_eq!(restored.processed_rows, 10);
+        source.close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn given_no_state_when_opened_should_start_with_empty_cursors() {
+        let mut source = PostgresSource::new(config());
+        source.open(None).await.unwrap();
+        assert_eq!(*source.lock_committed(), PostgresState::default());
+        source.close().await.unwrap();
+    }
+}

@@ -1,0 +1,139 @@
+//! Shared helpers of the PostgreSQL integration tests: the server comes from
+//! `scripts/with-postgres.sh`, every test uses its own tables (or database).
+
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use iggy_connect::config::env::EnvVars;
+use iggy_connect::config::{ConnectorConfig, parse_connector_file};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+
+pub const URL_VARIABLE: &str = "IGGY_CONNECT_TEST_POSTGRES_URL";
+
+/// The test server's URL. Missing means the tests were not started through
+/// the script: that is a failure, not a skip.
+pub fn database_url() -> String {
+    std::env::var(URL_VARIABLE).unwrap_or_else(|_| {
+        panic!(
+            "{URL_VARIABLE} is not set: run the PostgreSQL tests through scripts/with-postgres.sh, \
+             e.g. `scripts/with-postgres.sh cargo test --features postgres-source,postgres-sink --test postgres_source`"
+        )
+    })
+}
+
+pub async fn connect(url: &str) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(4)
+        .connect(url)
+        .await
+        .unwrap_or_else(|error| panic!("cannot connect to the test PostgreSQL at {url}: {error}"))
+}
+
+/// A name no other test (or run) uses: prefix, process id, counter.
+pub fn unique(prefix: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{prefix}_{}_{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::SeqCst),
+        rand_suffix()
+    )
+}
+
+fn rand_suffix() -> u32 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|elapsed| elapsed.subsec_nanos())
+        .unwrap_or_default();
+    nanos % 100_000
+}
+
+/// A fresh database of its own, for tests that kill connections.
+pub async fn create_database(admin: &PgPool) -> String {
+    let name = unique("iggy_db");
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(admin)
+        .await
+        .unwrap();
+    let base = database_url();
+    let (prefix, _) = base.rsplit_once('/').unwrap();
+    format!("{prefix}/{name}")
+}
+
+pub async fn execute(pool: &PgPool, sql: &str) {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+        .execute(pool)
+        .await
+        .unwrap_or_else(|error| panic!("{sql}: {error}"));
+}
+
+pub async fn count(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+        .fetch_one(pool)
+        .await
+        .unwrap_or_else(|error| panic!("{sql}: {error}"))
+}
+
+/// A source connector file with one stream.
+pub fn source_config(
+    key: &str,
+    stream: &str,
+    topic: &str,
+    schema: &str,
+    plugin_config: &str,
+) -> ConnectorConfig {
+    parse(&format!(
+        "type = \"source\"\nkey = \"{key}\"\nenabled = true\npath = \"postgres\"\n\
+         max_consecutive_nacks = 0\n\n\
+         [[streams]]\nstream = \"{stream}\"\ntopic = \"{topic}\"\nschema = \"{schema}\"\n\n\
+         [plugin_config]\n{plugin_config}\n"
+    ))
+}
+
+/// A sink connector file reading one topic.
+pub fn sink_config(
+    key: &str,
+    stream: &str,
+    topic: &str,
+    schema: &str,
+    on_error: &str,
+    plugin_config: &str,
+) -> ConnectorConfig {
+    parse(&format!(
+        "type = \"sink\"\nkey = \"{key}\"\nenabled = true\npath = \"postgres\"\non_error = \"{on_error}\"\n\n\
+         [[streams]]\nstream = \"{stream}\"\ntopics = [\"{topic}\"]\nschema = \"{schema}\"\n\
+         batch_length = 100\npoll_interval = \"5ms\"\n\n\
+         [plugin_config]\n{plugin_config}\n"
+    ))
+}
+
+fn parse(text: &str) -> ConnectorConfig {
+    match parse_connector_file(
+        Path::new("test.toml"),
+        text,
+        &EnvVars::from_pairs(Vec::new()),
+    ) {
+        Ok((config, _)) => config,
+        Err(issues) => panic!("bad test config: {issues:?}\n{text}"),
+    }
+}
+
+/// Polls `condition` until it holds, failing the test with `what` after `timeout`.
+pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if condition().await {
+            return;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
