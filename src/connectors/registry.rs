@@ -10,7 +10,7 @@ use std::str::FromStr;
 
 use crate::connectors::{PluginConfigError, Sink, Source};
 
-#[cfg(feature = "stdout-sink")]
+#[cfg(any(feature = "stdout-sink", feature = "faulty-sink"))]
 use crate::connectors::sinks;
 #[cfg(feature = "random-source")]
 use crate::connectors::sources;
@@ -25,6 +25,8 @@ static SOURCES: &[SourceEntry] = &[
 static SINKS: &[SinkEntry] = &[
     #[cfg(feature = "stdout-sink")]
     sinks::stdout::ENTRY,
+    #[cfg(feature = "faulty-sink")]
+    sinks::faulty::ENTRY,
 ];
 
 /// Every connector that exists in this source tree, compiled in or not, so a
@@ -36,6 +38,7 @@ const IN_TREE: &[(&str, ConnectorKind)] = &[
     ("stdout", ConnectorKind::Sink),
     ("postgres", ConnectorKind::Sink),
     ("http", ConnectorKind::Sink),
+    ("faulty", ConnectorKind::Sink),
 ];
 
 #[derive(

@@ -148,7 +148,10 @@ impl Producer for IggyProducer {
                 message.payload.len()
             ));
         }
-        to_iggy_message(message).map(drop)
+        if message.headers.is_empty() {
+            return Ok(());
+        }
+        headers::to_iggy(&message.headers).map(drop)
     }
 }
 

@@ -1,4 +1,6 @@
 //! One module per sink connector, each behind its own cargo feature.
 
+#[cfg(feature = "faulty-sink")]
+pub mod faulty;
 #[cfg(feature = "stdout-sink")]
 pub mod stdout;

@@ -1,6 +1,8 @@
-//! `random` source: generates JSON records (`{id, title, name, text}`) for demos,
-//! tests and benchmarks. Its state is the number of records committed so far, so
-//! a restart continues the count and `max_count` holds across restarts.
+//! `random` source: generates JSON records (`{id, seq, title, name, text}`) for
+//! demos, tests and benchmarks. `seq` numbers records from 0 across restarts, so a
+//! consumer can check for gaps and duplicates. Its state is the number of
+//! records committed so far, so a restart continues the count and `max_count`
+//! holds across restarts.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -108,12 +110,14 @@ impl RandomSource {
         size.min(remaining)
     }
 
-    fn record(&self) -> SourceRecord {
+    /// Record number `seq` (0-based, counted across restarts).
+    fn record(&self, seq: u64) -> SourceRecord {
         let id = uuid::Uuid::new_v4();
         let size = self.config.payload_size;
         let start = rand::rng().random_range(0..=self.text_pool.len() - size);
         let payload = serde_json::json!({
             "id": id.to_string(),
+            "seq": seq,
             "title": "Hello",
             "name": "World",
             "text": &self.text_pool[start..start + size],
@@ -155,7 +159,9 @@ impl Source for RandomSource {
             tokio::time::sleep(self.config.interval).await;
         }
         let count = self.batch_size(remaining);
-        let records: Vec<SourceRecord> = (0..count).map(|_| self.record()).collect();
+        let records: Vec<SourceRecord> = (committed..committed + count)
+            .map(|seq| self.record(seq))
+            .collect();
         let produced = committed + count;
         *self.lock_staged() = Some(produced);
         Ok(SourceBatch {

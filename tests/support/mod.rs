@@ -1,0 +1,4 @@
+//! Shared test support. Each integration-test binary uses a subset of it.
+#![allow(dead_code)]
+
+pub mod iggy_server;
