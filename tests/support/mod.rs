@@ -2,3 +2,4 @@
 #![allow(dead_code)]
 
 pub mod iggy_server;
+pub mod prometheus;
