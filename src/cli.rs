@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 
+use crate::api::{self, ApiServer, ApiState};
 use crate::config::connector::{DEFAULT_BATCH_LENGTH, DEFAULT_LINGER_TIME, DEFAULT_POLL_INTERVAL};
 use crate::config::env::EnvVars;
 use crate::config::runtime::LogFormat;
@@ -20,7 +21,7 @@ use crate::connectors::{ConnectorKind, Registry};
 use crate::engine::codec::Schema;
 use crate::engine::{Runtime, Status};
 use crate::iggy::{ConnectionSettings, IggyBus, MemoryBus};
-use crate::state::{FileStateStore, MemoryStateStore};
+use crate::state::{FileStateStore, MemoryStateStore, StateStore};
 
 /// Exit code for configuration errors.
 const EXIT_CONFIG: u8 = 2;
@@ -214,19 +215,50 @@ async fn run_config(path: &Path) -> anyhow::Result<ExitCode> {
             )]));
         }
     };
-    let state =
-        FileStateStore::new(&config.state.path).context("cannot prepare the state directory")?;
+    let state: Arc<dyn StateStore> = Arc::new(
+        FileStateStore::new(&config.state.path).context("cannot prepare the state directory")?,
+    );
+    // Before any connector is added: metric handles resolved earlier record nowhere.
+    let prometheus = match config.http.enabled && config.http.metrics.enabled {
+        true => Some(api::metrics::install().context("cannot install the Prometheus recorder")?),
+        false => None,
+    };
     let runtime = Runtime::new(
         Arc::new(IggyBus::new(settings)),
-        Arc::new(state),
+        state.clone(),
         config.engine.shutdown_timeout,
     );
     for connector in connectors {
         runtime.add(connector)?;
     }
     runtime.start_enabled().await;
+    let server = match config.http.enabled {
+        true => {
+            let mut api_state = ApiState::new(runtime.clone(), state);
+            if let Some(dir) = config.connector_dir() {
+                api_state = api_state.with_config_dir(dir, vars);
+            }
+            if let Some(handle) = prometheus {
+                api_state = api_state.with_prometheus(handle);
+            }
+            match ApiServer::start(&config.http, api_state).await {
+                Ok(server) => {
+                    tracing::info!("HTTP API listening on {}", server.url());
+                    Some(server)
+                }
+                Err(error) => {
+                    runtime.shutdown().await;
+                    return Err(error.into());
+                }
+            }
+        }
+        false => None,
+    };
     wait_for_signal().await;
     tracing::info!("shutting down");
+    if let Some(server) = server {
+        server.shutdown().await;
+    }
     runtime.shutdown().await;
     Ok(ExitCode::SUCCESS)
 }

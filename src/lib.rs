@@ -3,6 +3,7 @@
 //!
 //! The library holds everything; `main.rs` only parses the command line.
 
+pub mod api;
 pub mod cli;
 pub mod clock;
 pub mod config;

@@ -92,16 +92,19 @@ pub enum Stage {
     StateSave,
     /// Sink: the connector's write.
     Write,
+    /// The batch result: the source's `commit`, or the sink's offset commit.
+    Commit,
     Total,
 }
 
 impl Stage {
-    const ALL: [Stage; 6] = [
+    const ALL: [Stage; 7] = [
         Stage::Decode,
         Stage::Prepare,
         Stage::IggySend,
         Stage::StateSave,
         Stage::Write,
+        Stage::Commit,
         Stage::Total,
     ];
 
@@ -112,6 +115,7 @@ impl Stage {
             Stage::IggySend => "iggy_send",
             Stage::StateSave => "state_save",
             Stage::Write => "write",
+            Stage::Commit => "commit",
             Stage::Total => "total",
         }
     }

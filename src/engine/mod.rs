@@ -23,6 +23,10 @@ use tokio_util::sync::CancellationToken;
 pub use runtime::Runtime;
 pub use status::{Status, StatusSnapshot, StopReason};
 
+/// Tracing target of upstream's per-batch `benchmark` events (connectors with
+/// `benchmark = true`); `RUST_LOG=iggy_connectors::benchmark=info` shows them.
+pub const BENCHMARK_TARGET: &str = "iggy_connectors::benchmark";
+
 /// How a pipeline is told to stop, and how long it may take to finish the batch
 /// in flight once told.
 #[derive(Debug, Clone)]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, warn};
+use tracing::{Instrument, error, info_span, warn};
 
 use crate::config::{ConnectorConfig, KindConfig};
 use crate::connectors::{ConnectorKind, PluginConfigError, Registry, Sink, Source};
@@ -245,6 +245,22 @@ impl Runtime {
         }
     }
 
+    /// Replaces a connector's config; its next start runs the new one (a running
+    /// connector keeps the config it started with until it is restarted). The
+    /// slot, its status and its counters stay: kind and key name them. Returns
+    /// the config it replaced.
+    pub fn replace_config(
+        &self,
+        config: ConnectorConfig,
+    ) -> Result<Arc<ConnectorConfig>, RuntimeError> {
+        let slot = self.slot(config.kind, &config.key)?;
+        let mut current = slot
+            .config
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        Ok(std::mem::replace(&mut *current, Arc::new(config)))
+    }
+
     pub fn view(&self, kind: ConnectorKind, key: &str) -> Result<ConnectorView, RuntimeError> {
         Ok(self.slot(kind, key)?.view())
     }
@@ -266,8 +282,11 @@ impl Runtime {
         let runtime = self.clone();
         let running_slot = slot.clone();
         let task_shutdown = shutdown.clone();
-        let handle =
-            tokio::spawn(async move { runtime.run_slot(&running_slot, task_shutdown).await });
+        // Every line the connector and its pipeline log carries its key and type.
+        let span = info_span!("connector", connector_key = %slot.key, connector_type = %slot.kind);
+        let handle = tokio::spawn(
+            async move { runtime.run_slot(&running_slot, task_shutdown).await }.instrument(span),
+        );
         *task = Some(Task { shutdown, handle });
     }
 
@@ -415,6 +434,7 @@ impl Runtime {
             shutdown: shutdown.clone(),
             backoff: self.options.source_backoff,
             verbose: config.verbose,
+            benchmark: config.benchmark,
         })
     }
 
@@ -486,6 +506,7 @@ impl Runtime {
                 metrics: slot.metrics.clone(),
                 backoff: self.options.sink_backoff,
                 verbose: config.verbose,
+                benchmark: config.benchmark,
             },
         })
     }

@@ -19,7 +19,7 @@ use crate::engine::metrics::{ConnectorMetrics, ErrorStage, Stage};
 use crate::engine::source::Ended;
 use crate::engine::status::{StatusCell, StopReason};
 use crate::engine::transforms::{TransformChain, Verdict};
-use crate::engine::{Shutdown, catch_panic, dead_letter};
+use crate::engine::{BENCHMARK_TARGET, Shutdown, catch_panic, dead_letter};
 use crate::iggy::{ConsumedBatch, Consumer, Producer};
 use crate::message::{ConsumedMessage, OutgoingMessage, SinkMessage, TopicRef};
 
@@ -47,6 +47,8 @@ pub struct SinkContext {
     pub metrics: Arc<ConnectorMetrics>,
     pub backoff: Backoff,
     pub verbose: bool,
+    /// Emit upstream's per-batch `benchmark` event.
+    pub benchmark: bool,
 }
 
 /// Runs one topic's loop; shares the sink and its settings with the others.
@@ -165,12 +167,18 @@ impl TopicLoop<'_> {
         pipeline.metrics.consumed.add(count as u64);
         let mut dead = Vec::new();
         let mut messages = self.prepare(reader, batch.messages, &mut dead);
+        let decoded = started.elapsed();
+        pipeline.metrics.record_duration(Stage::Decode, decoded);
+        let writing = Instant::now();
+        self.write(&reader.topic, &mut messages, &mut dead).await?;
+        let written = writing.elapsed();
+        self.send_dead_letters(&dead).await?;
+        let committing = Instant::now();
+        let committed = reader.consumer.commit(partition_id, last_offset).await;
         pipeline
             .metrics
-            .record_duration(Stage::Decode, started.elapsed());
-        self.write(&reader.topic, &mut messages, &mut dead).await?;
-        self.send_dead_letters(&dead).await?;
-        if let Err(error) = reader.consumer.commit(partition_id, last_offset).await {
+            .record_duration(Stage::Commit, committing.elapsed());
+        if let Err(error) = committed {
             // The batch is written; a later commit covers it, or it is redelivered
             // (at-least-once).
             pipeline.metrics.error(ErrorStage::OffsetCommit, 1);
@@ -178,10 +186,30 @@ impl TopicLoop<'_> {
             warn!(connector_key = %pipeline.key, partition_id, offset = last_offset, %message);
             pipeline.status.record_error(message);
         }
-        pipeline
-            .metrics
-            .record_duration(Stage::Total, started.elapsed());
-        let elapsed_us = started.elapsed().as_micros() as u64;
+        let total = started.elapsed();
+        // Upstream's `prepare`: whatever is neither decoding nor the write.
+        let prepared = total.saturating_sub(decoded + written);
+        pipeline.metrics.record_duration(Stage::Prepare, prepared);
+        pipeline.metrics.record_duration(Stage::Total, total);
+        if pipeline.benchmark {
+            info!(
+                target: BENCHMARK_TARGET,
+                connector_type = "sink",
+                connector_key = %pipeline.key,
+                stream = %reader.topic.stream,
+                topic = %reader.topic.topic,
+                partition_id,
+                current_offset = last_offset,
+                batch_size = count,
+                processed_count = messages.len(),
+                decode_us = decoded.as_micros() as u64,
+                prepare_us = prepared.as_micros() as u64,
+                ffi_us = written.as_micros() as u64,
+                total_us = total.as_micros() as u64,
+                "benchmark"
+            );
+        }
+        let elapsed_us = total.as_micros() as u64;
         if pipeline.verbose {
             info!(connector_key = %pipeline.key, topic = %reader.topic, partition_id, offset = last_offset, consumed = count, written = messages.len(), elapsed_us, "batch written");
         } else {

@@ -17,7 +17,7 @@ use crate::engine::codec::Schema;
 use crate::engine::metrics::{ConnectorMetrics, ErrorStage, Stage};
 use crate::engine::status::{StatusCell, StopReason};
 use crate::engine::transforms::{TransformChain, Verdict};
-use crate::engine::{Shutdown, catch_panic, dead_letter};
+use crate::engine::{BENCHMARK_TARGET, Shutdown, catch_panic, dead_letter};
 use crate::iggy::Producer;
 use crate::message::{OutgoingMessage, Payload, SourceRecord};
 use crate::state::{StateStore, StoredState};
@@ -48,6 +48,8 @@ pub struct SourcePipeline {
     pub shutdown: Shutdown,
     pub backoff: Backoff,
     pub verbose: bool,
+    /// Emit upstream's per-batch `benchmark` event.
+    pub benchmark: bool,
 }
 
 /// How the batch loop ended.
@@ -58,6 +60,13 @@ pub enum Ended {
     Shutdown,
     /// The pipeline stopped on its own.
     Stopped(StopReason, String),
+}
+
+/// Where the time of one delivered batch went, for the benchmark event.
+#[derive(Debug, Default)]
+struct Timings {
+    iggy_send: Duration,
+    state_save: Option<Duration>,
 }
 
 /// Why one delivery attempt failed.
@@ -151,19 +160,26 @@ impl SourcePipeline {
         }
         self.metrics.produced.add(count as u64);
         let groups = self.prepare(records);
-        self.metrics
-            .record_duration(Stage::Prepare, started.elapsed());
+        let prepared = started.elapsed();
+        self.metrics.record_duration(Stage::Prepare, prepared);
         let state = state.map(|data| StoredState {
             connector: self.connector.clone(),
             data,
         });
-        self.deliver(&groups, state.as_ref()).await?;
+        let mut timings = Timings::default();
+        self.deliver(&groups, state.as_ref(), &mut timings).await?;
+        let committing = Instant::now();
         self.commit().await?;
         self.metrics
-            .record_duration(Stage::Total, started.elapsed());
+            .record_duration(Stage::Commit, committing.elapsed());
+        let total = started.elapsed();
+        self.metrics.record_duration(Stage::Total, total);
         let level_info = self.verbose;
-        if level_info || enabled!(Level::DEBUG) {
+        if level_info || self.benchmark || enabled!(Level::DEBUG) {
             let sent: usize = groups[..self.routes.len()].iter().map(Vec::len).sum();
+            if self.benchmark {
+                self.emit_benchmark(count, sent, prepared, &timings, total);
+            }
             if level_info {
                 info!(connector_key = %self.key, records = count, sent, elapsed_us = started.elapsed().as_micros() as u64, "batch committed");
             } else {
@@ -177,6 +193,42 @@ impl SourcePipeline {
             ));
         }
         Ok(())
+    }
+
+    /// Upstream's per-batch timing event (target `iggy_connectors::benchmark`).
+    /// Sources here hand typed payloads to the engine, so nothing is decoded:
+    /// `decode_us` is always 0.
+    fn emit_benchmark(
+        &self,
+        batch_size: usize,
+        sent_count: usize,
+        prepared: Duration,
+        timings: &Timings,
+        total: Duration,
+    ) {
+        let (stream, topic) = match self.routes.as_slice() {
+            [route] => route
+                .target
+                .split_once('/')
+                .unwrap_or((route.target.as_str(), "")),
+            _ => ("*", "*"),
+        };
+        info!(
+            target: BENCHMARK_TARGET,
+            connector_type = "source",
+            connector_key = %self.key,
+            stream,
+            topic,
+            batch_size,
+            sent_count,
+            decode_us = 0u64,
+            prepare_us = prepared.as_micros() as u64,
+            iggy_send_us = timings.iggy_send.as_micros() as u64,
+            state_saved = timings.state_save.is_some(),
+            state_save_us = timings.state_save.map_or(0, |elapsed| elapsed.as_micros() as u64),
+            total_us = total.as_micros() as u64,
+            "benchmark"
+        );
     }
 
     /// Transforms and encodes every record. Returns one group of messages per
@@ -301,6 +353,7 @@ impl SourcePipeline {
         &self,
         groups: &[Vec<OutgoingMessage>],
         state: Option<&StoredState>,
+        timings: &mut Timings,
     ) -> Result<(), Ended> {
         let mut sent = vec![false; groups.len()];
         let mut saved = state.is_none();
@@ -311,7 +364,7 @@ impl SourcePipeline {
             let attempt = tokio::select! {
                 biased;
                 () = &mut give_up => return Err(self.abandon()),
-                attempt = self.attempt(groups, &mut sent, state, &mut saved) => attempt,
+                attempt = self.attempt(groups, &mut sent, state, &mut saved, timings) => attempt,
             };
             let Err(nack) = attempt else {
                 return Ok(());
@@ -348,6 +401,7 @@ impl SourcePipeline {
         sent: &mut [bool],
         state: Option<&StoredState>,
         saved: &mut bool,
+        timings: &mut Timings,
     ) -> Result<(), Nack> {
         for (index, messages) in groups.iter().enumerate() {
             if sent[index] || messages.is_empty() {
@@ -368,8 +422,9 @@ impl SourcePipeline {
                     None => format!("send to the dead-letter topic failed: {error}"),
                 },
             })?;
-            self.metrics
-                .record_duration(Stage::IggySend, started.elapsed());
+            let elapsed = started.elapsed();
+            self.metrics.record_duration(Stage::IggySend, elapsed);
+            timings.iggy_send += elapsed;
             sent[index] = true;
             if stage == ErrorStage::Send {
                 self.metrics.sent.add(messages.len() as u64);
@@ -386,8 +441,9 @@ impl SourcePipeline {
                     stage: ErrorStage::StateSave,
                     message: format!("state save failed: {error}"),
                 })?;
-            self.metrics
-                .record_duration(Stage::StateSave, started.elapsed());
+            let elapsed = started.elapsed();
+            self.metrics.record_duration(Stage::StateSave, elapsed);
+            timings.state_save = Some(elapsed);
             *saved = true;
         }
         Ok(())

@@ -3,4 +3,5 @@
 
 pub mod binary;
 pub mod iggy_server;
+pub mod prometheus;
 pub mod wait;

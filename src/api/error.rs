@@ -1,0 +1,92 @@
+//! Errors as upstream returns them: a status and `{"code", "reason"}`, plus the
+//! config issues when a config is refused.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::config::ConfigIssue;
+use crate::connectors::ConnectorKind;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{kind} with key \"{key}\" not found")]
+    NotFound { kind: ConnectorKind, key: String },
+    #[error("{kind} \"{key}\" has no config version {version}")]
+    VersionNotFound {
+        kind: ConnectorKind,
+        key: String,
+        version: u64,
+    },
+    #[error("{kind} \"{key}\" has no config in the connector directory")]
+    NoConfig { kind: ConnectorKind, key: String },
+    #[error("invalid configuration: {reason}")]
+    InvalidConfiguration {
+        reason: String,
+        issues: Vec<ConfigIssue>,
+    },
+    #[error("{0}")]
+    BadRequest(String),
+    /// Upstream answers a config it cannot render in the asked format with 400
+    /// and code `error`.
+    #[error("cannot convert the configuration: {0}")]
+    CannotConvert(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+#[derive(Serialize)]
+struct Body {
+    code: String,
+    reason: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    issues: Vec<IssueBody>,
+}
+
+#[derive(Serialize)]
+struct IssueBody {
+    field: String,
+    message: String,
+    severity: &'static str,
+}
+
+impl ApiError {
+    fn status_and_code(&self) -> (StatusCode, String) {
+        match self {
+            ApiError::NotFound { kind, .. } => (StatusCode::NOT_FOUND, format!("{kind}_not_found")),
+            ApiError::VersionNotFound { kind, .. } | ApiError::NoConfig { kind, .. } => {
+                (StatusCode::NOT_FOUND, format!("{kind}_config_not_found"))
+            }
+            ApiError::InvalidConfiguration { .. } => {
+                (StatusCode::BAD_REQUEST, "invalid_configuration".into())
+            }
+            ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request".into()),
+            ApiError::CannotConvert(_) => (StatusCode::BAD_REQUEST, "error".into()),
+            ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "error".into()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, code) = self.status_and_code();
+        let issues = match &self {
+            ApiError::InvalidConfiguration { issues, .. } => issues
+                .iter()
+                .map(|issue| IssueBody {
+                    field: issue.field.clone(),
+                    message: issue.message.clone(),
+                    severity: if issue.is_error() { "error" } else { "warning" },
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        let body = Body {
+            code,
+            reason: self.to_string(),
+            issues,
+        };
+        (status, Json(body)).into_response()
+    }
+}

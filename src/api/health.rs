@@ -1,0 +1,64 @@
+//! `/health` reflects the connectors; `/health/live` only the process.
+//!
+//! Healthy means every enabled connector is `running`, and no connector is in
+//! `error`. Two stopped states also count as healthy: a finite source that
+//! `completed` did what it was asked, and a connector an operator stopped
+//! through the API is stopped on purpose (failing the probe would make an
+//! orchestrator restart the process and undo the stop). `starting` and
+//! `stopping` are not healthy: a connector still waiting for Iggy at startup
+//! is not doing its job yet.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde_json::{Value, json};
+
+use crate::api::{ApiState, redact};
+use crate::engine::Status;
+use crate::engine::runtime::ConnectorView;
+
+pub async fn health(State(state): State<Arc<ApiState>>) -> (StatusCode, Json<Value>) {
+    let failing: Vec<Value> = state
+        .runtime
+        .views()
+        .iter()
+        .filter(|view| is_failing(view))
+        .map(describe)
+        .collect();
+    if failing.is_empty() {
+        (StatusCode::OK, Json(json!({"status": "healthy"})))
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "unhealthy", "connectors": failing})),
+        )
+    }
+}
+
+pub async fn live() -> Json<Value> {
+    Json(json!({"status": "alive"}))
+}
+
+fn is_failing(view: &ConnectorView) -> bool {
+    match view.status.status {
+        Status::Running | Status::Stopped => false,
+        Status::Error => true,
+        Status::Starting | Status::Stopping => view.config.enabled,
+    }
+}
+
+fn describe(view: &ConnectorView) -> Value {
+    let status = &view.status;
+    json!({
+        "key": view.config.key,
+        "connector_type": view.config.kind,
+        "status": status.status,
+        "stop_reason": status.stop_reason,
+        "last_error": status.last_error.as_ref().map(|error| json!({
+            "message": redact::mask_text(&error.message).unwrap_or_else(|| error.message.clone()),
+            "timestamp": error.timestamp,
+        })),
+    })
+}

@@ -1,0 +1,147 @@
+//! The HTTP control plane: upstream's endpoints (`/`, `/health`, `/stats`,
+//! `/metrics`, `/sources`, `/sinks`, per-key details, configs, restart) plus
+//! stop, start, a source's committed state and a liveness probe.
+//!
+//! Every config and state the API returns goes through [`redact`]: secrets are
+//! never sent in clear text, whatever the format asked for.
+
+mod auth;
+mod configs;
+mod connectors;
+mod error;
+mod health;
+pub mod metrics;
+pub mod provider;
+pub mod redact;
+mod render;
+mod server;
+mod stats;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::routing::get;
+use metrics_exporter_prometheus::PrometheusHandle;
+
+use crate::clock::now_micros;
+use crate::config::env::EnvVars;
+use crate::config::runtime::HttpConfig;
+use crate::connectors::ConnectorKind;
+use crate::engine::Runtime;
+use crate::state::StateStore;
+
+pub use error::ApiError;
+pub use provider::LocalProvider;
+pub use server::{ApiServer, ApiSetupError};
+
+/// What the handlers share.
+pub struct ApiState {
+    runtime: Arc<Runtime>,
+    state_store: Arc<dyn StateStore>,
+    provider: Option<LocalProvider>,
+    prometheus: Option<PrometheusHandle>,
+    started_at: u64,
+    /// One lock per connector, so two lifecycle requests for the same
+    /// connector (restart, stop, start) run one after the other.
+    lifecycle: Mutex<HashMap<(ConnectorKind, String), LifecycleLock>>,
+}
+
+type LifecycleLock = Arc<tokio::sync::Mutex<()>>;
+
+impl ApiState {
+    pub fn new(runtime: Arc<Runtime>, state_store: Arc<dyn StateStore>) -> Self {
+        Self {
+            runtime,
+            state_store,
+            provider: None,
+            prometheus: None,
+            started_at: now_micros(),
+            lifecycle: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The connector directory the runtime was loaded from: the config
+    /// endpoints read and write it, and start/restart load the active version
+    /// from it.
+    pub fn with_config_dir(mut self, dir: impl Into<PathBuf>, vars: EnvVars) -> Self {
+        self.provider = Some(LocalProvider::new(dir.into(), vars));
+        self
+    }
+
+    /// Serves `/metrics` from this recorder (see [`metrics::install`]).
+    pub fn with_prometheus(mut self, handle: PrometheusHandle) -> Self {
+        self.prometheus = Some(handle);
+        self
+    }
+
+    fn lifecycle_lock(&self, kind: ConnectorKind, key: &str) -> LifecycleLock {
+        let mut locks = self
+            .lifecycle
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        locks.entry((kind, key.to_owned())).or_default().clone()
+    }
+}
+
+/// Builds the router: public `/`, `/health` and `/health/live`; everything
+/// else behind the API key when one is set; CORS outermost.
+pub fn router(config: &HttpConfig, state: Arc<ApiState>) -> Result<Router, ApiSetupError> {
+    let mut routes = Router::new()
+        .route("/stats", get(stats::stats))
+        .nest(
+            "/sources",
+            connectors::routes(ConnectorKind::Source).merge(configs::routes(ConnectorKind::Source)),
+        )
+        .nest(
+            "/sinks",
+            connectors::routes(ConnectorKind::Sink).merge(configs::routes(ConnectorKind::Sink)),
+        );
+    if config.metrics.enabled && state.prometheus.is_some() {
+        check_metrics_endpoint(&config.metrics.endpoint)?;
+        routes = routes.route(&config.metrics.endpoint, get(metrics::render));
+    }
+    let routes = routes
+        .route("/", get(root))
+        .route("/health", get(health::health))
+        .route("/health/live", get(health::live))
+        .layer(axum::middleware::from_fn_with_state(
+            auth::ApiKey::new(&config.api_key),
+            auth::require_api_key,
+        ))
+        .with_state(state);
+    match server::cors_layer(&config.cors)? {
+        Some(cors) => Ok(routes.layer(cors)),
+        None => Ok(routes),
+    }
+}
+
+/// Refuses a metrics path that would shadow another endpoint or that the
+/// router cannot take (it would panic on it).
+fn check_metrics_endpoint(endpoint: &str) -> Result<(), ApiSetupError> {
+    let message = if !endpoint.starts_with('/') {
+        Some("must start with '/'")
+    } else if endpoint.contains(['{', '}', '*']) || endpoint.contains("//") {
+        Some("must be a plain path, without '{', '}', '*' or empty segments")
+    } else if ["/", "/health", "/health/live", "/stats"].contains(&endpoint)
+        || ["/sources", "/sinks"]
+            .iter()
+            .any(|prefix| endpoint == *prefix || endpoint.starts_with(&format!("{prefix}/")))
+    {
+        Some("is already an endpoint of the API")
+    } else {
+        None
+    };
+    match message {
+        Some(message) => Err(ApiSetupError::MetricsEndpoint {
+            endpoint: endpoint.to_owned(),
+            message: message.to_owned(),
+        }),
+        None => Ok(()),
+    }
+}
+
+async fn root() -> &'static str {
+    "Connector Runtime API"
+}

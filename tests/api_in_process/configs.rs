@@ -1,0 +1,178 @@
+//! Config versions in the connector directory.
+
+use super::*;
+
+#[tokio::test]
+async fn config_versions_are_listed_created_activated_deleted_and_restarted_into() {
+    let (key, topic) = (unique("src"), unique("t"));
+    let harness = harness(&[("first.toml", random_source(&key, &topic, ""))]).await;
+    harness.wait_for_status("sources", &key, "running").await;
+
+    let (status, configs) = harness.get(&format!("/sources/{key}/configs")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(configs.as_array().unwrap().len(), 1);
+    assert_eq!(
+        (
+            configs[0]["version"].as_u64(),
+            configs[0]["active"].as_bool()
+        ),
+        (Some(0), Some(true))
+    );
+    assert_eq!(configs[0]["plugin_config"]["interval"], "10ms");
+
+    // A new version: upstream's body, validated by the file parser.
+    let body = json!({
+        "enabled": true,
+        "name": "renamed",
+        "path": "libiggy_connector_random_source",
+        "streams": [{"stream": "api", "topic": topic, "schema": "json", "batch_length": 100}],
+        "plugin_config_format": "json",
+        "plugin_config": {"interval": "10ms", "messages_range": [2, 2]},
+        "transforms": null,
+    });
+    let (status, created) = harness
+        .post(&format!("/sources/{key}/configs"), Some(body))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{created}");
+    assert_eq!(
+        (created["version"].as_u64(), created["active"].as_bool()),
+        (Some(1), Some(false))
+    );
+    assert!(
+        harness
+            .connectors
+            .join(format!("source_{key}_1.toml"))
+            .is_file()
+    );
+
+    let (status, one) = harness.get(&format!("/sources/{key}/configs/1")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        (
+            one["name"].as_str(),
+            one["active"].as_bool(),
+            one["running"].as_bool()
+        ),
+        (Some("renamed"), Some(true), Some(false))
+    );
+    let (status, missing) = harness.get(&format!("/sources/{key}/configs/7")).await;
+    assert_eq!(
+        (status, missing["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("source_config_not_found"))
+    );
+    let (status, _) = harness.get(&format!("/sources/{key}/configs/seven")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    // Restart runs the active version: the highest while nothing is pinned.
+    let (status, _) = harness.post(&format!("/sources/{key}/restart"), None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (_, details) = harness.get(&format!("/sources/{key}")).await;
+    assert_eq!(
+        (details["version"].as_u64(), details["name"].as_str()),
+        (Some(1), Some("renamed"))
+    );
+    assert_eq!(details["path"], "libiggy_connector_random_source");
+
+    // Roll back: pin version 0, then restart.
+    let response = harness
+        .request(
+            reqwest::Method::PUT,
+            &format!("/sources/{key}/configs/active"),
+        )
+        .json(&json!({"version": 0}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    let pointers =
+        std::fs::read_to_string(harness.connectors.join(".active_versions.toml")).unwrap();
+    let pointers: toml::Table = toml::from_str(&pointers).unwrap();
+    assert_eq!(pointers["sources"][key.as_str()].as_integer(), Some(0));
+    let (_, active) = harness.get(&format!("/sources/{key}/configs/active")).await;
+    assert_eq!(
+        (
+            active["version"].as_u64(),
+            active["active"].as_bool(),
+            active["running"].as_bool()
+        ),
+        (Some(0), Some(true), Some(false))
+    );
+    let (status, _) = harness.post(&format!("/sources/{key}/restart"), None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (_, details) = harness.get(&format!("/sources/{key}")).await;
+    assert_eq!(details["version"].as_u64(), Some(0));
+    harness.wait_for_status("sources", &key, "running").await;
+
+    let response = harness
+        .request(
+            reqwest::Method::PUT,
+            &format!("/sources/{key}/configs/active"),
+        )
+        .json(&json!({"version": 9}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+
+    // An invalid config is refused with every issue, and nothing is written.
+    let (status, refused) = harness
+        .post(
+            &format!("/sources/{key}/configs"),
+            Some(json!({"enabled": true, "path": "random", "plugin_config": {"interval": "soon"}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
+    assert_eq!(refused["code"], "invalid_configuration");
+    let fields: Vec<&str> = refused["issues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|issue| issue["field"].as_str())
+        .collect();
+    assert!(fields.contains(&"streams"), "{refused}");
+    assert!(
+        fields
+            .iter()
+            .any(|field| field.starts_with("plugin_config")),
+        "{refused}"
+    );
+    assert!(
+        !harness
+            .connectors
+            .join(format!("source_{key}_2.toml"))
+            .exists()
+    );
+
+    // Deleting the pinned version moves the pointer to the highest left.
+    let response = harness
+        .request(
+            reqwest::Method::DELETE,
+            &format!("/sources/{key}/configs?version=0"),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    let (_, configs) = harness.get(&format!("/sources/{key}/configs")).await;
+    let versions: Vec<(u64, bool)> = configs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|config| {
+            (
+                config["version"].as_u64().unwrap(),
+                config["active"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(versions, vec![(1, true)]);
+    let response = harness
+        .request(
+            reqwest::Method::DELETE,
+            &format!("/sources/{key}/configs?version=0"),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+}
