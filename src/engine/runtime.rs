@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, warn};
 
 use crate::config::{ConnectorConfig, KindConfig};
-use crate::connectors::{ConnectorKind, Registry};
+use crate::connectors::{ConnectorContext, ConnectorKind, Degraded, Registry};
 use crate::engine::backoff::Backoff;
 use crate::engine::metrics::ConnectorMetrics;
 use crate::engine::sink::{SinkContext, SinkPipeline, TopicReader};
@@ -36,6 +36,8 @@ struct Slot {
     config: RwLock<Arc<ConnectorConfig>>,
     status: Arc<StatusCell>,
     metrics: Arc<ConnectorMetrics>,
+    /// Set by the running connector while it cannot make progress.
+    degraded: Degraded,
     task: tokio::sync::Mutex<Option<Task>>,
 }
 
@@ -50,6 +52,8 @@ pub struct ConnectorView {
     pub config: Arc<ConnectorConfig>,
     pub status: StatusSnapshot,
     pub metrics: Arc<ConnectorMetrics>,
+    /// Why the running connector says it is degraded, if it does.
+    pub degraded: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -96,6 +100,7 @@ impl Runtime {
             key: config.key.clone(),
             status: Arc::new(StatusCell::new(config.kind)),
             metrics: Arc::new(ConnectorMetrics::new(&config.key, config.kind)),
+            degraded: Degraded::default(),
             config: RwLock::new(Arc::new(config)),
             task: tokio::sync::Mutex::new(None),
         }));
@@ -268,6 +273,7 @@ impl Runtime {
                 error.message
             ))
         })?;
+        source.attach(slot.context());
         let transforms = build_transforms(config)?;
         let stored = self
             .state
@@ -370,6 +376,7 @@ impl Runtime {
                 error.message
             ))
         })?;
+        sink.attach(slot.context());
         let transforms = build_transforms(config)?;
         match catch_panic(sink.open()).await {
             Ok(Ok(())) => {}
@@ -518,6 +525,16 @@ impl Slot {
             config: self.config(),
             status: self.status.snapshot(),
             metrics: self.metrics.clone(),
+            degraded: self.degraded.reason(),
+        }
+    }
+
+    /// A fresh instance starts not degraded.
+    fn context(&self) -> ConnectorContext {
+        self.degraded.clear();
+        ConnectorContext {
+            key: self.key.clone(),
+            degraded: self.degraded.clone(),
         }
     }
 }
