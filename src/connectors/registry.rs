@@ -12,19 +12,27 @@ use crate::connectors::{PluginConfigError, Sink, Source};
 
 #[cfg(feature = "stdout-sink")]
 use crate::connectors::sinks;
+#[cfg(feature = "http-sink")]
+use crate::connectors::sinks::http as http_sink;
 #[cfg(feature = "random-source")]
 use crate::connectors::sources;
+#[cfg(feature = "http-source")]
+use crate::connectors::sources::http as http_source;
 
 /// Every source compiled into this binary.
 static SOURCES: &[SourceEntry] = &[
     #[cfg(feature = "random-source")]
     sources::random::ENTRY,
+    #[cfg(feature = "http-source")]
+    http_source::ENTRY,
 ];
 
 /// Every sink compiled into this binary.
 static SINKS: &[SinkEntry] = &[
     #[cfg(feature = "stdout-sink")]
     sinks::stdout::ENTRY,
+    #[cfg(feature = "http-sink")]
+    http_sink::ENTRY,
 ];
 
 /// Every connector that exists in this source tree, compiled in or not, so a

@@ -2,3 +2,6 @@
 
 #[cfg(feature = "stdout-sink")]
 pub mod stdout;
+
+#[cfg(feature = "http-sink")]
+pub mod http;

@@ -2,3 +2,6 @@
 
 #[cfg(feature = "random-source")]
 pub mod random;
+
+#[cfg(feature = "http-source")]
+pub mod http;
