@@ -88,7 +88,8 @@ pub struct SourceEntry {
     pub name: &'static str,
     pub feature: &'static str,
     pub description: &'static str,
-    /// `plugin_config` fields (dotted paths) that hold secrets.
+    /// `plugin_config` fields (dotted paths) that hold secrets; a `*` segment
+    /// matches every key of a table or element of an array (`headers.*`).
     pub secret_fields: &'static [&'static str],
     pub build: SourceBuilder,
 }
