@@ -244,7 +244,7 @@ async fn during_a_broker_outage_clients_get_503_with_retry_after_and_nothing_ack
 {
     let harness = Harness::start(
         "outage",
-        json!({"request_timeout": "300ms", "retry_after": "2s", "unhealthy_after": "200ms"}),
+        json!({"request_timeout": "1s", "retry_after": "2s", "unhealthy_after": "200ms"}),
         1,
     )
     .await;
