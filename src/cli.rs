@@ -19,7 +19,7 @@ use crate::config::{
 use crate::connectors::{ConnectorKind, Registry};
 use crate::engine::codec::Schema;
 use crate::engine::{Runtime, Status};
-use crate::iggy::MemoryBus;
+use crate::iggy::{ConnectionSettings, IggyBus, MemoryBus};
 use crate::state::{FileStateStore, MemoryStateStore};
 
 /// Exit code for configuration errors.
@@ -204,13 +204,20 @@ async fn run_config(path: &Path) -> anyhow::Result<ExitCode> {
     for issue in &issues {
         tracing::warn!("{issue}");
     }
+    let settings = match ConnectionSettings::from_config(&config.iggy) {
+        Ok(settings) => settings,
+        Err(error) => {
+            return Ok(config_failure(&[ConfigIssue::error(
+                path,
+                "",
+                error.to_string(),
+            )]));
+        }
+    };
     let state =
         FileStateStore::new(&config.state.path).context("cannot prepare the state directory")?;
-    tracing::warn!(
-        "the Iggy bus is not wired yet: messages flow through an in-memory topic and are lost on exit"
-    );
     let runtime = Runtime::new(
-        Arc::new(MemoryBus::new()),
+        Arc::new(IggyBus::new(settings)),
         Arc::new(state),
         config.engine.shutdown_timeout,
     );

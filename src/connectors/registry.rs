@@ -10,7 +10,7 @@ use std::str::FromStr;
 
 use crate::connectors::{PluginConfigError, Sink, Source};
 
-#[cfg(feature = "stdout-sink")]
+#[cfg(any(feature = "stdout-sink", feature = "faulty-sink"))]
 use crate::connectors::sinks;
 #[cfg(feature = "http-sink")]
 use crate::connectors::sinks::http as http_sink;
@@ -31,6 +31,8 @@ static SOURCES: &[SourceEntry] = &[
 static SINKS: &[SinkEntry] = &[
     #[cfg(feature = "stdout-sink")]
     sinks::stdout::ENTRY,
+    #[cfg(feature = "faulty-sink")]
+    sinks::faulty::ENTRY,
     #[cfg(feature = "http-sink")]
     http_sink::ENTRY,
 ];
@@ -44,6 +46,7 @@ const IN_TREE: &[(&str, ConnectorKind)] = &[
     ("stdout", ConnectorKind::Sink),
     ("postgres", ConnectorKind::Sink),
     ("http", ConnectorKind::Sink),
+    ("faulty", ConnectorKind::Sink),
 ];
 
 #[derive(

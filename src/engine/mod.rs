@@ -84,3 +84,6 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
         "connector panicked".to_owned()
     }
 }
+
+#[cfg(test)]
+mod tests;

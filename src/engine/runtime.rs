@@ -10,7 +10,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, warn};
 
 use crate::config::{ConnectorConfig, KindConfig};
-use crate::connectors::{ConnectorContext, ConnectorKind, Degraded, Registry};
+use crate::connectors::{
+    ConnectorContext, ConnectorKind, Degraded, PluginConfigError, Registry, Sink, Source,
+};
 use crate::engine::backoff::Backoff;
 use crate::engine::metrics::ConnectorMetrics;
 use crate::engine::sink::{SinkContext, SinkPipeline, TopicReader};
@@ -25,8 +27,66 @@ use crate::state::StateStore;
 pub struct Runtime {
     bus: Arc<dyn Bus>,
     state: Arc<dyn StateStore>,
-    shutdown_timeout: Duration,
+    options: RuntimeOptions,
     slots: Mutex<Vec<Arc<Slot>>>,
+}
+
+/// Engine settings that are not per connector.
+#[derive(Clone)]
+pub struct RuntimeOptions {
+    /// How long a stop waits for the batch in flight to be committed.
+    pub shutdown_timeout: Duration,
+    /// Retry pacing of source batches and source polls.
+    pub source_backoff: Backoff,
+    /// Retry pacing of sink writes, sink polls and bus setup.
+    pub sink_backoff: Backoff,
+    /// Builds connectors from their config; the registry unless a test says otherwise.
+    pub factory: Arc<dyn ConnectorFactory>,
+}
+
+impl Default for RuntimeOptions {
+    fn default() -> Self {
+        Self {
+            shutdown_timeout: Duration::from_secs(10),
+            source_backoff: Backoff::SOURCE,
+            sink_backoff: Backoff::SINK,
+            factory: Arc::new(RegistryFactory),
+        }
+    }
+}
+
+/// Turns a connector config into a connector instance (no I/O: `open` does that).
+pub trait ConnectorFactory: Send + Sync {
+    fn source(&self, config: &ConnectorConfig) -> Result<Box<dyn Source>, String>;
+    fn sink(&self, config: &ConnectorConfig) -> Result<Box<dyn Sink>, String>;
+}
+
+/// Builds the compiled-in connectors named in configs.
+pub struct RegistryFactory;
+
+impl ConnectorFactory for RegistryFactory {
+    fn source(&self, config: &ConnectorConfig) -> Result<Box<dyn Source>, String> {
+        let entry = Registry::source(&config.connector).map_err(|error| error.to_string())?;
+        (entry.build)(&config.plugin_config).map_err(|error| plugin_config_message(config, &error))
+    }
+
+    fn sink(&self, config: &ConnectorConfig) -> Result<Box<dyn Sink>, String> {
+        let entry = Registry::sink(&config.connector).map_err(|error| error.to_string())?;
+        (entry.build)(&config.plugin_config).map_err(|error| plugin_config_message(config, &error))
+    }
+}
+
+fn plugin_config_message(config: &ConnectorConfig, error: &PluginConfigError) -> String {
+    let field = if error.field.is_empty() {
+        "plugin_config".to_owned()
+    } else {
+        format!("plugin_config.{}", error.field)
+    };
+    format!(
+        "{}: field `{field}`: {}",
+        config.origin().display(),
+        error.message
+    )
 }
 
 /// One configured connector, running or not.
@@ -70,10 +130,25 @@ impl Runtime {
         state: Arc<dyn StateStore>,
         shutdown_timeout: Duration,
     ) -> Arc<Self> {
+        Self::with_options(
+            bus,
+            state,
+            RuntimeOptions {
+                shutdown_timeout,
+                ..RuntimeOptions::default()
+            },
+        )
+    }
+
+    pub fn with_options(
+        bus: Arc<dyn Bus>,
+        state: Arc<dyn StateStore>,
+        options: RuntimeOptions,
+    ) -> Arc<Self> {
         Arc::new(Self {
             bus,
             state,
-            shutdown_timeout,
+            options,
             slots: Mutex::new(Vec::new()),
         })
     }
@@ -194,7 +269,7 @@ impl Runtime {
             return;
         }
         slot.status.set_starting();
-        let shutdown = Shutdown::new(CancellationToken::new(), self.shutdown_timeout);
+        let shutdown = Shutdown::new(CancellationToken::new(), self.options.shutdown_timeout);
         let runtime = self.clone();
         let running_slot = slot.clone();
         let task_shutdown = shutdown.clone();
@@ -215,7 +290,7 @@ impl Runtime {
         running.shutdown.request();
         // The pipeline itself gives up after the grace period; the margin covers
         // closing the connector.
-        let limit = self.shutdown_timeout + Duration::from_secs(5);
+        let limit = self.options.shutdown_timeout + Duration::from_secs(5);
         if tokio::time::timeout(limit, &mut running.handle)
             .await
             .is_err()
@@ -262,17 +337,11 @@ impl Runtime {
         let KindConfig::Source { streams, .. } = &config.kind_config else {
             return Err(SetupError::Failed("not a source config".into()));
         };
-        let origin = config.origin();
-        let entry = Registry::source(&config.connector)
-            .map_err(|error| SetupError::Failed(error.to_string()))?;
-        let mut source = (entry.build)(&config.plugin_config).map_err(|error| {
-            SetupError::Failed(format!(
-                "{}: plugin_config.{}: {}",
-                origin.display(),
-                error.field,
-                error.message
-            ))
-        })?;
+        let mut source = self
+            .options
+            .factory
+            .source(config)
+            .map_err(SetupError::Failed)?;
         source.attach(slot.context());
         let transforms = build_transforms(config)?;
         let stored = self
@@ -352,6 +421,7 @@ impl Runtime {
             status: slot.status.clone(),
             metrics: slot.metrics.clone(),
             shutdown: shutdown.clone(),
+            backoff: self.options.source_backoff,
             verbose: config.verbose,
         })
     }
@@ -365,17 +435,11 @@ impl Runtime {
         let KindConfig::Sink { streams, on_error } = &config.kind_config else {
             return Err(SetupError::Failed("not a sink config".into()));
         };
-        let origin = config.origin();
-        let entry = Registry::sink(&config.connector)
-            .map_err(|error| SetupError::Failed(error.to_string()))?;
-        let mut sink = (entry.build)(&config.plugin_config).map_err(|error| {
-            SetupError::Failed(format!(
-                "{}: plugin_config.{}: {}",
-                origin.display(),
-                error.field,
-                error.message
-            ))
-        })?;
+        let mut sink = self
+            .options
+            .factory
+            .sink(config)
+            .map_err(SetupError::Failed)?;
         sink.attach(slot.context());
         let transforms = build_transforms(config)?;
         match catch_panic(sink.open()).await {
@@ -429,6 +493,7 @@ impl Runtime {
                 transforms,
                 status: slot.status.clone(),
                 metrics: slot.metrics.clone(),
+                backoff: self.options.sink_backoff,
                 verbose: config.verbose,
             },
         })
@@ -477,9 +542,9 @@ impl Runtime {
             };
             match result {
                 Ok(value) => return Ok(value),
-                Err(BusError::Connection(message)) => {
+                Err(BusError::Unavailable(message)) => {
                     failures += 1;
-                    let delay = Backoff::SINK.delay(failures);
+                    let delay = self.options.sink_backoff.delay(failures);
                     warn!(connector_key = %slot.key, attempt = failures, retry_in_ms = delay.as_millis() as u64, %message, "bus unreachable, retrying");
                     slot.status
                         .record_error(format!("bus unreachable: {message}"));

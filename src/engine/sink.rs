@@ -45,6 +45,7 @@ pub struct SinkContext {
     pub transforms: Arc<TransformChain>,
     pub status: Arc<StatusCell>,
     pub metrics: Arc<ConnectorMetrics>,
+    pub backoff: Backoff,
     pub verbose: bool,
 }
 
@@ -138,7 +139,7 @@ impl TopicLoop<'_> {
                     let message = format!("poll of {} failed: {error}", reader.topic);
                     warn!(connector_key = %pipeline.key, attempt = poll_failures, %message, "retrying poll");
                     pipeline.status.record_error(message);
-                    if !self.pause(Backoff::SINK.delay(poll_failures)).await {
+                    if !self.pause(pipeline.backoff.delay(poll_failures)).await {
                         return Ended::Shutdown;
                     }
                     continue;
@@ -336,7 +337,7 @@ impl TopicLoop<'_> {
                 SinkError::Transient(error) => {
                     failures += 1;
                     let message = format!("write to {topic} failed: {error}");
-                    let delay = Backoff::SINK.delay(failures);
+                    let delay = pipeline.backoff.delay(failures);
                     warn!(connector_key = %pipeline.key, attempt = failures, retry_in_ms = delay.as_millis() as u64, %message, "retrying the same batch");
                     pipeline.status.record_error(message);
                     pipeline.metrics.retries.add(1);
@@ -449,7 +450,7 @@ impl TopicLoop<'_> {
                     tokio::select! {
                         biased;
                         () = &mut give_up => return Err(self.abandon()),
-                        () = tokio::time::sleep(Backoff::SINK.delay(failures)) => {}
+                        () = tokio::time::sleep(pipeline.backoff.delay(failures)) => {}
                     }
                 }
             }

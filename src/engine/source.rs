@@ -46,6 +46,7 @@ pub struct SourcePipeline {
     pub status: Arc<StatusCell>,
     pub metrics: Arc<ConnectorMetrics>,
     pub shutdown: Shutdown,
+    pub backoff: Backoff,
     pub verbose: bool,
 }
 
@@ -117,7 +118,7 @@ impl SourcePipeline {
                     let message = format!("poll failed: {error}");
                     warn!(connector_key = %self.key, attempt = poll_failures, %message, "retrying poll");
                     self.status.record_error(message);
-                    if !self.pause(Backoff::SOURCE.delay(poll_failures)).await {
+                    if !self.pause(self.backoff.delay(poll_failures)).await {
                         return Ended::Shutdown;
                     }
                     continue;
@@ -229,20 +230,39 @@ impl SourcePipeline {
                     }
                 }
             }
-            match route.schema.encode(&payload) {
-                Ok(bytes) => groups[stream_index].push(OutgoingMessage {
-                    id,
-                    headers,
-                    payload: bytes,
-                }),
-                Err(error) => self.reject(
-                    &mut groups,
-                    ErrorStage::Encode,
-                    &error.to_string(),
-                    id,
-                    headers,
-                    &payload,
-                ),
+            let bytes = match route.schema.encode(&payload) {
+                Ok(bytes) => bytes,
+                Err(error) => {
+                    let error = error.to_string();
+                    self.reject(
+                        &mut groups,
+                        ErrorStage::Encode,
+                        &error,
+                        id,
+                        headers,
+                        &payload,
+                    );
+                    continue;
+                }
+            };
+            let message = OutgoingMessage {
+                id,
+                headers,
+                payload: bytes,
+            };
+            match route.producer.check(&message) {
+                Ok(()) => groups[stream_index].push(message),
+                Err(error) => {
+                    let OutgoingMessage { id, headers, .. } = message;
+                    self.reject(
+                        &mut groups,
+                        ErrorStage::Encode,
+                        &error,
+                        id,
+                        headers,
+                        &payload,
+                    );
+                }
             }
         }
         groups
@@ -311,7 +331,7 @@ impl SourcePipeline {
                     ),
                 ));
             }
-            let delay = Backoff::SOURCE.delay(nacks);
+            let delay = self.backoff.delay(nacks);
             warn!(connector_key = %self.key, nacks, retry_in_ms = delay.as_millis() as u64, error = %nack.message, "batch NACKed, retrying the same batch");
             self.metrics.retries.add(1);
             tokio::select! {
@@ -403,7 +423,7 @@ impl SourcePipeline {
             tokio::select! {
                 biased;
                 () = &mut give_up => return Err(self.abandon()),
-                () = tokio::time::sleep(Backoff::SOURCE.delay(failures)) => {}
+                () = tokio::time::sleep(self.backoff.delay(failures)) => {}
             }
         }
     }

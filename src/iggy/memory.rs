@@ -23,6 +23,8 @@ struct Shared {
     topics: Mutex<HashMap<(String, String), Arc<Topic>>>,
     refuse_sends: AtomicU32,
     refuse_commits: AtomicU32,
+    /// Every send waits this long (milliseconds) before it is stored.
+    send_delay_ms: AtomicU64,
     sends: AtomicU64,
 }
 
@@ -51,6 +53,13 @@ impl MemoryBus {
     /// The next `count` offset commits fail without storing anything.
     pub fn refuse_commits(&self, count: u32) {
         self.inner.refuse_commits.store(count, Ordering::SeqCst);
+    }
+
+    /// Every send waits `delay` before it is stored (a slow broker).
+    pub fn delay_sends(&self, delay: std::time::Duration) {
+        self.inner
+            .send_delay_ms
+            .store(delay.as_millis() as u64, Ordering::SeqCst);
     }
 
     /// Send requests that were accepted so far.
@@ -174,6 +183,10 @@ struct MemoryProducer {
 #[async_trait]
 impl Producer for MemoryProducer {
     async fn send(&self, messages: &[OutgoingMessage]) -> Result<(), BusError> {
+        let delay = self.shared.send_delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+        }
         if take_one(&self.shared.refuse_sends) {
             return Err(BusError::Send(
                 "the in-memory bus was told to refuse this send".into(),

@@ -1,7 +1,12 @@
 //! The engine's narrow view of the message bus (Apache Iggy), and its
 //! implementations. This module is the only code that names the `iggy` crate.
 
+pub mod bus;
+pub mod connection;
+mod consumer;
+mod headers;
 pub mod memory;
+mod producer;
 
 use std::time::Duration;
 
@@ -9,6 +14,8 @@ use async_trait::async_trait;
 
 use crate::message::{ConsumedMessage, OutgoingMessage};
 
+pub use bus::IggyBus;
+pub use connection::ConnectionSettings;
 pub use memory::MemoryBus;
 
 /// The message bus as the engine uses it.
@@ -30,6 +37,13 @@ pub trait Producer: Send + Sync {
     /// After an error some of them may be stored; the caller retries the whole
     /// slice (at-least-once).
     async fn send(&self, messages: &[OutgoingMessage]) -> Result<(), BusError>;
+
+    /// Whether the bus can ever store this message (size limits, header rules).
+    /// A message it cannot is a per-message error, not a failed send.
+    fn check(&self, message: &OutgoingMessage) -> Result<(), String> {
+        let _ = message;
+        Ok(())
+    }
 }
 
 /// Reads one topic through a consumer group. Offsets move only on `commit`.
@@ -86,8 +100,10 @@ impl ConsumedBatch {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BusError {
-    #[error("cannot connect to the bus: {0}")]
-    Connection(String),
+    /// The bus cannot serve this now (unreachable, the topic does not exist
+    /// yet); setup is retried.
+    #[error("bus unavailable: {0}")]
+    Unavailable(String),
     #[error("cannot prepare {stream}/{topic}: {reason}")]
     Setup {
         stream: String,

@@ -143,3 +143,104 @@ async fn run_blocking<T: Send + 'static>(
         .await
         .unwrap_or_else(|join_error| Err(StateError::Unavailable(join_error.to_string())))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    fn state(data: &[u8]) -> StoredState {
+        StoredState {
+            connector: "random".into(),
+            data: data.to_vec(),
+        }
+    }
+
+    #[tokio::test]
+    async fn given_a_saved_state_when_loaded_should_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStateStore::new(dir.path()).unwrap();
+        store.save("key", &state(b"abc")).await.unwrap();
+        assert_eq!(store.load("key").await.unwrap(), Some(state(b"abc")));
+        assert!(store.path_for("key").ends_with("source_key.state"));
+    }
+
+    #[tokio::test]
+    async fn given_no_file_when_loaded_should_be_a_fresh_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStateStore::new(dir.path().join("nested/dir")).unwrap();
+        assert_eq!(store.load("key").await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn given_a_saved_state_when_written_should_be_readable_by_the_owner_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStateStore::new(dir.path()).unwrap();
+        store.save("key", &state(b"abc")).await.unwrap();
+        let mode = fs::metadata(store.path_for("key"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[tokio::test]
+    async fn given_a_corrupt_file_when_loaded_should_refuse_it_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStateStore::new(dir.path()).unwrap();
+        fs::write(store.path_for("key"), b"\xc1 definitely not msgpack").unwrap();
+        let error = store.load("key").await.unwrap_err();
+        assert!(matches!(error, StateError::Corrupt { .. }), "{error}");
+        assert!(
+            error
+                .to_string()
+                .contains(&store.path_for("key").display().to_string())
+        );
+    }
+
+    #[tokio::test]
+    async fn given_a_flipped_bit_in_the_data_when_loaded_should_fail_the_checksum() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStateStore::new(dir.path()).unwrap();
+        store.save("key", &state(b"abcdefgh")).await.unwrap();
+        let path = store.path_for("key");
+        let mut bytes = fs::read(&path).unwrap();
+        let at = bytes
+            .windows(8)
+            .position(|window| window == b"abcdefgh")
+            .unwrap();
+        bytes[at] ^= 0x01;
+        fs::write(&path, bytes).unwrap();
+        let error = store.load("key").await.unwrap_err();
+        assert!(error.to_string().contains("checksum mismatch"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn given_a_crash_between_temp_write_and_rename_when_loaded_should_see_the_old_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStateStore::new(dir.path()).unwrap();
+        store.save("key", &state(b"old")).await.unwrap();
+        // What a crash right before the rename leaves behind: a complete temp file.
+        let path = store.path_for("key");
+        write_synced(&path.with_extension("state.tmp"), b"half-written new state").unwrap();
+        assert_eq!(store.load("key").await.unwrap(), Some(state(b"old")));
+        // The next save replaces the stale temp file and lands.
+        store.save("key", &state(b"new")).await.unwrap();
+        assert_eq!(store.load("key").await.unwrap(), Some(state(b"new")));
+    }
+
+    #[tokio::test]
+    async fn given_an_unwritable_directory_when_saving_should_fail_and_keep_the_old_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStateStore::new(dir.path()).unwrap();
+        store.save("key", &state(b"old")).await.unwrap();
+        // A directory where the temp file must go makes the write fail for
+        // every user, root included.
+        let path = store.path_for("key");
+        fs::create_dir(path.with_extension("state.tmp")).unwrap();
+        let error = store.save("key", &state(b"new")).await.unwrap_err();
+        assert!(matches!(error, StateError::Write { .. }), "{error}");
+        assert_eq!(store.load("key").await.unwrap(), Some(state(b"old")));
+    }
+}

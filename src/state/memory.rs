@@ -13,6 +13,7 @@ use crate::state::{StateError, StateStore, StoredState};
 pub struct MemoryStateStore {
     states: Mutex<HashMap<String, StoredState>>,
     refuse_saves: AtomicU32,
+    saved: Mutex<Vec<(String, Vec<u8>)>>,
 }
 
 impl MemoryStateStore {
@@ -23,6 +24,14 @@ impl MemoryStateStore {
     /// The next `count` saves fail and change nothing.
     pub fn refuse_saves(&self, count: u32) {
         self.refuse_saves.store(count, Ordering::SeqCst);
+    }
+
+    /// Every successful save so far, in order, as `(key, data)`.
+    pub fn saves(&self) -> Vec<(String, Vec<u8>)> {
+        self.saved
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
     }
 
     pub fn get(&self, key: &str) -> Option<StoredState> {
@@ -59,6 +68,10 @@ impl StateStore for MemoryStateStore {
             ));
         }
         self.put(key, state.clone());
+        self.saved
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push((key.to_owned(), state.data.clone()));
         Ok(())
     }
 

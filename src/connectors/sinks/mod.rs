@@ -1,5 +1,7 @@
 //! One module per sink connector, each behind its own cargo feature.
 
+#[cfg(feature = "faulty-sink")]
+pub mod faulty;
 #[cfg(feature = "stdout-sink")]
 pub mod stdout;
 

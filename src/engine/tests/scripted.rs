@@ -1,0 +1,303 @@
+//! Connectors whose behaviour a test scripts, and a factory that hands them to
+//! the runtime.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::config::connector::{DEFAULT_BATCH_LENGTH, DEFAULT_LINGER_TIME};
+use crate::config::{ConnectorConfig, KindConfig, OnError, SinkStream, SourceStream};
+use crate::connectors::{
+    BatchPolicy, ConnectorError, ConnectorKind, Rejection, Sink, SinkError, Source, SourceBatch,
+};
+use crate::engine::codec::Schema;
+use crate::engine::runtime::ConnectorFactory;
+use crate::message::{Payload, SinkMessage, SourceRecord, TopicRef};
+
+pub const STREAM: &str = "s";
+pub const TOPIC: &str = "t";
+pub const GROUP: &str = "g";
+
+/// One scripted answer to `poll`.
+pub enum Step {
+    Batch {
+        records: Vec<SourceRecord>,
+        state: Option<Vec<u8>>,
+    },
+    Panic,
+    Fail(bool),
+}
+
+impl Step {
+    /// A batch of JSON records `{"n": i}` for `range`, whose state is the range end.
+    pub fn numbers(range: std::ops::Range<u64>) -> Step {
+        Step::Batch {
+            state: Some(range.end.to_le_bytes().to_vec()),
+            records: range
+                .map(|n| {
+                    SourceRecord::new(Payload::Json(serde_json::json!({ "n": n })))
+                        .with_id(u128::from(n) + 1)
+                })
+                .collect(),
+        }
+    }
+}
+
+/// What a scripted source saw, shared with the test.
+#[derive(Default)]
+pub struct SourceLog {
+    pub polls: AtomicUsize,
+    pub commits: AtomicUsize,
+    pub closes: AtomicUsize,
+    pub opened_with: Mutex<Option<Option<Vec<u8>>>>,
+    /// Called at every commit; what it returns is kept in `at_commit`.
+    pub probe: Mutex<Option<Box<dyn Fn() -> String + Send>>>,
+    pub at_commit: Mutex<Vec<String>>,
+}
+
+pub struct ScriptedSource {
+    steps: Mutex<VecDeque<Step>>,
+    policy: BatchPolicy,
+    pub log: Arc<SourceLog>,
+}
+
+impl ScriptedSource {
+    pub fn new(steps: Vec<Step>, policy: BatchPolicy) -> (Self, Arc<SourceLog>) {
+        let log = Arc::new(SourceLog::default());
+        let source = Self {
+            steps: Mutex::new(steps.into()),
+            policy,
+            log: log.clone(),
+        };
+        (source, log)
+    }
+}
+
+#[async_trait]
+impl Source for ScriptedSource {
+    async fn open(&mut self, state: Option<&[u8]>) -> Result<(), ConnectorError> {
+        *self.log.opened_with.lock().unwrap() = Some(state.map(<[u8]>::to_vec));
+        Ok(())
+    }
+
+    async fn poll(&self) -> Result<SourceBatch, ConnectorError> {
+        self.log.polls.fetch_add(1, Ordering::SeqCst);
+        let step = self.steps.lock().unwrap().pop_front();
+        match step {
+            Some(Step::Batch { records, state }) => Ok(SourceBatch {
+                records,
+                state,
+                finished: false,
+            }),
+            Some(Step::Panic) => panic!("scripted panic"),
+            Some(Step::Fail(transient)) if transient => {
+                Err(ConnectorError::transient("scripted poll failure"))
+            }
+            Some(Step::Fail(_)) => Err(ConnectorError::fatal("scripted fatal failure")),
+            None => std::future::pending().await,
+        }
+    }
+
+    async fn commit(&self) -> Result<(), ConnectorError> {
+        if let Some(probe) = self.log.probe.lock().unwrap().as_ref() {
+            self.log.at_commit.lock().unwrap().push(probe());
+        }
+        self.log.commits.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn batch_policy(&self) -> BatchPolicy {
+        self.policy
+    }
+
+    async fn close(&mut self) -> Result<(), ConnectorError> {
+        self.log.closes.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// A sink that records what it wrote and fails as told.
+#[derive(Default)]
+pub struct SinkControl {
+    pub written: Mutex<Vec<SinkMessage>>,
+    pub writes: AtomicUsize,
+    /// The next n writes fail transiently.
+    pub transient_failures: AtomicU32,
+    /// Messages whose JSON payload has `"bad": true` are rejected for good.
+    pub reject_bad: std::sync::atomic::AtomicBool,
+    /// The next write panics.
+    pub panic_next: std::sync::atomic::AtomicBool,
+}
+
+impl SinkControl {
+    pub fn written_numbers(&self) -> Vec<u64> {
+        self.written
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|message| match &message.payload {
+                Payload::Json(value) => value.get("n").and_then(serde_json::Value::as_u64),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+pub struct ControlledSink(pub Arc<SinkControl>);
+
+#[async_trait]
+impl Sink for ControlledSink {
+    async fn open(&mut self) -> Result<(), ConnectorError> {
+        Ok(())
+    }
+
+    async fn write(&self, _topic: &TopicRef, messages: &[SinkMessage]) -> Result<(), SinkError> {
+        let control = &self.0;
+        control.writes.fetch_add(1, Ordering::SeqCst);
+        if control.panic_next.swap(false, Ordering::SeqCst) {
+            panic!("scripted sink panic");
+        }
+        let failing = control
+            .transient_failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                left.checked_sub(1)
+            })
+            .is_ok();
+        if failing {
+            return Err(SinkError::transient("scripted transient failure"));
+        }
+        if control.reject_bad.load(Ordering::SeqCst) {
+            let rejected: Vec<Rejection> = messages
+                .iter()
+                .enumerate()
+                .filter(|(_, message)| matches!(&message.payload, Payload::Json(value) if value.get("bad") == Some(&serde_json::Value::Bool(true))))
+                .map(|(index, _)| Rejection {
+                    index,
+                    reason: "scripted rejection".into(),
+                })
+                .collect();
+            if !rejected.is_empty() {
+                return Err(SinkError::Rejected(rejected));
+            }
+        }
+        control.written.lock().unwrap().extend_from_slice(messages);
+        Ok(())
+    }
+
+    async fn close(&mut self) -> Result<(), ConnectorError> {
+        Ok(())
+    }
+}
+
+type SourceMaker = Box<dyn Fn() -> Box<dyn Source> + Send + Sync>;
+type SinkMaker = Box<dyn Fn() -> Box<dyn Sink> + Send + Sync>;
+
+/// Hands the runtime the connectors a test registered under each key.
+#[derive(Default)]
+pub struct ScriptedFactory {
+    sources: Mutex<HashMap<String, SourceMaker>>,
+    sinks: Mutex<HashMap<String, SinkMaker>>,
+}
+
+impl ScriptedFactory {
+    /// Registers a source that is built once; a second start fails.
+    pub fn source_once(&self, key: &str, source: impl Source + 'static) {
+        let cell = Mutex::new(Some(Box::new(source) as Box<dyn Source>));
+        self.source_with(key, move || {
+            cell.lock().unwrap().take().unwrap_or_else(|| {
+                Box::new(ScriptedSource::new(Vec::new(), BatchPolicy::default()).0)
+            })
+        });
+    }
+
+    pub fn source_with(
+        &self,
+        key: &str,
+        make: impl Fn() -> Box<dyn Source> + Send + Sync + 'static,
+    ) {
+        self.sources
+            .lock()
+            .unwrap()
+            .insert(key.to_owned(), Box::new(make));
+    }
+
+    pub fn sink(&self, key: &str, control: Arc<SinkControl>) {
+        self.sinks.lock().unwrap().insert(
+            key.to_owned(),
+            Box::new(move || Box::new(ControlledSink(control.clone()))),
+        );
+    }
+}
+
+impl ConnectorFactory for ScriptedFactory {
+    fn source(&self, config: &ConnectorConfig) -> Result<Box<dyn Source>, String> {
+        let sources = self.sources.lock().unwrap();
+        let make = sources.get(&config.key).ok_or("no scripted source")?;
+        Ok(make())
+    }
+
+    fn sink(&self, config: &ConnectorConfig) -> Result<Box<dyn Sink>, String> {
+        let sinks = self.sinks.lock().unwrap();
+        let make = sinks.get(&config.key).ok_or("no scripted sink")?;
+        Ok(make())
+    }
+}
+
+pub fn source_config(key: &str, max_consecutive_nacks: Option<u32>) -> ConnectorConfig {
+    config(
+        ConnectorKind::Source,
+        key,
+        KindConfig::Source {
+            streams: vec![SourceStream {
+                stream: STREAM.into(),
+                topic: TOPIC.into(),
+                schema: Schema::Json,
+                batch_length: DEFAULT_BATCH_LENGTH,
+                linger_time: DEFAULT_LINGER_TIME,
+                partitions: 1,
+            }],
+            max_consecutive_nacks,
+        },
+    )
+}
+
+pub fn sink_config(key: &str, on_error: OnError) -> ConnectorConfig {
+    config(
+        ConnectorKind::Sink,
+        key,
+        KindConfig::Sink {
+            streams: vec![SinkStream {
+                stream: STREAM.into(),
+                topics: vec![TOPIC.into()],
+                schema: Schema::Json,
+                batch_length: 100,
+                poll_interval: Duration::from_millis(1),
+                consumer_group: GROUP.into(),
+            }],
+            on_error,
+        },
+    )
+}
+
+fn config(kind: ConnectorKind, key: &str, kind_config: KindConfig) -> ConnectorConfig {
+    ConnectorConfig {
+        kind,
+        key: key.into(),
+        enabled: true,
+        version: 0,
+        name: key.into(),
+        path: "scripted".into(),
+        connector: "scripted".into(),
+        plugin_config_format: None,
+        plugin_config: serde_json::json!({}),
+        verbose: false,
+        benchmark: false,
+        transforms: Vec::new(),
+        dead_letter: None,
+        kind_config,
+        file: None,
+    }
+}

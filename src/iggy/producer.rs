@@ -1,0 +1,210 @@
+//! The source side of the Iggy bus: make sure the stream and topic exist, then
+//! send batches, reporting success only when the server acknowledged them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use iggy::prelude::{
+    Client, Identifier, IggyClient, IggyError, IggyMessage, MessageClient, Partitioning,
+    StreamClient, TopicClient, TopicCreateOptions,
+};
+use tracing::info;
+
+use crate::iggy::headers;
+use crate::iggy::{BusError, Producer, ProducerTarget};
+use crate::message::OutgoingMessage;
+
+/// Iggy refuses payloads larger than this (bytes).
+const MAX_PAYLOAD_SIZE: usize = 64_000_000;
+
+pub struct IggyProducer {
+    client: Arc<IggyClient>,
+    stream: Identifier,
+    topic: Identifier,
+    target: String,
+    batch_length: usize,
+    request_timeout: Duration,
+}
+
+impl IggyProducer {
+    /// Ensures `target`'s stream and topic exist on `client`, creating them when
+    /// missing, and returns a producer for the topic.
+    pub async fn open(
+        client: Arc<IggyClient>,
+        target: &ProducerTarget,
+        request_timeout: Duration,
+    ) -> Result<Self, BusError> {
+        let stream = identifier(&target.stream, target)?;
+        let topic = identifier(&target.topic, target)?;
+        let timed = |what: &'static str| {
+            move |_| {
+                BusError::Unavailable(format!(
+                    "{what} of {}/{} timed out",
+                    target.stream, target.topic
+                ))
+            }
+        };
+        let unavailable = |what: &str, error: IggyError| {
+            BusError::Unavailable(format!(
+                "{what} {}/{}: {error}",
+                target.stream, target.topic
+            ))
+        };
+        let stream_exists = tokio::time::timeout(request_timeout, client.get_stream(&stream))
+            .await
+            .map_err(timed("reading the stream"))?
+            .map_err(|error| unavailable("cannot read stream of", error))?
+            .is_some();
+        if !stream_exists {
+            match tokio::time::timeout(request_timeout, client.create_stream(&target.stream))
+                .await
+                .map_err(timed("creating the stream"))?
+            {
+                Ok(_) => info!(stream = %target.stream, "created stream"),
+                // Another instance created it in the meantime.
+                Err(IggyError::StreamNameAlreadyExists(_)) => {}
+                Err(error) => return Err(refused("the stream", target, &error)),
+            }
+        }
+        let topic_exists = tokio::time::timeout(request_timeout, client.get_topic(&stream, &topic))
+            .await
+            .map_err(timed("reading the topic"))?
+            .map_err(|error| unavailable("cannot read topic", error))?
+            .is_some();
+        if !topic_exists {
+            let options = TopicCreateOptions {
+                partitions_count: Some(target.partitions),
+                ..TopicCreateOptions::default()
+            };
+            match tokio::time::timeout(
+                request_timeout,
+                client.create_topic(&stream, &target.topic, &options),
+            )
+            .await
+            .map_err(timed("creating the topic"))?
+            {
+                Ok(_) => {
+                    info!(stream = %target.stream, topic = %target.topic, partitions = target.partitions, "created topic")
+                }
+                Err(IggyError::TopicNameAlreadyExists(..)) => {}
+                Err(error) => return Err(refused("the topic", target, &error)),
+            }
+        }
+        Ok(Self {
+            client,
+            stream,
+            topic,
+            target: format!("{}/{}", target.stream, target.topic),
+            batch_length: target.batch_length.max(1) as usize,
+            request_timeout,
+        })
+    }
+}
+
+#[async_trait]
+impl Producer for IggyProducer {
+    async fn send(&self, messages: &[OutgoingMessage]) -> Result<(), BusError> {
+        let partitioning = Partitioning::balanced();
+        for chunk in messages.chunks(self.batch_length) {
+            let mut batch = chunk
+                .iter()
+                .map(to_iggy_message)
+                .collect::<Result<Vec<IggyMessage>, String>>()
+                .map_err(BusError::Send)?;
+            let sent = tokio::time::timeout(
+                self.request_timeout,
+                self.client
+                    .send_messages(&self.stream, &self.topic, &partitioning, &mut batch),
+            )
+            .await;
+            match sent {
+                Ok(Ok(_)) => {}
+                Ok(Err(error)) => {
+                    return Err(BusError::Send(format!(
+                        "{}: {error} (code {})",
+                        self.target,
+                        error.as_code()
+                    )));
+                }
+                Err(_) => {
+                    return Err(BusError::Send(format!(
+                        "{}: no acknowledgement within {:?}",
+                        self.target, self.request_timeout
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check(&self, message: &OutgoingMessage) -> Result<(), String> {
+        if message.payload.is_empty() {
+            return Err("Iggy does not store empty payloads".into());
+        }
+        if message.payload.len() > MAX_PAYLOAD_SIZE {
+            return Err(format!(
+                "payload of {} bytes exceeds Iggy's limit of {MAX_PAYLOAD_SIZE}",
+                message.payload.len()
+            ));
+        }
+        if message.headers.is_empty() {
+            return Ok(());
+        }
+        headers::to_iggy(&message.headers).map(drop)
+    }
+}
+
+impl Drop for IggyProducer {
+    fn drop(&mut self) {
+        let client = self.client.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = client.shutdown().await;
+            });
+        }
+    }
+}
+
+fn to_iggy_message(message: &OutgoingMessage) -> Result<IggyMessage, String> {
+    let user_headers = headers::to_iggy(&message.headers)?;
+    IggyMessage::builder()
+        .maybe_id(message.id)
+        .payload(message.payload.clone())
+        .maybe_user_headers(user_headers)
+        .build()
+        .map_err(|error| format!("invalid message: {error}"))
+}
+
+fn identifier(name: &str, target: &ProducerTarget) -> Result<Identifier, BusError> {
+    Identifier::named(name).map_err(|error| BusError::Setup {
+        stream: target.stream.clone(),
+        topic: target.topic.clone(),
+        reason: format!("invalid name \"{name}\": {error}"),
+    })
+}
+
+/// The server refused to create something: a setup error naming the stream, the
+/// topic and the server's answer. Connection trouble stays retryable.
+fn refused(what: &str, target: &ProducerTarget, error: &IggyError) -> BusError {
+    if matches!(
+        error,
+        IggyError::Disconnected
+            | IggyError::NotConnected
+            | IggyError::CannotEstablishConnection
+            | IggyError::TcpError
+    ) {
+        return BusError::Unavailable(format!(
+            "creating {what} {}/{}: {error}",
+            target.stream, target.topic
+        ));
+    }
+    BusError::Setup {
+        stream: target.stream.clone(),
+        topic: target.topic.clone(),
+        reason: format!(
+            "the server refused to create {what}: {error} (code {})",
+            error.as_code()
+        ),
+    }
+}

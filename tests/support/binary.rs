@@ -1,0 +1,124 @@
+//! Running the real `iggy-connect` binary with a config written to a temp dir.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// A runtime config directory: `config.toml`, `connectors/`, `state/`, and the
+/// files the binary writes its standard output and error to.
+pub struct Workspace {
+    dir: tempfile::TempDir,
+}
+
+impl Workspace {
+    /// A workspace whose runtime config points at an Iggy server.
+    pub fn new(iggy_address: &str, extra: &str) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::create_dir(dir.path().join("connectors")).expect("connectors dir");
+        let config = format!(
+            "[iggy]\naddress = \"{iggy_address}\"\nusername = \"iggy\"\npassword = \"iggy\"\n\
+             [http]\nenabled = false\n\
+             [state]\npath = \"{state}\"\n\
+             [connectors]\nconfig_type = \"local\"\nconfig_dir = \"{connectors}\"\n{extra}\n",
+            state = dir.path().join("state").display(),
+            connectors = dir.path().join("connectors").display(),
+        );
+        std::fs::write(dir.path().join("config.toml"), config).expect("config.toml");
+        Self { dir }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    pub fn add_connector(&self, file: &str, text: &str) {
+        std::fs::write(self.path("connectors").join(file), text).expect("connector file");
+    }
+
+    /// Starts `iggy-connect run`; its stdout and stderr are appended to
+    /// `stdout.log` and `stderr.log` in the workspace (across restarts).
+    pub fn run(&self) -> Running {
+        let append = |name: &str| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(self.path(name))
+                .expect("log file")
+        };
+        let child = Command::new(env!("CARGO_BIN_EXE_iggy-connect"))
+            .args(["run", "--config"])
+            .arg(self.path("config.toml"))
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(append("stdout.log")))
+            .stderr(Stdio::from(append("stderr.log")))
+            .spawn()
+            .expect("iggy-connect starts");
+        Running { child }
+    }
+
+    pub fn stdout(&self) -> String {
+        std::fs::read_to_string(self.path("stdout.log")).unwrap_or_default()
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self.path("stderr.log")).unwrap_or_default()
+    }
+}
+
+pub struct Running {
+    child: Child,
+}
+
+impl Running {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGTERM, as an orchestrator stops a container.
+    pub fn terminate(&self) {
+        signal(self.pid(), "TERM");
+    }
+
+    /// SIGKILL: no chance to clean up.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits for the process to exit, failing the test after `timeout`.
+    pub fn wait_exit(mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("iggy-connect did not exit within {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn signal(pid: u32, name: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill -{name} {pid} failed");
+}
+
+/// Reads a file that may not exist yet.
+pub fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}

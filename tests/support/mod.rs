@@ -1,0 +1,6 @@
+//! Shared test support. Each integration-test binary uses a subset of it.
+#![allow(dead_code)]
+
+pub mod binary;
+pub mod iggy_server;
+pub mod wait;
