@@ -2,7 +2,6 @@
 //! which `[[streams]]` entry, its limits and when it answers clients.
 
 use std::collections::HashSet;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use secrecy::SecretString;
@@ -13,8 +12,8 @@ use crate::connectors::PluginConfigError;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpSourceConfig {
-    /// Address to listen on, such as `0.0.0.0:8080`.
-    pub address: SocketAddr,
+    /// Address to listen on, such as `0.0.0.0:8080` or `localhost:8080`.
+    pub address: String,
     /// Paths clients POST to. Without any, `POST /messages` feeds the first
     /// `[[streams]]` entry.
     #[serde(default = "default_endpoints")]
@@ -88,6 +87,16 @@ pub enum AckMode {
 impl HttpSourceConfig {
     /// Checks what serde cannot: paths, limits, header names.
     pub fn validate(&self) -> Result<(), PluginConfigError> {
+        let port = self
+            .address
+            .rsplit_once(':')
+            .map(|(_, port)| port.parse::<u16>());
+        if !matches!(port, Some(Ok(_))) {
+            return Err(PluginConfigError::new(
+                "address",
+                format!("expected HOST:PORT, found \"{}\"", self.address),
+            ));
+        }
         if self.endpoints.is_empty() {
             return Err(PluginConfigError::new(
                 "endpoints",
@@ -237,6 +246,14 @@ mod tests {
         assert_eq!(config.endpoints[0].path, "/messages");
         assert_eq!(config.idempotency_header, "Idempotency-Key");
         assert_eq!(config.batch_length, 1000);
+    }
+
+    #[test]
+    fn given_address_without_port_when_validated_should_name_the_address() {
+        let error = parse(serde_json::json!({"address": "localhost"})).unwrap_err();
+        assert_eq!(error.field, "address");
+        assert!(parse(serde_json::json!({"address": "localhost:0"})).is_ok());
+        assert!(parse(serde_json::json!({"address": "[::1]:0"})).is_ok());
     }
 
     #[test]

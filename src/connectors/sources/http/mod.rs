@@ -100,8 +100,8 @@ impl Source for HttpSource {
         if state.is_some() {
             debug!(connector_key = %self.key, "the http source keeps no state; ignoring the stored one");
         }
-        let address = self.config.address;
-        let listener = tokio::net::TcpListener::bind(address)
+        let address = &self.config.address;
+        let listener = tokio::net::TcpListener::bind(address.as_str())
             .await
             .map_err(|error| {
                 ConnectorError::fatal(format!("cannot listen on {address}: {error}"))
