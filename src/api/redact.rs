@@ -114,16 +114,15 @@ fn redact_path(value: &mut Value, segments: &[&str]) {
         return;
     };
     match value {
+        // `*` stands for every key of a map (say, every header value).
+        Value::Object(map) if *first == "*" => {
+            for field in map.values_mut() {
+                redact_field(field, rest);
+            }
+        }
         Value::Object(map) => {
-            let Some(field) = map.get_mut(*first) else {
-                return;
-            };
-            if rest.is_empty() {
-                if !field.is_null() {
-                    *field = Value::String(REDACTED.into());
-                }
-            } else {
-                redact_path(field, rest);
+            if let Some(field) = map.get_mut(*first) {
+                redact_field(field, rest);
             }
         }
         // A path through a list applies to each of its items.
@@ -131,6 +130,14 @@ fn redact_path(value: &mut Value, segments: &[&str]) {
             .iter_mut()
             .for_each(|item| redact_path(item, segments)),
         _ => {}
+    }
+}
+
+fn redact_field(field: &mut Value, rest: &[&str]) {
+    if !rest.is_empty() {
+        redact_path(field, rest);
+    } else if !field.is_null() {
+        *field = Value::String(REDACTED.into());
     }
 }
 

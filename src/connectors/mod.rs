@@ -7,6 +7,7 @@ pub mod sources;
 
 use std::error::Error as StdError;
 use std::fmt;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use serde::de::DeserializeOwned;
@@ -46,6 +47,9 @@ pub trait Source: Send + Sync {
         BatchPolicy::default()
     }
 
+    /// Tells the source which instance it runs as; called once, before `open`.
+    fn attach(&mut self, _context: ConnectorContext) {}
+
     /// Releases resources. Called once, whether the source stopped normally or
     /// not; a batch that was polled but not committed must not be applied.
     async fn close(&mut self) -> Result<(), ConnectorError>;
@@ -54,6 +58,9 @@ pub trait Source: Send + Sync {
 /// A sink writes batches of decoded messages to an external system.
 #[async_trait]
 pub trait Sink: Send + Sync {
+    /// Tells the sink which instance it runs as; called once, before `open`.
+    fn attach(&mut self, _context: ConnectorContext) {}
+
     async fn open(&mut self) -> Result<(), ConnectorError>;
 
     /// Writes one batch. `Ok` means every message is durably in the target system;
@@ -62,6 +69,42 @@ pub trait Sink: Send + Sync {
     async fn write(&self, topic: &TopicRef, messages: &[SinkMessage]) -> Result<(), SinkError>;
 
     async fn close(&mut self) -> Result<(), ConnectorError>;
+}
+
+/// What the runtime tells a connector about the instance it runs as.
+#[derive(Debug, Clone, Default)]
+pub struct ConnectorContext {
+    /// The connector's `key`, for labelling the connector's own metrics and logs.
+    pub key: String,
+    /// Where the connector says it is running but cannot make progress (an
+    /// endpoint it keeps failing on). The runtime shows it with the status.
+    pub degraded: Degraded,
+}
+
+/// A connector's own report that it is running but degraded, with why. Shared by
+/// the connector (which sets and clears it) and the runtime (which shows it).
+#[derive(Debug, Clone, Default)]
+pub struct Degraded(Arc<Mutex<Option<String>>>);
+
+impl Degraded {
+    pub fn set(&self, reason: impl Into<String>) {
+        *self.lock() = Some(reason.into());
+    }
+
+    pub fn clear(&self) {
+        self.lock().take();
+    }
+
+    /// Why the connector is degraded, or `None` when it is not.
+    pub fn reason(&self) -> Option<String> {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 /// One poll's worth of records and the state the source will have once they are

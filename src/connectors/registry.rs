@@ -10,27 +10,26 @@ use std::str::FromStr;
 
 use crate::connectors::{PluginConfigError, Sink, Source};
 
-#[cfg(any(feature = "stdout-sink", feature = "faulty-sink"))]
-use crate::connectors::sinks;
-#[cfg(feature = "random-source")]
-use crate::connectors::sources;
-
 /// Every source compiled into this binary.
 static SOURCES: &[SourceEntry] = &[
     #[cfg(feature = "random-source")]
-    sources::random::ENTRY,
+    super::sources::random::ENTRY,
     #[cfg(feature = "postgres-source")]
-    crate::connectors::sources::postgres::ENTRY,
+    super::sources::postgres::ENTRY,
+    #[cfg(feature = "http-source")]
+    super::sources::http::ENTRY,
 ];
 
 /// Every sink compiled into this binary.
 static SINKS: &[SinkEntry] = &[
     #[cfg(feature = "stdout-sink")]
-    sinks::stdout::ENTRY,
+    super::sinks::stdout::ENTRY,
     #[cfg(feature = "faulty-sink")]
-    sinks::faulty::ENTRY,
+    super::sinks::faulty::ENTRY,
     #[cfg(feature = "postgres-sink")]
-    crate::connectors::sinks::postgres::ENTRY,
+    super::sinks::postgres::ENTRY,
+    #[cfg(feature = "http-sink")]
+    super::sinks::http::ENTRY,
 ];
 
 /// Every connector that exists in this source tree, compiled in or not, so a
@@ -87,7 +86,8 @@ pub struct SourceEntry {
     pub name: &'static str,
     pub feature: &'static str,
     pub description: &'static str,
-    /// `plugin_config` fields (dotted paths) that hold secrets.
+    /// `plugin_config` fields (dotted paths) that hold secrets; a `*` segment
+    /// matches every key of a table or element of an array (`headers.*`).
     pub secret_fields: &'static [&'static str],
     pub build: SourceBuilder,
 }

@@ -10,7 +10,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info_span, warn};
 
 use crate::config::{ConnectorConfig, KindConfig};
-use crate::connectors::{ConnectorKind, PluginConfigError, Registry, Sink, Source};
+use crate::connectors::{
+    ConnectorContext, ConnectorKind, Degraded, PluginConfigError, Registry, Sink, Source,
+};
 use crate::engine::backoff::Backoff;
 use crate::engine::metrics::ConnectorMetrics;
 use crate::engine::sink::{SinkContext, SinkPipeline, TopicReader};
@@ -94,6 +96,8 @@ struct Slot {
     config: RwLock<Arc<ConnectorConfig>>,
     status: Arc<StatusCell>,
     metrics: Arc<ConnectorMetrics>,
+    /// Set by the running connector while it cannot make progress.
+    degraded: Degraded,
     task: tokio::sync::Mutex<Option<Task>>,
 }
 
@@ -108,6 +112,8 @@ pub struct ConnectorView {
     pub config: Arc<ConnectorConfig>,
     pub status: StatusSnapshot,
     pub metrics: Arc<ConnectorMetrics>,
+    /// Why the running connector says it is degraded, if it does.
+    pub degraded: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -169,6 +175,7 @@ impl Runtime {
             key: config.key.clone(),
             status: Arc::new(StatusCell::new(config.kind)),
             metrics: Arc::new(ConnectorMetrics::new(&config.key, config.kind)),
+            degraded: Degraded::default(),
             config: RwLock::new(Arc::new(config)),
             task: tokio::sync::Mutex::new(None),
         }));
@@ -354,6 +361,7 @@ impl Runtime {
             .factory
             .source(config)
             .map_err(SetupError::Failed)?;
+        source.attach(slot.context());
         let transforms = build_transforms(config)?;
         let stored = self
             .state
@@ -452,6 +460,7 @@ impl Runtime {
             .factory
             .sink(config)
             .map_err(SetupError::Failed)?;
+        sink.attach(slot.context());
         let transforms = build_transforms(config)?;
         match catch_panic(sink.open()).await {
             Ok(Ok(())) => {}
@@ -602,6 +611,16 @@ impl Slot {
             config: self.config(),
             status: self.status.snapshot(),
             metrics: self.metrics.clone(),
+            degraded: self.degraded.reason(),
+        }
+    }
+
+    /// A fresh instance starts not degraded.
+    fn context(&self) -> ConnectorContext {
+        self.degraded.clear();
+        ConnectorContext {
+            key: self.key.clone(),
+            degraded: self.degraded.clone(),
         }
     }
 }

@@ -5,5 +5,7 @@ pub mod faulty;
 #[cfg(feature = "stdout-sink")]
 pub mod stdout;
 
+#[cfg(feature = "http-sink")]
+pub mod http;
 #[cfg(feature = "postgres-sink")]
 pub mod postgres;

@@ -3,5 +3,7 @@
 #[cfg(feature = "random-source")]
 pub mod random;
 
+#[cfg(feature = "http-source")]
+pub mod http;
 #[cfg(feature = "postgres-source")]
 pub mod postgres;

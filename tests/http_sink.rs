@@ -1,0 +1,627 @@
+//! The http sink end to end: messages in a `MemoryBus` topic, the sink run by
+//! the `Runtime`, delivering to a real local HTTP server (axum) whose answers
+//! each test scripts.
+
+use std::collections::{HashSet, VecDeque};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use iggy_connect::config::{ConnectorConfig, DeadLetterTarget, KindConfig, OnError, SinkStream};
+use iggy_connect::connectors::ConnectorKind;
+use iggy_connect::engine::codec::Schema;
+use iggy_connect::engine::{Runtime, Status, StopReason};
+use iggy_connect::iggy::{Bus, MemoryBus, ProducerTarget};
+use iggy_connect::message::{HeaderValue, OutgoingMessage};
+use iggy_connect::state::MemoryStateStore;
+use serde_json::{Value, json};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+const TOPIC: &str = "events";
+const GROUP: &str = "http-sink-test";
+
+/// What the test server answers: a status and an optional `Retry-After`.
+#[derive(Debug, Clone, Copy)]
+struct Reply {
+    status: u16,
+    retry_after: Option<u64>,
+}
+
+impl Reply {
+    const OK: Reply = Reply::status(200);
+
+    const fn status(status: u16) -> Self {
+        Self {
+            status,
+            retry_after: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Received {
+    at: Instant,
+    peer: SocketAddr,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+/// A local HTTP server answering from a script, then with a default reply.
+#[derive(Clone, Default)]
+struct Endpoint {
+    received: Arc<Mutex<Vec<Received>>>,
+    script: Arc<Mutex<VecDeque<Reply>>>,
+    default: Arc<Mutex<Option<Reply>>>,
+}
+
+impl Endpoint {
+    async fn start(script: Vec<Reply>) -> (Self, String) {
+        let endpoint = Endpoint {
+            script: Arc::new(Mutex::new(script.into())),
+            ..Endpoint::default()
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let app = axum::Router::new()
+            .fallback(answer)
+            .with_state(endpoint.clone());
+        tokio::spawn(async move {
+            axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .await
+            .unwrap();
+        });
+        (endpoint, format!("http://{address}/ingest"))
+    }
+
+    fn set_default(&self, reply: Reply) {
+        *self.default.lock().unwrap() = Some(reply);
+    }
+
+    fn received(&self) -> Vec<Received> {
+        self.received.lock().unwrap().clone()
+    }
+
+    fn count(&self) -> usize {
+        self.received.lock().unwrap().len()
+    }
+
+    fn bodies(&self) -> Vec<Value> {
+        self.received()
+            .iter()
+            .map(|request| serde_json::from_slice(&request.body).unwrap())
+            .collect()
+    }
+}
+
+async fn answer(
+    State(endpoint): State<Endpoint>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    request: Request,
+) -> Response {
+    let (parts, body) = request.into_parts();
+    let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+    endpoint.received.lock().unwrap().push(Received {
+        at: Instant::now(),
+        peer,
+        headers: parts.headers,
+        body,
+    });
+    let scripted = endpoint.script.lock().unwrap().pop_front();
+    let reply = scripted
+        .or(*endpoint.default.lock().unwrap())
+        .unwrap_or(Reply::OK);
+    let status = StatusCode::from_u16(reply.status).unwrap();
+    match reply.retry_after {
+        Some(seconds) => {
+            (status, [("retry-after", seconds.to_string())], "slow down").into_response()
+        }
+        None => (status, format!("answer {}", reply.status)).into_response(),
+    }
+}
+
+struct Pipeline {
+    bus: MemoryBus,
+    runtime: Arc<Runtime>,
+    stream: String,
+    key: String,
+}
+
+impl Pipeline {
+    /// Puts `payloads` in the topic first (so they form one batch), then starts
+    /// the sink.
+    async fn start(
+        name: &str,
+        payloads: Vec<Value>,
+        plugin_config: Value,
+        on_error: OnError,
+        dead_letter: bool,
+    ) -> Self {
+        let stream = format!("http-sink-{name}");
+        let bus = MemoryBus::new();
+        let producer = bus
+            .producer(&ProducerTarget {
+                stream: stream.clone(),
+                topic: TOPIC.into(),
+                partitions: 1,
+                batch_length: 1000,
+                linger_time: Duration::ZERO,
+            })
+            .await
+            .unwrap();
+        let messages: Vec<OutgoingMessage> = payloads
+            .iter()
+            .enumerate()
+            .map(|(index, payload)| OutgoingMessage {
+                id: Some(index as u128 + 1),
+                headers: vec![("source".into(), HeaderValue::String("test".into()))],
+                payload: Bytes::from(serde_json::to_vec(payload).unwrap()),
+            })
+            .collect();
+        producer.send(&messages).await.unwrap();
+        let runtime = Runtime::new(
+            Arc::new(bus.clone()),
+            Arc::new(MemoryStateStore::new()),
+            Duration::from_secs(2),
+        );
+        let config = ConnectorConfig {
+            kind: ConnectorKind::Sink,
+            key: name.into(),
+            enabled: true,
+            version: 0,
+            name: name.into(),
+            path: "http".into(),
+            connector: "http".into(),
+            plugin_config_format: None,
+            plugin_config,
+            verbose: false,
+            benchmark: false,
+            transforms: Vec::new(),
+            dead_letter: dead_letter.then(|| DeadLetterTarget {
+                stream: stream.clone(),
+                topic: "dead".into(),
+            }),
+            kind_config: KindConfig::Sink {
+                streams: vec![SinkStream {
+                    stream: stream.clone(),
+                    topics: vec![TOPIC.into()],
+                    schema: Schema::Json,
+                    batch_length: 1000,
+                    poll_interval: Duration::from_millis(5),
+                    consumer_group: GROUP.into(),
+                }],
+                on_error,
+            },
+            file: None,
+        };
+        runtime.add(config).unwrap();
+        runtime.start_enabled().await;
+        Self {
+            bus,
+            runtime,
+            stream,
+            key: name.into(),
+        }
+    }
+
+    fn drained(&self) -> bool {
+        self.bus.is_drained(&self.stream, TOPIC, GROUP)
+    }
+
+    fn committed(&self) -> Option<u64> {
+        self.bus.committed_offset(&self.stream, TOPIC, GROUP, 0)
+    }
+
+    fn view(&self) -> iggy_connect::engine::runtime::ConnectorView {
+        self.runtime.view(ConnectorKind::Sink, &self.key).unwrap()
+    }
+}
+
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn payloads(count: usize) -> Vec<Value> {
+    (0..count).map(|index| json!({"n": index})).collect()
+}
+
+fn config(url: &str, extra: Value) -> Value {
+    let mut config = json!({"url": url, "retry_delay": "10ms", "max_retry_delay": "50ms"});
+    if let (Some(config), Some(extra)) = (config.as_object_mut(), extra.as_object()) {
+        config.extend(extra.clone());
+    }
+    config
+}
+
+#[tokio::test]
+async fn individual_mode_sends_one_enveloped_request_per_message() {
+    let (endpoint, url) = Endpoint::start(Vec::new()).await;
+    let pipeline = Pipeline::start(
+        "individual",
+        payloads(3),
+        config(
+            &url,
+            json!({"batch_mode": "individual", "headers": {"Authorization": "Bearer t0k"}}),
+        ),
+        OnError::Stop,
+        false,
+    )
+    .await;
+    eventually("the batch is committed", || async { pipeline.drained() }).await;
+    let received = endpoint.received();
+    assert_eq!(received.len(), 3);
+    assert_eq!(received[0].headers["content-type"], "application/json");
+    assert_eq!(received[0].headers["authorization"], "Bearer t0k");
+    let first = &endpoint.bodies()[0];
+    assert_eq!(first["payload"], json!({"n": 0}));
+    assert_eq!(first["metadata"]["iggy_offset"], 0);
+    assert_eq!(first["metadata"]["iggy_stream"], "http-sink-individual");
+    assert_eq!(first["metadata"]["iggy_topic"], TOPIC);
+    assert_eq!(
+        first["metadata"]["iggy_id"],
+        "00000000-0000-0000-0000-000000000001"
+    );
+    assert_eq!(first["metadata"]["iggy_headers"], json!({"source": "test"}));
+    let peers: HashSet<SocketAddr> = received.iter().map(|request| request.peer).collect();
+    assert_eq!(
+        peers.len(),
+        1,
+        "sequential requests reuse one pooled connection"
+    );
+    pipeline.runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn ndjson_mode_sends_the_batch_as_one_request_of_lines() {
+    let (endpoint, url) = Endpoint::start(Vec::new()).await;
+    let pipeline = Pipeline::start(
+        "ndjson",
+        payloads(3),
+        config(
+            &url,
+            json!({"batch_mode": "ndjson", "include_metadata": false}),
+        ),
+        OnError::Stop,
+        false,
+    )
+    .await;
+    eventually("the batch is committed", || async { pipeline.drained() }).await;
+    let received = endpoint.received();
+    assert_eq!(received.len(), 1);
+    assert_eq!(received[0].headers["content-type"], "application/x-ndjson");
+    assert_eq!(&received[0].body[..], b"{\"n\":0}\n{\"n\":1}\n{\"n\":2}\n");
+    pipeline.runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn json_array_mode_sends_the_batch_as_one_array() {
+    let (endpoint, url) = Endpoint::start(Vec::new()).await;
+    let pipeline = Pipeline::start(
+        "json-array",
+        payloads(3),
+        config(
+            &url,
+            json!({"batch_mode": "json_array", "include_checksum": true, "include_origin_timestamp": true}),
+        ),
+        OnError::Stop,
+        false,
+    )
+    .await;
+    eventually("the batch is committed", || async { pipeline.drained() }).await;
+    assert_eq!(endpoint.count(), 1);
+    let array = endpoint.bodies().remove(0);
+    let items = array.as_array().unwrap();
+    assert_eq!(items.len(), 3);
+    assert_eq!(items[2]["payload"], json!({"n": 2}));
+    assert_eq!(items[2]["metadata"]["iggy_offset"], 2);
+    assert!(items[2]["metadata"].get("iggy_checksum").is_some());
+    assert!(items[2]["metadata"].get("iggy_origin_timestamp").is_some());
+    pipeline.runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn raw_mode_sends_each_payload_as_octet_stream_without_envelope() {
+    let (endpoint, url) = Endpoint::start(Vec::new()).await;
+    let pipeline = Pipeline::start(
+        "raw",
+        payloads(2),
+        config(&url, json!({"batch_mode": "raw"})),
+        OnError::Stop,
+        false,
+    )
+    .await;
+    eventually("the batch is committed", || async { pipeline.drained() }).await;
+    let received = endpoint.received();
+    assert_eq!(received.len(), 2);
+    assert_eq!(
+        received[1].headers["content-type"],
+        "application/octet-stream"
+    );
+    assert_eq!(&received[1].body[..], b"{\"n\":1}");
+    pipeline.runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_503_is_retried_until_the_endpoint_accepts() {
+    let (endpoint, url) = Endpoint::start(vec![Reply::status(503), Reply::status(503)]).await;
+    let pipeline = Pipeline::start(
+        "retry",
+        payloads(2),
+        config(&url, json!({"batch_mode": "json_array"})),
+        OnError::Stop,
+        false,
+    )
+    .await;
+    eventually("the batch is committed", || async { pipeline.drained() }).await;
+    let bodies = endpoint.bodies();
+    assert_eq!(bodies.len(), 3, "two refusals, then the delivery");
+    assert_eq!(bodies[0], bodies[2], "the same batch is sent again");
+    assert_eq!(pipeline.committed(), Some(1));
+    pipeline.runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn retry_after_is_waited_before_the_retry() {
+    let (endpoint, url) = Endpoint::start(vec![Reply {
+        status: 429,
+        retry_after: Some(1),
+    }])
+    .await;
+    let pipeline = Pipeline::start(
+        "retry-after",
+        payloads(1),
+        config(&url, json!({})),
+        OnError::Stop,
+        false,
+    )
+    .await;
+    eventually("the batch is committed", || async { pipeline.drained() }).await;
+    let received = endpoint.received();
+    assert_eq!(received.len(), 2);
+    let waited = received[1].at - received[0].at;
+    assert!(waited >= Duration::from_secs(1), "retried after {waited:?}");
+    pipeline.runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn retry_after_is_honoured_across_the_engines_retry_of_the_batch() {
+    let (endpoint, url) = Endpoint::start(vec![Reply {
+        status: 503,
+        retry_after: Some(1),
+    }])
+    .await;
+    let pipeline = Pipeline::start(
+        "retry-after-engine",
+        payloads(1),
+        config(&url, json!({"max_retries": 0})),
+        OnError::Stop,
+        false,
+    )
+    .await;
+    eventually("the batch is committed", || async { pipeline.drained() }).await;
+    let received = endpoint.received();
+    assert_eq!(received.len(), 2);
+    let waited = received[1].at - received[0].at;
+    assert!(waited >= Duration::from_secs(1), "retried after {waited:?}");
+    pipeline.runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_400_with_on_error_stop_stops_the_sink_without_committing() {
+    let (_endpoint, url) = Endpoint::start(vec![Reply::status(400)]).await;
+    let pipeline = Pipeline::start(
+        "reject-stop",
+        payloads(2),
+        config(
+            &url,
+            json!({"batch_mode": "ndjson", "headers": {"Authorization": "Bearer hunter2"}}),
+        ),
+        OnError::Stop,
+        false,
+    )
+    .await;
+    pipeline
+        .runtime
+        .wait_until_stopped(ConnectorKind::Sink, &pipeline.key)
+        .await
+        .unwrap();
+    let status = pipeline.view().status;
+    assert_eq!(status.status, Status::Error);
+    assert_eq!(status.stop_reason, Some(StopReason::Rejected));
+    let message = status.last_error.unwrap().message;
+    assert!(message.contains("answered 400"), "{message}");
+    assert!(
+        !message.contains("hunter2"),
+        "a header secret leaked: {message}"
+    );
+    assert_eq!(pipeline.committed(), None);
+}
+
+#[tokio::test]
+async fn a_400_with_on_error_skip_skips_that_message_and_delivers_the_rest() {
+    let (endpoint, url) = Endpoint::start(vec![Reply::status(400)]).await;
+    let pipeline = Pipeline::start(
+        "reject-skip",
+        payloads(3),
+        config(
+            &url,
+            json!({"batch_mode": "individual", "include_metadata": false}),
+        ),
+        OnError::Skip,
+        false,
+    )
+    .await;
+    eventually("the batch is committed", || async { pipeline.drained() }).await;
+    assert_eq!(
+        endpoint.bodies(),
+        vec![json!({"n": 0}), json!({"n": 1}), json!({"n": 2})],
+        "each message is sent once: the refused one, then the rest"
+    );
+    assert_eq!(pipeline.view().metrics.skipped.get(), 1);
+    pipeline.runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_400_with_on_error_dlq_dead_letters_every_message_of_the_refused_request() {
+    let (endpoint, url) = Endpoint::start(vec![Reply::status(422)]).await;
+    let pipeline = Pipeline::start(
+        "reject-dlq",
+        payloads(2),
+        config(&url, json!({"batch_mode": "json_array"})),
+        OnError::Dlq,
+        true,
+    )
+    .await;
+    eventually("the batch is committed", || async { pipeline.drained() }).await;
+    assert_eq!(endpoint.count(), 1, "the refused request is not sent again");
+    let dead = pipeline.bus.messages(&pipeline.stream, "dead");
+    assert_eq!(dead.len(), 2);
+    assert_eq!(pipeline.view().metrics.dead_lettered.get(), 2);
+    pipeline.runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn offsets_stay_put_while_the_endpoint_is_down_and_move_once_it_is_back() {
+    let (endpoint, url) = Endpoint::start(Vec::new()).await;
+    endpoint.set_default(Reply::status(503));
+    let pipeline = Pipeline::start(
+        "outage",
+        payloads(3),
+        config(
+            &url,
+            json!({"batch_mode": "ndjson", "max_retries": 1, "circuit_breaker_threshold": 0}),
+        ),
+        OnError::Stop,
+        false,
+    )
+    .await;
+    eventually("the engine retried the batch", || async {
+        pipeline.view().metrics.retries.get() >= 2 && endpoint.count() >= 4
+    })
+    .await;
+    assert_eq!(
+        pipeline.committed(),
+        None,
+        "nothing committed while the endpoint is down"
+    );
+    assert_eq!(pipeline.view().status.status, Status::Running);
+    endpoint.set_default(Reply::OK);
+    eventually("the batch is committed", || async { pipeline.drained() }).await;
+    assert_eq!(pipeline.committed(), Some(2));
+    pipeline.runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_circuit_breaker_opens_on_a_dead_endpoint_and_closes_when_it_recovers() {
+    let (endpoint, url) = Endpoint::start(Vec::new()).await;
+    endpoint.set_default(Reply::status(500));
+    let pipeline = Pipeline::start(
+        "breaker",
+        payloads(1),
+        config(
+            &url,
+            json!({"max_retries": 0, "circuit_breaker_threshold": 2, "circuit_breaker_cool_down": "3s"}),
+        ),
+        OnError::Stop,
+        false,
+    )
+    .await;
+    eventually("the sink reports itself degraded", || async {
+        pipeline.view().degraded.is_some()
+    })
+    .await;
+    let degraded = pipeline.view().degraded.unwrap();
+    assert!(degraded.contains("circuit breaker open"), "{degraded}");
+    let requests_when_opened = endpoint.count();
+    assert_eq!(requests_when_opened, 2);
+    let retries_when_opened = pipeline.view().metrics.retries.get();
+    eventually("the engine retried while the breaker is open", || async {
+        pipeline.view().metrics.retries.get() >= retries_when_opened + 2
+    })
+    .await;
+    assert!(
+        pipeline.view().degraded.is_some(),
+        "still inside the cool-down"
+    );
+    assert_eq!(
+        endpoint.count(),
+        requests_when_opened,
+        "an open breaker sends nothing"
+    );
+    endpoint.set_default(Reply::OK);
+    eventually("the batch is committed", || async { pipeline.drained() }).await;
+    assert_eq!(
+        pipeline.view().degraded,
+        None,
+        "the probe closed the breaker"
+    );
+    pipeline.runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn credentials_in_the_url_never_show_in_the_status() {
+    let (_endpoint, url) = Endpoint::start(vec![Reply::status(403)]).await;
+    let url = url.replace("http://", "http://user:pa55word@");
+    let pipeline = Pipeline::start(
+        "url-secret",
+        payloads(1),
+        config(&url, json!({})),
+        OnError::Stop,
+        false,
+    )
+    .await;
+    pipeline
+        .runtime
+        .wait_until_stopped(ConnectorKind::Sink, &pipeline.key)
+        .await
+        .unwrap();
+    let message = pipeline.view().status.last_error.unwrap().message;
+    assert!(message.contains("answered 403"), "{message}");
+    assert!(!message.contains("pa55word"), "{message}");
+}
+
+#[tokio::test]
+async fn a_batch_interrupted_by_an_outage_is_resumed_without_resending_what_was_delivered() {
+    let (endpoint, url) = Endpoint::start(vec![Reply::OK, Reply::status(503)]).await;
+    let pipeline = Pipeline::start(
+        "resume",
+        payloads(3),
+        config(
+            &url,
+            json!({"batch_mode": "individual", "include_metadata": false, "max_retries": 0}),
+        ),
+        OnError::Stop,
+        false,
+    )
+    .await;
+    eventually("the batch is committed", || async { pipeline.drained() }).await;
+    assert_eq!(
+        endpoint.bodies(),
+        vec![
+            json!({"n": 0}),
+            json!({"n": 1}),
+            json!({"n": 1}),
+            json!({"n": 2})
+        ],
+        "after the engine's retry only the undelivered messages are sent"
+    );
+    pipeline.runtime.shutdown().await;
+}

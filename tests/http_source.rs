@@ -1,0 +1,526 @@
+//! The http source end to end: real HTTP clients (reqwest) against the source's
+//! listener, run by the `Runtime` over a `MemoryBus`.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use iggy_connect::config::{ConnectorConfig, KindConfig, SourceStream};
+use iggy_connect::connectors::ConnectorKind;
+use iggy_connect::connectors::sources::http::message_id;
+use iggy_connect::engine::codec::Schema;
+use iggy_connect::engine::{Runtime, Status, StopReason};
+use iggy_connect::iggy::MemoryBus;
+use iggy_connect::message::HeaderValue;
+use iggy_connect::state::MemoryStateStore;
+use serde_json::{Value, json};
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+struct Harness {
+    bus: MemoryBus,
+    runtime: Arc<Runtime>,
+    base: String,
+    client: reqwest::Client,
+    stream: String,
+}
+
+impl Harness {
+    /// Starts an http source listening on a free port, feeding `streams` topics
+    /// named `{stream}/t0`, `{stream}/t1`, ...
+    async fn start(name: &str, plugin_config: Value, streams: usize) -> Self {
+        Self::start_with(name, plugin_config, streams, Duration::from_secs(5)).await
+    }
+
+    async fn start_with(
+        name: &str,
+        mut plugin_config: Value,
+        streams: usize,
+        shutdown_timeout: Duration,
+    ) -> Self {
+        let address = free_address();
+        plugin_config["address"] = json!(address.to_string());
+        let stream = format!("http-source-{name}");
+        let bus = MemoryBus::new();
+        let runtime = Runtime::new(
+            Arc::new(bus.clone()),
+            Arc::new(MemoryStateStore::new()),
+            shutdown_timeout,
+        );
+        runtime
+            .add(source_config(name, &stream, streams, plugin_config))
+            .unwrap();
+        runtime.start_enabled().await;
+        let harness = Self {
+            bus,
+            runtime,
+            base: format!("http://{address}"),
+            client: reqwest::Client::new(),
+            stream,
+        };
+        harness.wait_until_listening().await;
+        harness
+    }
+
+    async fn wait_until_listening(&self) {
+        eventually("the listener accepts requests", || async {
+            self.client
+                .get(format!("{}/health", self.base))
+                .send()
+                .await
+                .is_ok()
+        })
+        .await;
+    }
+
+    fn messages(&self, topic_index: usize) -> Vec<iggy_connect::message::ConsumedMessage> {
+        self.bus.messages(&self.stream, &format!("t{topic_index}"))
+    }
+
+    fn payloads(&self, topic_index: usize) -> Vec<Value> {
+        self.messages(topic_index)
+            .iter()
+            .map(|message| serde_json::from_slice(&message.payload).unwrap())
+            .collect()
+    }
+
+    fn post(&self, path: &str) -> reqwest::RequestBuilder {
+        self.client.post(format!("{}{path}", self.base))
+    }
+
+    async fn post_json(&self, path: &str, body: &Value) -> reqwest::Response {
+        self.post(path).json(body).send().await.unwrap()
+    }
+
+    async fn health(&self) -> (u16, Value) {
+        let response = self
+            .client
+            .get(format!("{}/health", self.base))
+            .send()
+            .await
+            .unwrap();
+        (response.status().as_u16(), response.json().await.unwrap())
+    }
+}
+
+fn source_config(key: &str, stream: &str, streams: usize, plugin_config: Value) -> ConnectorConfig {
+    ConnectorConfig {
+        kind: ConnectorKind::Source,
+        key: key.into(),
+        enabled: true,
+        version: 0,
+        name: key.into(),
+        path: "http".into(),
+        connector: "http".into(),
+        plugin_config_format: None,
+        plugin_config,
+        verbose: false,
+        benchmark: false,
+        transforms: Vec::new(),
+        dead_letter: None,
+        kind_config: KindConfig::Source {
+            streams: (0..streams)
+                .map(|index| SourceStream {
+                    stream: stream.into(),
+                    topic: format!("t{index}"),
+                    schema: Schema::Json,
+                    batch_length: 1000,
+                    linger_time: Duration::from_millis(5),
+                    partitions: 1,
+                })
+                .collect(),
+            max_consecutive_nacks: None,
+        },
+        file: None,
+    }
+}
+
+fn free_address() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap()
+}
+
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn error_code(response: reqwest::Response) -> String {
+    let body: Value = response.json().await.unwrap();
+    body["error"].as_str().unwrap_or_default().to_owned()
+}
+
+#[tokio::test]
+async fn a_client_that_got_200_finds_its_message_in_the_topic() {
+    let harness = Harness::start("durable", json!({"forward_headers": ["X-Request-Id"]}), 1).await;
+    let response = harness
+        .post("/messages")
+        .header("Idempotency-Key", "order-42")
+        .header("X-Request-Id", "req-7")
+        .json(&json!({"order": 42}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        response.json::<Value>().await.unwrap(),
+        json!({"accepted": 1, "durable": true})
+    );
+    // No waiting: the 200 itself says the message is in the topic.
+    let messages = harness.messages(0);
+    assert_eq!(messages.len(), 1);
+    assert_eq!(messages[0].id, message_id(b"order-42", 0));
+    assert_eq!(
+        messages[0].headers,
+        vec![(
+            "x-request-id".to_owned(),
+            HeaderValue::String("req-7".into())
+        )]
+    );
+    assert_eq!(harness.payloads(0), vec![json!({"order": 42})]);
+    harness.runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn arrays_ndjson_text_and_raw_bodies_become_messages_on_their_endpoints_streams() {
+    let harness = Harness::start(
+        "bodies",
+        json!({"endpoints": [{"path": "/a"}, {"path": "/b", "stream_index": 1}]}),
+        2,
+    )
+    .await;
+    let array = harness.post_json("/a", &json!([{"n": 1}, {"n": 2}])).await;
+    assert_eq!(array.json::<Value>().await.unwrap()["accepted"], 2);
+    let ndjson = harness
+        .post("/b")
+        .header("content-type", "application/x-ndjson")
+        .body("{\"n\":3}\n{\"n\":4}\n")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ndjson.json::<Value>().await.unwrap()["accepted"], 2);
+    let text = harness
+        .post("/b")
+        .header("content-type", "text/plain")
+        .body("hello")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(text.status(), 200);
+    let raw = harness
+        .post("/b")
+        .header("content-type", "application/octet-stream")
+        .body("{\"raw\":true}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.status(), 200);
+    assert_eq!(harness.payloads(0), vec![json!({"n": 1}), json!({"n": 2})]);
+    assert_eq!(
+        harness.payloads(1),
+        vec![
+            json!({"n": 3}),
+            json!({"n": 4}),
+            json!("hello"),
+            json!({"raw": true})
+        ]
+    );
+    harness.runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn during_a_broker_outage_clients_get_503_with_retry_after_and_nothing_acknowledged_is_lost()
+{
+    let harness = Harness::start(
+        "outage",
+        json!({"request_timeout": "1s", "retry_after": "2s", "unhealthy_after": "200ms"}),
+        1,
+    )
+    .await;
+    harness.bus.refuse_sends(u32::MAX);
+
+    // Taken into the batch the engine keeps retrying: may still be delivered.
+    let in_flight = harness.post_json("/messages", &json!({"n": 1})).await;
+    assert_eq!(in_flight.status(), 503);
+    assert_eq!(in_flight.headers()["retry-after"], "2");
+    let body: Value = in_flight.json().await.unwrap();
+    assert_eq!(body["error"], "timeout");
+    assert_eq!(body["maybe_delivered"], true);
+
+    // Waiting behind that batch: withdrawn on timeout, never delivered.
+    let waiting = harness.post_json("/messages", &json!({"n": 2})).await;
+    assert_eq!(waiting.status(), 503);
+    assert_eq!(
+        waiting.json::<Value>().await.unwrap()["maybe_delivered"],
+        false
+    );
+
+    let (status, health) = harness.health().await;
+    assert_eq!(status, 503, "{health}");
+    assert_eq!(health["in_flight_messages"], 1);
+
+    harness.bus.refuse_sends(0);
+    eventually("the retried batch is delivered", || async {
+        !harness.messages(0).is_empty()
+    })
+    .await;
+    let after = harness.post_json("/messages", &json!({"n": 3})).await;
+    assert_eq!(after.status(), 200);
+    assert_eq!(harness.payloads(0), vec![json!({"n": 1}), json!({"n": 3})]);
+    let (status, health) = harness.health().await;
+    assert_eq!(status, 200, "{health}");
+    harness.runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_request_without_the_endpoints_token_gets_401_and_produces_nothing() {
+    let harness = Harness::start(
+        "auth",
+        json!({"endpoints": [{"path": "/hook", "token": "s3cret"}]}),
+        1,
+    )
+    .await;
+    let missing = harness.post_json("/hook", &json!({"n": 1})).await;
+    assert_eq!(missing.status(), 401);
+    assert_eq!(missing.headers()["www-authenticate"], "Bearer");
+    let wrong = harness
+        .post("/hook")
+        .bearer_auth("s3cre")
+        .json(&json!({"n": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), 401);
+    assert_eq!(error_code(wrong).await, "unauthorized");
+    let right = harness
+        .post("/hook")
+        .bearer_auth("s3cret")
+        .json(&json!({"n": 3}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(right.status(), 200);
+    assert_eq!(harness.payloads(0), vec![json!({"n": 3})]);
+    harness.runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn malformed_bodies_get_400_naming_the_problem() {
+    let harness = Harness::start("malformed", json!({}), 1).await;
+    let json_error = harness
+        .post("/messages")
+        .header("content-type", "application/json")
+        .body("{\"n\": ")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(json_error.status(), 400);
+    let body: Value = json_error.json().await.unwrap();
+    assert_eq!(body["error"], "malformed_json");
+    assert!(
+        body["message"].as_str().unwrap().contains("not valid JSON"),
+        "{body}"
+    );
+    let ndjson_error = harness
+        .post("/messages")
+        .header("content-type", "application/x-ndjson")
+        .body("{\"n\":1}\n{oops}\n")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ndjson_error.status(), 400);
+    let body: Value = ndjson_error.json().await.unwrap();
+    assert_eq!(body["error"], "malformed_ndjson");
+    assert!(
+        body["message"].as_str().unwrap().contains("line 2"),
+        "{body}"
+    );
+    assert!(
+        harness.messages(0).is_empty(),
+        "nothing of a bad request is produced"
+    );
+    harness.runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn requests_and_messages_over_the_limits_get_413() {
+    let harness = Harness::start(
+        "limits",
+        json!({"max_request_bytes": 2048, "max_message_bytes": 256}),
+        1,
+    )
+    .await;
+    let big_request = harness
+        .post("/messages")
+        .header("content-type", "text/plain")
+        .body("x".repeat(4096))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(big_request.status(), 413);
+    assert_eq!(error_code(big_request).await, "request_too_large");
+    let big_message = harness
+        .post_json("/messages", &json!(["small", "y".repeat(512)]))
+        .await;
+    assert_eq!(big_message.status(), 413);
+    let body: Value = big_message.json().await.unwrap();
+    assert_eq!(body["error"], "message_too_large");
+    assert!(
+        body["message"].as_str().unwrap().contains("message 1"),
+        "{body}"
+    );
+    let fits = harness
+        .post_json(
+            "/messages",
+            &json!(["a".repeat(100), "b".repeat(100), "c".repeat(100)]),
+        )
+        .await;
+    assert_eq!(
+        fits.status(),
+        200,
+        "a body over max_message_bytes of small messages is fine"
+    );
+    assert_eq!(harness.messages(0).len(), 3);
+    harness.runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn concurrent_clients_are_coalesced_into_one_batch() {
+    const CLIENTS: usize = 40;
+    // The batch is taken when CLIENTS messages wait (batch_length), long before
+    // the linger time runs out: one send, whatever the timing.
+    let harness = Harness::start(
+        "coalesce",
+        json!({"batch_length": CLIENTS, "linger_time": "60s", "request_timeout": "120s"}),
+        1,
+    )
+    .await;
+    let sends_before = harness.bus.accepted_sends();
+    let requests: Vec<_> = (0..CLIENTS)
+        .map(|index| {
+            let request = harness.post("/messages").json(&json!({"client": index}));
+            tokio::spawn(async move { request.send().await.unwrap().status().as_u16() })
+        })
+        .collect();
+    for request in requests {
+        assert_eq!(request.await.unwrap(), 200);
+    }
+    assert_eq!(harness.messages(0).len(), CLIENTS);
+    assert_eq!(harness.bus.accepted_sends() - sends_before, 1);
+    harness.runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn stopping_the_source_answers_waiting_clients_with_503_and_frees_the_port() {
+    let harness = Harness::start_with(
+        "close",
+        json!({"request_timeout": "60s"}),
+        1,
+        Duration::from_millis(200),
+    )
+    .await;
+    harness.bus.refuse_sends(u32::MAX);
+    let request = harness.post("/messages").json(&json!({"n": 1}));
+    let client = tokio::spawn(async move { request.send().await.unwrap() });
+    eventually("the request's batch is in flight", || async {
+        harness.health().await.1["in_flight_messages"] == 1
+    })
+    .await;
+    harness
+        .runtime
+        .stop(ConnectorKind::Source, "close")
+        .await
+        .unwrap();
+    let response = client.await.unwrap();
+    assert_eq!(response.status(), 503);
+    assert!(response.headers().contains_key("retry-after"));
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"], "closing");
+    assert_eq!(body["maybe_delivered"], true);
+    let address = harness.base.trim_start_matches("http://");
+    std::net::TcpListener::bind(address).expect("the port is free again");
+}
+
+#[tokio::test]
+async fn accepted_mode_answers_202_at_once_and_429_when_its_queue_is_full() {
+    let harness = Harness::start(
+        "accepted",
+        json!({"ack": "accepted", "max_waiting_messages": 2, "linger_time": "0ms"}),
+        1,
+    )
+    .await;
+    harness.bus.refuse_sends(u32::MAX);
+    let first = harness.post_json("/messages", &json!({"n": 1})).await;
+    assert_eq!(first.status(), 202);
+    assert_eq!(first.json::<Value>().await.unwrap()["durable"], false);
+    eventually("the first message is in flight", || async {
+        harness.health().await.1["in_flight_messages"] == 1
+    })
+    .await;
+    for n in [2, 3] {
+        assert_eq!(
+            harness
+                .post_json("/messages", &json!({"n": n}))
+                .await
+                .status(),
+            202
+        );
+    }
+    let full = harness.post_json("/messages", &json!({"n": 4})).await;
+    assert_eq!(full.status(), 429);
+    assert!(full.headers().contains_key("retry-after"));
+    assert_eq!(error_code(full).await, "queue_full");
+    harness.bus.refuse_sends(0);
+    eventually("every accepted message is delivered", || async {
+        harness.messages(0).len() == 3
+    })
+    .await;
+    harness.runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_port_already_in_use_fails_the_start_with_a_clear_reason() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = taken.local_addr().unwrap();
+    let bus = MemoryBus::new();
+    let runtime = Runtime::new(
+        Arc::new(bus),
+        Arc::new(MemoryStateStore::new()),
+        Duration::from_secs(5),
+    );
+    runtime
+        .add(source_config(
+            "conflict",
+            "http-source-conflict",
+            1,
+            json!({"address": address.to_string()}),
+        ))
+        .unwrap();
+    runtime.start_enabled().await;
+    runtime
+        .wait_until_stopped(ConnectorKind::Source, "conflict")
+        .await
+        .unwrap();
+    let status = runtime
+        .view(ConnectorKind::Source, "conflict")
+        .unwrap()
+        .status;
+    assert_eq!(status.status, Status::Error);
+    assert_eq!(status.stop_reason, Some(StopReason::StartFailed));
+    let message = status.last_error.unwrap().message;
+    assert!(
+        message.contains(&format!("cannot listen on {address}")),
+        "{message}"
+    );
+}
