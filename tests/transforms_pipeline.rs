@@ -366,3 +366,25 @@ async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+#[test]
+fn the_transform_examples_in_the_readme_are_valid_connector_tables() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let blocks: Vec<&str> = readme
+        .split("```toml")
+        .skip(1)
+        .filter_map(|rest| rest.split_once("```").map(|(block, _)| block))
+        .filter(|block| block.contains("[transforms."))
+        .collect();
+    assert!(blocks.len() >= 5, "found {} blocks", blocks.len());
+    for block in blocks {
+        let file = format!(
+            "type = \"sink\"\nkey = \"readme\"\npath = \"stdout\"\n\
+             [[streams]]\nstream = \"s\"\ntopics = [\"t\"]\nschema = \"json\"\n\
+             [plugin_config]\n{block}"
+        );
+        let config = parse("README.md", &file);
+        assert!(!config.transforms.is_empty(), "{block}");
+    }
+}

@@ -136,6 +136,45 @@ mod tests {
     }
 
     #[test]
+    fn given_each_schema_and_payload_when_encoded_should_store_the_expected_bytes() {
+        let json = Payload::Json(serde_json::json!({"a": 1}));
+        let text = Payload::Text("héllo".into());
+        let raw = Payload::Raw(Bytes::from_static(b"\x00\xff"));
+        let cases: [(Schema, &Payload, Option<&[u8]>); 9] = [
+            (Schema::Json, &json, Some(br#"{"a":1}"#)),
+            (Schema::Json, &text, Some("\"héllo\"".as_bytes())),
+            (Schema::Json, &raw, None),
+            (Schema::Text, &json, Some(br#"{"a":1}"#)),
+            (Schema::Text, &text, Some("héllo".as_bytes())),
+            (Schema::Text, &raw, None),
+            (Schema::Raw, &json, Some(br#"{"a":1}"#)),
+            (Schema::Raw, &text, Some("héllo".as_bytes())),
+            (Schema::Raw, &raw, Some(b"\x00\xff")),
+        ];
+        for (schema, payload, expected) in cases {
+            let encoded = schema.encode(payload).ok();
+            assert_eq!(encoded.as_deref(), expected, "{schema} {payload:?}");
+        }
+    }
+
+    #[test]
+    fn given_stored_bytes_when_decoded_should_give_the_schema_payload_kind() {
+        let bytes = Bytes::from_static(br#"{"a":1}"#);
+        assert_eq!(
+            Schema::Json.decode(bytes.clone()).unwrap(),
+            Payload::Json(serde_json::json!({"a": 1}))
+        );
+        assert_eq!(
+            Schema::Text.decode(bytes.clone()).unwrap(),
+            Payload::Text(r#"{"a":1}"#.into())
+        );
+        assert_eq!(
+            Schema::Raw.decode(bytes.clone()).unwrap(),
+            Payload::Raw(bytes)
+        );
+    }
+
+    #[test]
     fn given_upstream_only_schemas_when_parsed_should_say_not_supported() {
         let error = "avro".parse::<Schema>().unwrap_err();
         assert!(error.contains("not supported"), "{error}");
