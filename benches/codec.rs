@@ -1,6 +1,7 @@
 //! JSON decode and encode per message: serde_json (what the engine uses) against
-//! simd-json, on payloads the size of a `random` source record and of a larger
-//! nested document. `cargo bench --bench codec`.
+//! simd-json, on a `random` source record (`small`, one long string), a database
+//! row (`row`, mixed column types) and a nested order (`large`, 5 KiB).
+//! `cargo bench --bench codec`.
 //!
 //! The engine's `Payload::Json` holds a `serde_json::Value`; simd-json is
 //! measured both producing that same type (what switching would cost us) and
@@ -22,6 +23,31 @@ fn small() -> Value {
         "title": "Hello",
         "name": "World",
         "text": "Lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt ut labore et dolore magna aliqua Ut enim ad minim veniam quis nostrud exercitation ullamco laboris",
+    })
+}
+
+/// A database row as the Postgres source would emit it: mixed column types.
+fn row() -> Value {
+    json!({
+        "id": 1_234_567,
+        "uuid": "0b4a3c52-6f7e-4a44-9d1c-1c2f3e4d5a6b",
+        "email": "jane.doe@example.com",
+        "first_name": "Jane",
+        "last_name": "Doe",
+        "age": 37,
+        "balance": 10_234.56,
+        "active": true,
+        "deleted_at": null,
+        "created_at": "2026-01-02T03:04:05.123456Z",
+        "updated_at": "2026-01-03T04:05:06.654321Z",
+        "country": "PL",
+        "city": "Kraków",
+        "zip": "30-001",
+        "score": 0.875,
+        "visits": 4211,
+        "plan": "premium",
+        "tags": ["a", "b"],
+        "bio": "Software engineer who likes streaming systems, distributed logs and long walks in the mountains. Writes Rust and a bit of Go.",
     })
 }
 
@@ -49,7 +75,7 @@ fn large() -> Value {
 
 fn decode(criterion: &mut Criterion) {
     let mut group = criterion.benchmark_group("json_decode");
-    for (name, value) in [("small", small()), ("large", large())] {
+    for (name, value) in [("small", small()), ("row", row()), ("large", large())] {
         let bytes = Bytes::from(serde_json::to_vec(&value).unwrap());
         group.throughput(Throughput::Bytes(bytes.len() as u64));
         group.bench_with_input(
@@ -90,13 +116,42 @@ fn decode(criterion: &mut Criterion) {
 
 fn encode(criterion: &mut Criterion) {
     let mut group = criterion.benchmark_group("json_encode");
-    for (name, value) in [("small", small()), ("large", large())] {
+    for (name, value) in [("small", small()), ("row", row()), ("large", large())] {
         let size = serde_json::to_vec(&value).unwrap().len();
         group.throughput(Throughput::Bytes(size as u64));
         group.bench_with_input(
             BenchmarkId::new("serde_json", name),
             &value,
             |bench, value| bench.iter(|| serde_json::to_vec(black_box(value)).unwrap()),
+        );
+        group.bench_with_input(
+            BenchmarkId::new("serde_json_to_bytes", name),
+            &value,
+            |bench, value| {
+                bench.iter(|| Bytes::from(serde_json::to_vec(black_box(value)).unwrap()))
+            },
+        );
+        group.bench_with_input(
+            BenchmarkId::new("serde_json_presized_to_bytes", name),
+            &value,
+            |bench, value| {
+                bench.iter(|| {
+                    let mut buffer = Vec::with_capacity(512);
+                    serde_json::to_writer(&mut buffer, black_box(value)).unwrap();
+                    Bytes::from(buffer)
+                })
+            },
+        );
+        group.bench_with_input(
+            BenchmarkId::new("serde_json_presized_boxed_to_bytes", name),
+            &value,
+            |bench, value| {
+                bench.iter(|| {
+                    let mut buffer = Vec::with_capacity(512);
+                    serde_json::to_writer(&mut buffer, black_box(value)).unwrap();
+                    Bytes::from(buffer.into_boxed_slice())
+                })
+            },
         );
         let payload = Payload::Json(value.clone());
         group.bench_with_input(
