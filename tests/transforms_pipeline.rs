@@ -220,6 +220,38 @@ topic = "dead"
 }
 
 #[tokio::test]
+async fn a_connector_given_an_invalid_transform_fails_to_start_naming_the_file_transform_and_field()
+{
+    // Configs that skip the file checks (built in code, or sent to the API)
+    // are checked again when the connector starts.
+    let mut config = parse("bad_transform.toml", STDOUT_EXAMPLE);
+    config.transforms.push((
+        "unwrap_envelope".into(),
+        serde_json::json!({"enabled": true, "field": ""}),
+    ));
+    let bus = MemoryBus::new();
+    let runtime = runtime(&bus);
+    runtime.add(config).unwrap();
+    runtime.start_enabled().await;
+    eventually("the sink to stop", || {
+        runtime
+            .view(ConnectorKind::Sink, "stdout")
+            .unwrap()
+            .status
+            .status
+            == Status::Error
+    })
+    .await;
+    let status = runtime.view(ConnectorKind::Sink, "stdout").unwrap().status;
+    assert_eq!(status.status, Status::Error);
+    let message = status.last_error.unwrap().message;
+    assert!(
+        message.starts_with("bad_transform.toml: transforms.unwrap_envelope.field: "),
+        "{message}"
+    );
+}
+
+#[tokio::test]
 async fn upstream_example_connector_files_load_and_run_unchanged_with_their_added_fields() {
     let source = parse("random.toml", RANDOM_EXAMPLE);
     let sink = parse("stdout.toml", STDOUT_EXAMPLE);
