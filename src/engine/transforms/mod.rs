@@ -1,9 +1,45 @@
 //! Transforms: per-message changes applied between decode and encode, in the
 //! order they appear in the connector file.
+//!
+//! Each `[transforms.<type>]` table is parsed and checked once, when the
+//! connector starts (and by `validate`); the built chain is shared read-only by
+//! every message of the connector. Compiled patterns live in the transforms, so
+//! the per-message path only reads them.
+//!
+//! The field transforms act on a top-level JSON object; text, raw and non-object
+//! JSON payloads pass through them unchanged.
+
+mod add_fields;
+mod delete_fields;
+mod field_value;
+mod filter_fields;
+mod filter_messages;
+mod pattern;
+mod unwrap_envelope;
+mod update_fields;
 
 use std::fmt;
 
+use serde::de::DeserializeOwned;
+
 use crate::message::Payload;
+
+pub use add_fields::AddFields;
+pub use delete_fields::DeleteFields;
+pub use filter_fields::FilterFields;
+pub use filter_messages::FilterMessages;
+pub use unwrap_envelope::UnwrapEnvelope;
+pub use update_fields::UpdateFields;
+
+/// Every transform type this build knows, as written in `[transforms.<type>]`.
+pub const TRANSFORM_TYPES: &[&str] = &[
+    "add_fields",
+    "delete_fields",
+    "update_fields",
+    "filter_fields",
+    "filter_messages",
+    "unwrap_envelope",
+];
 
 /// One transform. Built once per connector from its config and shared read-only
 /// by every message of that connector.
@@ -63,6 +99,11 @@ impl TransformChain {
         self.steps.len()
     }
 
+    /// The types of the enabled transforms, in the order they run.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.steps.iter().map(|(kind, _)| kind.as_str())
+    }
+
     /// Runs every transform in order; stops at the first that drops the message.
     pub fn apply(&self, payload: &mut Payload) -> Result<Verdict, TransformError> {
         for (_, transform) in &self.steps {
@@ -74,20 +115,96 @@ impl TransformChain {
     }
 }
 
+/// A problem with one field of a transform's table, before the transform type
+/// is attached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FieldError {
+    /// Dotted path inside the table (`fields[0].value`); empty for the table.
+    pub field: String,
+    pub message: String,
+}
+
+impl FieldError {
+    pub(crate) fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
 fn build_one(
     kind: &str,
     config: &serde_json::Value,
 ) -> Result<Option<Box<dyn Transform>>, TransformConfigError> {
-    let error = |field: &str, message: String| TransformConfigError {
+    let error = |field: FieldError| TransformConfigError {
         transform: kind.to_owned(),
-        field: field.to_owned(),
-        message,
+        field: field.field,
+        message: field.message,
     };
-    match config.get("enabled") {
+    let serde_json::Value::Object(table) = config else {
+        return Err(error(FieldError::new("", "expected a table")));
+    };
+    match table.get("enabled") {
         // Upstream requires `enabled`; a missing flag is read as enabled here.
         None | Some(serde_json::Value::Bool(true)) => {}
         Some(serde_json::Value::Bool(false)) => return Ok(None),
-        Some(_) => return Err(error("enabled", "expected a boolean".into())),
+        Some(_) => return Err(error(FieldError::new("enabled", "expected a boolean"))),
     }
-    Err(error("", format!("unknown transform type \"{kind}\"")))
+    let mut settings = table.clone();
+    settings.shift_remove("enabled");
+    build_kind(kind, &serde_json::Value::Object(settings))
+        .map(Some)
+        .map_err(error)
 }
+
+fn build_kind(kind: &str, settings: &serde_json::Value) -> Result<Box<dyn Transform>, FieldError> {
+    match kind {
+        "add_fields" => AddFields::build(parse(settings)?).map(boxed),
+        "delete_fields" => DeleteFields::build(parse(settings)?).map(boxed),
+        "update_fields" => UpdateFields::build(parse(settings)?).map(boxed),
+        "filter_fields" => FilterFields::build(parse(settings)?).map(boxed),
+        "filter_messages" => FilterMessages::build(parse(settings)?).map(boxed),
+        "unwrap_envelope" => UnwrapEnvelope::build(parse(settings)?).map(boxed),
+        "proto_convert" | "flat_buffer_convert" | "avro_convert" => Err(FieldError::new(
+            "",
+            format!("transform \"{kind}\" is not supported by iggy-connect yet"),
+        )),
+        other => Err(FieldError::new(
+            "",
+            format!(
+                "unknown transform type \"{other}\"; expected one of {}",
+                TRANSFORM_TYPES.join(", ")
+            ),
+        )),
+    }
+}
+
+fn boxed<T: Transform + 'static>(transform: T) -> Box<dyn Transform> {
+    Box::new(transform)
+}
+
+/// Parses a transform's table (without `enabled`) into its typed config, naming
+/// the field that does not fit.
+fn parse<T: DeserializeOwned>(settings: &serde_json::Value) -> Result<T, FieldError> {
+    serde_path_to_error::deserialize(settings).map_err(|error| {
+        let path = error.path().to_string();
+        let message = error.into_inner().to_string();
+        // serde names a missing field in its message only; the path stops at
+        // the table that lacks it, so add the field to the path.
+        let missing = message
+            .strip_prefix("missing field `")
+            .and_then(|rest| rest.split_once('`'))
+            .map(|(field, _)| field.to_owned());
+        let field = match (path.as_str(), missing) {
+            (".", Some(field)) => field,
+            (".", None) => String::new(),
+            (path, Some(field)) => format!("{path}.{field}"),
+            (path, None) => path.to_owned(),
+        };
+        FieldError { field, message }
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,179 @@
+//! JSON decode and encode per message: serde_json (what the engine uses) against
+//! simd-json, on a `random` source record (`small`, one long string), a database
+//! row (`row`, mixed column types) and a nested order (`large`, 5 KiB).
+//! `cargo bench --bench codec`.
+//!
+//! The engine's `Payload::Json` holds a `serde_json::Value`; simd-json is
+//! measured both producing that same type (what switching would cost us) and
+//! producing its own `OwnedValue` (upstream's choice, for reference). simd-json
+//! parses in place, so each of its runs first copies the shared message bytes
+//! into a buffer it may overwrite: the engine would have to do the same.
+
+use std::hint::black_box;
+
+use bytes::Bytes;
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use iggy_connect::engine::codec::Schema;
+use iggy_connect::message::Payload;
+use serde_json::{Value, json};
+
+fn small() -> Value {
+    json!({
+        "id": "0b4a3c52-6f7e-4a44-9d1c-1c2f3e4d5a6b",
+        "title": "Hello",
+        "name": "World",
+        "text": "Lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt ut labore et dolore magna aliqua Ut enim ad minim veniam quis nostrud exercitation ullamco laboris",
+    })
+}
+
+/// A database row as the Postgres source would emit it: mixed column types.
+fn row() -> Value {
+    json!({
+        "id": 1_234_567,
+        "uuid": "0b4a3c52-6f7e-4a44-9d1c-1c2f3e4d5a6b",
+        "email": "jane.doe@example.com",
+        "first_name": "Jane",
+        "last_name": "Doe",
+        "age": 37,
+        "balance": 10_234.56,
+        "active": true,
+        "deleted_at": null,
+        "created_at": "2026-01-02T03:04:05.123456Z",
+        "updated_at": "2026-01-03T04:05:06.654321Z",
+        "country": "PL",
+        "city": "Kraków",
+        "zip": "30-001",
+        "score": 0.875,
+        "visits": 4211,
+        "plan": "premium",
+        "tags": ["a", "b"],
+        "bio": "Software engineer who likes streaming systems, distributed logs and long walks in the mountains. Writes Rust and a bit of Go.",
+    })
+}
+
+fn large() -> Value {
+    let items: Vec<Value> = (0..40)
+        .map(|index| {
+            json!({
+                "sku": format!("SKU-{index:05}"),
+                "quantity": index % 7 + 1,
+                "price": 19.99 + f64::from(index),
+                "tags": ["red", "large", "sale"],
+                "in_stock": index % 3 != 0,
+            })
+        })
+        .collect();
+    json!({
+        "order_id": 912_345_678_u64,
+        "customer": {"id": 42, "name": "Jane Doe", "email": "jane@example.com",
+                     "address": {"street": "1 Main St", "city": "Springfield", "zip": "12345"}},
+        "created_at": "2026-01-02T03:04:05.123456Z",
+        "items": items,
+        "notes": null,
+    })
+}
+
+fn decode(criterion: &mut Criterion) {
+    let mut group = criterion.benchmark_group("json_decode");
+    for (name, value) in [("small", small()), ("row", row()), ("large", large())] {
+        let bytes = Bytes::from(serde_json::to_vec(&value).unwrap());
+        group.throughput(Throughput::Bytes(bytes.len() as u64));
+        group.bench_with_input(
+            BenchmarkId::new("serde_json", name),
+            &bytes,
+            |bench, bytes| {
+                bench.iter(|| serde_json::from_slice::<Value>(black_box(bytes)).unwrap())
+            },
+        );
+        group.bench_with_input(
+            BenchmarkId::new("engine_schema_json", name),
+            &bytes,
+            |bench, bytes| bench.iter(|| Schema::Json.decode(black_box(bytes.clone())).unwrap()),
+        );
+        group.bench_with_input(
+            BenchmarkId::new("simd_json_to_serde_value", name),
+            &bytes,
+            |bench, bytes| {
+                bench.iter(|| {
+                    let mut buffer = black_box(bytes).to_vec();
+                    simd_json::serde::from_slice::<Value>(&mut buffer).unwrap()
+                })
+            },
+        );
+        group.bench_with_input(
+            BenchmarkId::new("simd_json_owned_value", name),
+            &bytes,
+            |bench, bytes| {
+                bench.iter(|| {
+                    let mut buffer = black_box(bytes).to_vec();
+                    simd_json::to_owned_value(&mut buffer).unwrap()
+                })
+            },
+        );
+    }
+    group.finish();
+}
+
+fn encode(criterion: &mut Criterion) {
+    let mut group = criterion.benchmark_group("json_encode");
+    for (name, value) in [("small", small()), ("row", row()), ("large", large())] {
+        let size = serde_json::to_vec(&value).unwrap().len();
+        group.throughput(Throughput::Bytes(size as u64));
+        group.bench_with_input(
+            BenchmarkId::new("serde_json", name),
+            &value,
+            |bench, value| bench.iter(|| serde_json::to_vec(black_box(value)).unwrap()),
+        );
+        group.bench_with_input(
+            BenchmarkId::new("serde_json_to_bytes", name),
+            &value,
+            |bench, value| {
+                bench.iter(|| Bytes::from(serde_json::to_vec(black_box(value)).unwrap()))
+            },
+        );
+        group.bench_with_input(
+            BenchmarkId::new("serde_json_presized_to_bytes", name),
+            &value,
+            |bench, value| {
+                bench.iter(|| {
+                    let mut buffer = Vec::with_capacity(512);
+                    serde_json::to_writer(&mut buffer, black_box(value)).unwrap();
+                    Bytes::from(buffer)
+                })
+            },
+        );
+        group.bench_with_input(
+            BenchmarkId::new("serde_json_presized_boxed_to_bytes", name),
+            &value,
+            |bench, value| {
+                bench.iter(|| {
+                    let mut buffer = Vec::with_capacity(512);
+                    serde_json::to_writer(&mut buffer, black_box(value)).unwrap();
+                    Bytes::from(buffer.into_boxed_slice())
+                })
+            },
+        );
+        let payload = Payload::Json(value.clone());
+        group.bench_with_input(
+            BenchmarkId::new("engine_schema_json", name),
+            &payload,
+            |bench, payload| bench.iter(|| Schema::Json.encode(black_box(payload)).unwrap()),
+        );
+        group.bench_with_input(
+            BenchmarkId::new("simd_json_from_serde_value", name),
+            &value,
+            |bench, value| bench.iter(|| simd_json::serde::to_vec(black_box(value)).unwrap()),
+        );
+        let mut buffer = serde_json::to_vec(&value).unwrap();
+        let owned = simd_json::to_owned_value(&mut buffer).unwrap();
+        group.bench_with_input(
+            BenchmarkId::new("simd_json_owned_value", name),
+            &owned,
+            |bench, owned| bench.iter(|| simd_json::to_vec(black_box(owned)).unwrap()),
+        );
+    }
+    group.finish();
+}
+
+criterion_group!(benches, decode, encode);
+criterion_main!(benches);
