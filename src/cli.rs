@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::api::{self, ApiServer, ApiState};
 use crate::config::connector::{DEFAULT_BATCH_LENGTH, DEFAULT_LINGER_TIME, DEFAULT_POLL_INTERVAL};
@@ -184,6 +185,7 @@ fn validate(path: &Path) -> ExitCode {
 }
 
 async fn run_config(path: &Path) -> anyhow::Result<ExitCode> {
+    let mut signals = Signals::install()?;
     let vars = EnvVars::from_process();
     let (config, mut issues) = match RuntimeConfig::load(path, &vars) {
         Ok(loaded) => loaded,
@@ -254,7 +256,7 @@ async fn run_config(path: &Path) -> anyhow::Result<ExitCode> {
         }
         false => None,
     };
-    wait_for_signal().await;
+    signals.recv().await;
     tracing::info!("shutting down");
     if let Some(server) = server {
         server.shutdown().await;
@@ -269,6 +271,7 @@ async fn pipe(
     settings: &[String],
     schema: &str,
 ) -> anyhow::Result<ExitCode> {
+    let mut signals = Signals::install()?;
     crate::logging::init(LogFormat::Text);
     let schema: Schema = schema
         .parse()
@@ -309,7 +312,7 @@ async fn pipe(
     };
     tokio::select! {
         result = drained => result?,
-        () = wait_for_signal() => tracing::info!("interrupted"),
+        () = signals.recv() => tracing::info!("interrupted"),
     }
     runtime.shutdown().await;
     let mut code = ExitCode::SUCCESS;
@@ -461,26 +464,26 @@ fn config_failure(issues: &[ConfigIssue]) -> ExitCode {
     ExitCode::from(EXIT_CONFIG)
 }
 
-/// Completes on Ctrl-C or SIGTERM.
-pub async fn wait_for_signal() {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
+/// Ctrl-C (SIGINT) and SIGTERM, listened to from the moment this is created,
+/// so a stop asked for while the connectors are still starting is graceful too.
+pub struct Signals {
+    interrupt: Signal,
+    terminate: Signal,
+}
+
+impl Signals {
+    pub fn install() -> anyhow::Result<Self> {
+        Ok(Self {
+            interrupt: signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?,
+            terminate: signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?,
+        })
+    }
+
+    /// Completes when either signal arrives (at once if one already did).
+    pub async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
         }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = terminate => {}
     }
 }

@@ -11,13 +11,27 @@ pub struct Workspace {
 }
 
 impl Workspace {
-    /// A workspace whose runtime config points at an Iggy server.
+    /// A workspace whose runtime config points at an Iggy server; no HTTP API.
     pub fn new(iggy_address: &str, extra: &str) -> Self {
+        Self::create(iggy_address, "[http]\nenabled = false\n", extra)
+    }
+
+    /// A workspace whose binary serves the HTTP API (with metrics) on a free
+    /// port; see [`Workspace::api_url`].
+    pub fn with_api(iggy_address: &str, extra: &str) -> Self {
+        Self::create(
+            iggy_address,
+            "[http]\nenabled = true\naddress = \"127.0.0.1:0\"\n[http.metrics]\nenabled = true\n",
+            extra,
+        )
+    }
+
+    fn create(iggy_address: &str, http: &str, extra: &str) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         std::fs::create_dir(dir.path().join("connectors")).expect("connectors dir");
         let config = format!(
             "[iggy]\naddress = \"{iggy_address}\"\nusername = \"iggy\"\npassword = \"iggy\"\n\
-             [http]\nenabled = false\n\
+             {http}\
              [state]\npath = \"{state}\"\n\
              [connectors]\nconfig_type = \"local\"\nconfig_dir = \"{connectors}\"\n{extra}\n",
             state = dir.path().join("state").display(),
@@ -25,6 +39,21 @@ impl Workspace {
         );
         std::fs::write(dir.path().join("config.toml"), config).expect("config.toml");
         Self { dir }
+    }
+
+    /// The URLs the API listened on, one per start of the binary so far.
+    pub fn api_urls(&self) -> Vec<String> {
+        const MARK: &str = "HTTP API listening on ";
+        let log = self.stderr();
+        log.match_indices(MARK)
+            .map(|(at, _)| {
+                let rest = &log[at + MARK.len()..];
+                let end = rest
+                    .find(|character: char| character.is_whitespace() || character == '"')
+                    .unwrap_or(rest.len());
+                rest[..end].to_owned()
+            })
+            .collect()
     }
 
     pub fn path(&self, name: &str) -> PathBuf {

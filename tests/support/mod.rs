@@ -1,6 +1,7 @@
 //! Shared test support. Each integration-test binary uses a subset of it.
 #![allow(dead_code)]
 
+pub mod accounting;
 pub mod binary;
 pub mod iggy_server;
 pub mod prometheus;

@@ -7,10 +7,13 @@
 //! - `fail_while_exists`: while this path exists, every write fails transiently.
 //! - `reject_containing`: a message whose payload contains this text is refused
 //!   for good (the engine then applies the sink's `on_error`).
+//! - `write_delay`: every write takes at least this long (a slow backend), so a
+//!   crash is likely to land in the middle of one.
 
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::Deserialize;
@@ -36,6 +39,8 @@ pub struct FaultyConfig {
     pub fail_while_exists: Option<PathBuf>,
     #[serde(default)]
     pub reject_containing: Option<String>,
+    #[serde(default, with = "crate::config::duration")]
+    pub write_delay: Duration,
 }
 
 pub struct FaultySink {
@@ -51,10 +56,21 @@ impl FaultySink {
 #[async_trait]
 impl Sink for FaultySink {
     async fn open(&mut self) -> Result<(), ConnectorError> {
-        Ok(())
+        // A crash in the middle of a write can leave a torn last line; that
+        // write was never acknowledged, so drop the fragment before appending.
+        let Some(output) = self.config.output.clone() else {
+            return Ok(());
+        };
+        tokio::task::spawn_blocking(move || truncate_torn_tail(&output))
+            .await
+            .map_err(ConnectorError::fatal)?
+            .map_err(ConnectorError::fatal)
     }
 
     async fn write(&self, _topic: &TopicRef, messages: &[SinkMessage]) -> Result<(), SinkError> {
+        if !self.config.write_delay.is_zero() {
+            tokio::time::sleep(self.config.write_delay).await;
+        }
         if let Some(marker) = &self.config.fail_while_exists
             && marker.exists()
         {
@@ -98,6 +114,24 @@ impl Sink for FaultySink {
     async fn close(&mut self) -> Result<(), ConnectorError> {
         Ok(())
     }
+}
+
+fn truncate_torn_tail(path: &std::path::Path) -> std::io::Result<()> {
+    let content = match std::fs::read(path) {
+        Ok(content) => content,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(error) => return Err(error),
+    };
+    let complete = content
+        .iter()
+        .rposition(|byte| *byte == b'\n')
+        .map_or(0, |at| at + 1);
+    if complete < content.len() {
+        let file = OpenOptions::new().write(true).open(path)?;
+        file.set_len(complete as u64)?;
+        file.sync_data()?;
+    }
+    Ok(())
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {

@@ -1,0 +1,633 @@
+//! The fault suite: the real `iggy-connect` binary against the in-process Iggy
+//! test server, with faults injected in the broker, the state directory, the
+//! sink and the process itself. Every scenario checks exact accounting by the
+//! random source's `seq` numbers and prints one summary line
+//! (`scenario: NAME produced=N delivered=N lost=0 duplicates=D ...`);
+//! `scripts/fault-suite` runs the suite and shows the lines.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use iggy_connect::connectors::decode_state;
+use iggy_connect::connectors::sources::random::RandomState;
+use iggy_connect::state::{FileStateStore, StateStore};
+use serde_json::Value;
+use support::accounting::{
+    Seen, duplicates, missing, report, report_set_aside, seqs_in_file, seqs_in_topic,
+};
+use support::binary::{Running, Workspace};
+use support::iggy_server::IggyTestServer;
+use support::wait::wait_for;
+
+const STREAM: &str = "faults";
+const TOPIC: &str = "events";
+const LONG: Duration = Duration::from_secs(60);
+const SINK_GROUP: &str = "iggy-connect-sink-out";
+
+fn random_source(max_count: Option<u64>, extra: &str) -> String {
+    let max_count = max_count
+        .map(|count| format!("max_count = {count}"))
+        .unwrap_or_default();
+    format!(
+        r#"
+type = "source"
+key = "rnd"
+enabled = true
+version = 0
+name = "random"
+path = "random"
+{extra}
+[[streams]]
+stream = "{STREAM}"
+topic = "{TOPIC}"
+schema = "json"
+[plugin_config]
+interval = "2ms"
+messages_range = [20, 50]
+payload_size = 64
+{max_count}
+"#
+    )
+}
+
+fn faulty_sink(key: &str, workspace: &Workspace, extra: &str, plugin_extra: &str) -> String {
+    format!(
+        r#"
+type = "sink"
+key = "{key}"
+enabled = true
+version = 0
+name = "faulty"
+path = "faulty"
+{extra}
+[[streams]]
+stream = "{STREAM}"
+topics = ["{TOPIC}"]
+schema = "json"
+batch_length = 100
+poll_interval = "2ms"
+[plugin_config]
+output = "{output}"
+fail_while_exists = "{marker}"
+{plugin_extra}
+"#,
+        output = workspace.path(&format!("{key}.jsonl")).display(),
+        marker = workspace.path(&format!("{key}.fail")).display(),
+    )
+}
+
+/// The random source's committed count, as its state file says.
+async fn committed(workspace: &Workspace) -> Option<u64> {
+    let store = FileStateStore::new(workspace.path("state")).ok()?;
+    let stored = store.load("rnd").await.ok()??;
+    Some(
+        decode_state::<RandomState>(&stored.data)
+            .ok()?
+            .messages_produced,
+    )
+}
+
+fn topic(server: &IggyTestServer) -> Seen {
+    seqs_in_topic(server, STREAM, TOPIC)
+}
+
+fn sink_output(workspace: &Workspace, key: &str) -> Seen {
+    seqs_in_file(&workspace.path(&format!("{key}.jsonl")))
+}
+
+/// The state never covers a record that is not in the topic.
+async fn assert_state_not_ahead(workspace: &Workspace, server: &IggyTestServer) {
+    // State first: both only grow, so the topic read after it can only be larger.
+    let state = committed(workspace).await.unwrap_or(0);
+    let in_topic = topic(server);
+    let missing = missing(&in_topic, state);
+    assert!(
+        missing.is_empty(),
+        "the state covers {state} records but the topic lacks {missing:?}"
+    );
+}
+
+async fn api_get(workspace: &Workspace, start: usize, path: &str) -> (u16, Value) {
+    wait_for("the API to listen", LONG, || {
+        workspace.api_urls().len() >= start
+    })
+    .await;
+    let url = format!("{}{path}", workspace.api_urls()[start - 1]);
+    let response = reqwest::get(&url).await.expect("the API answers");
+    let status = response.status().as_u16();
+    let text = response.text().await.expect("a body");
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+async fn metric(workspace: &Workspace, start: usize, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let (_, body) = api_get(workspace, start, "/metrics").await;
+    let text = body.as_str().expect("metrics text").to_owned();
+    support::prometheus::parse_metrics(&text)
+        .into_iter()
+        .filter(|(metric, metric_labels, _)| {
+            metric == name
+                && labels
+                    .iter()
+                    .all(|(key, value)| metric_labels.get(*key).map(String::as_str) == Some(*value))
+        })
+        .map(|(_, _, value)| value)
+        .sum()
+}
+
+async fn nacks(workspace: &Workspace) -> f64 {
+    metric(
+        workspace,
+        1,
+        "iggy_connector_nacks_total",
+        &[("connector_key", "rnd")],
+    )
+    .await
+}
+
+fn stop(running: Running, workspace: &Workspace) {
+    running.terminate();
+    let status = running.wait_exit(LONG);
+    assert!(status.success(), "exit {status:?}\n{}", workspace.stderr());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_refusing_sends_for_a_while_is_retried_within_the_nack_limit_and_loses_nothing() {
+    let server = IggyTestServer::start();
+    let workspace = Workspace::new(&server.address().to_string(), "");
+    workspace.add_connector("rnd.toml", &random_source(Some(3000), ""));
+    workspace.add_connector("out.toml", &faulty_sink("out", &workspace, "", ""));
+    let running = workspace.run();
+
+    wait_for("records to flow", LONG, || {
+        server.message_count(STREAM, TOPIC) >= 500
+    })
+    .await;
+    let refusals_before = server.request_count(101);
+    server.faults().refuse_sends(3);
+    while server.request_count(101) < refusals_before + 4 {
+        assert_state_not_ahead(&workspace, &server).await;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    wait_for("all 3000 in the topic", LONG, || {
+        topic(&server).len() == 3000
+    })
+    .await;
+    wait_for("all 3000 at the sink", LONG, || {
+        sink_output(&workspace, "out").len() == 3000
+    })
+    .await;
+    stop(running, &workspace);
+
+    let (in_topic, at_sink) = (topic(&server), sink_output(&workspace, "out"));
+    report("refused_sends_within_limit", 3000, &in_topic, &at_sink);
+    assert!(missing(&at_sink, 3000).is_empty());
+    assert_eq!(
+        duplicates(&in_topic),
+        0,
+        "a refused send stores nothing and is sent once more"
+    );
+    assert_eq!(committed(&workspace).await, Some(3000));
+    assert!(
+        workspace.stderr().contains("batch NACKed"),
+        "the NACKs are logged"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_refusing_sends_past_the_limit_stops_the_source_visibly_and_a_restart_loses_nothing()
+ {
+    let server = IggyTestServer::start();
+    let workspace = Workspace::with_api(&server.address().to_string(), "");
+    workspace.add_connector(
+        "rnd.toml",
+        &random_source(Some(2000), "max_consecutive_nacks = 3"),
+    );
+    workspace.add_connector("out.toml", &faulty_sink("out", &workspace, "", ""));
+    let running = workspace.run();
+
+    wait_for("records to flow", LONG, || {
+        server.message_count(STREAM, TOPIC) >= 300
+    })
+    .await;
+    server.faults().refuse_sends_until_cleared();
+    let deadline = Instant::now() + LONG;
+    loop {
+        let (_, source) = api_get(&workspace, 1, "/sources/rnd").await;
+        if source["status"] == "error" {
+            assert_eq!(source["stop_reason"], "nack_limit", "{source}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the source never stopped: {source}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (health, body) = api_get(&workspace, 1, "/health").await;
+    assert_eq!(health, 503, "{body}");
+    assert!(body.to_string().contains("nack_limit"), "{body}");
+    let stops = metric(
+        &workspace,
+        1,
+        "iggy_connector_stops_total",
+        &[("connector_key", "rnd"), ("reason", "nack_limit")],
+    )
+    .await;
+    assert_eq!(stops, 1.0);
+    assert_state_not_ahead(&workspace, &server).await;
+    stop(running, &workspace);
+
+    // The broker is back; a restart resumes from the committed state.
+    server.faults().clear();
+    let running = workspace.run();
+    wait_for("all 2000 in the topic", LONG, || {
+        topic(&server).len() == 2000
+    })
+    .await;
+    wait_for("all 2000 at the sink", LONG, || {
+        sink_output(&workspace, "out").len() == 2000
+    })
+    .await;
+    let (health, body) = api_get(&workspace, 2, "/health").await;
+    assert!(health == 200, "{body}");
+    stop(running, &workspace);
+
+    let (in_topic, at_sink) = (topic(&server), sink_output(&workspace, "out"));
+    report("refused_sends_past_limit", 2000, &in_topic, &at_sink);
+    assert_eq!(duplicates(&in_topic), 0);
+    assert!(missing(&at_sink, 2000).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_state_save_keeps_the_batch_unacknowledged_and_the_pipeline_resumes_after() {
+    let server = IggyTestServer::start();
+    let workspace = Workspace::with_api(&server.address().to_string(), "");
+    workspace.add_connector(
+        "rnd.toml",
+        &random_source(Some(2000), "max_consecutive_nacks = 0"),
+    );
+    workspace.add_connector("out.toml", &faulty_sink("out", &workspace, "", ""));
+    let running = workspace.run();
+
+    wait_for("records to flow", LONG, || {
+        server.message_count(STREAM, TOPIC) >= 300
+    })
+    .await;
+    // A directory where the state's temp file goes: every save fails, for root too.
+    let blocker = workspace.path("state/source_rnd.state.tmp");
+    // A save in progress holds that path for a moment; try again until it is ours.
+    while let Err(error) = std::fs::create_dir(&blocker) {
+        assert_eq!(error.kind(), std::io::ErrorKind::AlreadyExists, "{error}");
+        std::thread::yield_now();
+    }
+    let deadline = Instant::now() + LONG;
+    while nacks(&workspace).await < 2.0 {
+        assert!(Instant::now() < deadline, "no failed save");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (state_before, topic_before) = (committed(&workspace).await.unwrap_or(0), topic(&server));
+    let sent_unsaved = topic_before.len() as u64;
+    assert!(
+        sent_unsaved > state_before,
+        "the batch whose save fails is in the topic but not covered by the state"
+    );
+    while nacks(&workspace).await < 6.0 {
+        assert_eq!(
+            committed(&workspace).await.unwrap_or(0),
+            state_before,
+            "the state moved while saves fail"
+        );
+        assert_eq!(
+            topic(&server),
+            topic_before,
+            "something was polled past the unsaved batch"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    std::fs::remove_dir(&blocker).unwrap();
+    wait_for("all 2000 in the topic", LONG, || {
+        topic(&server).len() == 2000
+    })
+    .await;
+    wait_for("all 2000 at the sink", LONG, || {
+        sink_output(&workspace, "out").len() == 2000
+    })
+    .await;
+    stop(running, &workspace);
+
+    let (in_topic, at_sink) = (topic(&server), sink_output(&workspace, "out"));
+    report("state_save_fails", 2000, &in_topic, &at_sink);
+    assert_eq!(
+        duplicates(&in_topic),
+        0,
+        "the sent batch is not sent again when only its save is retried"
+    );
+    assert_eq!(committed(&workspace).await, Some(2000));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_at_random_points_loses_nothing_on_either_side() {
+    let kills: usize = std::env::var("IGGY_CONNECT_SOAK_KILLS")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(20);
+    let server = IggyTestServer::start();
+    let workspace = Workspace::new(&server.address().to_string(), "");
+    workspace.add_connector("rnd.toml", &random_source(None, ""));
+    workspace.add_connector(
+        "out.toml",
+        &faulty_sink("out", &workspace, "", "write_delay = \"5ms\""),
+    );
+    for _ in 0..kills {
+        let running = workspace.run();
+        let before = server.message_count(STREAM, TOPIC);
+        wait_for("the restarted binary to make progress", LONG, || {
+            server.message_count(STREAM, TOPIC) > before
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(rand::random_range(20..300))).await;
+        running.kill();
+    }
+    // A last, clean run: the source produces 500 more and finishes, and the
+    // sink catches up with everything in the topic.
+    let finish_at = committed(&workspace).await.unwrap_or(0) + 500;
+    workspace.add_connector("rnd.toml", &random_source(Some(finish_at), ""));
+    let running = workspace.run();
+    wait_for("the source to finish", LONG, || {
+        topic(&server).len() as u64 >= finish_at
+    })
+    .await;
+    wait_for("the sink to catch up", LONG, || {
+        let (in_topic, at_sink) = (topic(&server), sink_output(&workspace, "out"));
+        in_topic.keys().all(|seq| at_sink.contains_key(seq))
+    })
+    .await;
+    stop(running, &workspace);
+
+    let produced = committed(&workspace).await.expect("a state");
+    let (in_topic, at_sink) = (topic(&server), sink_output(&workspace, "out"));
+    report("sigkill_loop", produced, &in_topic, &at_sink);
+    assert!(
+        missing(&in_topic, produced).is_empty(),
+        "records the state covers are missing from the topic"
+    );
+    let unsunk: Vec<u64> = in_topic
+        .keys()
+        .filter(|seq| !at_sink.contains_key(seq))
+        .copied()
+        .collect();
+    assert!(
+        unsunk.is_empty(),
+        "records in the topic never reached the sink: {unsunk:?}"
+    );
+    // At most one source batch (50) and one sink batch (100) again per kill.
+    assert!(
+        duplicates(&in_topic) <= kills * 50,
+        "{} topic duplicates",
+        duplicates(&in_topic)
+    );
+    assert!(
+        duplicates(&at_sink) <= kills * 100 + duplicates(&in_topic),
+        "{} sink duplicates",
+        duplicates(&at_sink)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_failing_for_a_while_keeps_its_offsets_then_writes_everything() {
+    let server = IggyTestServer::start();
+    let workspace = Workspace::with_api(&server.address().to_string(), "");
+    workspace.add_connector("rnd.toml", &random_source(Some(1000), ""));
+    workspace.add_connector("out.toml", &faulty_sink("out", &workspace, "", ""));
+    std::fs::write(workspace.path("out.fail"), b"").unwrap();
+    let running = workspace.run();
+
+    wait_for("all 1000 in the topic", LONG, || {
+        topic(&server).len() == 1000
+    })
+    .await;
+    let deadline = Instant::now() + LONG;
+    while metric(
+        &workspace,
+        1,
+        "iggy_connector_retries_total",
+        &[("connector_key", "out")],
+    )
+    .await
+        < 3.0
+    {
+        assert!(Instant::now() < deadline, "the sink never retried");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        server.stored_offset(STREAM, TOPIC, SINK_GROUP, 0),
+        None,
+        "offsets moved while writes failed"
+    );
+    assert!(sink_output(&workspace, "out").is_empty());
+    std::fs::remove_file(workspace.path("out.fail")).unwrap();
+    wait_for("everything written", LONG, || {
+        sink_output(&workspace, "out").len() == 1000
+    })
+    .await;
+    wait_for("the offset to cover it", LONG, || {
+        server.stored_offset(STREAM, TOPIC, SINK_GROUP, 0) == Some(999)
+    })
+    .await;
+    stop(running, &workspace);
+
+    let (in_topic, at_sink) = (topic(&server), sink_output(&workspace, "out"));
+    report("sink_transient_failures", 1000, &in_topic, &at_sink);
+    assert_eq!(duplicates(&at_sink), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_the_sink_refuses_for_good_is_handled_by_on_error_stop_skip_and_dlq() {
+    let server = IggyTestServer::start();
+    let workspace = Workspace::with_api(&server.address().to_string(), "");
+    workspace.add_connector("rnd.toml", &random_source(Some(500), ""));
+    let poison = r#"reject_containing = "\"seq\":13,""#;
+    workspace.add_connector(
+        "stop.toml",
+        &faulty_sink("stop", &workspace, r#"on_error = "stop""#, poison),
+    );
+    workspace.add_connector(
+        "skip.toml",
+        &faulty_sink("skip", &workspace, r#"on_error = "skip""#, poison),
+    );
+    let dead_letter = "on_error = \"dlq\"\n[dead_letter]\nstream = \"faults\"\ntopic = \"dead\"\n";
+    workspace.add_connector(
+        "dlq.toml",
+        &faulty_sink("dlq", &workspace, dead_letter, poison),
+    );
+    let running = workspace.run();
+
+    wait_for("all 500 in the topic", LONG, || topic(&server).len() == 500).await;
+    let expected: Seen = (0..500)
+        .filter(|seq| *seq != 13)
+        .map(|seq| (seq, 1))
+        .collect();
+    wait_for("skip to write all but seq 13", LONG, || {
+        sink_output(&workspace, "skip") == expected
+    })
+    .await;
+    wait_for("dlq to write all but seq 13", LONG, || {
+        sink_output(&workspace, "dlq") == expected
+    })
+    .await;
+    wait_for("seq 13 in the dead-letter topic", LONG, || {
+        server.message_count(STREAM, "dead") == 1
+    })
+    .await;
+    let dead = &server.messages(STREAM, "dead")[0];
+    let headers: std::collections::BTreeMap<String, String> = dead
+        .user_headers_map()
+        .into_iter()
+        .map(|(key, value)| (key.to_string_value(), value.to_string_value()))
+        .collect();
+    assert_eq!(
+        headers.get("iggy_connect_error_stage").map(String::as_str),
+        Some("write")
+    );
+    assert!(
+        headers
+            .get("iggy_connect_error")
+            .is_some_and(|error| error.contains("seq")),
+        "{headers:?}"
+    );
+    assert_eq!(
+        headers.get("iggy_connect_origin_topic").map(String::as_str),
+        Some(TOPIC)
+    );
+    let dead_record: Value = serde_json::from_slice(&dead.payload).unwrap();
+    assert_eq!(dead_record["seq"], 13);
+
+    let deadline = Instant::now() + LONG;
+    let stopped = loop {
+        let (_, sink) = api_get(&workspace, 1, "/sinks/stop").await;
+        if sink["status"] == "error" || Instant::now() > deadline {
+            break sink;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(stopped["status"], "error", "{stopped}");
+    assert_eq!(stopped["stop_reason"], "rejected", "{stopped}");
+    let written_by_stop = sink_output(&workspace, "stop");
+    assert!(!written_by_stop.contains_key(&13));
+    let offset_13 = server
+        .messages(STREAM, TOPIC)
+        .iter()
+        .find(|message| serde_json::from_slice::<Value>(&message.payload).unwrap()["seq"] == 13)
+        .map(|message| message.offset)
+        .unwrap();
+    let stored = server.stored_offset(STREAM, TOPIC, "iggy-connect-sink-stop", 0);
+    assert!(
+        stored.is_none_or(|offset| offset < offset_13),
+        "the stopped sink committed past the refused message"
+    );
+    let skipped = metric(
+        &workspace,
+        1,
+        "iggy_connector_messages_skipped_total",
+        &[("connector_key", "skip")],
+    )
+    .await;
+    assert_eq!(skipped, 1.0);
+    let dead_lettered = metric(
+        &workspace,
+        1,
+        "iggy_connector_messages_dead_lettered_total",
+        &[("connector_key", "dlq")],
+    )
+    .await;
+    assert_eq!(dead_lettered, 1.0);
+    stop(running, &workspace);
+
+    let in_topic = topic(&server);
+    let set_aside: &[u64] = &[13];
+    let skip_line = report_set_aside(
+        "sink_rejects_one_message_skip",
+        500,
+        &in_topic,
+        &sink_output(&workspace, "skip"),
+        Some(("skipped", set_aside)),
+    );
+    let dlq_line = report_set_aside(
+        "sink_rejects_one_message_dlq",
+        500,
+        &in_topic,
+        &sink_output(&workspace, "dlq"),
+        Some(("dead_lettered", set_aside)),
+    );
+    assert!(skip_line.contains(" lost=0 ") && dlq_line.contains(" lost=0 "));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_commits_the_batch_in_flight_and_a_restart_continues_without_gap_or_duplicate() {
+    let server = IggyTestServer::start();
+    let workspace = Workspace::new(
+        &server.address().to_string(),
+        "[engine]\nshutdown_timeout = \"5s\"\n",
+    );
+    workspace.add_connector("rnd.toml", &random_source(None, ""));
+    workspace.add_connector("out.toml", &faulty_sink("out", &workspace, "", ""));
+    for round in 1..=3 {
+        let running = workspace.run();
+        let target = server.message_count(STREAM, TOPIC) + 1000;
+        wait_for("steady flow", LONG, || {
+            server.message_count(STREAM, TOPIC) >= target
+        })
+        .await;
+        let asked = Instant::now();
+        running.terminate();
+        let status = running.wait_exit(LONG);
+        assert!(
+            status.success(),
+            "round {round}: exit {status:?}\n{}",
+            workspace.stderr()
+        );
+        assert!(
+            asked.elapsed() < Duration::from_secs(5) + Duration::from_secs(2),
+            "took {:?} to stop",
+            asked.elapsed()
+        );
+        let produced = committed(&workspace).await.expect("a state");
+        let in_topic = topic(&server);
+        assert_eq!(
+            in_topic.len() as u64,
+            produced,
+            "round {round}: the topic holds records the state does not cover, or lacks some"
+        );
+    }
+    // The sink stops with the process, behind the source; one more start with a
+    // source that has nothing left to produce lets it catch up.
+    let produced = committed(&workspace).await.unwrap();
+    workspace.add_connector("rnd.toml", &random_source(Some(produced), ""));
+    let running = workspace.run();
+    wait_for("the sink to catch up", LONG, || {
+        sink_output(&workspace, "out").len() as u64 >= produced
+    })
+    .await;
+    stop(running, &workspace);
+    let (in_topic, at_sink) = (topic(&server), sink_output(&workspace, "out"));
+    report("sigterm_steady_flow", produced, &in_topic, &at_sink);
+    assert!(missing(&in_topic, produced).is_empty());
+    assert_eq!(
+        duplicates(&in_topic),
+        0,
+        "a graceful stop sends nothing twice"
+    );
+    assert!(
+        missing(&at_sink, produced).is_empty(),
+        "the sink lacks records"
+    );
+    assert_eq!(
+        duplicates(&at_sink),
+        0,
+        "a graceful stop commits what the sink wrote"
+    );
+}
