@@ -262,6 +262,8 @@ async fn run_serves_every_endpoint_with_counters_that_match_the_messages_moved()
             server.stored_offset("api", &topic, &group, 0) == Some(59)
         })
         .await;
+    // The source delivers its last batch, then reports itself completed.
+    connect.wait_for_status("sources", &source, "stopped").await;
 
     let (status, root) = connect.text("/").await;
     assert_eq!(
