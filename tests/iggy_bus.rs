@@ -3,7 +3,6 @@
 
 mod support;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +14,7 @@ use iggy_connect::connectors::ConnectorKind;
 use iggy_connect::engine::{Runtime, Status, StopReason};
 use iggy_connect::iggy::{ConnectionSettings, IggyBus};
 use iggy_connect::state::FileStateStore;
+use support::accounting::{self, Seen, seqs_in_file};
 use support::iggy_server::{IggyTestServer, ServerConfig};
 use support::wait::wait_for;
 
@@ -79,26 +79,11 @@ fn file_sink(key: &str, stream: &str, output: &Path, fail_marker: &Path) -> Conn
     ))
 }
 
-/// `seq` of every record in the topic, with how often each appears.
-fn seqs_in_topic(server: &IggyTestServer, stream: &str) -> BTreeMap<u64, usize> {
-    let mut seen = BTreeMap::new();
-    for message in server.messages(stream, "events") {
-        let record: serde_json::Value = serde_json::from_slice(&message.payload).unwrap();
-        *seen.entry(record["seq"].as_u64().unwrap()).or_insert(0) += 1;
-    }
-    seen
+fn seqs_in_topic(server: &IggyTestServer, stream: &str) -> Seen {
+    accounting::seqs_in_topic(server, stream, "events")
 }
 
-fn seqs_in_file(path: &Path) -> BTreeMap<u64, usize> {
-    let mut seen = BTreeMap::new();
-    for line in std::fs::read_to_string(path).unwrap_or_default().lines() {
-        let record: serde_json::Value = serde_json::from_str(line).unwrap();
-        *seen.entry(record["seq"].as_u64().unwrap()).or_insert(0) += 1;
-    }
-    seen
-}
-
-fn exactly_once(seen: &BTreeMap<u64, usize>, count: u64) -> bool {
+fn exactly_once(seen: &Seen, count: u64) -> bool {
     seen.len() as u64 == count
         && seen.keys().copied().eq(0..count)
         && seen.values().all(|times| *times == 1)

@@ -66,7 +66,7 @@ fn run_moves_records_from_an_upstream_source_file_through_iggy_to_an_upstream_si
         server.message_count("example_stream", "example_topic") == 300
     });
     wait_until("300 lines on stdout", LONG, || {
-        workspace.stdout().lines().count() == 300
+        workspace.stdout().matches('\n').count() == 300
     });
     wait_until("the group offset to cover them", LONG, || {
         server.stored_offset(
