@@ -169,3 +169,16 @@ fn validate_accepts_a_good_config_and_lists_its_connectors() {
         String::from_utf8_lossy(&output.stdout).contains("source rnd (random, version 1, enabled)")
     );
 }
+
+#[test]
+fn the_example_runtime_config_validates() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let output = Command::new(env!("CARGO_BIN_EXE_iggy-connect"))
+        .args(["validate", "--config", "examples/config.toml"])
+        .current_dir(root)
+        .output()
+        .expect("the binary runs");
+    assert!(output.status.success(), "{}", stderr(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("config OK: 2 connector(s)"), "{stdout}");
+}
