@@ -422,6 +422,76 @@ async fn given_a_message_that_does_not_decode_when_consumed_should_skip_and_coun
 }
 
 #[tokio::test]
+async fn given_a_sink_taking_json_text_when_consuming_should_hand_it_the_stored_bytes_and_still_skip_what_is_not_json()
+ {
+    let harness = Harness::new(Duration::from_secs(5));
+    let control = Arc::new(SinkControl::default());
+    control.accepts_json_bytes.store(true, Ordering::SeqCst);
+    harness.factory.sink("snk", control.clone());
+    harness
+        .produce(&[
+            br#"{"n": 0}"#,
+            b"{garbage",
+            b"{\"n\": 2, \"s\": \"\xff\"}",
+            br#"{"n": 3} {"n": 4}"#,
+            br#"{"n": 5}"#,
+        ])
+        .await;
+    harness
+        .runtime
+        .add(scripted::sink_config("snk", OnError::Stop))
+        .unwrap();
+    harness.runtime.start_enabled().await;
+
+    wait_for("the batch to commit", || {
+        harness.bus.committed_offset(STREAM, TOPIC, GROUP, 0) == Some(4)
+    })
+    .await;
+    let written: Vec<Payload> = control
+        .written
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|message| message.payload.clone())
+        .collect();
+    assert_eq!(
+        written,
+        vec![
+            Payload::JsonBytes(Bytes::from_static(br#"{"n": 0}"#)),
+            Payload::JsonBytes(Bytes::from_static(br#"{"n": 5}"#)),
+        ]
+    );
+    let view = harness.runtime.view(ConnectorKind::Sink, "snk").unwrap();
+    assert_eq!(view.metrics.skipped.get(), 3);
+    assert_eq!(view.metrics.errors.get(), 3);
+    harness.runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn given_a_sink_taking_json_text_and_a_transform_when_consuming_should_hand_it_values() {
+    let harness = Harness::new(Duration::from_secs(5));
+    let control = Arc::new(SinkControl::default());
+    control.accepts_json_bytes.store(true, Ordering::SeqCst);
+    harness.factory.sink("snk", control.clone());
+    harness.produce(&[br#"{"n": 0}"#]).await;
+    let mut config = scripted::sink_config("snk", OnError::Stop);
+    config.transforms = vec![(
+        "add_fields".into(),
+        serde_json::json!({"fields": [{"key": "t", "value": {"static": 1}}]}),
+    )];
+    harness.runtime.add(config).unwrap();
+    harness.runtime.start_enabled().await;
+
+    wait_for("the batch to commit", || {
+        harness.bus.committed_offset(STREAM, TOPIC, GROUP, 0) == Some(0)
+    })
+    .await;
+    let written = control.written.lock().unwrap()[0].payload.clone();
+    assert_eq!(written, Payload::Json(serde_json::json!({"n": 0, "t": 1})));
+    harness.runtime.shutdown().await;
+}
+
+#[tokio::test]
 async fn given_transient_write_failures_when_retrying_should_leave_offsets_uncommitted_until_written()
  {
     let harness = Harness::new(Duration::from_secs(5));
