@@ -19,7 +19,7 @@ use crate::engine::runtime::{Runtime, RuntimeOptions};
 use crate::engine::{Status, StopReason};
 use crate::iggy::{Bus, MemoryBus, ProducerTarget};
 use crate::message::{OutgoingMessage, Payload, SourceRecord};
-use crate::state::{MemoryStateStore, StoredState};
+use crate::state::{FileStateStore, MemoryStateStore, StateStore, StoredState};
 
 const FAST: Backoff = Backoff {
     initial: Duration::from_millis(1),
@@ -211,6 +211,43 @@ async fn given_refused_sends_when_retried_should_resend_the_same_batch_and_never
     assert_eq!(view.metrics.sent.get(), 6);
     assert_eq!(view.status.status, Status::Running);
     harness.runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn given_a_file_store_and_refused_sends_when_retried_should_publish_the_state_only_after_the_send()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let bus = MemoryBus::new();
+    let factory = Arc::new(ScriptedFactory::default());
+    let runtime = Runtime::with_options(
+        Arc::new(bus.clone()),
+        Arc::new(FileStateStore::new(dir.path()).unwrap()),
+        RuntimeOptions {
+            shutdown_timeout: Duration::from_secs(5),
+            source_backoff: FAST,
+            sink_backoff: FAST,
+            factory: factory.clone(),
+        },
+    );
+    bus.refuse_sends(u32::MAX);
+    let (source, log) = ScriptedSource::new(vec![Step::numbers(0..3)], BatchPolicy::never_stop());
+    factory.source_once("src", source);
+    runtime.add(scripted::source_config("src", None)).unwrap();
+    runtime.start_enabled().await;
+
+    let view = || runtime.view(ConnectorKind::Source, "src").unwrap();
+    wait_for("three refused sends", || view().metrics.nacks.get() >= 3).await;
+    // What a restart would see now: no state, although it may be staged.
+    let on_disk = FileStateStore::new(dir.path()).unwrap();
+    assert_eq!(on_disk.load("src").await.unwrap(), None);
+    bus.refuse_sends(0);
+    wait_for("the batch to commit", || {
+        log.commits.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    let saved = on_disk.load("src").await.unwrap().unwrap();
+    assert_eq!(saved.data, state_bytes(3));
+    runtime.shutdown().await;
 }
 
 #[tokio::test]
