@@ -59,11 +59,15 @@ fn main() {
             .enable_all()
             .build()
             .expect("tokio runtime");
-        runtime.block_on(run(case));
+        // On a worker thread, as the engine's pipelines run: `block_on`'s own
+        // thread would add a cross-thread wake-up to every I/O event.
+        let case = runtime.spawn(run(case.to_owned()));
+        runtime.block_on(case).expect("the case panicked");
     });
 }
 
-async fn run(case: &str) {
+async fn run(case: String) {
+    let case = case.as_str();
     let messages = common::scaled(1_000_000, BATCH);
     let iggy = Iggy::start();
     let stream = common::unique(case);

@@ -53,15 +53,19 @@ const TOPIC: &str = "rows";
 
 fn main() {
     common::main(CASES, |case| {
-        tokio::runtime::Builder::new_multi_thread()
+        let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
-            .expect("tokio runtime")
-            .block_on(run(case));
+            .expect("tokio runtime");
+        // On a worker thread, as the engine's pipelines run: `block_on`'s own
+        // thread would add a cross-thread wake-up to every I/O event.
+        let case = runtime.spawn(run(case.to_owned()));
+        runtime.block_on(case).expect("the case panicked");
     });
 }
 
-async fn run(case: &str) {
+async fn run(case: String) {
+    let case = case.as_str();
     let url = std::env::var("IGGY_CONNECT_TEST_POSTGRES_URL").unwrap_or_else(|_| {
         panic!("IGGY_CONNECT_TEST_POSTGRES_URL is not set: run this bench through scripts/with-postgres.sh")
     });
