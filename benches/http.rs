@@ -210,6 +210,7 @@ async fn sink_case(case: &str, iggy: &Iggy, stream: &str, messages: u64, batch_m
     let stages = Stages::install();
     let state = tempfile::tempdir().expect("state dir");
     let runtime = runtime(iggy, state.path());
+    let poll_interval = humantime::format_duration(common::poll_interval());
     runtime
         .add(connector(&format!(
             r#"
@@ -221,7 +222,7 @@ async fn sink_case(case: &str, iggy: &Iggy, stream: &str, messages: u64, batch_m
             topics = ["{TOPIC}"]
             schema = "json"
             batch_length = 1000
-            poll_interval = "1ms"
+            poll_interval = "{poll_interval}"
             consumer_group = "bench"
             [plugin_config]
             url = "{url}"

@@ -261,6 +261,7 @@ fn random_source(stream: &str, messages: u64, per_poll: u64) -> ConnectorConfig 
 }
 
 fn stdout_sink(stream: &str) -> ConnectorConfig {
+    let poll_interval = humantime::format_duration(common::poll_interval());
     connector(&format!(
         r#"
         type = "sink"
@@ -271,7 +272,7 @@ fn stdout_sink(stream: &str) -> ConnectorConfig {
         topics = ["{TOPIC}"]
         schema = "json"
         batch_length = {BATCH}
-        poll_interval = "1ms"
+        poll_interval = "{poll_interval}"
         consumer_group = "bench"
         [plugin_config]
         print_payload = true

@@ -163,10 +163,11 @@ fn sink_config(
     format: &str,
     schema: &str,
 ) -> ConnectorConfig {
+    let poll_interval = humantime::format_duration(common::poll_interval());
     connector(&format!(
         "type = \"sink\"\nkey = \"pg_sink\"\npath = \"postgres\"\n\n\
          [[streams]]\nstream = \"{stream}\"\ntopics = [\"{TOPIC}\"]\nschema = \"{schema}\"\n\
-         batch_length = {BATCH}\npoll_interval = \"1ms\"\nconsumer_group = \"bench\"\n\n\
+         batch_length = {BATCH}\npoll_interval = \"{poll_interval}\"\nconsumer_group = \"bench\"\n\n\
          [plugin_config]\nconnection_string = \"{url}\"\ntarget_table = \"{table}\"\n\
          auto_create_table = true\npayload_format = \"{format}\"\nbatch_size = {BATCH}\n"
     ))

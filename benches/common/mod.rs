@@ -383,6 +383,18 @@ impl Report<'_> {
     }
 }
 
+/// The sinks' and the raw consumer's `poll_interval`: `BENCH_POLL_INTERVAL`
+/// (humantime, default `1ms`). The iggy consumer keeps at least this gap
+/// between two poll requests, busy or not, and tokio sleeps in whole
+/// milliseconds, so 1 ms makes a poll cycle about 2 ms; `0ms` sends the next
+/// poll at once (and polls an idle topic in a loop).
+pub fn poll_interval() -> Duration {
+    std::env::var("BENCH_POLL_INTERVAL")
+        .ok()
+        .and_then(|value| humantime::parse_duration(&value).ok())
+        .unwrap_or(Duration::from_millis(1))
+}
+
 /// `BENCH_SCALE` (default 1) times `base`, at least `min`.
 pub fn scaled(base: u64, min: u64) -> u64 {
     let scale: f64 = std::env::var("BENCH_SCALE")

@@ -95,16 +95,20 @@ pub async fn consume(
     count: u64,
     batch: u32,
 ) -> (Vec<Duration>, u64) {
-    let mut consumer = client
+    let mut builder = client
         .consumer_group(group, stream, topic)
         .expect("consumer group")
         .auto_commit(AutoCommit::Disabled)
         .polling_strategy(PollingStrategy::next())
         .batch_length(batch)
-        .poll_interval(IggyDuration::from(Duration::from_millis(1)))
         .create_consumer_group_if_not_exists()
-        .auto_join_consumer_group()
-        .build();
+        .auto_join_consumer_group();
+    // As the engine's consumer does: no interval at all for 0.
+    let interval = super::poll_interval();
+    if !interval.is_zero() {
+        builder = builder.poll_interval(IggyDuration::from(interval));
+    }
+    let mut consumer = builder.build();
     consumer.init().await.expect("join group");
     let mut durations = Vec::with_capacity((count / u64::from(batch) + 1) as usize);
     let (mut read, mut bytes) = (0u64, 0u64);
