@@ -1,6 +1,7 @@
 //! The delivery contract, tested through the runtime with scripted connectors on
 //! the in-memory bus. Each test names one guarantee and fails without it.
 
+mod fast_paths;
 mod scripted;
 
 use std::sync::Arc;
@@ -19,7 +20,7 @@ use crate::engine::runtime::{Runtime, RuntimeOptions};
 use crate::engine::{Status, StopReason};
 use crate::iggy::{Bus, MemoryBus, ProducerTarget};
 use crate::message::{OutgoingMessage, Payload, SourceRecord};
-use crate::state::{FileStateStore, MemoryStateStore, StateStore, StoredState};
+use crate::state::{MemoryStateStore, StoredState};
 
 const FAST: Backoff = Backoff {
     initial: Duration::from_millis(1),
@@ -211,43 +212,6 @@ async fn given_refused_sends_when_retried_should_resend_the_same_batch_and_never
     assert_eq!(view.metrics.sent.get(), 6);
     assert_eq!(view.status.status, Status::Running);
     harness.runtime.shutdown().await;
-}
-
-#[tokio::test]
-async fn given_a_file_store_and_refused_sends_when_retried_should_publish_the_state_only_after_the_send()
- {
-    let dir = tempfile::tempdir().unwrap();
-    let bus = MemoryBus::new();
-    let factory = Arc::new(ScriptedFactory::default());
-    let runtime = Runtime::with_options(
-        Arc::new(bus.clone()),
-        Arc::new(FileStateStore::new(dir.path()).unwrap()),
-        RuntimeOptions {
-            shutdown_timeout: Duration::from_secs(5),
-            source_backoff: FAST,
-            sink_backoff: FAST,
-            factory: factory.clone(),
-        },
-    );
-    bus.refuse_sends(u32::MAX);
-    let (source, log) = ScriptedSource::new(vec![Step::numbers(0..3)], BatchPolicy::never_stop());
-    factory.source_once("src", source);
-    runtime.add(scripted::source_config("src", None)).unwrap();
-    runtime.start_enabled().await;
-
-    let view = || runtime.view(ConnectorKind::Source, "src").unwrap();
-    wait_for("three refused sends", || view().metrics.nacks.get() >= 3).await;
-    // What a restart would see now: no state, although it may be staged.
-    let on_disk = FileStateStore::new(dir.path()).unwrap();
-    assert_eq!(on_disk.load("src").await.unwrap(), None);
-    bus.refuse_sends(0);
-    wait_for("the batch to commit", || {
-        log.commits.load(Ordering::SeqCst) == 1
-    })
-    .await;
-    let saved = on_disk.load("src").await.unwrap().unwrap();
-    assert_eq!(saved.data, state_bytes(3));
-    runtime.shutdown().await;
 }
 
 #[tokio::test]
@@ -455,76 +419,6 @@ async fn given_a_message_that_does_not_decode_when_consumed_should_skip_and_coun
     assert_eq!(view.metrics.skipped.get(), 1);
     assert_eq!(view.metrics.errors.get(), 1);
     assert_eq!(view.status.status, Status::Running);
-    harness.runtime.shutdown().await;
-}
-
-#[tokio::test]
-async fn given_a_sink_taking_json_text_when_consuming_should_hand_it_the_stored_bytes_and_still_skip_what_is_not_json()
- {
-    let harness = Harness::new(Duration::from_secs(5));
-    let control = Arc::new(SinkControl::default());
-    control.accepts_json_bytes.store(true, Ordering::SeqCst);
-    harness.factory.sink("snk", control.clone());
-    harness
-        .produce(&[
-            br#"{"n": 0}"#,
-            b"{garbage",
-            b"{\"n\": 2, \"s\": \"\xff\"}",
-            br#"{"n": 3} {"n": 4}"#,
-            br#"{"n": 5}"#,
-        ])
-        .await;
-    harness
-        .runtime
-        .add(scripted::sink_config("snk", OnError::Stop))
-        .unwrap();
-    harness.runtime.start_enabled().await;
-
-    wait_for("the batch to commit", || {
-        harness.bus.committed_offset(STREAM, TOPIC, GROUP, 0) == Some(4)
-    })
-    .await;
-    let written: Vec<Payload> = control
-        .written
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|message| message.payload.clone())
-        .collect();
-    assert_eq!(
-        written,
-        vec![
-            Payload::JsonBytes(Bytes::from_static(br#"{"n": 0}"#)),
-            Payload::JsonBytes(Bytes::from_static(br#"{"n": 5}"#)),
-        ]
-    );
-    let view = harness.runtime.view(ConnectorKind::Sink, "snk").unwrap();
-    assert_eq!(view.metrics.skipped.get(), 3);
-    assert_eq!(view.metrics.errors.get(), 3);
-    harness.runtime.shutdown().await;
-}
-
-#[tokio::test]
-async fn given_a_sink_taking_json_text_and_a_transform_when_consuming_should_hand_it_values() {
-    let harness = Harness::new(Duration::from_secs(5));
-    let control = Arc::new(SinkControl::default());
-    control.accepts_json_bytes.store(true, Ordering::SeqCst);
-    harness.factory.sink("snk", control.clone());
-    harness.produce(&[br#"{"n": 0}"#]).await;
-    let mut config = scripted::sink_config("snk", OnError::Stop);
-    config.transforms = vec![(
-        "add_fields".into(),
-        serde_json::json!({"fields": [{"key": "t", "value": {"static": 1}}]}),
-    )];
-    harness.runtime.add(config).unwrap();
-    harness.runtime.start_enabled().await;
-
-    wait_for("the batch to commit", || {
-        harness.bus.committed_offset(STREAM, TOPIC, GROUP, 0) == Some(0)
-    })
-    .await;
-    let written = control.written.lock().unwrap()[0].payload.clone();
-    assert_eq!(written, Payload::Json(serde_json::json!({"n": 0, "t": 1})));
     harness.runtime.shutdown().await;
 }
 
