@@ -90,6 +90,18 @@ fn decode(criterion: &mut Criterion) {
             &bytes,
             |bench, bytes| bench.iter(|| Schema::Json.decode(black_box(bytes.clone())).unwrap()),
         );
+        // What a sink that takes JSON as text gets: checked, not parsed.
+        group.bench_with_input(
+            BenchmarkId::new("engine_schema_json_kept_as_text", name),
+            &bytes,
+            |bench, bytes| {
+                bench.iter(|| {
+                    Schema::Json
+                        .decode_keeping_json_text(black_box(bytes.clone()))
+                        .unwrap()
+                })
+            },
+        );
         group.bench_with_input(
             BenchmarkId::new("simd_json_to_serde_value", name),
             &bytes,

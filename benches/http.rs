@@ -1,73 +1,138 @@
-//! Throughput of the http source (clients -> source -> bus, durable acks) and of
-//! the http sink (bus -> sink -> a local HTTP server), through the real
-//! `Runtime` over a `MemoryBus`. Prints one line per case:
+//! Throughput of the http source (clients -> source -> Iggy, each request
+//! answered once durable) and of the http sink (Iggy -> sink -> a local HTTP
+//! server answering 200):
 //!
-//! `bench: name=... messages=N seconds=S msgs_per_s=R [requests=N requests_per_s=R]`
+//!     cargo bench --features http-source,http-sink --bench http
+//!     cargo bench --features http-source,http-sink --bench http -- sink
+//!
+//! Iggy is `IGGY_ADDRESS` or the test server (see `benches/common/mod.rs`);
+//! each case runs in its own process and prints one `bench:` line, with
+//! `requests=N requests_per_s=R` added. The load generator (32 concurrent
+//! reqwest clients) and the receiving server run in the case's process, so
+//! their memory is part of its `rss_mb`.
 //!
 //! `BENCH_SCALE` (default 1.0) multiplies every case's size.
 
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+mod common;
+
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use iggy_connect::config::{ConnectorConfig, KindConfig, OnError, SinkStream, SourceStream};
+use common::{Iggy, Report, Stages, raw};
+use iggy_connect::config::ConnectorConfig;
+use iggy_connect::config::connector::parse_connector_file;
+use iggy_connect::config::env::EnvVars;
 use iggy_connect::connectors::ConnectorKind;
 use iggy_connect::engine::Runtime;
-use iggy_connect::engine::codec::Schema;
-use iggy_connect::iggy::{Bus, MemoryBus, ProducerTarget};
-use iggy_connect::message::OutgoingMessage;
-use iggy_connect::state::MemoryStateStore;
+use iggy_connect::iggy::IggyBus;
+use iggy_connect::state::FileStateStore;
 use serde_json::{Value, json};
 
-const STREAM: &str = "bench";
-const TOPIC: &str = "bench";
-const GROUP: &str = "bench";
+const CASES: &[&str] = &[
+    "http_source_to_iggy_1_msg_per_request",
+    "http_source_to_iggy_100_msgs_per_request",
+    "iggy_to_http_sink_ndjson",
+    "iggy_to_http_sink_json_array",
+    "iggy_to_http_sink_individual",
+];
+const TOPIC: &str = "events";
 /// Concurrent clients posting to the source.
-const CLIENTS: usize = 32;
+const CLIENTS: u64 = 32;
 
-#[tokio::main]
-async fn main() {
-    let scale: f64 = std::env::var("BENCH_SCALE")
-        .ok()
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(1.0);
-    let size = |base: usize| ((base as f64 * scale) as usize).max(CLIENTS);
-    source_case("http_source_durable_1_msg_per_request", size(20_000), 1).await;
-    source_case("http_source_durable_100_msgs_per_request", size(2_000), 100).await;
-    sink_case("http_sink_ndjson", size(200_000), "ndjson").await;
-    sink_case("http_sink_json_array", size(200_000), "json_array").await;
-    sink_case("http_sink_individual", size(10_000), "individual").await;
+fn main() {
+    common::main(CASES, |case| {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        // On a worker thread, as the engine's pipelines run: `block_on`'s own
+        // thread would add a cross-thread wake-up to every I/O event.
+        let case = runtime.spawn(run(case.to_owned()));
+        runtime.block_on(case).expect("the case panicked");
+    });
+}
+
+async fn run(case: String) {
+    let case = case.as_str();
+    let iggy = Iggy::start();
+    let stream = common::unique(case);
+    match case {
+        "http_source_to_iggy_1_msg_per_request" => {
+            source_case(case, &iggy, &stream, common::scaled(20_000, CLIENTS), 1).await
+        }
+        "http_source_to_iggy_100_msgs_per_request" => {
+            source_case(case, &iggy, &stream, common::scaled(2_000, CLIENTS), 100).await
+        }
+        "iggy_to_http_sink_ndjson" => {
+            sink_case(
+                case,
+                &iggy,
+                &stream,
+                common::scaled(200_000, 1000),
+                "ndjson",
+            )
+            .await
+        }
+        "iggy_to_http_sink_json_array" => {
+            sink_case(
+                case,
+                &iggy,
+                &stream,
+                common::scaled(200_000, 1000),
+                "json_array",
+            )
+            .await
+        }
+        "iggy_to_http_sink_individual" => {
+            sink_case(
+                case,
+                &iggy,
+                &stream,
+                common::scaled(10_000, 1000),
+                "individual",
+            )
+            .await
+        }
+        other => panic!("unknown case {other}"),
+    }
 }
 
 /// `requests` POSTs of `per_request` messages each, from `CLIENTS` concurrent
 /// clients, every one answered only once durable.
-async fn source_case(name: &str, requests: usize, per_request: usize) {
+async fn source_case(case: &str, iggy: &Iggy, stream: &str, requests: u64, per_request: usize) {
     let address = free_address();
-    let bus = MemoryBus::new();
-    let runtime = runtime(&bus);
+    let stages = Stages::install();
+    let state = tempfile::tempdir().expect("state dir");
+    let runtime = runtime(iggy, state.path());
     runtime
-        .add(connector(
-            ConnectorKind::Source,
-            "bench-source",
-            json!({"address": address.to_string(), "batch_length": 5000, "linger_time": "1ms"}),
-            KindConfig::Source {
-                streams: vec![SourceStream {
-                    stream: STREAM.into(),
-                    topic: TOPIC.into(),
-                    schema: Schema::Json,
-                    batch_length: 5000,
-                    linger_time: Duration::from_millis(1),
-                    partitions: 1,
-                }],
-                max_consecutive_nacks: None,
-            },
-        ))
+        .add(connector(&format!(
+            r#"
+            type = "source"
+            key = "http_source"
+            path = "http"
+            [[streams]]
+            stream = "{stream}"
+            topic = "{TOPIC}"
+            schema = "json"
+            batch_length = 1000
+            linger_time = "1ms"
+            [plugin_config]
+            address = "{address}"
+            batch_length = 5000
+            linger_time = "1ms"
+            "#
+        )))
         .expect("add source");
     runtime.start_enabled().await;
     let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(CLIENTS)
+        .pool_max_idle_per_host(CLIENTS as usize)
         .build()
         .expect("client");
     let url = format!("http://{address}/messages");
@@ -82,7 +147,7 @@ async fn source_case(name: &str, requests: usize, per_request: usize) {
     let clients: Vec<_> = (0..CLIENTS)
         .map(|index| {
             let (client, url, body) = (client.clone(), url.clone(), body.clone());
-            let count = requests / CLIENTS + usize::from(index < requests % CLIENTS);
+            let count = requests / CLIENTS + u64::from(index < requests % CLIENTS);
             tokio::spawn(async move {
                 for _ in 0..count {
                     let response = client
@@ -100,84 +165,107 @@ async fn source_case(name: &str, requests: usize, per_request: usize) {
     for client in clients {
         client.await.expect("client task");
     }
-    let seconds = started.elapsed().as_secs_f64();
-    let messages = requests * per_request;
+    let elapsed = started.elapsed();
+    let messages = requests * per_request as u64;
+    let view = runtime
+        .view(ConnectorKind::Source, "http_source")
+        .expect("view");
     assert_eq!(
-        bus.messages(STREAM, TOPIC).len(),
+        view.metrics.sent.get(),
         messages,
-        "every acked message is stored"
+        "every acked message is in Iggy"
     );
-    println!(
-        "bench: name={name} messages={messages} seconds={seconds:.3} msgs_per_s={:.0} requests={requests} requests_per_s={:.0} batches={}",
-        messages as f64 / seconds,
-        requests as f64 / seconds,
-        bus.accepted_sends()
-    );
+    Report {
+        name: case,
+        messages,
+        elapsed,
+        latencies: stages.latencies("http_source"),
+        extra: vec![
+            ("requests", requests.to_string()),
+            (
+                "requests_per_s",
+                format!("{:.0}", requests as f64 / elapsed.as_secs_f64()),
+            ),
+            ("server", iggy.kind().into()),
+        ],
+    }
+    .print();
     runtime.shutdown().await;
+    let client = iggy.settings().connect().await.expect("connect");
+    raw::drop_stream(&client, stream).await;
 }
 
 /// `messages` already in the topic, drained by the sink to a local server that
 /// answers 200.
-async fn sink_case(name: &str, messages: usize, batch_mode: &str) {
+async fn sink_case(case: &str, iggy: &Iggy, stream: &str, messages: u64, batch_mode: &str) {
     let received = Arc::new(AtomicU64::new(0));
     let url = start_receiver(received.clone()).await;
-    let bus = MemoryBus::new();
-    let producer = bus
-        .producer(&ProducerTarget {
-            stream: STREAM.into(),
-            topic: TOPIC.into(),
-            partitions: 1,
-            batch_length: 1000,
-            linger_time: Duration::ZERO,
-        })
-        .await
-        .expect("producer");
-    let outgoing: Vec<OutgoingMessage> = (0..messages)
-        .map(|index| OutgoingMessage {
-            id: Some(index as u128 + 1),
-            headers: Vec::new(),
-            payload: serde_json::to_vec(&sample(index)).expect("json").into(),
-        })
-        .collect();
-    for chunk in outgoing.chunks(10_000) {
-        producer.send(chunk).await.expect("send");
-    }
-    let runtime = runtime(&bus);
+    let client = raw::topic(iggy, stream, TOPIC).await;
+    raw::send(&client, stream, TOPIC, messages, 1000, |n| {
+        serde_json::to_vec(&sample(n as usize))
+            .expect("json")
+            .into()
+    })
+    .await;
+    let stages = Stages::install();
+    let state = tempfile::tempdir().expect("state dir");
+    let runtime = runtime(iggy, state.path());
+    let poll_interval = humantime::format_duration(common::poll_interval());
     runtime
-        .add(connector(
-            ConnectorKind::Sink,
-            "bench-sink",
-            json!({"url": url, "batch_mode": batch_mode}),
-            KindConfig::Sink {
-                streams: vec![SinkStream {
-                    stream: STREAM.into(),
-                    topics: vec![TOPIC.into()],
-                    schema: Schema::Json,
-                    batch_length: 1000,
-                    poll_interval: Duration::from_millis(1),
-                    consumer_group: GROUP.into(),
-                }],
-                on_error: OnError::Stop,
-            },
-        ))
+        .add(connector(&format!(
+            r#"
+            type = "sink"
+            key = "http_sink"
+            path = "http"
+            [[streams]]
+            stream = "{stream}"
+            topics = ["{TOPIC}"]
+            schema = "json"
+            batch_length = 1000
+            poll_interval = "{poll_interval}"
+            consumer_group = "bench"
+            [plugin_config]
+            url = "{url}"
+            batch_mode = "{batch_mode}"
+            "#
+        )))
         .expect("add sink");
     let started = Instant::now();
     runtime.start_enabled().await;
-    while !bus.is_drained(STREAM, TOPIC, GROUP) {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let view = runtime
+            .view(ConnectorKind::Sink, "http_sink")
+            .expect("view");
+        if view.metrics.processed.get() >= messages {
+            break;
+        }
         assert!(
-            started.elapsed() < Duration::from_secs(600),
-            "sink did not drain"
+            Instant::now() < deadline,
+            "sink did not drain: {:?}",
+            view.status
         );
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    let seconds = started.elapsed().as_secs_f64();
+    let elapsed = started.elapsed();
     let requests = received.load(Ordering::Relaxed);
-    println!(
-        "bench: name={name} messages={messages} seconds={seconds:.3} msgs_per_s={:.0} requests={requests} requests_per_s={:.0}",
-        messages as f64 / seconds,
-        requests as f64 / seconds
-    );
+    Report {
+        name: case,
+        messages,
+        elapsed,
+        latencies: stages.latencies("http_sink"),
+        extra: vec![
+            ("requests", requests.to_string()),
+            (
+                "requests_per_s",
+                format!("{:.0}", requests as f64 / elapsed.as_secs_f64()),
+            ),
+            ("server", iggy.kind().into()),
+        ],
+    }
+    .print();
     runtime.shutdown().await;
+    raw::drop_stream(&client, stream).await;
 }
 
 fn sample(index: usize) -> Value {
@@ -217,37 +305,18 @@ async fn wait_until_listening(client: &reqwest::Client, address: &SocketAddr) {
     }
 }
 
-fn runtime(bus: &MemoryBus) -> Arc<Runtime> {
+fn runtime(iggy: &Iggy, state_dir: &Path) -> Arc<Runtime> {
     Runtime::new(
-        Arc::new(bus.clone()),
-        Arc::new(MemoryStateStore::new()),
-        Duration::from_secs(5),
+        Arc::new(IggyBus::new(iggy.settings())),
+        Arc::new(FileStateStore::new(state_dir).expect("state store")),
+        Duration::from_secs(10),
     )
 }
 
-fn connector(
-    kind: ConnectorKind,
-    key: &str,
-    plugin_config: Value,
-    kind_config: KindConfig,
-) -> ConnectorConfig {
-    ConnectorConfig {
-        kind,
-        key: key.into(),
-        enabled: true,
-        version: 0,
-        name: key.into(),
-        path: "http".into(),
-        connector: "http".into(),
-        plugin_config_format: None,
-        plugin_config,
-        verbose: false,
-        benchmark: false,
-        transforms: Vec::new(),
-        dead_letter: None,
-        kind_config,
-        file: None,
-    }
+fn connector(text: &str) -> ConnectorConfig {
+    parse_connector_file(Path::new("bench.toml"), text, &EnvVars::default())
+        .unwrap_or_else(|issues| panic!("bad bench config: {issues}"))
+        .0
 }
 
 fn free_address() -> SocketAddr {

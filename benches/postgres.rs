@@ -1,33 +1,71 @@
-//! Throughput of the postgres connectors with ~1 KB JSON rows, batch 1000.
+//! Throughput of the postgres connectors through Iggy with ~1 KB JSON rows,
+//! batches of 1000:
 //!
 //!     scripts/with-postgres.sh cargo bench --features postgres-source,postgres-sink --bench postgres
+//!     scripts/with-postgres.sh cargo bench --features postgres-source,postgres-sink --bench postgres -- chain
 //!
-//! Prints one `bench: name=... messages=N seconds=S msgs_per_s=R` line per
-//! pipeline. The bus is the in-memory one (the Iggy test server will replace
-//! it), so the figures measure the connectors, the engine and PostgreSQL.
-//! `insert_copy_staging` times the alternative write path (COPY into a
-//! temporary table, then INSERT ... SELECT ... ON CONFLICT) against the sink's
-//! UNNEST path, on the same rows.
+//! Iggy is `IGGY_ADDRESS` or the test server (see `benches/common/mod.rs`);
+//! each case runs in its own process and prints one `bench:` line.
+//!
+//! - `postgres_source_to_iggy`: table -> Iggy (upstream's `DatabaseRecord`);
+//! - `iggy_to_postgres_sink_jsonb` / `_bytea`: a filled topic -> table;
+//! - `postgres_to_iggy_to_postgres`: both connectors in one runtime, measured
+//!   at the sink;
+//! - `copy_reference`: plain `COPY` of the same rows into a table, 1000 per
+//!   statement: what PostgreSQL itself takes, the sink's upper bound;
+//! - `insert_unnest` / `insert_copy_staging`: the sink's UNNEST insert called
+//!   directly, against COPY into a staging table plus `INSERT ... SELECT ...
+//!   ON CONFLICT` (why the sink uses UNNEST).
 
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+mod common;
+
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::{Iggy, Latencies, Report, Stages, raw};
+use iggy_connect::config::ConnectorConfig;
 use iggy_connect::config::env::EnvVars;
 use iggy_connect::config::parse_connector_file;
-use iggy_connect::connectors::Registry;
+use iggy_connect::connectors::{ConnectorKind, Registry};
 use iggy_connect::engine::Runtime;
-use iggy_connect::iggy::{Bus, MemoryBus, ProducerTarget};
-use iggy_connect::message::{OutgoingMessage, Payload, SinkMessage, TopicRef};
-use iggy_connect::state::MemoryStateStore;
+use iggy_connect::iggy::IggyBus;
+use iggy_connect::message::{Payload, SinkMessage, TopicRef};
+use iggy_connect::state::FileStateStore;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, PgPool};
 
-const ROWS: usize = 100_000;
-const BATCH: usize = 1000;
+const CASES: &[&str] = &[
+    "postgres_source_to_iggy",
+    "iggy_to_postgres_sink_jsonb",
+    "iggy_to_postgres_sink_bytea",
+    "postgres_to_iggy_to_postgres",
+    "copy_reference",
+    "insert_unnest",
+    "insert_copy_staging",
+];
+const BATCH: u64 = 1000;
+const TOPIC: &str = "rows";
 
-#[tokio::main]
-async fn main() {
+fn main() {
+    common::main(CASES, |case| {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        // On a worker thread, as the engine's pipelines run: `block_on`'s own
+        // thread would add a cross-thread wake-up to every I/O event.
+        let case = runtime.spawn(run(case.to_owned()));
+        runtime.block_on(case).expect("the case panicked");
+    });
+}
+
+async fn run(case: String) {
+    let case = case.as_str();
     let url = std::env::var("IGGY_CONNECT_TEST_POSTGRES_URL").unwrap_or_else(|_| {
         panic!("IGGY_CONNECT_TEST_POSTGRES_URL is not set: run this bench through scripts/with-postgres.sh")
     });
@@ -36,28 +74,39 @@ async fn main() {
         .connect(&url)
         .await
         .expect("connect");
-    source_to_bus(&url, &pool).await;
-    for (format, schema, batch_size) in [
-        ("json", "json", 1000),
-        ("bytea", "raw", 1000),
-        ("json", "json", 100),
-    ] {
-        bus_to_sink(&url, &pool, format, schema, batch_size).await;
+    let rows = common::scaled(100_000, BATCH);
+    let name = common::unique(case).replace('-', "_");
+    // Each case sets up its tables before the clock starts; flushing what
+    // earlier cases left keeps their checkpoints out of this case's time.
+    execute(&pool, "CHECKPOINT".into()).await;
+    match case {
+        "postgres_source_to_iggy" => source_to_iggy(case, &url, &pool, &name, rows).await,
+        "iggy_to_postgres_sink_jsonb" => {
+            iggy_to_sink(case, &url, &pool, &name, rows, "jsonb", "json").await
+        }
+        "iggy_to_postgres_sink_bytea" => {
+            iggy_to_sink(case, &url, &pool, &name, rows, "bytea", "raw").await
+        }
+        "postgres_to_iggy_to_postgres" => chain(case, &url, &pool, &name, rows).await,
+        "copy_reference" => copy_reference(case, &pool, &name, rows).await,
+        "insert_unnest" => insert_unnest(case, &url, &pool, &name, rows).await,
+        "insert_copy_staging" => insert_copy_staging(case, &pool, &name, rows).await,
+        other => panic!("unknown case {other}"),
     }
-    insert_strategies(&url, &pool).await;
 }
 
-fn report(name: &str, messages: usize, elapsed: Duration) {
-    let seconds = elapsed.as_secs_f64();
-    println!(
-        "bench: name={name} messages={messages} seconds={seconds:.3} msgs_per_s={:.0}",
-        messages as f64 / seconds
-    );
-}
-
-fn text_1k(n: usize) -> String {
+/// ~1 KB of text for row `n`.
+fn text_1k(n: u64) -> String {
     let filler: String = std::iter::repeat_n("lorem ipsum dolor sit amet ", 36).collect();
     format!("{n}:{}", &filler[..940])
+}
+
+/// The JSON message the sink cases read: ~1 KB.
+fn message_json(n: u64) -> Bytes {
+    Bytes::from(
+        serde_json::to_vec(&serde_json::json!({"n": n, "kind": "order", "body": text_1k(n)}))
+            .expect("json"),
+    )
 }
 
 async fn execute(pool: &PgPool, sql: String) {
@@ -67,18 +116,16 @@ async fn execute(pool: &PgPool, sql: String) {
         .expect("bench SQL");
 }
 
-fn connector(text: &str) -> iggy_connect::config::ConnectorConfig {
-    parse_connector_file(
-        std::path::Path::new("bench.toml"),
-        text,
-        &EnvVars::from_pairs(Vec::new()),
-    )
-    .map(|(config, _)| config)
-    .expect("bench connector config")
+async fn count(pool: &PgPool, table: &str) -> u64 {
+    let stored: i64 = sqlx::query_scalar(AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+        .fetch_one(pool)
+        .await
+        .expect("count");
+    stored as u64
 }
 
-async fn source_to_bus(url: &str, pool: &PgPool) {
-    let table = format!("bench_source_{}", std::process::id());
+/// A source table of `rows` rows of ~1 KB as `row_to_json`.
+async fn create_source_table(pool: &PgPool, table: &str, rows: u64) {
     execute(pool, format!("DROP TABLE IF EXISTS {table}")).await;
     execute(
         pool,
@@ -86,104 +133,243 @@ async fn source_to_bus(url: &str, pool: &PgPool) {
             "CREATE TABLE {table} (id BIGSERIAL PRIMARY KEY, kind TEXT, amount NUMERIC(12,2), \
              created_at TIMESTAMPTZ DEFAULT now(), body TEXT); \
              INSERT INTO {table} (kind, amount, body) SELECT 'order', n * 1.25, \
-             repeat(md5(n::text), 29) FROM generate_series(1, {ROWS}) AS n; ANALYZE {table}"
+             repeat(md5(n::text), 29) FROM generate_series(1, {rows}) AS n; ANALYZE {table}; \
+             CHECKPOINT"
         ),
     )
     .await;
-    let bus = MemoryBus::new();
-    let runtime = Runtime::new(
-        Arc::new(bus.clone()),
-        Arc::new(MemoryStateStore::new()),
+}
+
+fn connector(text: &str) -> ConnectorConfig {
+    parse_connector_file(Path::new("bench.toml"), text, &EnvVars::default())
+        .map(|(config, _)| config)
+        .expect("bench connector config")
+}
+
+fn source_config(url: &str, stream: &str, table: &str) -> ConnectorConfig {
+    connector(&format!(
+        "type = \"source\"\nkey = \"pg_source\"\npath = \"postgres\"\n\n\
+         [[streams]]\nstream = \"{stream}\"\ntopic = \"{TOPIC}\"\nschema = \"json\"\n\
+         batch_length = {BATCH}\nlinger_time = \"5ms\"\n\n\
+         [plugin_config]\nconnection_string = \"{url}\"\ntables = [\"{table}\"]\n\
+         batch_size = {BATCH}\npoll_interval = \"10ms\"\n"
+    ))
+}
+
+fn sink_config(
+    url: &str,
+    stream: &str,
+    table: &str,
+    format: &str,
+    schema: &str,
+) -> ConnectorConfig {
+    let poll_interval = humantime::format_duration(common::poll_interval());
+    connector(&format!(
+        "type = \"sink\"\nkey = \"pg_sink\"\npath = \"postgres\"\n\n\
+         [[streams]]\nstream = \"{stream}\"\ntopics = [\"{TOPIC}\"]\nschema = \"{schema}\"\n\
+         batch_length = {BATCH}\npoll_interval = \"{poll_interval}\"\nconsumer_group = \"bench\"\n\n\
+         [plugin_config]\nconnection_string = \"{url}\"\ntarget_table = \"{table}\"\n\
+         auto_create_table = true\npayload_format = \"{format}\"\nbatch_size = {BATCH}\n"
+    ))
+}
+
+fn runtime(iggy: &Iggy, state_dir: &Path) -> Arc<Runtime> {
+    Runtime::new(
+        Arc::new(IggyBus::new(iggy.settings())),
+        Arc::new(FileStateStore::new(state_dir).expect("state store")),
         Duration::from_secs(10),
-    );
+    )
+}
+
+async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(900);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+async fn source_to_iggy(case: &str, url: &str, pool: &PgPool, name: &str, rows: u64) {
+    let iggy = Iggy::start();
+    let table = format!("{name}_src");
+    create_source_table(pool, &table, rows).await;
+    let stages = Stages::install();
+    let state = tempfile::tempdir().expect("state dir");
+    let runtime = runtime(&iggy, state.path());
     runtime
-        .add(connector(&format!(
-            "type = \"source\"\nkey = \"bench_source\"\npath = \"postgres\"\n\n\
-             [[streams]]\nstream = \"bench\"\ntopic = \"rows\"\nschema = \"json\"\nbatch_length = {BATCH}\n\n\
-             [plugin_config]\nconnection_string = \"{url}\"\ntables = [\"{table}\"]\nbatch_size = {BATCH}\n"
-        )))
+        .add(source_config(url, name, &table))
         .expect("add source");
     let started = Instant::now();
     runtime.start_enabled().await;
-    while bus.messages("bench", "rows").len() < ROWS {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_until("the source to send every row", || {
+        let view = runtime.view(ConnectorKind::Source, "pg_source");
+        view.is_ok_and(|view| view.metrics.sent.get() >= rows)
+    })
+    .await;
     let elapsed = started.elapsed();
     runtime.shutdown().await;
-    let size = bus.messages("bench", "rows")[0].payload.len();
-    eprintln!("source record size: {size} bytes");
-    report("postgres_source_to_bus", ROWS, elapsed);
+    let client = raw::topic(&iggy, name, TOPIC).await;
+    Report {
+        name: case,
+        messages: rows,
+        elapsed,
+        latencies: stages.latencies("pg_source"),
+        extra: [
+            stages.breakdown("pg_source"),
+            vec![("server", iggy.kind().into())],
+        ]
+        .concat(),
+    }
+    .print();
+    raw::drop_stream(&client, name).await;
     execute(pool, format!("DROP TABLE {table}")).await;
 }
 
-async fn bus_to_sink(url: &str, pool: &PgPool, format: &str, schema: &str, batch_size: usize) {
-    let table = format!("bench_sink_{format}_{batch_size}_{}", std::process::id());
+async fn iggy_to_sink(
+    case: &str,
+    url: &str,
+    pool: &PgPool,
+    name: &str,
+    rows: u64,
+    format: &str,
+    schema: &str,
+) {
+    let iggy = Iggy::start();
+    let table = format!("{name}_dst");
     execute(pool, format!("DROP TABLE IF EXISTS {table}")).await;
-    let bus = MemoryBus::new();
-    let producer = bus
-        .producer(&ProducerTarget {
-            stream: "bench".into(),
-            topic: "events".into(),
-            partitions: 1,
-            batch_length: BATCH as u32,
-            linger_time: Duration::ZERO,
-        })
-        .await
-        .expect("producer");
-    for chunk in 0..ROWS / BATCH {
-        let messages: Vec<OutgoingMessage> = (0..BATCH)
-            .map(|index| {
-                let n = chunk * BATCH + index;
-                let payload = serde_json::json!({"n": n, "kind": "order", "body": text_1k(n)});
-                OutgoingMessage {
-                    id: Some(n as u128 + 1),
-                    headers: Vec::new(),
-                    payload: Bytes::from(serde_json::to_vec(&payload).expect("json")),
-                }
-            })
-            .collect();
-        producer.send(&messages).await.expect("send");
-    }
-    let runtime = Runtime::new(
-        Arc::new(bus.clone()),
-        Arc::new(MemoryStateStore::new()),
-        Duration::from_secs(10),
-    );
+    let client = raw::topic(&iggy, name, TOPIC).await;
+    raw::send(&client, name, TOPIC, rows, BATCH, message_json).await;
+    let stages = Stages::install();
+    let state = tempfile::tempdir().expect("state dir");
+    let runtime = runtime(&iggy, state.path());
     runtime
-        .add(connector(&format!(
-            "type = \"sink\"\nkey = \"bench_sink\"\npath = \"postgres\"\n\n\
-             [[streams]]\nstream = \"bench\"\ntopics = [\"events\"]\nschema = \"{schema}\"\nbatch_length = {BATCH}\n\n\
-             [plugin_config]\nconnection_string = \"{url}\"\ntarget_table = \"{table}\"\n\
-             auto_create_table = true\npayload_format = \"{format}\"\nbatch_size = {batch_size}\n"
-        )))
+        .add(sink_config(url, name, &table, format, schema))
         .expect("add sink");
     let started = Instant::now();
     runtime.start_enabled().await;
-    while !bus.is_drained("bench", "events", "iggy-connect-sink-bench_sink") {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_until("the sink to write every message", || {
+        let view = runtime.view(ConnectorKind::Sink, "pg_sink");
+        view.is_ok_and(|view| view.metrics.processed.get() >= rows)
+    })
+    .await;
     let elapsed = started.elapsed();
     runtime.shutdown().await;
-    let stored: i64 = sqlx::query_scalar(AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
-        .fetch_one(pool)
-        .await
-        .expect("count");
-    assert_eq!(stored as usize, ROWS, "every message stored");
-    report(
-        &format!("bus_to_postgres_sink_{format}_batch_size_{batch_size}"),
-        ROWS,
+    assert_eq!(count(pool, &table).await, rows, "every message stored");
+    Report {
+        name: case,
+        messages: rows,
         elapsed,
-    );
+        latencies: stages.latencies("pg_sink"),
+        extra: [
+            stages.breakdown("pg_sink"),
+            vec![("server", iggy.kind().into())],
+        ]
+        .concat(),
+    }
+    .print();
+    raw::drop_stream(&client, name).await;
     execute(pool, format!("DROP TABLE {table}")).await;
 }
 
-/// The sink's UNNEST path (called directly) against COPY into a staging table
-/// followed by INSERT ... SELECT ... ON CONFLICT, both 1000 rows per round.
-async fn insert_strategies(url: &str, pool: &PgPool) {
-    let messages: Vec<SinkMessage> = (0..ROWS)
+async fn chain(case: &str, url: &str, pool: &PgPool, name: &str, rows: u64) {
+    let iggy = Iggy::start();
+    let (source_table, sink_table) = (format!("{name}_src"), format!("{name}_dst"));
+    create_source_table(pool, &source_table, rows).await;
+    execute(pool, format!("DROP TABLE IF EXISTS {sink_table}")).await;
+    let stages = Stages::install();
+    let state = tempfile::tempdir().expect("state dir");
+    let runtime = runtime(&iggy, state.path());
+    runtime
+        .add(source_config(url, name, &source_table))
+        .expect("add source");
+    runtime
+        .add(sink_config(url, name, &sink_table, "jsonb", "json"))
+        .expect("add sink");
+    let started = Instant::now();
+    runtime.start_enabled().await;
+    wait_until("the sink to write every row", || {
+        let view = runtime.view(ConnectorKind::Sink, "pg_sink");
+        view.is_ok_and(|view| view.metrics.processed.get() >= rows)
+    })
+    .await;
+    let elapsed = started.elapsed();
+    runtime.shutdown().await;
+    assert_eq!(count(pool, &sink_table).await, rows, "every row stored");
+    let source = stages.latencies("pg_source");
+    Report {
+        name: case,
+        messages: rows,
+        elapsed,
+        latencies: stages.latencies("pg_sink"),
+        extra: vec![
+            ("source_p50_ms", format!("{:.2}", source.ms(0.5))),
+            ("source_p99_ms", format!("{:.2}", source.ms(0.99))),
+            ("server", iggy.kind().into()),
+        ],
+    }
+    .print();
+    let client = iggy.settings().connect().await.expect("connect");
+    raw::drop_stream(&client, name).await;
+    execute(pool, format!("DROP TABLE {source_table}")).await;
+    execute(pool, format!("DROP TABLE {sink_table}")).await;
+}
+
+/// Plain COPY of the sink's rows (id, offset, payload as jsonb), 1000 per
+/// statement, one transaction each: PostgreSQL's own write rate.
+async fn copy_reference(case: &str, pool: &PgPool, name: &str, rows: u64) {
+    let table = format!("{name}_copy");
+    execute(pool, format!("DROP TABLE IF EXISTS {table}")).await;
+    execute(
+        pool,
+        format!(
+            "CREATE TABLE {table} (id DECIMAL(39,0) PRIMARY KEY, iggy_offset BIGINT, payload JSONB)"
+        ),
+    )
+    .await;
+    let mut connection = pool.acquire().await.expect("acquire");
+    let mut durations = Vec::new();
+    let started = Instant::now();
+    for start in (0..rows).step_by(BATCH as usize) {
+        let batch_started = Instant::now();
+        let mut data = Vec::with_capacity(BATCH as usize * 1100);
+        for n in start..(start + BATCH).min(rows) {
+            data.extend_from_slice(format!("{}\t{n}\t", n + 1).as_bytes());
+            // COPY's text format: backslashes in the JSON must be doubled.
+            for &byte in message_json(n).iter() {
+                if byte == b'\\' {
+                    data.push(b'\\');
+                }
+                data.push(byte);
+            }
+            data.push(b'\n');
+        }
+        let mut copy = connection
+            .copy_in_raw(&format!("COPY {table} FROM STDIN"))
+            .await
+            .expect("copy in");
+        copy.send(data).await.expect("copy send");
+        copy.finish().await.expect("copy finish");
+        durations.push(batch_started.elapsed());
+    }
+    let elapsed = started.elapsed();
+    drop(connection);
+    assert_eq!(count(pool, &table).await, rows);
+    Report {
+        name: case,
+        messages: rows,
+        elapsed,
+        latencies: Latencies::from_durations(&durations),
+        extra: Vec::new(),
+    }
+    .print();
+    execute(pool, format!("DROP TABLE {table}")).await;
+}
+
+fn sink_messages(rows: u64) -> Vec<SinkMessage> {
+    (0..rows)
         .map(|n| SinkMessage {
-            id: n as u128 + 1,
-            offset: n as u64,
+            id: u128::from(n) + 1,
+            offset: n,
             partition_id: 0,
             timestamp: 1_700_000_000_000_000,
             origin_timestamp: 1_700_000_000_000_000,
@@ -191,35 +377,57 @@ async fn insert_strategies(url: &str, pool: &PgPool) {
             headers: Vec::new(),
             payload: Payload::Text(text_1k(n)),
         })
-        .collect();
+        .collect()
+}
+
+/// The sink's UNNEST path, called directly (no Iggy, no engine).
+async fn insert_unnest(case: &str, url: &str, pool: &PgPool, name: &str, rows: u64) {
+    let messages = sink_messages(rows);
     let topic = TopicRef {
         stream: "bench".into(),
         topic: "events".into(),
     };
-    let unnest_table = format!("bench_unnest_{}", std::process::id());
-    execute(pool, format!("DROP TABLE IF EXISTS {unnest_table}")).await;
+    let table = format!("{name}_unnest");
+    execute(pool, format!("DROP TABLE IF EXISTS {table}")).await;
     let mut sink = (Registry::sink("postgres").expect("sink").build)(&serde_json::json!({
         "connection_string": url,
-        "target_table": unnest_table,
+        "target_table": table,
         "auto_create_table": true,
         "payload_format": "text",
         "batch_size": BATCH,
     }))
     .expect("build sink");
     sink.open().await.expect("open sink");
+    let mut durations = Vec::new();
     let started = Instant::now();
-    for chunk in messages.chunks(BATCH) {
+    for chunk in messages.chunks(BATCH as usize) {
+        let batch_started = Instant::now();
         sink.write(&topic, chunk).await.expect("write");
+        durations.push(batch_started.elapsed());
     }
-    report("insert_unnest", ROWS, started.elapsed());
+    let elapsed = started.elapsed();
     sink.close().await.expect("close");
+    Report {
+        name: case,
+        messages: rows,
+        elapsed,
+        latencies: Latencies::from_durations(&durations),
+        extra: Vec::new(),
+    }
+    .print();
+    execute(pool, format!("DROP TABLE {table}")).await;
+}
 
-    let copy_table = format!("bench_copy_{}", std::process::id());
-    execute(pool, format!("DROP TABLE IF EXISTS {copy_table}")).await;
+/// COPY into a staging table, then `INSERT ... SELECT ... ON CONFLICT`, 1000
+/// rows per transaction: the alternative to the sink's UNNEST insert.
+async fn insert_copy_staging(case: &str, pool: &PgPool, name: &str, rows: u64) {
+    let messages = sink_messages(rows);
+    let table = format!("{name}_staged");
+    execute(pool, format!("DROP TABLE IF EXISTS {table}")).await;
     execute(
         pool,
         format!(
-            "CREATE TABLE {copy_table} (id DECIMAL(39,0) PRIMARY KEY, iggy_offset BIGINT, \
+            "CREATE TABLE {table} (id DECIMAL(39,0) PRIMARY KEY, iggy_offset BIGINT, \
              iggy_timestamp TIMESTAMPTZ, iggy_stream TEXT, iggy_topic TEXT, iggy_partition_id INTEGER, \
              iggy_checksum BIGINT, iggy_origin_timestamp TIMESTAMPTZ, payload TEXT, \
              created_at TIMESTAMPTZ DEFAULT NOW())"
@@ -227,8 +435,10 @@ async fn insert_strategies(url: &str, pool: &PgPool) {
     )
     .await;
     let mut connection = pool.acquire().await.expect("acquire");
+    let mut durations = Vec::new();
     let started = Instant::now();
-    for chunk in messages.chunks(BATCH) {
+    for chunk in messages.chunks(BATCH as usize) {
+        let batch_started = Instant::now();
         let mut transaction = sqlx::Connection::begin(&mut *connection)
             .await
             .expect("begin");
@@ -266,7 +476,7 @@ async fn insert_strategies(url: &str, pool: &PgPool) {
         copy.send(data).await.expect("copy send");
         copy.finish().await.expect("copy finish");
         sqlx::query(AssertSqlSafe(format!(
-            "INSERT INTO {copy_table} (id, iggy_offset, iggy_timestamp, iggy_stream, iggy_topic, \
+            "INSERT INTO {table} (id, iggy_offset, iggy_timestamp, iggy_stream, iggy_topic, \
              iggy_partition_id, iggy_checksum, iggy_origin_timestamp, payload) \
              SELECT id, iggy_offset, TIMESTAMPTZ 'epoch' + iggy_timestamp * INTERVAL '1 microsecond', \
              'bench', 'events', iggy_partition_id, iggy_checksum, \
@@ -277,9 +487,17 @@ async fn insert_strategies(url: &str, pool: &PgPool) {
         .await
         .expect("insert from staging");
         transaction.commit().await.expect("commit");
+        durations.push(batch_started.elapsed());
     }
-    report("insert_copy_staging", ROWS, started.elapsed());
+    let elapsed = started.elapsed();
     drop(connection);
-    execute(pool, format!("DROP TABLE {copy_table}")).await;
-    execute(pool, format!("DROP TABLE {unnest_table}")).await;
+    Report {
+        name: case,
+        messages: rows,
+        elapsed,
+        latencies: Latencies::from_durations(&durations),
+        extra: Vec::new(),
+    }
+    .print();
+    execute(pool, format!("DROP TABLE {table}")).await;
 }

@@ -13,6 +13,14 @@ use bytes::Bytes;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Payload {
     Json(serde_json::Value),
+    /// A JSON document kept as its serialized text (UTF-8), known to be valid
+    /// JSON: written by a source that generates JSON itself (no `Value` built,
+    /// nothing re-serialized), or checked by the engine for a sink that takes
+    /// JSON as text ([`Sink::accepts_json_bytes`]). Transforms see it as
+    /// `Json`: a transform chain parses it first.
+    ///
+    /// [`Sink::accepts_json_bytes`]: crate::connectors::Sink::accepts_json_bytes
+    JsonBytes(Bytes),
     Text(String),
     Raw(Bytes),
 }
@@ -23,13 +31,13 @@ impl Payload {
         match self {
             Payload::Json(value) => Bytes::from(serde_json::to_vec(value).unwrap_or_default()),
             Payload::Text(text) => Bytes::copy_from_slice(text.as_bytes()),
-            Payload::Raw(bytes) => bytes.clone(),
+            Payload::JsonBytes(bytes) | Payload::Raw(bytes) => bytes.clone(),
         }
     }
 
     pub fn kind(&self) -> &'static str {
         match self {
-            Payload::Json(_) => "json",
+            Payload::Json(_) | Payload::JsonBytes(_) => "json",
             Payload::Text(_) => "text",
             Payload::Raw(_) => "raw",
         }

@@ -68,6 +68,16 @@ pub trait Sink: Send + Sync {
     /// sink may call `write` concurrently.
     async fn write(&self, topic: &TopicRef, messages: &[SinkMessage]) -> Result<(), SinkError>;
 
+    /// Whether the sink takes JSON payloads as their text
+    /// ([`Payload::JsonBytes`](crate::message::Payload::JsonBytes)). When it
+    /// does and a topic has no transforms, the engine checks each JSON payload
+    /// is valid and hands over the stored bytes instead of a parsed value, so a
+    /// sink that writes JSON as text re-serializes nothing. Otherwise, and
+    /// always with transforms, JSON arrives as `Payload::Json`.
+    fn accepts_json_bytes(&self) -> bool {
+        false
+    }
+
     async fn close(&mut self) -> Result<(), ConnectorError>;
 }
 

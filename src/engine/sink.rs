@@ -228,6 +228,9 @@ impl TopicLoop<'_> {
     ) -> Vec<SinkMessage> {
         let pipeline = self.pipeline;
         let mut messages = Vec::with_capacity(consumed.len());
+        // Without transforms, a sink that writes JSON as text gets the stored
+        // bytes, checked, instead of a value it would serialize again.
+        let keep_json_text = pipeline.transforms.is_empty() && pipeline.sink.accepts_json_bytes();
         for message in consumed {
             let ConsumedMessage {
                 id,
@@ -239,7 +242,12 @@ impl TopicLoop<'_> {
                 headers,
                 payload,
             } = message;
-            let mut decoded = match reader.schema.decode(payload.clone()) {
+            let decoded = if keep_json_text {
+                reader.schema.decode_keeping_json_text(payload.clone())
+            } else {
+                reader.schema.decode(payload.clone())
+            };
+            let mut decoded = match decoded {
                 Ok(decoded) => decoded,
                 Err(error) => {
                     let origin = dead_letter::Origin {

@@ -4,7 +4,10 @@
 //! A failed send or state save is a NACK: the same batch is retried with capped
 //! backoff, nothing is polled past it and no state covering it is saved. What
 //! already succeeded within a batch (a stream's send, the state save) is not
-//! repeated, so a retry duplicates as little as possible.
+//! repeated, so a retry duplicates as little as possible. The state store
+//! stages the state while the batch is being sent and publishes it only after
+//! the acknowledgement (the file store: temp file fsync during the send, rename
+//! and directory fsync after it).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -357,6 +360,7 @@ impl SourcePipeline {
     ) -> Result<(), Ended> {
         let mut sent = vec![false; groups.len()];
         let mut saved = state.is_none();
+        let mut staged = false;
         let mut nacks = 0;
         let give_up = self.shutdown.grace_expired();
         tokio::pin!(give_up);
@@ -364,7 +368,7 @@ impl SourcePipeline {
             let attempt = tokio::select! {
                 biased;
                 () = &mut give_up => return Err(self.abandon()),
-                attempt = self.attempt(groups, &mut sent, state, &mut saved, timings) => attempt,
+                attempt = self.attempt(groups, &mut sent, state, (&mut staged, &mut saved), timings) => attempt,
             };
             let Err(nack) = attempt else {
                 return Ok(());
@@ -395,12 +399,56 @@ impl SourcePipeline {
         }
     }
 
+    /// Sends what is not sent yet and saves the state. The state is staged
+    /// while the sends run and published only once they all succeeded, so the
+    /// saved state never covers a batch Iggy has not acknowledged.
     async fn attempt(
         &self,
         groups: &[Vec<OutgoingMessage>],
         sent: &mut [bool],
         state: Option<&StoredState>,
-        saved: &mut bool,
+        (staged, saved): (&mut bool, &mut bool),
+        timings: &mut Timings,
+    ) -> Result<(), Nack> {
+        let stage = async {
+            match state {
+                Some(state) if !*saved && !*staged => {
+                    match self.state_store.stage(&self.key, state).await {
+                        Ok(()) => true,
+                        Err(error) => {
+                            // Publishing does the whole save and reports its error.
+                            debug!(connector_key = %self.key, %error, "staging the state failed");
+                            false
+                        }
+                    }
+                }
+                _ => *staged,
+            }
+        };
+        let (sends, now_staged) = tokio::join!(self.send_all(groups, sent, timings), stage);
+        *staged = now_staged;
+        sends?;
+        if let (Some(state), false) = (state, *saved) {
+            let started = Instant::now();
+            self.state_store
+                .publish(&self.key, state)
+                .await
+                .map_err(|error| Nack {
+                    stage: ErrorStage::StateSave,
+                    message: format!("state save failed: {error}"),
+                })?;
+            let elapsed = started.elapsed();
+            self.metrics.record_duration(Stage::StateSave, elapsed);
+            timings.state_save = Some(elapsed);
+            *saved = true;
+        }
+        Ok(())
+    }
+
+    async fn send_all(
+        &self,
+        groups: &[Vec<OutgoingMessage>],
+        sent: &mut [bool],
         timings: &mut Timings,
     ) -> Result<(), Nack> {
         for (index, messages) in groups.iter().enumerate() {
@@ -431,20 +479,6 @@ impl SourcePipeline {
             } else {
                 self.metrics.dead_lettered.add(messages.len() as u64);
             }
-        }
-        if let (Some(state), false) = (state, *saved) {
-            let started = Instant::now();
-            self.state_store
-                .save(&self.key, state)
-                .await
-                .map_err(|error| Nack {
-                    stage: ErrorStage::StateSave,
-                    message: format!("state save failed: {error}"),
-                })?;
-            let elapsed = started.elapsed();
-            self.metrics.record_duration(Stage::StateSave, elapsed);
-            timings.state_save = Some(elapsed);
-            *saved = true;
         }
         Ok(())
     }

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use iggy::prelude::{
-    Client, Identifier, IggyClient, IggyError, IggyMessage, MessageClient, Partitioning,
-    StreamClient, TopicClient, TopicCreateOptions,
+    Client, Identifier, IggyClient, IggyError, IggyMessage, IggyMessageHeader, IggyTimestamp,
+    MessageClient, Partitioning, StreamClient, TopicClient, TopicCreateOptions,
 };
 use tracing::info;
 
@@ -107,9 +107,10 @@ impl Producer for IggyProducer {
     async fn send(&self, messages: &[OutgoingMessage]) -> Result<(), BusError> {
         let partitioning = Partitioning::balanced();
         for chunk in messages.chunks(self.batch_length) {
+            let origin_timestamp = IggyTimestamp::now().as_micros();
             let mut batch = chunk
                 .iter()
-                .map(to_iggy_message)
+                .map(|message| to_iggy_message(message, origin_timestamp))
                 .collect::<Result<Vec<IggyMessage>, String>>()
                 .map_err(BusError::Send)?;
             let sent = tokio::time::timeout(
@@ -166,7 +167,30 @@ impl Drop for IggyProducer {
     }
 }
 
-fn to_iggy_message(message: &OutgoingMessage) -> Result<IggyMessage, String> {
+/// The message as the client sends it. Without user headers it is built
+/// directly: `check` already refused what Iggy cannot store, and the builder's
+/// clock read per message (the origin timestamp, here one per request) was
+/// about 5% of a source's CPU time (perf, `cargo bench --bench pipeline`).
+fn to_iggy_message(
+    message: &OutgoingMessage,
+    origin_timestamp: u64,
+) -> Result<IggyMessage, String> {
+    if message.headers.is_empty() && !message.payload.is_empty() {
+        return Ok(IggyMessage {
+            header: IggyMessageHeader {
+                checksum: 0,
+                id: message.id.unwrap_or(0),
+                offset: 0,
+                timestamp: 0,
+                origin_timestamp,
+                user_headers_length: 0,
+                payload_length: message.payload.len() as u32,
+                reserved: 0,
+            },
+            payload: message.payload.clone(),
+            user_headers: None,
+        });
+    }
     let user_headers = headers::to_iggy(&message.headers)?;
     IggyMessage::builder()
         .maybe_id(message.id)

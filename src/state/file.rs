@@ -6,11 +6,19 @@
 //! either the old or the new state. A file that does not decode, or whose
 //! checksum does not match, is refused: a corrupt state must never turn into a
 //! silent fresh start.
+//!
+//! The engine stages a state while its batch is being sent (the temp file is
+//! written and fsynced) and publishes it once the batch is acknowledged (the
+//! rename and the directory fsync), so only half of the save's two fsyncs
+//! waits for the acknowledgement. The state a restart sees still changes only
+//! at the rename.
 
+use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -22,6 +30,8 @@ const FORMAT_VERSION: u32 = 1;
 #[derive(Debug, Clone)]
 pub struct FileStateStore {
     dir: PathBuf,
+    /// Per key, the file bytes a stage left fsynced in the temp file.
+    staged: Arc<Mutex<HashMap<String, Vec<u8>>>>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -41,7 +51,10 @@ impl FileStateStore {
             path: dir.clone(),
             source,
         })?;
-        Ok(Self { dir })
+        Ok(Self {
+            dir,
+            staged: Arc::default(),
+        })
     }
 
     pub fn path_for(&self, key: &str) -> PathBuf {
@@ -80,29 +93,52 @@ impl FileStateStore {
         }))
     }
 
-    fn save_blocking(dir: &Path, path: &Path, state: &StoredState) -> Result<(), StateError> {
+    /// The file's bytes for `state`.
+    fn encode(path: &Path, state: &StoredState) -> Result<Vec<u8>, StateError> {
         let envelope = Envelope {
             format: FORMAT_VERSION,
             connector: state.connector.clone(),
             crc32: crc32fast::hash(&state.data),
             data: state.data.clone(),
         };
-        let bytes = rmp_serde::to_vec_named(&envelope).map_err(|error| StateError::Write {
+        rmp_serde::to_vec_named(&envelope).map_err(|error| StateError::Write {
             path: path.to_owned(),
             source: std::io::Error::other(error),
-        })?;
+        })
+    }
+
+    /// Writes `bytes` to the temp file and fsyncs it (the stage), then, when
+    /// `publish`, renames it over the state file and fsyncs the directory.
+    fn write_blocking(
+        dir: &Path,
+        path: &Path,
+        bytes: Option<&[u8]>,
+        publish: bool,
+    ) -> Result<(), StateError> {
         let temp = path.with_extension("state.tmp");
         let write_error = |source| StateError::Write {
             path: path.to_owned(),
             source,
         };
-        let result = write_synced(&temp, &bytes)
-            .and_then(|()| fs::rename(&temp, path))
-            .and_then(|()| File::open(dir)?.sync_all());
+        let result = bytes
+            .map_or(Ok(()), |bytes| write_synced(&temp, bytes))
+            .and_then(|()| {
+                if publish {
+                    fs::rename(&temp, path).and_then(|()| File::open(dir)?.sync_all())
+                } else {
+                    Ok(())
+                }
+            });
         if result.is_err() {
             let _ = fs::remove_file(&temp);
         }
         result.map_err(write_error)
+    }
+
+    fn lock_staged(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<u8>>> {
+        self.staged
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -116,8 +152,33 @@ impl StateStore for FileStateStore {
     async fn save(&self, key: &str, state: &StoredState) -> Result<(), StateError> {
         let dir = self.dir.clone();
         let path = self.path_for(key);
-        let state = state.clone();
-        run_blocking(move || Self::save_blocking(&dir, &path, &state)).await
+        let bytes = Self::encode(&path, state)?;
+        self.lock_staged().remove(key);
+        run_blocking(move || Self::write_blocking(&dir, &path, Some(&bytes), true)).await
+    }
+
+    async fn stage(&self, key: &str, state: &StoredState) -> Result<(), StateError> {
+        let dir = self.dir.clone();
+        let path = self.path_for(key);
+        let bytes = Self::encode(&path, state)?;
+        self.lock_staged().remove(key);
+        let staged = run_blocking(move || {
+            Self::write_blocking(&dir, &path, Some(&bytes), false).map(|()| bytes)
+        })
+        .await?;
+        self.lock_staged().insert(key.to_owned(), staged);
+        Ok(())
+    }
+
+    async fn publish(&self, key: &str, state: &StoredState) -> Result<(), StateError> {
+        let dir = self.dir.clone();
+        let path = self.path_for(key);
+        let bytes = Self::encode(&path, state)?;
+        // Only the very bytes staged in the temp file may be renamed into
+        // place; anything else is written again first.
+        let staged = self.lock_staged().remove(key);
+        let write = (staged.as_ref() != Some(&bytes)).then_some(bytes);
+        run_blocking(move || Self::write_blocking(&dir, &path, write.as_deref(), true)).await
     }
 
     fn location(&self, key: &str) -> String {
@@ -228,6 +289,45 @@ mod tests {
         // The next save replaces the stale temp file and lands.
         store.save("key", &state(b"new")).await.unwrap();
         assert_eq!(store.load("key").await.unwrap(), Some(state(b"new")));
+    }
+
+    #[tokio::test]
+    async fn given_a_staged_state_when_not_yet_published_should_leave_the_old_state_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStateStore::new(dir.path()).unwrap();
+        store.save("key", &state(b"old")).await.unwrap();
+        store.stage("key", &state(b"new")).await.unwrap();
+        // A crash now: a restart (a new store on the same directory) sees the old state.
+        let restarted = FileStateStore::new(dir.path()).unwrap();
+        assert_eq!(restarted.load("key").await.unwrap(), Some(state(b"old")));
+        store.publish("key", &state(b"new")).await.unwrap();
+        assert_eq!(restarted.load("key").await.unwrap(), Some(state(b"new")));
+        assert!(!store.path_for("key").with_extension("state.tmp").exists());
+    }
+
+    #[tokio::test]
+    async fn given_a_publish_of_another_state_than_staged_when_published_should_store_the_published_one()
+     {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStateStore::new(dir.path()).unwrap();
+        store.stage("key", &state(b"staged")).await.unwrap();
+        store.publish("key", &state(b"other")).await.unwrap();
+        assert_eq!(store.load("key").await.unwrap(), Some(state(b"other")));
+        // Publishing with nothing staged is a whole save.
+        store.publish("key", &state(b"third")).await.unwrap();
+        assert_eq!(store.load("key").await.unwrap(), Some(state(b"third")));
+    }
+
+    #[tokio::test]
+    async fn given_a_temp_file_changed_after_staging_when_saved_in_between_should_not_publish_stale_bytes()
+     {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStateStore::new(dir.path()).unwrap();
+        store.stage("key", &state(b"a")).await.unwrap();
+        // A whole save rewrites the temp file and forgets the stage.
+        store.save("key", &state(b"b")).await.unwrap();
+        store.publish("key", &state(b"a")).await.unwrap();
+        assert_eq!(store.load("key").await.unwrap(), Some(state(b"a")));
     }
 
     #[tokio::test]

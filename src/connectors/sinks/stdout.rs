@@ -42,6 +42,11 @@ impl Sink for StdoutSink {
         Ok(())
     }
 
+    /// JSON is printed as stored: nothing to parse and serialize again.
+    fn accepts_json_bytes(&self) -> bool {
+        true
+    }
+
     async fn write(&self, topic: &TopicRef, messages: &[SinkMessage]) -> Result<(), SinkError> {
         let (Some(first), Some(last)) = (messages.first(), messages.last()) else {
             return Ok(());
@@ -64,6 +69,7 @@ impl Sink for StdoutSink {
                 Payload::Json(value) => {
                     serde_json::to_writer(&mut out, value).map_err(SinkError::fatal)?
                 }
+                Payload::JsonBytes(bytes) => out.extend_from_slice(bytes),
                 Payload::Text(text) => out.extend_from_slice(text.as_bytes()),
                 Payload::Raw(bytes) => {
                     out.extend_from_slice(String::from_utf8_lossy(bytes).as_bytes())

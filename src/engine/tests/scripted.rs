@@ -130,6 +130,8 @@ pub struct SinkControl {
     pub reject_bad: std::sync::atomic::AtomicBool,
     /// The next write panics.
     pub panic_next: std::sync::atomic::AtomicBool,
+    /// What `Sink::accepts_json_bytes` answers.
+    pub accepts_json_bytes: std::sync::atomic::AtomicBool,
 }
 
 impl SinkControl {
@@ -140,6 +142,10 @@ impl SinkControl {
             .iter()
             .filter_map(|message| match &message.payload {
                 Payload::Json(value) => value.get("n").and_then(serde_json::Value::as_u64),
+                Payload::JsonBytes(bytes) => serde_json::from_slice::<serde_json::Value>(bytes)
+                    .ok()?
+                    .get("n")?
+                    .as_u64(),
                 _ => None,
             })
             .collect()
@@ -152,6 +158,10 @@ pub struct ControlledSink(pub Arc<SinkControl>);
 impl Sink for ControlledSink {
     async fn open(&mut self) -> Result<(), ConnectorError> {
         Ok(())
+    }
+
+    fn accepts_json_bytes(&self) -> bool {
+        self.0.accepts_json_bytes.load(Ordering::SeqCst)
     }
 
     async fn write(&self, _topic: &TopicRef, messages: &[SinkMessage]) -> Result<(), SinkError> {

@@ -106,6 +106,17 @@ impl TransformChain {
 
     /// Runs every transform in order; stops at the first that drops the message.
     pub fn apply(&self, payload: &mut Payload) -> Result<Verdict, TransformError> {
+        if self.steps.is_empty() {
+            return Ok(Verdict::Keep);
+        }
+        if let Payload::JsonBytes(bytes) = payload {
+            // Transforms work on values: JSON kept as text is parsed once here.
+            let value = serde_json::from_slice(bytes).map_err(|error| TransformError {
+                transform: self.names().next().unwrap_or_default().to_owned(),
+                message: format!("payload is not valid JSON: {error}"),
+            })?;
+            *payload = Payload::Json(value);
+        }
         for (_, transform) in &self.steps {
             if transform.apply(payload)? == Verdict::Drop {
                 return Ok(Verdict::Drop);

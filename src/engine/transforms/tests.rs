@@ -204,3 +204,18 @@ field = ""
         "{lines:#?}"
     );
 }
+
+#[test]
+fn given_json_kept_as_text_when_a_chain_runs_should_transform_it_as_a_value() {
+    let chain = chain(
+        "add_fields",
+        json!({"fields": [{"key": "tag", "value": {"static": "added"}}]}),
+    );
+    let mut payload = Payload::JsonBytes(bytes::Bytes::from_static(br#"{"id": 1}"#));
+    assert_eq!(chain.apply(&mut payload).unwrap(), Verdict::Keep);
+    assert_eq!(payload, Payload::Json(json!({"id": 1, "tag": "added"})));
+
+    let mut broken = Payload::JsonBytes(bytes::Bytes::from_static(b"{nope"));
+    let error = chain.apply(&mut broken).unwrap_err();
+    assert!(error.message.contains("not valid JSON"), "{error}");
+}

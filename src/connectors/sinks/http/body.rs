@@ -212,6 +212,11 @@ impl Serialize for JsonPayload<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         match self.0 {
             Payload::Json(value) => value.serialize(serializer),
+            // Not handed to this sink by the engine (it does not accept JSON
+            // as text), but a payload built elsewhere may be it.
+            Payload::JsonBytes(bytes) => serde_json::from_slice::<serde_json::Value>(bytes)
+                .map_err(serde::ser::Error::custom)?
+                .serialize(serializer),
             Payload::Text(text) => serializer.serialize_str(text),
             Payload::Raw(bytes) => {
                 let mut map = serializer.serialize_map(Some(2))?;

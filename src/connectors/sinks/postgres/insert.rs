@@ -133,7 +133,7 @@ impl Batch {
             .iter()
             .map(|message| match &message.payload {
                 Payload::Text(text) => text.len(),
-                Payload::Raw(bytes) => bytes.len(),
+                Payload::Raw(bytes) | Payload::JsonBytes(bytes) => bytes.len(),
                 Payload::Json(_) => 256,
             })
             .sum();
@@ -169,6 +169,8 @@ impl Batch {
                         });
                     }
                 }
+                // Valid JSON, hence UTF-8: fits every payload format as is.
+                Payload::JsonBytes(bytes) => batch.buffer.extend_from_slice(bytes),
                 Payload::Text(text) => batch.buffer.extend_from_slice(text.as_bytes()),
                 Payload::Raw(bytes) => {
                     if format != PayloadFormat::Bytea && std::str::from_utf8(bytes).is_err() {

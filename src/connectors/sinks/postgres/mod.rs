@@ -313,6 +313,12 @@ impl Sink for PostgresSink {
         Ok(())
     }
 
+    /// Every payload format stores JSON as text: no value to build and
+    /// serialize again.
+    fn accepts_json_bytes(&self) -> bool {
+        true
+    }
+
     async fn write(&self, topic: &TopicRef, messages: &[SinkMessage]) -> Result<(), SinkError> {
         if messages.is_empty() {
             return Ok(());
