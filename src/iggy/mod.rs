@@ -81,7 +81,9 @@ pub struct ConsumerSpec {
     pub group: String,
     /// Most messages per poll.
     pub batch_length: u32,
-    /// How long to wait between polls that found nothing.
+    /// The least time between two poll requests (upstream's meaning: the Iggy
+    /// client paces every poll by it, not only the empty ones). Zero polls as
+    /// fast as the sink writes, and an idle consumer polls back to back.
     pub poll_interval: Duration,
 }
 
