@@ -62,6 +62,16 @@ impl Shutdown {
         self.token.cancelled().await;
     }
 
+    /// Sleeps for `delay` unless a stop is requested first. Returns whether to
+    /// go on.
+    pub async fn pause(&self, delay: Duration) -> bool {
+        tokio::select! {
+            biased;
+            () = self.requested() => false,
+            () = tokio::time::sleep(delay) => true,
+        }
+    }
+
     /// Completes when the in-flight batch's time is up: `grace` after the stop
     /// was requested.
     pub async fn grace_expired(&self) {

@@ -6,7 +6,7 @@
 //! its schema is counted and skipped (or dead-lettered), never failing the batch.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use tracing::{debug, error, info, warn};
@@ -21,7 +21,7 @@ use crate::engine::status::{StatusCell, StopReason};
 use crate::engine::transforms::{TransformChain, Verdict};
 use crate::engine::{BENCHMARK_TARGET, Shutdown, catch_panic, dead_letter};
 use crate::iggy::{ConsumedBatch, Consumer, Producer};
-use crate::message::{ConsumedMessage, OutgoingMessage, SinkMessage, TopicRef};
+use crate::message::{ConsumedMessage, OutgoingMessage, Payload, SinkMessage, TopicRef};
 
 /// One topic a sink reads, through its own consumer.
 pub struct TopicReader {
@@ -141,7 +141,11 @@ impl TopicLoop<'_> {
                     let message = format!("poll of {} failed: {error}", reader.topic);
                     warn!(connector_key = %pipeline.key, attempt = poll_failures, %message, "retrying poll");
                     pipeline.status.record_error(message);
-                    if !self.pause(pipeline.backoff.delay(poll_failures)).await {
+                    if !self
+                        .shutdown
+                        .pause(pipeline.backoff.delay(poll_failures))
+                        .await
+                    {
                         return Ended::Shutdown;
                     }
                     continue;
@@ -242,59 +246,23 @@ impl TopicLoop<'_> {
                 headers,
                 payload,
             } = message;
-            let decoded = if keep_json_text {
-                reader.schema.decode_keeping_json_text(payload.clone())
-            } else {
-                reader.schema.decode(payload.clone())
-            };
-            let mut decoded = match decoded {
-                Ok(decoded) => decoded,
-                Err(error) => {
+            let decoded = match self.decode_and_transform(reader, &payload, keep_json_text) {
+                Ok(Some(decoded)) => decoded,
+                Ok(None) => {
+                    pipeline.metrics.filtered.add(1);
+                    continue;
+                }
+                Err((stage, error)) => {
                     let origin = dead_letter::Origin {
                         stream: &reader.topic.stream,
                         topic: &reader.topic.topic,
                         partition_id,
                         offset,
                     };
-                    self.drop_message(
-                        ErrorStage::Decode,
-                        &error.to_string(),
-                        id,
-                        headers,
-                        payload,
-                        origin,
-                        dead,
-                    );
+                    self.drop_message(stage, &error, id, headers, payload, origin, dead);
                     continue;
                 }
             };
-            if !pipeline.transforms.is_empty() {
-                match pipeline.transforms.apply(&mut decoded) {
-                    Ok(Verdict::Keep) => {}
-                    Ok(Verdict::Drop) => {
-                        pipeline.metrics.filtered.add(1);
-                        continue;
-                    }
-                    Err(error) => {
-                        let origin = dead_letter::Origin {
-                            stream: &reader.topic.stream,
-                            topic: &reader.topic.topic,
-                            partition_id,
-                            offset,
-                        };
-                        self.drop_message(
-                            ErrorStage::Transform,
-                            &error.to_string(),
-                            id,
-                            headers,
-                            payload,
-                            origin,
-                            dead,
-                        );
-                        continue;
-                    }
-                }
-            }
             messages.push(SinkMessage {
                 id,
                 offset,
@@ -307,6 +275,31 @@ impl TopicLoop<'_> {
             });
         }
         messages
+    }
+
+    /// One message's payload, decoded under its schema and transformed; `None`
+    /// when a transform drops it.
+    fn decode_and_transform(
+        &self,
+        reader: &TopicReader,
+        payload: &bytes::Bytes,
+        keep_json_text: bool,
+    ) -> Result<Option<Payload>, (ErrorStage, String)> {
+        let decoded = if keep_json_text {
+            reader.schema.decode_keeping_json_text(payload.clone())
+        } else {
+            reader.schema.decode(payload.clone())
+        };
+        let mut decoded = decoded.map_err(|error| (ErrorStage::Decode, error.to_string()))?;
+        let transforms = &self.pipeline.transforms;
+        if transforms.is_empty() {
+            return Ok(Some(decoded));
+        }
+        match transforms.apply(&mut decoded) {
+            Ok(Verdict::Keep) => Ok(Some(decoded)),
+            Ok(Verdict::Drop) => Ok(None),
+            Err(error) => Err((ErrorStage::Transform, error.to_string())),
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -496,13 +489,5 @@ impl TopicLoop<'_> {
     fn abandon(&self) -> Ended {
         warn!(connector_key = %self.pipeline.key, "stop requested and the grace period ran out; the batch in flight stays uncommitted and will be redelivered");
         Ended::Shutdown
-    }
-
-    async fn pause(&self, delay: Duration) -> bool {
-        tokio::select! {
-            biased;
-            () = self.shutdown.requested() => false,
-            () = tokio::time::sleep(delay) => true,
-        }
     }
 }

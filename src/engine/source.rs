@@ -130,7 +130,7 @@ impl SourcePipeline {
                     let message = format!("poll failed: {error}");
                     warn!(connector_key = %self.key, attempt = poll_failures, %message, "retrying poll");
                     self.status.record_error(message);
-                    if !self.pause(self.backoff.delay(poll_failures)).await {
+                    if !self.shutdown.pause(self.backoff.delay(poll_failures)).await {
                         return Ended::Shutdown;
                     }
                     continue;
@@ -521,14 +521,5 @@ impl SourcePipeline {
     fn abandon(&self) -> Ended {
         warn!(connector_key = %self.key, "stop requested and the grace period ran out; the batch in flight stays uncommitted and will be read again");
         Ended::Shutdown
-    }
-
-    /// Sleeps, unless a stop is requested first. Returns whether to go on.
-    async fn pause(&self, delay: Duration) -> bool {
-        tokio::select! {
-            biased;
-            () = self.shutdown.requested() => false,
-            () = tokio::time::sleep(delay) => true,
-        }
     }
 }
