@@ -12,6 +12,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use tracing::{Level, debug, enabled, error, info, warn};
 
 use crate::connectors::{BatchPolicy, Source, SourceBatch};
@@ -250,77 +251,66 @@ impl SourcePipeline {
                 headers,
                 mut payload,
             } = record;
-            let Some(route) = self.routes.get(stream_index) else {
-                let error = format!(
-                    "record names stream entry {stream_index}, but the connector has {}",
-                    self.routes.len()
-                );
-                self.reject(
-                    &mut groups,
+            let outcome = match self.routes.get(stream_index) {
+                Some(route) => self.transform_and_encode(route, &mut payload),
+                None => Err((
                     ErrorStage::Encode,
-                    &error,
-                    id,
-                    headers,
-                    &payload,
-                );
-                continue;
+                    format!(
+                        "record names stream entry {stream_index}, but the connector has {}",
+                        self.routes.len()
+                    ),
+                )),
             };
-            if !self.transforms.is_empty() {
-                match self.transforms.apply(&mut payload) {
-                    Ok(Verdict::Keep) => {}
-                    Ok(Verdict::Drop) => {
-                        self.metrics.filtered.add(1);
-                        continue;
-                    }
-                    Err(error) => {
-                        self.reject(
-                            &mut groups,
-                            ErrorStage::Transform,
-                            &error.to_string(),
-                            id,
-                            headers,
-                            &payload,
-                        );
-                        continue;
-                    }
-                }
-            }
-            let bytes = match route.schema.encode(&payload) {
-                Ok(bytes) => bytes,
-                Err(error) => {
-                    let error = error.to_string();
-                    self.reject(
-                        &mut groups,
-                        ErrorStage::Encode,
-                        &error,
+            match outcome {
+                Ok(Some(bytes)) => {
+                    let message = OutgoingMessage {
                         id,
                         headers,
-                        &payload,
-                    );
-                    continue;
+                        payload: bytes,
+                    };
+                    match self.routes[stream_index].producer.check(&message) {
+                        Ok(()) => groups[stream_index].push(message),
+                        Err(error) => {
+                            let OutgoingMessage { id, headers, .. } = message;
+                            self.reject(
+                                &mut groups,
+                                ErrorStage::Encode,
+                                &error,
+                                id,
+                                headers,
+                                &payload,
+                            );
+                        }
+                    }
                 }
-            };
-            let message = OutgoingMessage {
-                id,
-                headers,
-                payload: bytes,
-            };
-            match route.producer.check(&message) {
-                Ok(()) => groups[stream_index].push(message),
-                Err(error) => {
-                    let OutgoingMessage { id, headers, .. } = message;
-                    self.reject(
-                        &mut groups,
-                        ErrorStage::Encode,
-                        &error,
-                        id,
-                        headers,
-                        &payload,
-                    );
+                Ok(None) => self.metrics.filtered.add(1),
+                Err((stage, error)) => {
+                    self.reject(&mut groups, stage, &error, id, headers, &payload);
                 }
             }
         }
         groups
+    }
+
+    /// One record's payload, transformed and encoded with its route's schema;
+    /// `None` when a transform drops it.
+    fn transform_and_encode(
+        &self,
+        route: &Route,
+        payload: &mut Payload,
+    ) -> Result<Option<Bytes>, (ErrorStage, String)> {
+        if !self.transforms.is_empty() {
+            match self.transforms.apply(payload) {
+                Ok(Verdict::Keep) => {}
+                Ok(Verdict::Drop) => return Ok(None),
+                Err(error) => return Err((ErrorStage::Transform, error.to_string())),
+            }
+        }
+        route
+            .schema
+            .encode(payload)
+            .map(Some)
+            .map_err(|error| (ErrorStage::Encode, error.to_string()))
     }
 
     fn reject(
