@@ -58,6 +58,20 @@ impl Harness {
         }
     }
 
+    /// Registers `source` under `key` (with a NACK limit override) and starts it.
+    async fn start_source(&self, key: &str, source: ScriptedSource, nack_limit: Option<u32>) {
+        self.factory.source_once(key, source);
+        self.runtime
+            .add(scripted::source_config(key, nack_limit))
+            .unwrap();
+        self.runtime.start_enabled().await;
+    }
+
+    async fn start_sink(&self, config: crate::config::ConnectorConfig) {
+        self.runtime.add(config).unwrap();
+        self.runtime.start_enabled().await;
+    }
+
     fn numbers_in_topic(&self, topic: &str) -> Vec<u64> {
         self.bus
             .messages(STREAM, topic)
@@ -124,12 +138,7 @@ async fn given_a_batch_when_delivered_should_commit_only_after_send_and_state_sa
             state.get("src").map(|stored| stored.data)
         )
     }));
-    harness.factory.source_once("src", source);
-    harness
-        .runtime
-        .add(scripted::source_config("src", None))
-        .unwrap();
-    harness.runtime.start_enabled().await;
+    harness.start_source("src", source, None).await;
 
     wait_for("the batch to commit", || {
         log.commits.load(Ordering::SeqCst) == 1
@@ -150,12 +159,7 @@ async fn given_state_save_failures_when_delivering_should_not_commit_until_the_s
     let (source, log) = ScriptedSource::new(vec![Step::numbers(0..3)], BatchPolicy::default());
     let state = harness.state.clone();
     *log.probe.lock().unwrap() = Some(Box::new(move || format!("saves={}", state.saves().len())));
-    harness.factory.source_once("src", source);
-    harness
-        .runtime
-        .add(scripted::source_config("src", None))
-        .unwrap();
-    harness.runtime.start_enabled().await;
+    harness.start_source("src", source, None).await;
 
     wait_for("the batch to commit", || {
         log.commits.load(Ordering::SeqCst) == 1
@@ -182,12 +186,7 @@ async fn given_refused_sends_when_retried_should_resend_the_same_batch_and_never
     *log.probe.lock().unwrap() = Some(Box::new(move || {
         format!("polls={}", polls.polls.load(Ordering::SeqCst))
     }));
-    harness.factory.source_once("src", source);
-    harness
-        .runtime
-        .add(scripted::source_config("src", None))
-        .unwrap();
-    harness.runtime.start_enabled().await;
+    harness.start_source("src", source, None).await;
 
     wait_for("both batches to commit", || {
         log.commits.load(Ordering::SeqCst) == 2
@@ -318,10 +317,8 @@ async fn given_a_panicking_sink_when_writing_should_stop_it_with_reason_panic_an
     harness.factory.sink("snk", control.clone());
     harness.produce(&[br#"{"n":0}"#]).await;
     harness
-        .runtime
-        .add(scripted::sink_config("snk", OnError::Stop))
-        .unwrap();
-    harness.runtime.start_enabled().await;
+        .start_sink(scripted::sink_config("snk", OnError::Stop))
+        .await;
 
     wait_for("the sink to stop", || {
         harness.status(ConnectorKind::Sink, "snk").status == Status::Error
@@ -342,12 +339,7 @@ async fn given_transient_and_fatal_poll_errors_when_polling_should_retry_the_fir
         vec![Step::Fail(true), Step::numbers(0..1), Step::Fail(false)],
         BatchPolicy::default(),
     );
-    harness.factory.source_once("src", source);
-    harness
-        .runtime
-        .add(scripted::source_config("src", None))
-        .unwrap();
-    harness.runtime.start_enabled().await;
+    harness.start_source("src", source, None).await;
 
     wait_for("the fatal error to stop the source", || {
         harness.status(ConnectorKind::Source, "src").status == Status::Error
@@ -376,12 +368,7 @@ async fn given_a_record_that_does_not_encode_when_preparing_should_drop_and_coun
         }],
         BatchPolicy::default(),
     );
-    harness.factory.source_once("src", source);
-    harness
-        .runtime
-        .add(scripted::source_config("src", None))
-        .unwrap();
-    harness.runtime.start_enabled().await;
+    harness.start_source("src", source, None).await;
 
     wait_for("the batch to commit", || {
         log.commits.load(Ordering::SeqCst) == 1
@@ -405,10 +392,8 @@ async fn given_a_message_that_does_not_decode_when_consumed_should_skip_and_coun
         .produce(&[br#"{"n":0}"#, b"{garbage", br#"{"n":2}"#])
         .await;
     harness
-        .runtime
-        .add(scripted::sink_config("snk", OnError::Stop))
-        .unwrap();
-    harness.runtime.start_enabled().await;
+        .start_sink(scripted::sink_config("snk", OnError::Stop))
+        .await;
 
     wait_for("the batch to commit", || {
         harness.bus.committed_offset(STREAM, TOPIC, GROUP, 0) == Some(2)
@@ -433,10 +418,8 @@ async fn given_transient_write_failures_when_retrying_should_leave_offsets_uncom
         .produce(&[br#"{"n":0}"#, br#"{"n":1}"#, br#"{"n":2}"#])
         .await;
     harness
-        .runtime
-        .add(scripted::sink_config("snk", OnError::Stop))
-        .unwrap();
-    harness.runtime.start_enabled().await;
+        .start_sink(scripted::sink_config("snk", OnError::Stop))
+        .await;
 
     wait_for("several failed writes", || {
         control.writes.load(Ordering::SeqCst) >= 5
@@ -466,10 +449,8 @@ async fn given_a_sink_stopped_while_its_writes_fail_when_restarted_should_get_th
     harness.factory.sink("snk", control.clone());
     harness.produce(&[br#"{"n":0}"#, br#"{"n":1}"#]).await;
     harness
-        .runtime
-        .add(scripted::sink_config("snk", OnError::Stop))
-        .unwrap();
-    harness.runtime.start_enabled().await;
+        .start_sink(scripted::sink_config("snk", OnError::Stop))
+        .await;
 
     wait_for("a failed write", || {
         control.writes.load(Ordering::SeqCst) >= 2
@@ -511,10 +492,8 @@ async fn given_a_rejected_message_when_on_error_is_stop_should_stop_with_reason_
         .produce(&[br#"{"n":0}"#, br#"{"n":1,"bad":true}"#])
         .await;
     harness
-        .runtime
-        .add(scripted::sink_config("snk", OnError::Stop))
-        .unwrap();
-    harness.runtime.start_enabled().await;
+        .start_sink(scripted::sink_config("snk", OnError::Stop))
+        .await;
 
     wait_for("the sink to stop", || {
         harness.status(ConnectorKind::Sink, "snk").status == Status::Error
@@ -536,10 +515,8 @@ async fn given_a_rejected_message_when_on_error_is_skip_should_count_it_and_writ
         .produce(&[br#"{"n":0}"#, br#"{"n":1,"bad":true}"#, br#"{"n":2}"#])
         .await;
     harness
-        .runtime
-        .add(scripted::sink_config("snk", OnError::Skip))
-        .unwrap();
-    harness.runtime.start_enabled().await;
+        .start_sink(scripted::sink_config("snk", OnError::Skip))
+        .await;
 
     wait_for("the batch to commit", || {
         harness.bus.committed_offset(STREAM, TOPIC, GROUP, 0) == Some(2)
@@ -621,12 +598,7 @@ async fn given_a_batch_in_flight_when_shutdown_is_requested_should_commit_it_bef
     let harness = Harness::new(Duration::from_secs(5));
     harness.bus.delay_sends(Duration::from_millis(300));
     let (source, log) = ScriptedSource::new(vec![Step::numbers(0..3)], BatchPolicy::default());
-    harness.factory.source_once("src", source);
-    harness
-        .runtime
-        .add(scripted::source_config("src", None))
-        .unwrap();
-    harness.runtime.start_enabled().await;
+    harness.start_source("src", source, None).await;
 
     wait_for("the batch to be in flight", || {
         log.polls.load(Ordering::SeqCst) == 1
@@ -655,12 +627,7 @@ async fn given_a_send_slower_than_the_grace_period_when_shutting_down_should_lea
     let harness = Harness::new(Duration::from_millis(50));
     harness.bus.delay_sends(Duration::from_secs(3));
     let (source, log) = ScriptedSource::new(vec![Step::numbers(0..3)], BatchPolicy::default());
-    harness.factory.source_once("src", source);
-    harness
-        .runtime
-        .add(scripted::source_config("src", None))
-        .unwrap();
-    harness.runtime.start_enabled().await;
+    harness.start_source("src", source, None).await;
 
     wait_for("the batch to be in flight", || {
         log.polls.load(Ordering::SeqCst) == 1
@@ -686,12 +653,7 @@ async fn given_saved_state_when_a_source_starts_should_open_it_with_that_state()
         },
     );
     let (source, log) = ScriptedSource::new(Vec::new(), BatchPolicy::default());
-    harness.factory.source_once("src", source);
-    harness
-        .runtime
-        .add(scripted::source_config("src", None))
-        .unwrap();
-    harness.runtime.start_enabled().await;
+    harness.start_source("src", source, None).await;
 
     wait_for("the source to open", || {
         log.opened_with.lock().unwrap().is_some()
@@ -715,12 +677,7 @@ async fn given_state_written_by_another_connector_when_starting_should_refuse_to
         },
     );
     let (source, log) = ScriptedSource::new(Vec::new(), BatchPolicy::default());
-    harness.factory.source_once("src", source);
-    harness
-        .runtime
-        .add(scripted::source_config("src", None))
-        .unwrap();
-    harness.runtime.start_enabled().await;
+    harness.start_source("src", source, None).await;
 
     wait_for("the start to fail", || {
         harness.status(ConnectorKind::Source, "src").status == Status::Error
