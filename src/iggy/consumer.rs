@@ -1,182 +1,236 @@
 //! The sink side of the Iggy bus: a consumer-group member that polls batches
 //! and stores offsets only when the engine commits them.
+//!
+//! Polls go straight to the client's group poll (the client picks one of the
+//! member's partitions and re-syncs the assignment after a rebalance) with the
+//! `next` strategy, so every poll reads after the group's stored offset. The
+//! engine commits a batch before it polls again; if a commit fails, the next
+//! poll reads the batch again (at-least-once). `poll_interval` is waited only
+//! after a poll that found nothing, so a busy topic is read back to back.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::StreamExt;
 use iggy::prelude::{
-    AutoCommit, Client, IggyClient, IggyConsumer, IggyDuration, PollingStrategy, ReceivedMessage,
+    Client, Consumer as IggyConsumerId, ConsumerGroupClient, ConsumerOffsetClient, Identifier,
+    IggyClient, IggyError, MessageClient, PollingStrategy,
 };
+use tracing::{info, warn};
 
 use crate::iggy::headers;
 use crate::iggy::{BusError, ConsumedBatch, Consumer, ConsumerSpec};
 use crate::message::ConsumedMessage;
 
+/// The shortest wait after an empty poll, so an idle consumer with
+/// `poll_interval = 0` does not spin.
+const MIN_IDLE_WAIT: Duration = Duration::from_millis(1);
+
 pub struct IggyBusConsumer {
     client: Arc<IggyClient>,
-    consumer: IggyConsumer,
-    batch_length: usize,
-    /// How long to wait for more messages of a partially filled batch.
-    linger: Duration,
+    stream: Identifier,
+    topic: Identifier,
+    group: Identifier,
+    consumer: IggyConsumerId,
+    /// `group on stream/topic`, for messages.
+    name: String,
+    batch_length: u32,
+    idle_wait: Duration,
     request_timeout: Duration,
-    /// A message of another partition that ended the previous batch.
-    peeked: Option<ReceivedMessage>,
-    closed: bool,
+    joined: bool,
 }
 
 impl IggyBusConsumer {
-    /// Joins the group (creating it when missing) on `client`. Offsets are never
-    /// stored on poll: only [`Consumer::commit`] stores them.
+    /// Joins the group (creating it when missing) on `client`.
     pub async fn open(
         client: Arc<IggyClient>,
         spec: &ConsumerSpec,
         request_timeout: Duration,
     ) -> Result<Self, BusError> {
-        let mut builder = client
-            .consumer_group(&spec.group, &spec.stream, &spec.topic)
-            .map_err(|error| BusError::Setup {
+        let identifier = |name: &str| {
+            Identifier::named(name).map_err(|error| BusError::Setup {
                 stream: spec.stream.clone(),
                 topic: spec.topic.clone(),
-                reason: format!("invalid consumer group, stream or topic name: {error}"),
-            })?
-            .auto_commit(AutoCommit::Disabled)
-            .polling_strategy(PollingStrategy::next())
-            .batch_length(spec.batch_length.max(1))
-            .create_consumer_group_if_not_exists()
-            .auto_join_consumer_group();
-        if !spec.poll_interval.is_zero() {
-            builder = builder.poll_interval(IggyDuration::from(spec.poll_interval));
-        }
-        let mut consumer = builder.build();
-        match tokio::time::timeout(request_timeout, consumer.init()).await {
-            Ok(Ok(())) => {}
-            // A missing stream or topic is usually a source that has not created
-            // it yet: wait for it rather than fail the sink.
-            Ok(Err(error)) => {
-                return Err(BusError::Unavailable(format!(
-                    "cannot join consumer group {} on {}/{}: {error}",
-                    spec.group, spec.stream, spec.topic
-                )));
-            }
-            Err(_) => {
-                return Err(BusError::Unavailable(format!(
-                    "joining consumer group {} on {}/{} timed out",
-                    spec.group, spec.stream, spec.topic
-                )));
-            }
-        }
-        Ok(Self {
+                reason: format!("invalid name \"{name}\": {error}"),
+            })
+        };
+        let group = identifier(&spec.group)?;
+        let mut consumer = Self {
+            stream: identifier(&spec.stream)?,
+            topic: identifier(&spec.topic)?,
+            consumer: IggyConsumerId::group(group.clone()),
+            group,
             client,
-            consumer,
-            batch_length: spec.batch_length.max(1) as usize,
-            linger: (spec.poll_interval * 2).max(Duration::from_millis(10)),
+            name: format!("{} on {}/{}", spec.group, spec.stream, spec.topic),
+            batch_length: spec.batch_length.max(1),
+            idle_wait: spec.poll_interval.max(MIN_IDLE_WAIT),
             request_timeout,
-            peeked: None,
-            closed: false,
-        })
+            joined: false,
+        };
+        consumer.join().await?;
+        Ok(consumer)
     }
 
-    async fn next_message(&mut self) -> Result<ReceivedMessage, BusError> {
-        match self.consumer.next().await {
-            Some(Ok(message)) => Ok(message),
-            Some(Err(error)) => Err(BusError::Poll(format!(
-                "{error} (code {})",
-                error.as_code()
-            ))),
-            None => Err(BusError::Poll("the consumer was shut down".into())),
+    /// Creates the group when missing and joins it. A missing stream or topic is
+    /// usually a source that has not created it yet: the caller retries.
+    async fn join(&mut self) -> Result<(), BusError> {
+        let unavailable = |what: &str, error: IggyError| {
+            BusError::Unavailable(format!(
+                "cannot {what} consumer group {}: {error}",
+                self.name
+            ))
+        };
+        let existing = self
+            .timed(
+                self.client
+                    .get_consumer_group(&self.stream, &self.topic, &self.group),
+            )
+            .await?
+            .map_err(|error| unavailable("read", error))?;
+        if existing.is_none() {
+            let name = self.group.get_string_value().unwrap_or_default();
+            match self
+                .timed(
+                    self.client
+                        .create_consumer_group(&self.stream, &self.topic, &name),
+                )
+                .await?
+            {
+                Ok(_) => info!(consumer_group = %self.name, "created consumer group"),
+                // Another member created it in the meantime.
+                Err(IggyError::ConsumerGroupNameAlreadyExists(..)) => {}
+                Err(error) => return Err(unavailable("create", error)),
+            }
         }
+        self.timed(
+            self.client
+                .join_consumer_group(&self.stream, &self.topic, &self.group),
+        )
+        .await?
+        .map_err(|error| unavailable("join", error))?;
+        self.joined = true;
+        Ok(())
+    }
+
+    async fn timed<T>(&self, request: impl Future<Output = T>) -> Result<T, BusError> {
+        tokio::time::timeout(self.request_timeout, request)
+            .await
+            .map_err(|_| {
+                BusError::Unavailable(format!(
+                    "no answer from Iggy within {:?} ({})",
+                    self.request_timeout, self.name
+                ))
+            })
     }
 }
 
 #[async_trait]
 impl Consumer for IggyBusConsumer {
     async fn poll(&mut self) -> Result<ConsumedBatch, BusError> {
-        let first = match self.peeked.take() {
-            Some(message) => message,
-            None => self.next_message().await?,
-        };
-        let partition_id = first.partition_id;
-        let mut at_end = is_last(&first);
-        let mut messages = Vec::with_capacity(self.batch_length);
-        messages.push(convert(first));
-        // Take what the consumer already holds, and what a quick follow-up poll
-        // brings, until the batch is full or the partition's end is reached.
-        while !at_end && messages.len() < self.batch_length {
-            let next = match tokio::time::timeout(self.linger, self.consumer.next()).await {
-                Ok(Some(Ok(message))) => message,
-                // Nothing more right now, or an error the next poll reports again.
-                Ok(Some(Err(_)) | None) | Err(_) => break,
-            };
-            if next.partition_id != partition_id {
-                self.peeked = Some(next);
-                break;
+        loop {
+            if !self.joined {
+                self.join()
+                    .await
+                    .map_err(|error| BusError::Poll(error.to_string()))?;
             }
-            at_end = is_last(&next);
-            messages.push(convert(next));
+            let polled = self
+                .timed(self.client.poll_messages(
+                    &self.stream,
+                    &self.topic,
+                    None,
+                    &self.consumer,
+                    &PollingStrategy::next(),
+                    self.batch_length,
+                    false,
+                ))
+                .await
+                .map_err(|error| BusError::Poll(error.to_string()))?;
+            let polled = match polled {
+                Ok(polled) => polled,
+                // Not a member any more (a reconnect starts a new session, the
+                // group was recreated): join again and poll.
+                Err(IggyError::ConsumerGroupMemberNotFound(..)) => {
+                    warn!(consumer_group = %self.name, "no longer a member of the consumer group; joining again");
+                    self.joined = false;
+                    continue;
+                }
+                Err(error) => {
+                    return Err(BusError::Poll(format!(
+                        "{}: {error} (code {})",
+                        self.name,
+                        error.as_code()
+                    )));
+                }
+            };
+            if polled.messages.is_empty() {
+                tokio::time::sleep(self.idle_wait).await;
+                continue;
+            }
+            let partition_id = polled.partition_id;
+            let messages = polled
+                .messages
+                .into_iter()
+                .map(|message| {
+                    let headers = headers::from_iggy(&message);
+                    let header = message.header;
+                    ConsumedMessage {
+                        id: header.id,
+                        offset: header.offset,
+                        partition_id,
+                        timestamp: header.timestamp,
+                        origin_timestamp: header.origin_timestamp,
+                        checksum: header.checksum,
+                        headers,
+                        payload: message.payload,
+                    }
+                })
+                .collect();
+            return Ok(ConsumedBatch {
+                partition_id,
+                messages,
+            });
         }
-        Ok(ConsumedBatch {
-            partition_id,
-            messages,
-        })
     }
 
     async fn commit(&mut self, partition_id: u32, offset: u64) -> Result<(), BusError> {
-        match tokio::time::timeout(
-            self.request_timeout,
-            self.consumer.store_offset(offset, Some(partition_id)),
-        )
-        .await
-        {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(error)) => Err(BusError::Commit(format!(
+        let stored = self
+            .timed(self.client.store_consumer_offset(
+                &self.consumer,
+                &self.stream,
+                &self.topic,
+                Some(partition_id),
+                offset,
+            ))
+            .await
+            .map_err(|error| BusError::Commit(error.to_string()))?;
+        stored.map_err(|error| {
+            if matches!(error, IggyError::ResourceNotFound(_)) {
+                // A store by a connection that is no longer a member: join again
+                // before the next poll (which then reads the batch again).
+                self.joined = false;
+            }
+            BusError::Commit(format!(
                 "partition {partition_id} offset {offset}: {error} (code {})",
                 error.as_code()
-            ))),
-            Err(_) => Err(BusError::Commit(format!(
-                "partition {partition_id} offset {offset}: no acknowledgement within {:?}",
-                self.request_timeout
-            ))),
-        }
+            ))
+        })
     }
 
     async fn close(&mut self) -> Result<(), BusError> {
-        if std::mem::replace(&mut self.closed, true) {
-            return Ok(());
-        }
-        // With auto-commit disabled, shutting the consumer down stores nothing;
-        // it leaves the group.
-        let left = tokio::time::timeout(self.request_timeout, self.consumer.shutdown()).await;
+        let left = if self.joined {
+            self.joined = false;
+            self.timed(
+                self.client
+                    .leave_consumer_group(&self.stream, &self.topic, &self.group),
+            )
+            .await
+            .and_then(|left| {
+                left.map_err(|error| BusError::Poll(format!("leaving the consumer group: {error}")))
+            })
+        } else {
+            Ok(())
+        };
         let _ = self.client.shutdown().await;
-        match left {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(error)) => Err(BusError::Poll(format!(
-                "leaving the consumer group: {error}"
-            ))),
-            Err(_) => Err(BusError::Poll(
-                "leaving the consumer group timed out".into(),
-            )),
-        }
-    }
-}
-
-/// Whether this is the newest message the partition had when it was polled.
-fn is_last(message: &ReceivedMessage) -> bool {
-    message.message.header.offset >= message.current_offset
-}
-
-fn convert(received: ReceivedMessage) -> ConsumedMessage {
-    let headers = headers::from_iggy(&received.message);
-    let header = received.message.header;
-    ConsumedMessage {
-        id: header.id,
-        offset: header.offset,
-        partition_id: received.partition_id,
-        timestamp: header.timestamp,
-        origin_timestamp: header.origin_timestamp,
-        checksum: header.checksum,
-        headers,
-        payload: received.message.payload,
+        left
     }
 }

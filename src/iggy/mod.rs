@@ -81,9 +81,8 @@ pub struct ConsumerSpec {
     pub group: String,
     /// Most messages per poll.
     pub batch_length: u32,
-    /// The least time between two poll requests (upstream's meaning: the Iggy
-    /// client paces every poll by it, not only the empty ones). Zero polls as
-    /// fast as the sink writes, and an idle consumer polls back to back.
+    /// How long to wait after a poll that found nothing (at least 1 ms). A
+    /// busy topic is polled again as soon as the previous batch is committed.
     pub poll_interval: Duration,
 }
 
