@@ -401,3 +401,55 @@ async fn a_personal_access_token_signs_in() {
         .unwrap();
     assert!(exactly_once(&seqs_in_topic(&server, "pat"), 10));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sink_instances_in_one_group_split_the_partitions_and_write_each_record_once() {
+    let server = IggyTestServer::start();
+    server.create_topic("split", "events", 2);
+    let dir = Dir::new();
+    let source_runtime = runtime(&server, &dir.path("state"));
+    source_runtime
+        .add(random_source("rnd", "split", 2000, ""))
+        .unwrap();
+    // Two processes' worth of the same sink: same key, so the same group.
+    let (first, second) = (dir.path("first.jsonl"), dir.path("second.jsonl"));
+    let first_runtime = runtime(&server, &dir.path("state-first"));
+    first_runtime
+        .add(file_sink("out", "split", &first, &dir.path("fail")))
+        .unwrap();
+    let second_runtime = runtime(&server, &dir.path("state-second"));
+    second_runtime
+        .add(file_sink("out", "split", &second, &dir.path("fail")))
+        .unwrap();
+    first_runtime.start_enabled().await;
+    second_runtime.start_enabled().await;
+    wait_for("both members in the group", LONG, || {
+        server.group_members("split", "events", "iggy-connect-sink-out") == 2
+    })
+    .await;
+    source_runtime.start_enabled().await;
+
+    source_runtime
+        .wait_until_stopped(ConnectorKind::Source, "rnd")
+        .await
+        .unwrap();
+    wait_for("every record written by one of the two", LONG, || {
+        seqs_in_file(&first).len() + seqs_in_file(&second).len() >= 2000
+    })
+    .await;
+    let (by_first, by_second) = (seqs_in_file(&first), seqs_in_file(&second));
+    assert!(
+        !by_first.is_empty() && !by_second.is_empty(),
+        "each member got a partition"
+    );
+    let mut all = by_first.clone();
+    for (seq, times) in &by_second {
+        *all.entry(*seq).or_insert(0) += times;
+    }
+    assert!(
+        exactly_once(&all, 2000),
+        "a record was written twice or not at all"
+    );
+    first_runtime.shutdown().await;
+    second_runtime.shutdown().await;
+}
