@@ -2,7 +2,6 @@
 //! password or a personal access token (also `file:<path>`), optional TLS, and
 //! automatic reconnection after a broken connection.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +13,10 @@ use secrecy::{ExposeSecret, SecretString};
 
 use crate::config::runtime::IggyConfig;
 use crate::iggy::BusError;
+use crate::iggy::tls::TlsSettings;
+
+/// Bounds the handshake that explains a failed TLS connect.
+const TLS_DIAGNOSIS_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Everything needed to open connections, resolved once from the config.
 #[derive(Clone)]
@@ -35,12 +38,6 @@ enum CredentialsSource {
     Token(SecretString),
 }
 
-#[derive(Clone)]
-struct TlsSettings {
-    ca_file: Option<PathBuf>,
-    domain: String,
-}
-
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SettingsError {
     #[error("iggy.token: cannot read token file {path}: {reason}")]
@@ -49,6 +46,15 @@ pub enum SettingsError {
     EmptyTokenFile { path: String },
     #[error("iggy.username and iggy.password are required when no iggy.token is set")]
     MissingCredentials,
+    #[error("iggy.tls.ca_file is required when iggy.tls.enabled is true")]
+    MissingTlsCaFile,
+    #[error("iggy.tls.ca_file: cannot use {path}: {reason}")]
+    TlsCaFile { path: String, reason: String },
+    #[error(
+        "iggy.tls.domain: {name:?} is not a valid server name (a DNS name or an IP address; \
+         empty uses the host of iggy.address)"
+    )]
+    TlsDomain { name: String },
 }
 
 impl ConnectionSettings {
@@ -67,10 +73,7 @@ impl ConnectionSettings {
         Ok(Self {
             address: config.address.clone(),
             credentials,
-            tls: config.tls.enabled.then(|| TlsSettings {
-                ca_file: config.tls.ca_file.clone(),
-                domain: config.tls.domain.clone(),
-            }),
+            tls: TlsSettings::from_config(&config.tls, &config.address)?,
             request_timeout: Duration::from_secs(10),
         })
     }
@@ -107,8 +110,7 @@ impl ConnectionSettings {
             tls_ca_file: self
                 .tls
                 .as_ref()
-                .and_then(|tls| tls.ca_file.as_ref())
-                .map(|path| path.display().to_string()),
+                .map(|tls| tls.ca_file.display().to_string()),
             auto_login: AutoLogin::Enabled(credentials),
             reconnection: TcpClientReconnectionConfig {
                 enabled: true,
@@ -128,16 +130,26 @@ impl ConnectionSettings {
             ))
         })?;
         let client = IggyClient::new(ClientWrapper::Tcp(tcp));
-        match tokio::time::timeout(self.request_timeout, client.connect()).await {
-            Ok(Ok(())) => Ok(Arc::new(client)),
-            Ok(Err(error)) => Err(BusError::Unavailable(format!(
-                "cannot connect to Iggy at {}: {error}",
-                self.address
-            ))),
-            Err(_) => Err(BusError::Unavailable(format!(
+        let failure = match tokio::time::timeout(self.request_timeout, client.connect()).await {
+            Ok(Ok(())) => return Ok(Arc::new(client)),
+            Ok(Err(error)) => format!("cannot connect to Iggy at {}: {error}", self.address),
+            Err(_) => format!(
                 "connecting to Iggy at {} timed out after {:?}",
                 self.address, self.request_timeout
-            ))),
+            ),
+        };
+        drop(client);
+        Err(BusError::Unavailable(self.explain(failure).await))
+    }
+
+    /// Adds why the TLS handshake fails, when TLS is on and it does.
+    async fn explain(&self, failure: String) -> String {
+        let Some(tls) = &self.tls else {
+            return failure;
+        };
+        match tls.diagnose(&self.address, TLS_DIAGNOSIS_TIMEOUT).await {
+            Some(reason) => format!("{failure}; {reason}"),
+            None => failure,
         }
     }
 }
@@ -195,6 +207,16 @@ mod tests {
             SettingsError::EmptyTokenFile {
                 path: empty.display().to_string()
             }
+        );
+    }
+
+    #[test]
+    fn given_tls_enabled_without_a_ca_file_when_resolved_should_be_a_config_error() {
+        let mut config = IggyConfig::default();
+        config.tls.enabled = true;
+        assert_eq!(
+            ConnectionSettings::from_config(&config).err(),
+            Some(SettingsError::MissingTlsCaFile)
         );
     }
 

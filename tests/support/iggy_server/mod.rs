@@ -8,6 +8,10 @@
 //! test blocks. Every handle method is synchronous and cheap. Dropping the
 //! handle stops the server and closes every connection.
 //!
+//! With [`ServerConfig::tls`] it serves the same protocol over TLS (rustls,
+//! the given certificate and key); faults, restarts and outages work the
+//! same on TLS connections.
+//!
 //! # What it serves
 //!
 //! | Code | Command | Notes |
@@ -53,10 +57,12 @@ mod log;
 mod messages;
 mod net;
 mod state;
+mod tls;
 mod wire;
 
 #[allow(unused_imports)]
 pub use faults::{Faults, OFFSET_STORE_REFUSAL_STATUS, SEND_REFUSAL_STATUS};
+pub use tls::TlsFiles;
 
 use bytes::Bytes;
 use iggy_binary_protocol::WireUserHeaders;
@@ -69,6 +75,7 @@ use net::{Control, Shared};
 use state::{State, Topic};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::mpsc as std_mpsc;
 use std::thread::JoinHandle;
@@ -85,6 +92,8 @@ pub struct ServerConfig {
     /// How long a cooperative revocation waits for the old owner to commit
     /// before the partition moves anyway (30 s on the real server).
     pub rebalancing_timeout: Duration,
+    /// Serve TLS with these files instead of plain TCP.
+    pub tls: Option<TlsFiles>,
 }
 
 impl Default for ServerConfig {
@@ -94,6 +103,7 @@ impl Default for ServerConfig {
             users: vec![("iggy".to_owned(), "iggy".to_owned())],
             personal_access_tokens: Vec::new(),
             rebalancing_timeout: Duration::from_secs(30),
+            tls: None,
         }
     }
 }
@@ -113,6 +123,15 @@ impl ServerConfig {
 
     pub fn rebalancing_timeout(mut self, timeout: Duration) -> Self {
         self.rebalancing_timeout = timeout;
+        self
+    }
+
+    /// Serves TLS only, presenting the PEM certificate (chain) and key.
+    pub fn tls(mut self, cert_pem: impl Into<PathBuf>, key_pem: impl Into<PathBuf>) -> Self {
+        self.tls = Some(TlsFiles {
+            cert: cert_pem.into(),
+            key: key_pem.into(),
+        });
         self
     }
 }
@@ -168,8 +187,9 @@ impl IggyTestServer {
             .expect("a bound listener has an address");
         let (control, control_rx) = mpsc::unbounded_channel();
         let faults = Faults::new(control.clone());
+        let tls = config.tls.as_ref().map(TlsFiles::acceptor);
         let shared = Shared::new(State::new(config, address.port()), faults);
-        let thread = net::spawn(listener, Arc::clone(&shared), control_rx);
+        let thread = net::spawn(listener, tls, Arc::clone(&shared), control_rx);
         Self {
             address,
             shared,

@@ -1,6 +1,7 @@
 //! The server thread: its own tokio runtime, the accept loop, one task per
-//! connection, and the control channel the handle uses to drop connections
-//! or stop and resume listening.
+//! connection (plain TCP, or TLS when the server has an acceptor), and the
+//! control channel the handle uses to drop connections or stop and resume
+//! listening.
 
 use super::commands::{self, Outcome, Session};
 use super::faults::Faults;
@@ -14,11 +15,12 @@ use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
 
 /// Requests from the handle to the server thread. Acknowledged ones are
 /// answered once the work is done, so the handle can return synchronously.
@@ -52,9 +54,10 @@ impl Shared {
     }
 }
 
-/// Starts the server thread serving `listener`.
+/// Starts the server thread serving `listener`, over TLS when `tls` is set.
 pub(crate) fn spawn(
     listener: std::net::TcpListener,
+    tls: Option<TlsAcceptor>,
     shared: Arc<Shared>,
     control: mpsc::UnboundedReceiver<Control>,
 ) -> JoinHandle<()> {
@@ -65,7 +68,7 @@ pub(crate) fn spawn(
                 .enable_all()
                 .build()
                 .expect("the test server runtime starts");
-            runtime.block_on(run(listener, shared, control));
+            runtime.block_on(run(listener, tls, shared, control));
         })
         .expect("the test server thread starts")
 }
@@ -79,6 +82,7 @@ async fn accept(listener: Option<&TcpListener>) -> io::Result<(TcpStream, Socket
 
 async fn run(
     listener: std::net::TcpListener,
+    tls: Option<TlsAcceptor>,
     shared: Arc<Shared>,
     mut control: mpsc::UnboundedReceiver<Control>,
 ) {
@@ -90,7 +94,7 @@ async fn run(
             accepted = accept(listener.as_ref()) => match accepted {
                 Ok((stream, _)) => {
                     let _ = stream.set_nodelay(true);
-                    connections.spawn(serve(stream, Arc::clone(&shared), kill.subscribe()));
+                    connections.spawn(serve(stream, tls.clone(), Arc::clone(&shared), kill.subscribe()));
                 }
                 // Out of descriptors or a reset before accept: try again shortly.
                 Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
@@ -125,12 +129,28 @@ async fn close_all(kill: &watch::Sender<u64>, connections: &mut JoinSet<()>) {
     while connections.join_next().await.is_some() {}
 }
 
-async fn serve(stream: TcpStream, shared: Arc<Shared>, mut kill: watch::Receiver<u64>) {
+async fn serve(
+    stream: TcpStream,
+    tls: Option<TlsAcceptor>,
+    shared: Arc<Shared>,
+    mut kill: watch::Receiver<u64>,
+) {
     shared.state().open_connections += 1;
     let mut session = Session::default();
     let mut stall = shared.faults.stall_receiver();
+    // The handshake runs inside the select too, so a client stuck in it is
+    // closed by `drop_connections` and `restart` like any other.
+    let served = async {
+        match tls {
+            None => exchange(stream, &shared, &mut session, &mut stall).await,
+            Some(acceptor) => {
+                let stream = acceptor.accept(stream).await?;
+                exchange(stream, &shared, &mut session, &mut stall).await
+            }
+        }
+    };
     tokio::select! {
-        _ = exchange(stream, &shared, &mut session, &mut stall) => {}
+        _ = served => {}
         _ = kill.changed() => {}
     }
     let mut state = shared.state();
@@ -140,21 +160,21 @@ async fn serve(stream: TcpStream, shared: Arc<Shared>, mut kill: watch::Receiver
 
 /// The lockstep request/reply loop of one connection.
 async fn exchange(
-    stream: TcpStream,
+    stream: impl AsyncRead + AsyncWrite + Unpin,
     shared: &Shared,
     session: &mut Session,
     stall: &mut watch::Receiver<Option<Duration>>,
 ) -> io::Result<()> {
-    let (reader, mut writer) = stream.into_split();
-    let mut reader = BufReader::with_capacity(64 * 1024, reader);
+    // Writes pass through the buffered reader to the stream.
+    let mut stream = BufReader::with_capacity(64 * 1024, stream);
     loop {
         let mut header_bytes = [0u8; HEADER_SIZE];
-        reader.read_exact(&mut header_bytes).await?;
+        stream.read_exact(&mut header_bytes).await?;
         let Some(header) = wire::decode_request_header(&header_bytes) else {
             return Ok(());
         };
         let mut body = BytesMut::zeroed(header.size as usize - HEADER_SIZE);
-        reader.read_exact(&mut body).await?;
+        stream.read_exact(&mut body).await?;
         let outcome = {
             let mut state = shared.state();
             commands::handle(&mut state, &shared.faults, session, &header, body)
@@ -163,7 +183,9 @@ async fn exchange(
             return Ok(());
         };
         hold(stall).await;
-        writer.write_all(&frame).await?;
+        stream.write_all(&frame).await?;
+        // A TLS stream may hold the last record until flushed.
+        stream.flush().await?;
     }
 }
 
