@@ -152,6 +152,12 @@ fn validate(path: &Path) -> ExitCode {
         Ok((runtime, issues)) => (Some(runtime), issues),
         Err(found) => (None, found.0),
     };
+    if let Some(Err(error)) = runtime
+        .as_ref()
+        .map(|runtime| ConnectionSettings::from_config(&runtime.iggy))
+    {
+        issues.push(ConfigIssue::error(path, "", error.to_string()));
+    }
     let mut connectors = Vec::new();
     if let Some(dir) = runtime.as_ref().and_then(RuntimeConfig::connector_dir) {
         let (found, dir_issues) = load_connector_dir(dir, &vars);

@@ -182,3 +182,28 @@ fn the_example_runtime_config_validates() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("config OK: 2 connector(s)"), "{stdout}");
 }
+
+#[test]
+fn validate_reports_iggy_connection_settings_that_cannot_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let connectors = dir.path().join("connectors");
+    std::fs::create_dir(&connectors).unwrap();
+    write(
+        dir.path(),
+        "config.toml",
+        &format!(
+            "[iggy]\naddress = \"localhost:8090\"\ntoken = \"file:{}/missing-token\"\n[iggy.tls]\nenabled = true\n\
+             [connectors]\nconfig_type = \"local\"\nconfig_dir = \"{}\"\n",
+            dir.path().display(),
+            connectors.display()
+        ),
+    );
+    let config = dir.path().join("config.toml");
+    let output = iggy_connect(&["validate", "--config", config.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2));
+    let report = stderr(&output);
+    assert!(
+        report.contains("iggy.token") && report.contains("missing-token"),
+        "{report}"
+    );
+}
