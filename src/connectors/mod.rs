@@ -1,6 +1,8 @@
 //! The connector interfaces, the registry that builds connectors from config, and
 //! one module per connector under `sources/` and `sinks/`.
 
+#[cfg(any(feature = "postgres-source", feature = "postgres-sink"))]
+mod postgres;
 pub mod registry;
 pub mod sinks;
 pub mod sources;

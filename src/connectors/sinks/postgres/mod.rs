@@ -21,12 +21,10 @@ mod config;
 mod insert;
 mod numeric;
 
-use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
-use secrecy::ExposeSecret;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::postgres::PgPool;
 use sqlx::{AssertSqlSafe, PgConnection};
 use tracing::{debug, info, warn};
 
@@ -34,6 +32,7 @@ pub use config::{PayloadFormat, PostgresSinkConfig, table_sql};
 pub use insert::Layout;
 pub use numeric::PgU128;
 
+use crate::connectors::postgres::{is_transient, lazy_pool};
 use crate::connectors::registry::SinkEntry;
 use crate::connectors::{ConnectorError, Rejection, Sink, SinkError, parse_plugin_config};
 use crate::message::{SinkMessage, TopicRef};
@@ -291,13 +290,13 @@ impl PostgresSink {
 #[async_trait]
 impl Sink for PostgresSink {
     async fn open(&mut self) -> Result<(), ConnectorError> {
-        let options = PgConnectOptions::from_str(self.config.connection_string.expose_secret())
-            .map_err(PostgresSinkError::ConnectionString)?;
         self.pool = Some(
-            PgPoolOptions::new()
-                .max_connections(self.config.max_connections)
-                .acquire_timeout(self.config.acquire_timeout)
-                .connect_lazy_with(options),
+            lazy_pool(
+                &self.config.connection_string,
+                self.config.max_connections,
+                self.config.acquire_timeout,
+            )
+            .map_err(PostgresSinkError::ConnectionString)?,
         );
         // Bad credentials or a missing table fail the start; an unreachable
         // database does not: writes retry until it is back.
@@ -370,26 +369,6 @@ fn is_row_error(error: &sqlx::Error) -> bool {
     match error {
         sqlx::Error::Database(database) => database.code().is_some_and(|code| {
             code.starts_with("22") || code.starts_with("23") || code.starts_with("54")
-        }),
-        _ => false,
-    }
-}
-
-/// Errors worth retrying: the connection, the server's availability, conflicts a
-/// retry resolves, and a target table that vanished mid-run (a migration
-/// renaming it): waiting loses nothing, giving up would stop the pipeline.
-fn is_transient(error: &sqlx::Error) -> bool {
-    match error {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::Protocol(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(database) => database.code().is_some_and(|code| {
-            code.starts_with("08")
-                || code.starts_with("53")
-                || code.starts_with("57P")
-                || matches!(&*code, "40001" | "40P01" | "55P03" | "57014" | "42P01")
         }),
         _ => false,
     }

@@ -15,15 +15,13 @@ mod query;
 mod record;
 
 use std::collections::BTreeMap;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use secrecy::ExposeSecret;
 use serde::{Deserialize, Serialize};
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgPool, PgRow};
 use sqlx::{AssertSqlSafe, Row};
 use tokio::sync::OnceCell;
 use tracing::{debug, info, warn};
@@ -31,6 +29,7 @@ use tracing::{debug, info, warn};
 pub use config::{Consume, Mode, PayloadFormat, PostgresSourceConfig};
 pub use record::{message_id, to_snake_case};
 
+use crate::connectors::postgres::{is_transient, lazy_pool};
 use crate::connectors::registry::SourceEntry;
 use crate::connectors::{
     ConnectorError, Source, SourceBatch, decode_state, encode_state, parse_plugin_config,
@@ -299,13 +298,13 @@ impl Source for PostgresSource {
             info!(tracking_offsets = ?restored.tracking_offsets, processed_rows = restored.processed_rows, "postgres source restored its cursor");
             *self.lock_committed() = restored;
         }
-        let options = PgConnectOptions::from_str(self.config.connection_string.expose_secret())
-            .map_err(PostgresSourceError::ConnectionString)?;
         self.pool = Some(
-            PgPoolOptions::new()
-                .max_connections(self.config.max_connections)
-                .acquire_timeout(Duration::from_secs(10))
-                .connect_lazy_with(options),
+            lazy_pool(
+                &self.config.connection_string,
+                self.config.max_connections,
+                Duration::from_secs(10),
+            )
+            .map_err(PostgresSourceError::ConnectionString)?,
         );
         // Fail fast on a missing table or column while the database is up; if it
         // is not, polls retry until it is.
@@ -437,26 +436,6 @@ impl Now {
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |since| since.as_secs()),
         }
-    }
-}
-
-/// Errors worth retrying: the connection, the server's availability, and
-/// conflicts that a retry resolves. A table that vanished mid-run (renamed by a
-/// migration) is retried too: its rows are not lost by waiting.
-pub(crate) fn is_transient(error: &sqlx::Error) -> bool {
-    match error {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::Protocol(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(database) => database.code().is_some_and(|code| {
-            code.starts_with("08")
-                || code.starts_with("53")
-                || code.starts_with("57P")
-                || matches!(&*code, "40001" | "40P01" | "55P03" | "57014" | "42P01")
-        }),
-        _ => false,
     }
 }
 

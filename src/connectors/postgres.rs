@@ -1,0 +1,68 @@
+//! What the `postgres` source and sink share: how they open their pool and
+//! which database errors are worth retrying.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use secrecy::{ExposeSecret, SecretString};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+
+/// A pool that connects on first use, so a database that is down at start
+/// only delays the first batch. Fails only on a malformed connection string.
+pub(crate) fn lazy_pool(
+    connection_string: &SecretString,
+    max_connections: u32,
+    acquire_timeout: Duration,
+) -> Result<PgPool, sqlx::Error> {
+    let options = PgConnectOptions::from_str(connection_string.expose_secret())?;
+    Ok(PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(acquire_timeout)
+        .connect_lazy_with(options))
+}
+
+/// Errors worth retrying: the connection, the server's availability, conflicts
+/// a retry resolves, and a table that vanished mid-run (renamed by a
+/// migration): waiting loses nothing, giving up would stop the pipeline.
+pub(crate) fn is_transient(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(database) => database.code().is_some_and(|code| {
+            code.starts_with("08")
+                || code.starts_with("53")
+                || code.starts_with("57P")
+                || matches!(&*code, "40001" | "40P01" | "55P03" | "57014" | "42P01")
+        }),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn given_connection_level_errors_when_classified_should_be_transient() {
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert!(is_transient(&sqlx::Error::Io(reset)));
+        assert!(is_transient(&sqlx::Error::PoolTimedOut));
+        assert!(is_transient(&sqlx::Error::WorkerCrashed));
+    }
+
+    #[test]
+    fn given_errors_a_retry_cannot_fix_when_classified_should_not_be_transient() {
+        assert!(!is_transient(&sqlx::Error::RowNotFound));
+        assert!(!is_transient(&sqlx::Error::ColumnNotFound("id".into())));
+        assert!(!is_transient(&sqlx::Error::PoolClosed));
+    }
+
+    #[test]
+    fn given_a_malformed_connection_string_when_pooled_should_fail_without_connecting() {
+        let bad = SecretString::from("postgres://user@host:notaport/db");
+        assert!(lazy_pool(&bad, 1, Duration::from_secs(1)).is_err());
+    }
+}
