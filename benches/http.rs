@@ -47,16 +47,7 @@ const TOPIC: &str = "events";
 const CLIENTS: u64 = 32;
 
 fn main() {
-    common::main(CASES, |case| {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .expect("tokio runtime");
-        // On a worker thread, as the engine's pipelines run: `block_on`'s own
-        // thread would add a cross-thread wake-up to every I/O event.
-        let case = runtime.spawn(run(case.to_owned()));
-        runtime.block_on(case).expect("the case panicked");
-    });
+    common::main(CASES, run);
 }
 
 async fn run(case: String) {

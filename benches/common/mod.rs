@@ -35,8 +35,13 @@ const SERVE_ENV: &str = "IGGY_CONNECT_BENCH_SERVE";
 
 /// Runs the bench: serves the test server when this process was started for
 /// that, else runs the case named on the command line in this process, else
-/// runs every matching case in its own child process.
-pub fn main(cases: &[&str], run_case: impl FnOnce(&str)) {
+/// runs every matching case in its own child process. A case runs on a worker
+/// thread of a multi-threaded runtime, as the engine's pipelines do:
+/// `block_on`'s own thread would add a cross-thread wake-up to every I/O event.
+pub fn main<F>(cases: &[&str], run_case: fn(String) -> F)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
     if std::env::var_os(SERVE_ENV).is_some() {
         serve();
     }
@@ -47,7 +52,12 @@ pub fn main(cases: &[&str], run_case: impl FnOnce(&str)) {
     if let [only] = filters.as_slice()
         && let Some(case) = cases.iter().find(|case| **case == only.as_str())
     {
-        run_case(case);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        let case = runtime.spawn(run_case((*case).to_owned()));
+        runtime.block_on(case).expect("the case panicked");
         return;
     }
     let exe = std::env::current_exe().expect("the bench knows its executable");
