@@ -153,39 +153,60 @@ fn single(index: usize, body: Bytes, limit: usize) -> Part {
 /// Writes one message as JSON: the `{metadata, payload}` envelope, or the
 /// payload alone without metadata.
 pub fn encode(message: &SinkMessage, topic: &TopicRef, options: &BodyOptions, out: &mut Vec<u8>) {
-    let payload = JsonPayload(&message.payload);
-    // Serializing these types into a Vec cannot fail (map keys are strings,
-    // and serde_json writes non-finite floats as null).
-    let _ = if options.include_metadata {
-        serde_json::to_writer(
-            &mut *out,
-            &Envelope {
-                metadata: Metadata {
-                    iggy_id: uuid::Uuid::from_u128(message.id).hyphenated().to_string(),
-                    iggy_offset: message.offset,
-                    iggy_timestamp: message.timestamp,
-                    iggy_stream: &topic.stream,
-                    iggy_topic: &topic.topic,
-                    iggy_partition_id: message.partition_id,
-                    iggy_checksum: options.include_checksum.then_some(message.checksum),
-                    iggy_origin_timestamp: options
-                        .include_origin_timestamp
-                        .then_some(message.origin_timestamp),
-                    iggy_headers: (!message.headers.is_empty())
-                        .then_some(JsonHeaders(&message.headers)),
-                },
-                payload,
+    if options.include_metadata {
+        out.extend_from_slice(b"{\"metadata\":");
+        write_json(
+            out,
+            &Metadata {
+                iggy_id: uuid::Uuid::from_u128(message.id).hyphenated().to_string(),
+                iggy_offset: message.offset,
+                iggy_timestamp: message.timestamp,
+                iggy_stream: &topic.stream,
+                iggy_topic: &topic.topic,
+                iggy_partition_id: message.partition_id,
+                iggy_checksum: options.include_checksum.then_some(message.checksum),
+                iggy_origin_timestamp: options
+                    .include_origin_timestamp
+                    .then_some(message.origin_timestamp),
+                iggy_headers: (!message.headers.is_empty()).then_some(JsonHeaders(&message.headers)),
             },
-        )
+        );
+        out.extend_from_slice(b",\"payload\":");
+        write_payload(out, &message.payload);
+        out.push(b'}');
     } else {
-        serde_json::to_writer(&mut *out, &payload)
-    };
+        write_payload(out, &message.payload);
+    }
 }
 
-#[derive(Serialize)]
-struct Envelope<'a> {
-    metadata: Metadata<'a>,
-    payload: JsonPayload<'a>,
+/// JSON payloads as they are, text as a JSON string, raw bytes as
+/// `{"data": <base64>, "iggy_payload_encoding": "base64"}` (upstream's shape).
+fn write_payload(out: &mut Vec<u8>, payload: &Payload) {
+    match payload {
+        Payload::Json(value) => write_json(out, value),
+        // JSON text the engine checked (the sink accepts JSON as text): copied
+        // as stored, numbers and key order included. Its line breaks can only
+        // be white space between tokens (a JSON string cannot hold one), so
+        // they become spaces and an ndjson body keeps one message per line.
+        Payload::JsonBytes(text) => out.extend(text.iter().map(|&byte| match byte {
+            b'\n' | b'\r' => b' ',
+            byte => byte,
+        })),
+        Payload::Text(text) => write_json(out, text),
+        Payload::Raw(bytes) => write_json(
+            out,
+            &RawPayload {
+                data: STANDARD.encode(bytes),
+                iggy_payload_encoding: "base64",
+            },
+        ),
+    }
+}
+
+fn write_json(out: &mut Vec<u8>, value: &impl Serialize) {
+    // Serializing these types into a Vec cannot fail (map keys are strings,
+    // and serde_json writes non-finite floats as null).
+    let _ = serde_json::to_writer(out, value);
 }
 
 #[derive(Serialize)]
@@ -204,28 +225,10 @@ struct Metadata<'a> {
     iggy_headers: Option<JsonHeaders<'a>>,
 }
 
-/// JSON payloads as they are, text as a JSON string, raw bytes as
-/// `{"data": <base64>, "iggy_payload_encoding": "base64"}` (upstream's shape).
-struct JsonPayload<'a>(&'a Payload);
-
-impl Serialize for JsonPayload<'_> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        match self.0 {
-            Payload::Json(value) => value.serialize(serializer),
-            // Not handed to this sink by the engine (it does not accept JSON
-            // as text), but a payload built elsewhere may be it.
-            Payload::JsonBytes(bytes) => serde_json::from_slice::<serde_json::Value>(bytes)
-                .map_err(serde::ser::Error::custom)?
-                .serialize(serializer),
-            Payload::Text(text) => serializer.serialize_str(text),
-            Payload::Raw(bytes) => {
-                let mut map = serializer.serialize_map(Some(2))?;
-                map.serialize_entry("data", &STANDARD.encode(bytes))?;
-                map.serialize_entry("iggy_payload_encoding", "base64")?;
-                map.end()
-            }
-        }
-    }
+#[derive(Serialize)]
+struct RawPayload {
+    data: String,
+    iggy_payload_encoding: &'static str,
 }
 
 struct JsonHeaders<'a>(&'a Headers);
@@ -328,6 +331,32 @@ mod tests {
                 "payload": {"a": 1},
             })
         );
+    }
+
+    #[test]
+    fn given_json_text_when_encoded_as_ndjson_should_keep_it_as_stored_on_one_line() {
+        let stored = "{\"price\": 12.50,\n  \"tags\": [\"a\\nb\"],\r\n  \"z\": 1e3}";
+        let messages = vec![
+            message(0, Payload::JsonBytes(Bytes::from(stored))),
+            message(1, Payload::JsonBytes(Bytes::from_static(b"[1,2]"))),
+        ];
+        let options = BodyOptions {
+            include_metadata: true,
+            ..options(BatchMode::Ndjson, None)
+        };
+        let parts = parts(&options, &messages);
+        let lines: Vec<&[u8]> = body(&parts[0]).split(|&byte| byte == b'\n').collect();
+        assert_eq!(lines.len(), 3, "two lines and the empty rest: {lines:?}");
+        let first = std::str::from_utf8(lines[0]).unwrap();
+        assert!(
+            first.ends_with(",\"payload\":{\"price\": 12.50,   \"tags\": [\"a\\nb\"],    \"z\": 1e3}}"),
+            "{first}"
+        );
+        let envelope: serde_json::Value = serde_json::from_str(first).unwrap();
+        assert_eq!(envelope["metadata"]["iggy_offset"], 0);
+        assert_eq!(envelope["payload"]["tags"], json!(["a\nb"]));
+        let second: serde_json::Value = serde_json::from_slice(lines[1]).unwrap();
+        assert_eq!(second["payload"], json!([1, 2]));
     }
 
     #[test]

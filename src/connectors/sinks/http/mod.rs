@@ -355,6 +355,11 @@ impl HttpSink {
 
 #[async_trait]
 impl Sink for HttpSink {
+    /// JSON goes into the body as stored: nothing to parse and serialize again.
+    fn accepts_json_bytes(&self) -> bool {
+        true
+    }
+
     fn attach(&mut self, context: ConnectorContext) {
         self.key = context.key;
         self.degraded = context.degraded;
