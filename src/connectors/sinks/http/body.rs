@@ -168,7 +168,8 @@ pub fn encode(message: &SinkMessage, topic: &TopicRef, options: &BodyOptions, ou
                 iggy_origin_timestamp: options
                     .include_origin_timestamp
                     .then_some(message.origin_timestamp),
-                iggy_headers: (!message.headers.is_empty()).then_some(JsonHeaders(&message.headers)),
+                iggy_headers: (!message.headers.is_empty())
+                    .then_some(JsonHeaders(&message.headers)),
             },
         );
         out.extend_from_slice(b",\"payload\":");
@@ -349,7 +350,9 @@ mod tests {
         assert_eq!(lines.len(), 3, "two lines and the empty rest: {lines:?}");
         let first = std::str::from_utf8(lines[0]).unwrap();
         assert!(
-            first.ends_with(",\"payload\":{\"price\": 12.50,   \"tags\": [\"a\\nb\"],    \"z\": 1e3}}"),
+            first.ends_with(
+                ",\"payload\":{\"price\": 12.50,   \"tags\": [\"a\\nb\"],    \"z\": 1e3}}"
+            ),
             "{first}"
         );
         let envelope: serde_json::Value = serde_json::from_str(first).unwrap();
