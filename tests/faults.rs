@@ -278,11 +278,21 @@ async fn a_failing_state_save_keeps_the_batch_unacknowledged_and_the_pipeline_re
     })
     .await;
     // A directory where the state's temp file goes: every save fails, for root too.
+    // The store keeps its temp file between saves, and a save in progress may
+    // create it again: remove it and try again until the path is ours.
     let blocker = workspace.path("state/source_rnd.state.tmp");
-    // A save in progress holds that path for a moment; try again until it is ours.
-    while let Err(error) = std::fs::create_dir(&blocker) {
-        assert_eq!(error.kind(), std::io::ErrorKind::AlreadyExists, "{error}");
-        std::thread::yield_now();
+    loop {
+        match std::fs::remove_file(&blocker) {
+            Ok(()) => {}
+            Err(error) => assert_eq!(error.kind(), std::io::ErrorKind::NotFound, "{error}"),
+        }
+        match std::fs::create_dir(&blocker) {
+            Ok(()) => break,
+            Err(error) => {
+                assert_eq!(error.kind(), std::io::ErrorKind::AlreadyExists, "{error}");
+                std::thread::yield_now();
+            }
+        }
     }
     let deadline = Instant::now() + LONG;
     while nacks(&workspace).await < 2.0 {
