@@ -148,6 +148,26 @@ async fn nacks(workspace: &Workspace) -> f64 {
     .await
 }
 
+/// The suite's usual pipeline: a random source of `max_count` records into the
+/// faulty sink `out`, started, and returned once `flowing` records are in the
+/// topic.
+async fn run_random_into_out(
+    server: &IggyTestServer,
+    workspace: &Workspace,
+    max_count: u64,
+    source_extra: &str,
+    flowing: u64,
+) -> Running {
+    workspace.add_connector("rnd.toml", &random_source(Some(max_count), source_extra));
+    workspace.add_connector("out.toml", &faulty_sink("out", workspace, "", ""));
+    let running = workspace.run();
+    wait_for("records to flow", LONG, || {
+        server.message_count(STREAM, TOPIC) >= flowing
+    })
+    .await;
+    running
+}
+
 fn stop(running: Running, workspace: &Workspace) {
     running.terminate();
     let status = running.wait_exit(LONG);
@@ -158,14 +178,7 @@ fn stop(running: Running, workspace: &Workspace) {
 async fn a_broker_refusing_sends_for_a_while_is_retried_within_the_nack_limit_and_loses_nothing() {
     let server = IggyTestServer::start();
     let workspace = Workspace::new(&server.address().to_string(), "");
-    workspace.add_connector("rnd.toml", &random_source(Some(3000), ""));
-    workspace.add_connector("out.toml", &faulty_sink("out", &workspace, "", ""));
-    let running = workspace.run();
-
-    wait_for("records to flow", LONG, || {
-        server.message_count(STREAM, TOPIC) >= 500
-    })
-    .await;
+    let running = run_random_into_out(&server, &workspace, 3000, "", 500).await;
     let refusals_before = server.request_count(101);
     server.faults().refuse_sends(3);
     while server.request_count(101) < refusals_before + 4 {
@@ -202,17 +215,8 @@ async fn a_broker_refusing_sends_past_the_limit_stops_the_source_visibly_and_a_r
  {
     let server = IggyTestServer::start();
     let workspace = Workspace::with_api(&server.address().to_string(), "");
-    workspace.add_connector(
-        "rnd.toml",
-        &random_source(Some(2000), "max_consecutive_nacks = 3"),
-    );
-    workspace.add_connector("out.toml", &faulty_sink("out", &workspace, "", ""));
-    let running = workspace.run();
-
-    wait_for("records to flow", LONG, || {
-        server.message_count(STREAM, TOPIC) >= 300
-    })
-    .await;
+    let running =
+        run_random_into_out(&server, &workspace, 2000, "max_consecutive_nacks = 3", 300).await;
     server.faults().refuse_sends_until_cleared();
     let deadline = Instant::now() + LONG;
     loop {
@@ -266,17 +270,8 @@ async fn a_broker_refusing_sends_past_the_limit_stops_the_source_visibly_and_a_r
 async fn a_failing_state_save_keeps_the_batch_unacknowledged_and_the_pipeline_resumes_after() {
     let server = IggyTestServer::start();
     let workspace = Workspace::with_api(&server.address().to_string(), "");
-    workspace.add_connector(
-        "rnd.toml",
-        &random_source(Some(2000), "max_consecutive_nacks = 0"),
-    );
-    workspace.add_connector("out.toml", &faulty_sink("out", &workspace, "", ""));
-    let running = workspace.run();
-
-    wait_for("records to flow", LONG, || {
-        server.message_count(STREAM, TOPIC) >= 300
-    })
-    .await;
+    let running =
+        run_random_into_out(&server, &workspace, 2000, "max_consecutive_nacks = 0", 300).await;
     // A directory where the state's temp file goes: every save fails, for root too.
     // The store keeps its temp file between saves, and a save in progress may
     // create it again: remove it and try again until the path is ours.
