@@ -594,4 +594,25 @@ mod tests {
             serde_json::from_str::<serde_json::Value>(leaf).unwrap()
         );
     }
+
+    #[test]
+    fn given_a_document_at_the_default_depth_when_stored_and_dropped_should_fit_a_worker_stack() {
+        // Tokio's worker threads have 2 MiB stacks; what the engine does with
+        // a payload (serialize it, drop it) recurses once per level.
+        let worker = std::thread::Builder::new().stack_size(2 << 20);
+        let handle = worker
+            .spawn(|| {
+                let text = nested(DEPTH);
+                let payloads =
+                    parse(BodyFormat::Json, Bytes::from(text.clone()), BIG, DEPTH).unwrap();
+                let [Payload::Json(value)] = payloads.as_slice() else {
+                    panic!("{payloads:?}");
+                };
+                let stored = serde_json::to_vec(value).unwrap();
+                assert_eq!(stored.len(), text.len() - 2);
+                drop(payloads);
+            })
+            .unwrap();
+        handle.join().unwrap();
+    }
 }
