@@ -1,0 +1,151 @@
+//! The suite's own tests: every check passes on the correct reference
+//! connectors and fails on the one broken the way that check is about.
+
+use crate::reference::{self, Queue, SinkFlaw, SourceFlaw, Store};
+use crate::{sink, source};
+
+async fn source_check(check: &str, flaw: SourceFlaw) -> crate::Outcome {
+    let subject = reference::source(flaw);
+    let backend = Queue::new();
+    match check {
+        "fresh_start" => source::fresh_start(&subject, &backend).await,
+        "restore" => source::restore(&subject, &backend).await,
+        "corrupt_state_refused" => source::corrupt_state_refused(&subject, &backend).await,
+        "state_round_trip" => source::state_round_trip(&subject, &backend).await,
+        "nothing_destructive_before_commit" => {
+            source::nothing_destructive_before_commit(&subject, &backend).await
+        }
+        "cancelled_poll_loses_nothing" => {
+            source::cancelled_poll_loses_nothing(&subject, &backend).await
+        }
+        other => panic!("no check {other}"),
+    }
+}
+
+async fn sink_check(check: &str, flaw: SinkFlaw) -> crate::Outcome {
+    let subject = reference::sink(flaw);
+    let backend = Store::new();
+    match check {
+        "ok_means_durable" => sink::ok_means_durable(&subject, &backend).await,
+        "replayed_batch_not_duplicated" => {
+            sink::replayed_batch_not_duplicated(&subject, &backend).await
+        }
+        "rejections_in_range" => sink::rejections_in_range(&subject, &backend).await,
+        "transient_error_retried" => sink::transient_error_retried(&subject, &backend).await,
+        other => panic!("no check {other}"),
+    }
+}
+
+const SOURCE_CHECKS: [&str; 6] = [
+    "fresh_start",
+    "restore",
+    "corrupt_state_refused",
+    "state_round_trip",
+    "nothing_destructive_before_commit",
+    "cancelled_poll_loses_nothing",
+];
+
+const SINK_CHECKS: [&str; 4] = [
+    "ok_means_durable",
+    "replayed_batch_not_duplicated",
+    "rejections_in_range",
+    "transient_error_retried",
+];
+
+#[tokio::test]
+async fn the_correct_reference_source_passes_every_source_check() {
+    for check in SOURCE_CHECKS {
+        if let Err(failure) = source_check(check, SourceFlaw::None).await {
+            panic!("{check}: {failure}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_correct_reference_sink_passes_every_sink_check() {
+    for check in SINK_CHECKS {
+        if let Err(failure) = sink_check(check, SinkFlaw::None).await {
+            panic!("{check}: {failure}");
+        }
+    }
+}
+
+/// Asserts `check` fails on the flawed connector and prints why.
+macro_rules! fails {
+    ($test:ident, $run:ident, $check:literal, $flaw:expr) => {
+        #[tokio::test]
+        async fn $test() {
+            match $run($check, $flaw).await {
+                Ok(()) => panic!("{} passed on {:?}", $check, $flaw),
+                Err(failure) => eprintln!("{} fails on {:?}: {failure}", $check, $flaw),
+            }
+        }
+    };
+}
+
+fails!(
+    fresh_start_fails_on_a_source_skipping_its_first_item,
+    source_check,
+    "fresh_start",
+    SourceFlaw::SkipsFirstItem
+);
+fails!(
+    restore_fails_on_a_source_ignoring_its_state,
+    source_check,
+    "restore",
+    SourceFlaw::IgnoresState
+);
+fails!(
+    corrupt_state_refused_fails_on_a_source_accepting_corrupt_state,
+    source_check,
+    "corrupt_state_refused",
+    SourceFlaw::AcceptsCorruptState
+);
+fails!(
+    state_round_trip_fails_on_a_source_saving_a_stale_state,
+    source_check,
+    "state_round_trip",
+    SourceFlaw::StaleState
+);
+fails!(
+    nothing_destructive_before_commit_fails_on_a_source_deleting_in_poll,
+    source_check,
+    "nothing_destructive_before_commit",
+    SourceFlaw::DeletesInPoll
+);
+fails!(
+    cancelled_poll_loses_nothing_fails_on_a_source_advancing_before_it_waits,
+    source_check,
+    "cancelled_poll_loses_nothing",
+    SourceFlaw::AdvancesBeforeWaiting
+);
+fails!(
+    ok_means_durable_fails_on_a_sink_not_writing,
+    sink_check,
+    "ok_means_durable",
+    SinkFlaw::OkWithoutWriting
+);
+fails!(
+    replayed_batch_not_duplicated_fails_on_a_duplicating_idempotent_sink,
+    sink_check,
+    "replayed_batch_not_duplicated",
+    SinkFlaw::Duplicates
+);
+fails!(
+    rejections_in_range_fails_on_out_of_range_indexes,
+    sink_check,
+    "rejections_in_range",
+    SinkFlaw::RejectsOutOfRange
+);
+fails!(
+    rejections_in_range_fails_on_a_sink_storing_what_it_refused,
+    sink_check,
+    "rejections_in_range",
+    SinkFlaw::StoresRejected
+);
+fails!(
+    transient_error_retried_fails_on_a_sink_answering_ok_while_down,
+    sink_check,
+    "transient_error_retried",
+    SinkFlaw::OkWhileDown
+);
