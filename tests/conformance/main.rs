@@ -47,22 +47,7 @@ macro_rules! source_conformance {
             async fn run(check: &str) {
                 let subject = SourceSubject::registered($name);
                 let backend = $backend;
-                let outcome = match check {
-                    "fresh_start" => source::fresh_start(&subject, &backend).await,
-                    "restore" => source::restore(&subject, &backend).await,
-                    "corrupt_state_refused" => {
-                        source::corrupt_state_refused(&subject, &backend).await
-                    }
-                    "state_round_trip" => source::state_round_trip(&subject, &backend).await,
-                    "nothing_destructive_before_commit" => {
-                        source::nothing_destructive_before_commit(&subject, &backend).await
-                    }
-                    "cancelled_poll_loses_nothing" => {
-                        source::cancelled_poll_loses_nothing(&subject, &backend).await
-                    }
-                    other => panic!("no check {other}"),
-                };
-                if let Err(failure) = outcome {
+                if let Err(failure) = source::run(check, &subject, &backend).await {
                     panic!("{} source, {check}: {failure}", $name);
                 }
             }
@@ -106,18 +91,7 @@ macro_rules! sink_conformance {
             async fn run(check: &str) {
                 let subject = SinkSubject::registered($name);
                 let backend = $backend;
-                let outcome = match check {
-                    "ok_means_durable" => sink::ok_means_durable(&subject, &backend).await,
-                    "replayed_batch_not_duplicated" => {
-                        sink::replayed_batch_not_duplicated(&subject, &backend).await
-                    }
-                    "rejections_in_range" => sink::rejections_in_range(&subject, &backend).await,
-                    "transient_error_retried" => {
-                        sink::transient_error_retried(&subject, &backend).await
-                    }
-                    other => panic!("no check {other}"),
-                };
-                if let Err(failure) = outcome {
+                if let Err(failure) = sink::run(check, &subject, &backend).await {
                     panic!("{} sink, {check}: {failure}", $name);
                 }
             }

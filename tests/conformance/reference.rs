@@ -14,7 +14,7 @@ use iggy_connect::connectors::{
 use iggy_connect::message::{Payload, SinkMessage, SourceRecord, TopicRef};
 use serde_json::{Value, json};
 
-use crate::sink::{SinkBackend, SinkSubject, payload_key};
+use crate::sink::{SinkBackend, SinkSubject, payload_key, poison_json};
 use crate::source::{SourceBackend, SourceSubject};
 use crate::{Outcome, ensure, unique};
 
@@ -278,9 +278,7 @@ impl SinkBackend for Arc<Store> {
     }
 
     fn poison(&self, message: &mut SinkMessage) -> bool {
-        if let Payload::Json(value) = &mut message.payload {
-            value["poison"] = json!(true);
-        }
+        poison_json(message);
         true
     }
 

@@ -5,56 +5,16 @@ use crate::reference::{self, Queue, SinkFlaw, SourceFlaw, Store};
 use crate::{sink, source};
 
 async fn source_check(check: &str, flaw: SourceFlaw) -> crate::Outcome {
-    let subject = reference::source(flaw);
-    let backend = Queue::new();
-    match check {
-        "fresh_start" => source::fresh_start(&subject, &backend).await,
-        "restore" => source::restore(&subject, &backend).await,
-        "corrupt_state_refused" => source::corrupt_state_refused(&subject, &backend).await,
-        "state_round_trip" => source::state_round_trip(&subject, &backend).await,
-        "nothing_destructive_before_commit" => {
-            source::nothing_destructive_before_commit(&subject, &backend).await
-        }
-        "cancelled_poll_loses_nothing" => {
-            source::cancelled_poll_loses_nothing(&subject, &backend).await
-        }
-        other => panic!("no check {other}"),
-    }
+    source::run(check, &reference::source(flaw), &Queue::new()).await
 }
 
 async fn sink_check(check: &str, flaw: SinkFlaw) -> crate::Outcome {
-    let subject = reference::sink(flaw);
-    let backend = Store::new();
-    match check {
-        "ok_means_durable" => sink::ok_means_durable(&subject, &backend).await,
-        "replayed_batch_not_duplicated" => {
-            sink::replayed_batch_not_duplicated(&subject, &backend).await
-        }
-        "rejections_in_range" => sink::rejections_in_range(&subject, &backend).await,
-        "transient_error_retried" => sink::transient_error_retried(&subject, &backend).await,
-        other => panic!("no check {other}"),
-    }
+    sink::run(check, &reference::sink(flaw), &Store::new()).await
 }
-
-const SOURCE_CHECKS: [&str; 6] = [
-    "fresh_start",
-    "restore",
-    "corrupt_state_refused",
-    "state_round_trip",
-    "nothing_destructive_before_commit",
-    "cancelled_poll_loses_nothing",
-];
-
-const SINK_CHECKS: [&str; 4] = [
-    "ok_means_durable",
-    "replayed_batch_not_duplicated",
-    "rejections_in_range",
-    "transient_error_retried",
-];
 
 #[tokio::test]
 async fn the_correct_reference_source_passes_every_source_check() {
-    for check in SOURCE_CHECKS {
+    for check in source::CHECKS {
         if let Err(failure) = source_check(check, SourceFlaw::None).await {
             panic!("{check}: {failure}");
         }
@@ -63,7 +23,7 @@ async fn the_correct_reference_source_passes_every_source_check() {
 
 #[tokio::test]
 async fn the_correct_reference_sink_passes_every_sink_check() {
-    for check in SINK_CHECKS {
+    for check in sink::CHECKS {
         if let Err(failure) = sink_check(check, SinkFlaw::None).await {
             panic!("{check}: {failure}");
         }
@@ -75,6 +35,7 @@ macro_rules! fails {
     ($test:ident, $run:ident, $check:literal, $flaw:expr) => {
         #[tokio::test]
         async fn $test() {
+            assert!(source::CHECKS.contains(&$check) || sink::CHECKS.contains(&$check));
             match $run($check, $flaw).await {
                 Ok(()) => panic!("{} passed on {:?}", $check, $flaw),
                 Err(failure) => eprintln!("{} fails on {:?}: {failure}", $check, $flaw),

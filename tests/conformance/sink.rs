@@ -68,6 +68,25 @@ impl SinkSubject {
     }
 }
 
+/// Every sink check, by name.
+pub const CHECKS: [&str; 4] = [
+    "ok_means_durable",
+    "replayed_batch_not_duplicated",
+    "rejections_in_range",
+    "transient_error_retried",
+];
+
+/// Runs the sink check named `check`.
+pub async fn run(check: &str, subject: &SinkSubject, backend: &dyn SinkBackend) -> Outcome {
+    match check {
+        "ok_means_durable" => ok_means_durable(subject, backend).await,
+        "replayed_batch_not_duplicated" => replayed_batch_not_duplicated(subject, backend).await,
+        "rejections_in_range" => rejections_in_range(subject, backend).await,
+        "transient_error_retried" => transient_error_retried(subject, backend).await,
+        other => Err(format!("no sink check {other}")),
+    }
+}
+
 /// `Ok` from `write` means every message of the batch is in the backend.
 pub async fn ok_means_durable(subject: &SinkSubject, backend: &dyn SinkBackend) -> Outcome {
     let mut sink = subject.open(backend).await?;
@@ -76,10 +95,7 @@ pub async fn ok_means_durable(subject: &SinkSubject, backend: &dyn SinkBackend) 
     // Read before `close`: `Ok` alone must mean durable.
     let stored = backend.stored().await?;
     close(sink.as_mut()).await?;
-    let missing: Vec<String> = keys(&batch)
-        .into_iter()
-        .filter(|key| !stored.contains(key))
-        .collect();
+    let missing = missing(&batch, &stored);
     ensure!(
         missing.is_empty(),
         "write returned Ok but the backend lacks {missing:?}"
@@ -211,10 +227,7 @@ pub async fn transient_error_retried(subject: &SinkSubject, backend: &dyn SinkBa
         }
         write(sink.as_ref(), &batch).await?;
         let stored = backend.stored().await?;
-        let missing: Vec<String> = keys(&batch)
-            .into_iter()
-            .filter(|key| !stored.contains(key))
-            .collect();
+        let missing = missing(&batch, &stored);
         ensure!(
             missing.is_empty(),
             "after the retry the backend lacks {missing:?}"
@@ -254,6 +267,21 @@ pub fn key_of(message: &SinkMessage) -> String {
 /// The `key` field of a stored JSON payload.
 pub fn payload_key(payload: &Value) -> Option<String> {
     payload["key"].as_str().map(str::to_owned)
+}
+
+/// Marks a checks' message so that a backend refusing `poison` refuses it.
+pub fn poison_json(message: &mut SinkMessage) {
+    if let Payload::Json(value) = &mut message.payload {
+        value["poison"] = json!(true);
+    }
+}
+
+/// The keys of `batch` that are not in `stored`.
+fn missing(batch: &[SinkMessage], stored: &[String]) -> Vec<String> {
+    keys(batch)
+        .into_iter()
+        .filter(|key| !stored.contains(key))
+        .collect()
 }
 
 fn keys(batch: &[SinkMessage]) -> Vec<String> {

@@ -81,6 +81,31 @@ impl SourceSubject {
     }
 }
 
+/// Every source check, by name.
+pub const CHECKS: [&str; 6] = [
+    "fresh_start",
+    "restore",
+    "corrupt_state_refused",
+    "state_round_trip",
+    "nothing_destructive_before_commit",
+    "cancelled_poll_loses_nothing",
+];
+
+/// Runs the source check named `check`.
+pub async fn run(check: &str, subject: &SourceSubject, backend: &dyn SourceBackend) -> Outcome {
+    match check {
+        "fresh_start" => fresh_start(subject, backend).await,
+        "restore" => restore(subject, backend).await,
+        "corrupt_state_refused" => corrupt_state_refused(subject, backend).await,
+        "state_round_trip" => state_round_trip(subject, backend).await,
+        "nothing_destructive_before_commit" => {
+            nothing_destructive_before_commit(subject, backend).await
+        }
+        "cancelled_poll_loses_nothing" => cancelled_poll_loses_nothing(subject, backend).await,
+        other => Err(format!("no source check {other}")),
+    }
+}
+
 /// A fresh start (no state) produces the input from its first item.
 pub async fn fresh_start(subject: &SourceSubject, backend: &dyn SourceBackend) -> Outcome {
     let mut source = subject.open(backend, None).await?;
