@@ -239,7 +239,6 @@ pub async fn state_round_trip(subject: &SourceSubject, backend: &dyn SourceBacke
     let store = Arc::new(FileStateStore::new(dir.path()).map_err(|error| error.to_string())?);
     let bus = MemoryBus::new();
     let key = unique("round_trip");
-    let mut runs = Vec::new();
     for run in 0..2 {
         let runtime = runtime(subject, Arc::new(bus.clone()), store.clone());
         runtime
@@ -263,7 +262,6 @@ pub async fn state_round_trip(subject: &SourceSubject, backend: &dyn SourceBacke
                 stored.connector
             );
         }
-        runs.push(fed);
     }
     let keys = bus_keys(&bus, backend);
     let mut seen = HashSet::new();
