@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use iggy_connect::connectors::{ConnectorKind, Registry, Sink};
+use iggy_connect::connectors::ConnectorKind;
 use iggy_connect::engine::{Runtime, Status, StopReason};
 use iggy_connect::iggy::{Bus, MemoryBus, ProducerTarget};
-use iggy_connect::message::{OutgoingMessage, Payload, SinkMessage, TopicRef};
+use iggy_connect::message::OutgoingMessage;
 use iggy_connect::state::MemoryStateStore;
 use postgres_common::{
     connect, count, create_database, database_url, execute, sink_config, unique, wait_for,
@@ -181,56 +181,6 @@ async fn each_payload_format_stores_the_payload_and_upstream_metadata_columns() 
             (pipeline.stream.as_str(), TOPIC, 249, 0, true)
         );
     }
-}
-
-async fn open_sink(plugin_config: serde_json::Value) -> Box<dyn Sink> {
-    let mut sink = (Registry::sink("postgres").unwrap().build)(&plugin_config).unwrap();
-    sink.open().await.unwrap();
-    sink
-}
-
-fn sink_messages(ids: std::ops::Range<u128>) -> Vec<SinkMessage> {
-    ids.map(|id| SinkMessage {
-        id,
-        offset: id as u64,
-        partition_id: 0,
-        timestamp: 1_700_000_000_000_000,
-        origin_timestamp: 1_700_000_000_000_000,
-        checksum: 7,
-        headers: Vec::new(),
-        payload: Payload::Json(serde_json::json!({"id": id as u64})),
-    })
-    .collect()
-}
-
-#[tokio::test]
-async fn a_replayed_batch_leaves_no_duplicate_and_does_not_fail() {
-    let pool = connect(&database_url()).await;
-    let table = unique("sink_replay");
-    let mut sink = open_sink(serde_json::json!({
-        "connection_string": database_url(),
-        "target_table": table,
-        "auto_create_table": true,
-        "payload_format": "jsonb",
-        "batch_size": 64,
-    }))
-    .await;
-    let topic = TopicRef {
-        stream: "s".into(),
-        topic: "t".into(),
-    };
-    sink.write(&topic, &sink_messages(1..201)).await.unwrap();
-    sink.write(&topic, &sink_messages(1..201)).await.unwrap();
-    sink.write(&topic, &sink_messages(101..301)).await.unwrap();
-    sink.close().await.unwrap();
-    assert_eq!(
-        count(&pool, &format!("SELECT count(*) FROM {table}")).await,
-        300
-    );
-    assert_eq!(
-        count(&pool, &format!("SELECT count(DISTINCT id) FROM {table}")).await,
-        300
-    );
 }
 
 #[tokio::test]

@@ -10,7 +10,7 @@ use std::time::Duration;
 use iggy_connect::connectors::ConnectorKind;
 use iggy_connect::engine::{Runtime, Status};
 use iggy_connect::iggy::MemoryBus;
-use iggy_connect::state::{FileStateStore, MemoryStateStore, StateStore};
+use iggy_connect::state::{MemoryStateStore, StateStore};
 use postgres_common::{connect, count, database_url, execute, source_config, unique, wait_for};
 use serde_json::Value;
 use sqlx::PgPool;
@@ -294,28 +294,6 @@ async fn rows_sharing_a_tracking_value_across_a_batch_boundary_are_all_delivered
     tokio::time::sleep(Duration::from_millis(200)).await;
     pipeline.runtime.shutdown().await;
     assert_each_once(&pipeline.ids(), 1..=250);
-}
-
-#[tokio::test]
-async fn the_cursor_survives_a_runtime_restart() {
-    let pool = connect(&database_url()).await;
-    let table = unique("src_restart");
-    create_rows(&pool, &table, "", 200).await;
-    let state_dir = tempfile::tempdir().unwrap();
-    let bus = MemoryBus::new();
-    let key = unique("pg_restart");
-    let config = plugin_config(&table, "batch_size = 64");
-    let store = || Arc::new(FileStateStore::new(state_dir.path()).unwrap());
-    let first = Pipeline::start_with_key(key.clone(), "json", &config, bus.clone(), store()).await;
-    first.wait_for_count(200).await;
-    first.runtime.shutdown().await;
-
-    insert_rows(&pool, &table, 50).await;
-    let second = Pipeline::start_with_key(key, "json", &config, bus, store()).await;
-    second.wait_for_count(250).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    second.runtime.shutdown().await;
-    assert_each_once(&second.ids(), 1..=250);
 }
 
 #[tokio::test]

@@ -210,15 +210,7 @@ impl Source for RandomSource {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
-    use crate::config::connector::parse_connector_file;
-    use crate::config::env::EnvVars;
-    use crate::connectors::ConnectorKind;
-    use crate::engine::{Runtime, Status, StopReason};
-    use crate::iggy::MemoryBus;
-    use crate::state::{FileStateStore, StateStore};
 
     fn source(max_count: Option<u64>, range: [u64; 2]) -> RandomSource {
         RandomSource::new(RandomConfig {
@@ -251,16 +243,6 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn given_no_state_when_opened_should_start_from_zero() {
-        let mut random = source(None, [7, 7]);
-        random.open(None).await.unwrap();
-        let batch = random.poll().await.unwrap();
-        assert_eq!(batch.records.len(), 7);
-        assert_eq!(produced(&batch), 7);
-        assert!(!batch.finished);
-    }
-
-    #[tokio::test]
     async fn given_a_poll_when_generating_should_yield_json_records_whose_uuid_is_their_id() {
         let mut random = source(None, [50, 50]);
         random.open(None).await.unwrap();
@@ -287,112 +269,5 @@ mod tests {
             assert_eq!(record.id, Some(id.as_u128()));
             assert!(ids.insert(id), "duplicate id {id}");
         }
-    }
-
-    #[tokio::test]
-    async fn given_state_bytes_that_do_not_decode_when_opened_should_refuse() {
-        let mut random = source(None, [7, 7]);
-        let error = random.open(Some(b"\xc1garbage")).await.unwrap_err();
-        assert!(!error.is_transient());
-    }
-
-    #[tokio::test]
-    async fn given_a_committed_batch_when_polled_again_should_carry_the_count_forward_only_after_commit()
-     {
-        let mut random = source(None, [5, 5]);
-        random.open(None).await.unwrap();
-        let first = random.poll().await.unwrap();
-        assert_eq!(produced(&first), 5);
-        random.commit().await.unwrap();
-        let second = random.poll().await.unwrap();
-        assert_eq!(produced(&second), 10);
-        // Not committed: a restart from the saved state (5 after the first commit)
-        // produces the second batch's records again.
-        random.close().await.unwrap();
-        let mut restarted = source(None, [5, 5]);
-        restarted.open(first.state.as_deref()).await.unwrap();
-        assert_eq!(produced(&restarted.poll().await.unwrap()), 10);
-    }
-
-    #[tokio::test]
-    async fn given_a_state_round_trip_through_the_file_store_when_restarted_should_resume() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(FileStateStore::new(dir.path()).unwrap());
-        let text = r#"
-            type = "source"
-            key = "rnd"
-            enabled = true
-            version = 0
-            name = "Random"
-            path = "libiggy_connector_random_source"
-            [[streams]]
-            stream = "s"
-            topic = "t"
-            schema = "json"
-            [plugin_config]
-            interval = "0ms"
-            max_count = 30
-            messages_range = [10, 10]
-        "#;
-        let (config, _) =
-            parse_connector_file(std::path::Path::new("rnd.toml"), text, &EnvVars::default())
-                .unwrap();
-        let bus = MemoryBus::new();
-        for expected in [30, 30] {
-            let runtime =
-                Runtime::new(Arc::new(bus.clone()), store.clone(), Duration::from_secs(5));
-            runtime.add(config.clone()).unwrap();
-            runtime.start_enabled().await;
-            runtime
-                .wait_until_stopped(ConnectorKind::Source, "rnd")
-                .await
-                .unwrap();
-            let status = runtime.view(ConnectorKind::Source, "rnd").unwrap().status;
-            assert_eq!(status.stop_reason, Some(StopReason::Completed));
-            // The second run starts from the saved count and produces nothing new.
-            assert_eq!(bus.messages("s", "t").len(), expected);
-        }
-        let saved = store.load("rnd").await.unwrap().unwrap();
-        assert_eq!(
-            decode_state::<RandomState>(&saved.data)
-                .unwrap()
-                .messages_produced,
-            30
-        );
-    }
-
-    #[tokio::test]
-    async fn given_a_corrupt_state_file_when_started_should_refuse_naming_the_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = FileStateStore::new(dir.path()).unwrap();
-        std::fs::write(store.path_for("rnd"), b"not a state file").unwrap();
-        let text = "type = \"source\"\nkey = \"rnd\"\npath = \"random\"\n[[streams]]\nstream = \"s\"\ntopic = \"t\"\nschema = \"json\"\n";
-        let (config, _) =
-            parse_connector_file(std::path::Path::new("rnd.toml"), text, &EnvVars::default())
-                .unwrap();
-        let runtime = Runtime::new(
-            Arc::new(MemoryBus::new()),
-            Arc::new(store.clone()),
-            Duration::from_secs(5),
-        );
-        runtime.add(config).unwrap();
-        runtime.start_enabled().await;
-        runtime
-            .wait_until_stopped(ConnectorKind::Source, "rnd")
-            .await
-            .unwrap();
-        let status = runtime.view(ConnectorKind::Source, "rnd").unwrap().status;
-        assert_eq!(status.status, Status::Error);
-        assert_eq!(status.stop_reason, Some(StopReason::StartFailed));
-        let message = status.last_error.unwrap().message;
-        assert!(
-            message.contains(&store.path_for("rnd").display().to_string()),
-            "{message}"
-        );
-        // The corrupt file is left for the operator to inspect.
-        assert_eq!(
-            std::fs::read(store.path_for("rnd")).unwrap(),
-            b"not a state file"
-        );
     }
 }

@@ -201,14 +201,6 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn given_a_stored_state_when_opened_should_start_fresh_since_it_keeps_none() {
-        let mut source = source();
-        source.open(Some(b"\xc1 not messagepack")).await.unwrap();
-        assert!(source.local_addr().is_some());
-        source.close().await.unwrap();
-    }
-
-    #[tokio::test]
     async fn given_a_port_in_use_when_opened_should_fail_naming_the_address() {
         let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let address = taken.local_addr().unwrap();

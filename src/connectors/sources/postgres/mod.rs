@@ -451,24 +451,6 @@ mod tests {
         .unwrap()
     }
 
-    #[test]
-    fn given_state_when_encoded_and_decoded_should_round_trip() {
-        let state = PostgresState {
-            tracking_offsets: BTreeMap::from([("a".into(), "2024-01-01 00:00:00+00".into())]),
-            tracking_keys: BTreeMap::from([("a".into(), "17".into())]),
-            processed_rows: 99,
-        };
-        let bytes = encode_state(&state).unwrap();
-        assert_eq!(decode_state::<PostgresState>(&bytes).unwrap(), state);
-    }
-
-    #[tokio::test]
-    async fn given_corrupt_state_when_opened_should_refuse_with_a_fatal_error() {
-        let mut source = PostgresSource::new(config());
-        let error = source.open(Some(b"\xc1not msgpack")).await.unwrap_err();
-        assert!(!error.is_transient(), "{error}");
-    }
-
     #[tokio::test]
     async fn given_saved_cursors_when_opened_should_restore_them_and_drop_unknown_tables() {
         let mut source = PostgresSource::new(config());
@@ -491,14 +473,6 @@ mod tests {
             BTreeMap::from([("a".into(), "10".into())])
         );
         assert_eq!(restored.processed_rows, 10);
-        source.close().await.unwrap();
-    }
-
-    #[tokio::test]
-    async fn given_no_state_when_opened_should_start_with_empty_cursors() {
-        let mut source = PostgresSource::new(config());
-        source.open(None).await.unwrap();
-        assert_eq!(*source.lock_committed(), PostgresState::default());
         source.close().await.unwrap();
     }
 }

@@ -1,0 +1,216 @@
+//! The connector conformance suite: the same checks for every connector, each
+//! connector supplying only a small fixture (its backend: how to point the
+//! connector at it, feed or read it back, and inject a fault).
+//!
+//! Run it (PostgreSQL comes from the script):
+//!   scripts/with-postgres.sh cargo nextest run --features full --test conformance
+//! One connector or one check: add `-E 'test(/postgres_sink::/)'` or
+//! `-E 'test(restore)'`.
+//!
+//! Adding a connector: write `fixtures/<name>_<kind>.rs` (a `SourceBackend`
+//! or `SinkBackend`) and one `source_conformance!`/`sink_conformance!` line
+//! below; `every_registered_connector_has_a_fixture` fails until you do.
+//! `self_tests.rs` runs every check against deliberately broken connectors,
+//! proving each check can fail.
+
+mod fixtures;
+mod reference;
+mod self_tests;
+mod sink;
+mod source;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use iggy_connect::connectors::Registry;
+
+/// What a check found wrong, or `Ok`.
+pub type Outcome = Result<(), String>;
+
+/// Fails the check with a message when `condition` does not hold.
+#[macro_export]
+macro_rules! ensure {
+    ($condition:expr, $($message:tt)+) => {
+        if !$condition {
+            return Err(format!($($message)+));
+        }
+    };
+}
+
+/// Every source check, run on one connector with a fresh backend each.
+macro_rules! source_conformance {
+    ($module:ident, $name:literal, $backend:expr) => {
+        mod $module {
+            use super::source::{self, SourceSubject};
+            #[allow(unused_imports)]
+            use super::*;
+
+            async fn run(check: &str) {
+                let subject = SourceSubject::registered($name);
+                let backend = $backend;
+                if let Err(failure) = source::run(check, &subject, &backend).await {
+                    panic!("{} source, {check}: {failure}", $name);
+                }
+            }
+
+            #[tokio::test]
+            async fn fresh_start() {
+                run("fresh_start").await;
+            }
+            #[tokio::test]
+            async fn restore() {
+                run("restore").await;
+            }
+            #[tokio::test]
+            async fn corrupt_state_refused() {
+                run("corrupt_state_refused").await;
+            }
+            #[tokio::test]
+            async fn state_round_trip() {
+                run("state_round_trip").await;
+            }
+            #[tokio::test]
+            async fn nothing_destructive_before_commit() {
+                run("nothing_destructive_before_commit").await;
+            }
+            #[tokio::test]
+            async fn cancelled_poll_loses_nothing() {
+                run("cancelled_poll_loses_nothing").await;
+            }
+        }
+    };
+}
+
+/// Every sink check, run on one connector with a fresh backend each.
+macro_rules! sink_conformance {
+    ($module:ident, $name:literal, $backend:expr) => {
+        mod $module {
+            use super::sink::{self, SinkSubject};
+            #[allow(unused_imports)]
+            use super::*;
+
+            async fn run(check: &str) {
+                let subject = SinkSubject::registered($name);
+                let backend = $backend;
+                if let Err(failure) = sink::run(check, &subject, &backend).await {
+                    panic!("{} sink, {check}: {failure}", $name);
+                }
+            }
+
+            #[tokio::test]
+            async fn ok_means_durable() {
+                run("ok_means_durable").await;
+            }
+            #[tokio::test]
+            async fn replayed_batch_not_duplicated() {
+                run("replayed_batch_not_duplicated").await;
+            }
+            #[tokio::test]
+            async fn rejections_in_range() {
+                run("rejections_in_range").await;
+            }
+            #[tokio::test]
+            async fn transient_error_retried() {
+                run("transient_error_retried").await;
+            }
+        }
+    };
+}
+
+// One line per connector (a connector may run with several fixtures).
+#[cfg(feature = "random-source")]
+source_conformance!(
+    random_source,
+    "random",
+    fixtures::random_source::Backend::new()
+);
+#[cfg(feature = "postgres-source")]
+source_conformance!(
+    postgres_source,
+    "postgres",
+    fixtures::postgres_source::Backend::cursor().await
+);
+#[cfg(feature = "postgres-source")]
+source_conformance!(
+    postgres_source_delete,
+    "postgres",
+    fixtures::postgres_source::Backend::delete_after_read().await
+);
+#[cfg(feature = "postgres-source")]
+source_conformance!(
+    postgres_source_mark,
+    "postgres",
+    fixtures::postgres_source::Backend::processed_column().await
+);
+#[cfg(feature = "http-source")]
+source_conformance!(http_source, "http", fixtures::http_source::Backend::new());
+#[cfg(feature = "stdout-sink")]
+sink_conformance!(
+    stdout_sink,
+    "stdout",
+    fixtures::stdout_sink::Backend::new().await
+);
+#[cfg(feature = "faulty-sink")]
+sink_conformance!(faulty_sink, "faulty", fixtures::faulty_sink::Backend::new());
+#[cfg(feature = "postgres-sink")]
+sink_conformance!(
+    postgres_sink,
+    "postgres",
+    fixtures::postgres_sink::Backend::new().await
+);
+#[cfg(feature = "http-sink")]
+sink_conformance!(http_sink, "http", fixtures::http_sink::Backend::new().await);
+
+/// The connectors the lines above cover, by kind and name.
+const COVERED_SOURCES: &[&str] = &[
+    #[cfg(feature = "random-source")]
+    "random",
+    #[cfg(feature = "postgres-source")]
+    "postgres",
+    #[cfg(feature = "http-source")]
+    "http",
+];
+const COVERED_SINKS: &[&str] = &[
+    #[cfg(feature = "stdout-sink")]
+    "stdout",
+    #[cfg(feature = "faulty-sink")]
+    "faulty",
+    #[cfg(feature = "postgres-sink")]
+    "postgres",
+    #[cfg(feature = "http-sink")]
+    "http",
+];
+
+#[test]
+fn every_registered_connector_has_a_fixture() {
+    let missing: Vec<String> = Registry::sources()
+        .iter()
+        .filter(|entry| !COVERED_SOURCES.contains(&entry.name))
+        .map(|entry| format!("{} source", entry.name))
+        .chain(
+            Registry::sinks()
+                .iter()
+                .filter(|entry| !COVERED_SINKS.contains(&entry.name))
+                .map(|entry| format!("{} sink", entry.name)),
+        )
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "connectors without a conformance fixture: {missing:?}"
+    );
+}
+
+/// A name no other check (or run) uses.
+pub fn unique(prefix: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{prefix}_{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+/// Message ids of their own for each batch of messages the checks build.
+pub fn id_base() -> u128 {
+    static NEXT: AtomicU32 = AtomicU32::new(1);
+    (u128::from(std::process::id()) << 64) | (u128::from(NEXT.fetch_add(1, Ordering::SeqCst)) << 32)
+}

@@ -1,0 +1,354 @@
+//! In-memory reference connectors for the self-tests: a correct source and
+//! sink, and each with one deliberate flaw that one check must catch.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use iggy_connect::connectors::{
+    ConnectorError, PluginConfigError, Rejection, Sink, SinkError, Source, SourceBatch,
+    decode_state, encode_state,
+};
+use iggy_connect::message::{Payload, SinkMessage, SourceRecord, TopicRef};
+use serde_json::{Value, json};
+
+use crate::sink::{SinkBackend, SinkSubject, payload_key, poison_json};
+use crate::source::{SourceBackend, SourceSubject};
+use crate::{Outcome, ensure, unique};
+
+/// What a reference source gets wrong.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceFlaw {
+    None,
+    /// A fresh start skips the first item.
+    SkipsFirstItem,
+    /// `open` ignores the stored state and starts from the beginning.
+    IgnoresState,
+    /// A state it cannot decode is taken as a fresh start.
+    AcceptsCorruptState,
+    /// Each batch carries the state from before it (one batch behind).
+    StaleState,
+    /// `poll` consumes (deletes) what it returns.
+    DeletesInPoll,
+    /// `poll` moves its cursor before it waits, so a dropped poll skips items.
+    AdvancesBeforeWaiting,
+}
+
+/// What a reference sink gets wrong.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SinkFlaw {
+    None,
+    /// `write` returns `Ok` without writing.
+    OkWithoutWriting,
+    /// Claims idempotence but appends every copy.
+    Duplicates,
+    /// Reports a refused message one index too far (out of range at the end).
+    RejectsOutOfRange,
+    /// Refuses a message but stores it anyway.
+    StoresRejected,
+    /// Returns `Ok` while the backend is down (without writing).
+    OkWhileDown,
+}
+
+pub fn source(flaw: SourceFlaw) -> SourceSubject {
+    SourceSubject {
+        name: "memory",
+        build: Arc::new(
+            move |config: &Value| -> Result<Box<dyn Source>, PluginConfigError> {
+                Ok(Box::new(MemorySource {
+                    queue: Queue::find(config)?,
+                    flaw,
+                    cursor: AtomicUsize::new(0),
+                    staged: Mutex::new(None),
+                    polled: AtomicBool::new(false),
+                }))
+            },
+        ),
+    }
+}
+
+pub fn sink(flaw: SinkFlaw) -> SinkSubject {
+    SinkSubject {
+        name: "memory",
+        build: Arc::new(
+            move |config: &Value| -> Result<Box<dyn Sink>, PluginConfigError> {
+                Ok(Box::new(MemorySink {
+                    store: Store::find(config)?,
+                    flaw,
+                }))
+            },
+        ),
+    }
+}
+
+/// The input of a reference source: items with a consumed flag.
+#[derive(Default)]
+pub struct Queue {
+    id: String,
+    items: Mutex<Vec<(String, bool)>>,
+}
+
+impl Queue {
+    pub fn new() -> Arc<Self> {
+        let queue = Arc::new(Self {
+            id: unique("queue"),
+            items: Mutex::default(),
+        });
+        queues()
+            .lock()
+            .unwrap()
+            .insert(queue.id.clone(), queue.clone());
+        queue
+    }
+
+    fn find(config: &Value) -> Result<Arc<Self>, PluginConfigError> {
+        let id = config["queue"].as_str().unwrap_or_default();
+        queues()
+            .lock()
+            .unwrap()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| PluginConfigError::new("queue", "no such queue"))
+    }
+}
+
+fn queues() -> &'static Mutex<HashMap<String, Arc<Queue>>> {
+    static QUEUES: OnceLock<Mutex<HashMap<String, Arc<Queue>>>> = OnceLock::new();
+    QUEUES.get_or_init(Mutex::default)
+}
+
+#[async_trait]
+impl SourceBackend for Arc<Queue> {
+    fn plugin_config(&self) -> Value {
+        json!({"queue": self.id})
+    }
+
+    async fn feed(&self, count: usize) -> Vec<String> {
+        let mut items = self.items.lock().unwrap();
+        let first = items.len();
+        let keys: Vec<String> = (first..first + count)
+            .map(|n| format!("item-{n}"))
+            .collect();
+        items.extend(keys.iter().map(|key| (key.clone(), false)));
+        keys
+    }
+
+    fn key(&self, payload: &[u8]) -> String {
+        let value: Value = serde_json::from_slice(payload).unwrap_or_default();
+        value["key"].as_str().unwrap_or_default().to_owned()
+    }
+
+    async fn untouched(&self, fed: &[String]) -> Outcome {
+        let items = self.items.lock().unwrap();
+        let consumed: Vec<&String> = items
+            .iter()
+            .filter(|(key, consumed)| *consumed && fed.contains(key))
+            .map(|(key, _)| key)
+            .collect();
+        ensure!(consumed.is_empty(), "consumed before commit: {consumed:?}");
+        Ok(())
+    }
+}
+
+struct MemorySource {
+    queue: Arc<Queue>,
+    flaw: SourceFlaw,
+    /// Index of the next item (the committed position).
+    cursor: AtomicUsize,
+    /// Where the batch in flight ends.
+    staged: Mutex<Option<usize>>,
+    polled: AtomicBool,
+}
+
+#[async_trait]
+impl Source for MemorySource {
+    async fn open(&mut self, state: Option<&[u8]>) -> Result<(), ConnectorError> {
+        let start = match (state, self.flaw) {
+            (_, SourceFlaw::IgnoresState) | (None, _) => 0,
+            (Some(bytes), SourceFlaw::AcceptsCorruptState) => decode_state(bytes).unwrap_or(0),
+            (Some(bytes), _) => decode_state(bytes)?,
+        };
+        let start = match (state, self.flaw) {
+            (None, SourceFlaw::SkipsFirstItem) => 1,
+            _ => start,
+        };
+        self.cursor.store(start, Ordering::SeqCst);
+        Ok(())
+    }
+
+    async fn poll(&self) -> Result<SourceBatch, ConnectorError> {
+        let available = self.queue.items.lock().unwrap().len();
+        let start = if self.flaw == SourceFlaw::AdvancesBeforeWaiting {
+            self.cursor.swap(available, Ordering::SeqCst)
+        } else {
+            self.cursor.load(Ordering::SeqCst)
+        };
+        if self.polled.swap(true, Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let mut items = self.queue.items.lock().unwrap();
+        let end = items.len();
+        if self.flaw == SourceFlaw::DeletesInPoll {
+            items[start..end].iter_mut().for_each(|item| item.1 = true);
+        }
+        let records = items[start..end]
+            .iter()
+            .map(|(key, _)| SourceRecord::new(Payload::Json(json!({"key": key}))))
+            .collect();
+        drop(items);
+        *self.staged.lock().unwrap() = Some(end);
+        let saved = if self.flaw == SourceFlaw::StaleState {
+            start
+        } else {
+            end
+        };
+        Ok(SourceBatch {
+            records,
+            state: Some(encode_state(&saved)?),
+            finished: false,
+        })
+    }
+
+    async fn commit(&self) -> Result<(), ConnectorError> {
+        if let Some(end) = self.staged.lock().unwrap().take() {
+            self.cursor.store(end, Ordering::SeqCst);
+            let mut items = self.queue.items.lock().unwrap();
+            items[..end].iter_mut().for_each(|item| item.1 = true);
+        }
+        Ok(())
+    }
+
+    async fn close(&mut self) -> Result<(), ConnectorError> {
+        self.staged.lock().unwrap().take();
+        Ok(())
+    }
+}
+
+/// The backend of a reference sink: the keys stored, a down flag.
+#[derive(Default)]
+pub struct Store {
+    id: String,
+    keys: Mutex<Vec<String>>,
+    down: AtomicBool,
+}
+
+impl Store {
+    pub fn new() -> Arc<Self> {
+        let store = Arc::new(Self {
+            id: unique("store"),
+            ..Self::default()
+        });
+        stores()
+            .lock()
+            .unwrap()
+            .insert(store.id.clone(), store.clone());
+        store
+    }
+
+    fn find(config: &Value) -> Result<Arc<Self>, PluginConfigError> {
+        let id = config["store"].as_str().unwrap_or_default();
+        stores()
+            .lock()
+            .unwrap()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| PluginConfigError::new("store", "no such store"))
+    }
+}
+
+fn stores() -> &'static Mutex<HashMap<String, Arc<Store>>> {
+    static STORES: OnceLock<Mutex<HashMap<String, Arc<Store>>>> = OnceLock::new();
+    STORES.get_or_init(Mutex::default)
+}
+
+#[async_trait]
+impl SinkBackend for Arc<Store> {
+    fn plugin_config(&self) -> Value {
+        json!({"store": self.id})
+    }
+
+    fn idempotent(&self) -> bool {
+        true
+    }
+
+    async fn stored(&self) -> Result<Vec<String>, String> {
+        Ok(self.keys.lock().unwrap().clone())
+    }
+
+    fn poison(&self, message: &mut SinkMessage) -> bool {
+        poison_json(message);
+        true
+    }
+
+    async fn fault(&self) -> bool {
+        self.down.store(true, Ordering::SeqCst);
+        true
+    }
+
+    async fn heal(&self) {
+        self.down.store(false, Ordering::SeqCst);
+    }
+}
+
+struct MemorySink {
+    store: Arc<Store>,
+    flaw: SinkFlaw,
+}
+
+#[async_trait]
+impl Sink for MemorySink {
+    async fn open(&mut self) -> Result<(), ConnectorError> {
+        Ok(())
+    }
+
+    async fn write(&self, _topic: &TopicRef, messages: &[SinkMessage]) -> Result<(), SinkError> {
+        if self.store.down.load(Ordering::SeqCst) {
+            if self.flaw == SinkFlaw::OkWhileDown {
+                return Ok(());
+            }
+            return Err(SinkError::transient("the store is down"));
+        }
+        let mut rejected = Vec::new();
+        let mut keys = self.store.keys.lock().unwrap();
+        for (index, message) in messages.iter().enumerate() {
+            let Payload::Json(value) = &message.payload else {
+                continue;
+            };
+            if value.get("poison").is_some() {
+                let index = match self.flaw {
+                    SinkFlaw::RejectsOutOfRange => index + messages.len(),
+                    _ => index,
+                };
+                rejected.push(Rejection {
+                    index,
+                    reason: "poisoned".into(),
+                });
+                if self.flaw != SinkFlaw::StoresRejected {
+                    continue;
+                }
+            }
+            let Some(key) = payload_key(value) else {
+                continue;
+            };
+            let write = match self.flaw {
+                SinkFlaw::OkWithoutWriting => false,
+                SinkFlaw::Duplicates => true,
+                _ => !keys.contains(&key),
+            };
+            if write {
+                keys.push(key);
+            }
+        }
+        if rejected.is_empty() {
+            Ok(())
+        } else {
+            Err(SinkError::Rejected(rejected))
+        }
+    }
+
+    async fn close(&mut self) -> Result<(), ConnectorError> {
+        Ok(())
+    }
+}

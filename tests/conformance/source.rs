@@ -1,0 +1,501 @@
+//! The source checks. Each takes the connector (how to build it) and a fresh
+//! backend of its fixture, and returns what went wrong instead of panicking,
+//! so the self-tests can assert that a broken connector fails them.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use iggy_connect::config::{ConnectorConfig, KindConfig, SourceStream};
+use iggy_connect::connectors::{ConnectorKind, PluginConfigError, Registry, Source};
+use iggy_connect::engine::codec::Schema;
+use iggy_connect::engine::runtime::{ConnectorFactory, RuntimeOptions};
+use iggy_connect::engine::{Runtime, Status, StopReason};
+use iggy_connect::iggy::MemoryBus;
+use iggy_connect::state::{FileStateStore, StateStore, StoredState};
+use serde_json::Value;
+
+use crate::{Outcome, ensure, unique};
+
+/// How long a check waits for records before failing.
+const DEADLINE: Duration = Duration::from_secs(15);
+
+/// A connector's backend for the source checks: one per check, of its own.
+#[async_trait]
+pub trait SourceBackend: Send + Sync {
+    /// The `plugin_config` that points the source at this backend.
+    fn plugin_config(&self) -> Value;
+    /// Whether the source keeps state. One that does not must start fresh from
+    /// any stored state (its documented behaviour) and hand out none.
+    fn stateful(&self) -> bool {
+        true
+    }
+    /// Makes `count` more input items available to an open source (rows
+    /// inserted, requests sent and received) and returns their keys, in the
+    /// order the source must produce them.
+    async fn feed(&self, count: usize) -> Vec<String>;
+    /// The key of the input item a produced payload came from.
+    fn key(&self, payload: &[u8]) -> String;
+    /// Called once the source that polled `fed` was closed without `commit`:
+    /// fails if the input was consumed (rows deleted or marked, clients
+    /// answered with 2xx).
+    async fn untouched(&self, fed: &[String]) -> Outcome;
+}
+
+pub type BuildSource =
+    Arc<dyn Fn(&Value) -> Result<Box<dyn Source>, PluginConfigError> + Send + Sync>;
+
+/// The connector under test: its registry name and how to build it.
+#[derive(Clone)]
+pub struct SourceSubject {
+    pub name: &'static str,
+    pub build: BuildSource,
+}
+
+impl SourceSubject {
+    /// The compiled-in connector `name`, built through its registry entry.
+    pub fn registered(name: &'static str) -> Self {
+        let entry = Registry::sources()
+            .iter()
+            .find(|entry| entry.name == name)
+            .unwrap_or_else(|| panic!("no source \"{name}\" in the registry"));
+        Self {
+            name,
+            build: Arc::new(entry.build),
+        }
+    }
+
+    async fn open(
+        &self,
+        backend: &dyn SourceBackend,
+        state: Option<&[u8]>,
+    ) -> Result<Box<dyn Source>, String> {
+        let mut source = (self.build)(&backend.plugin_config())
+            .map_err(|error| format!("building {}: {error}", self.name))?;
+        source
+            .open(state)
+            .await
+            .map_err(|error| format!("open: {error}"))?;
+        Ok(source)
+    }
+}
+
+/// Every source check, by name.
+pub const CHECKS: [&str; 6] = [
+    "fresh_start",
+    "restore",
+    "corrupt_state_refused",
+    "state_round_trip",
+    "nothing_destructive_before_commit",
+    "cancelled_poll_loses_nothing",
+];
+
+/// Runs the source check named `check`.
+pub async fn run(check: &str, subject: &SourceSubject, backend: &dyn SourceBackend) -> Outcome {
+    match check {
+        "fresh_start" => fresh_start(subject, backend).await,
+        "restore" => restore(subject, backend).await,
+        "corrupt_state_refused" => corrupt_state_refused(subject, backend).await,
+        "state_round_trip" => state_round_trip(subject, backend).await,
+        "nothing_destructive_before_commit" => {
+            nothing_destructive_before_commit(subject, backend).await
+        }
+        "cancelled_poll_loses_nothing" => cancelled_poll_loses_nothing(subject, backend).await,
+        other => Err(format!("no source check {other}")),
+    }
+}
+
+/// A fresh start (no state) produces the input from its first item.
+pub async fn fresh_start(subject: &SourceSubject, backend: &dyn SourceBackend) -> Outcome {
+    let mut source = subject.open(backend, None).await?;
+    let fed = backend.feed(3).await;
+    let delivered = deliver(source.as_ref(), backend, &fed, true).await?;
+    close(source.as_mut()).await?;
+    ensure!(
+        delivered.keys.first() == fed.first(),
+        "a fresh start must begin with the first input item {:?}, began with {:?}",
+        fed.first(),
+        delivered.keys.first()
+    );
+    Ok(())
+}
+
+/// A source opened with the state of its last committed batch continues after
+/// it: nothing committed comes again, nothing new is skipped.
+pub async fn restore(subject: &SourceSubject, backend: &dyn SourceBackend) -> Outcome {
+    let mut source = subject.open(backend, None).await?;
+    let first = backend.feed(3).await;
+    let delivered = deliver(source.as_ref(), backend, &first, true).await?;
+    close(source.as_mut()).await?;
+    let state = match (backend.stateful(), delivered.state) {
+        (true, None) => return Err("a stateful source handed out no state".into()),
+        (false, Some(_)) => return Err("a stateless source handed out a state".into()),
+        (true, Some(state)) => state,
+        // Its documented fresh start: any stored state is ignored.
+        (false, None) => b"\xc1 not a state".to_vec(),
+    };
+    let mut restored = subject.open(backend, Some(&state)).await?;
+    let second = backend.feed(3).await;
+    let again = deliver(restored.as_ref(), backend, &second, true).await?;
+    close(restored.as_mut()).await?;
+    let committed: HashSet<&String> = delivered.keys.iter().collect();
+    let repeated: Vec<&String> = again
+        .keys
+        .iter()
+        .filter(|key| committed.contains(key))
+        .collect();
+    ensure!(
+        repeated.is_empty(),
+        "restored from its state, the source produced committed items again: {repeated:?}"
+    );
+    ensure!(
+        again.keys.first() == second.first(),
+        "restored from its state, the source must continue with {:?}, began with {:?}",
+        second.first(),
+        again.keys.first()
+    );
+    Ok(())
+}
+
+/// A stored state the source cannot read stops the start (naming the state
+/// file) and is left as it is; a source without state starts fresh instead.
+/// A state file that is not one at all is refused for every source.
+pub async fn corrupt_state_refused(
+    subject: &SourceSubject,
+    backend: &dyn SourceBackend,
+) -> Outcome {
+    let dir = tempfile::tempdir().map_err(|error| error.to_string())?;
+    let store = FileStateStore::new(dir.path()).map_err(|error| error.to_string())?;
+    let cases: [(&str, Option<&[u8]>); 2] = [
+        ("undecodable state", Some(b"\xc1\xc1 garbage")),
+        ("not a state file", None),
+    ];
+    for (case, data) in cases {
+        let key = unique("corrupt");
+        let path = store.path_for(&key);
+        match data {
+            Some(data) => store
+                .save(
+                    &key,
+                    &StoredState {
+                        connector: subject.name.into(),
+                        data: data.to_vec(),
+                    },
+                )
+                .await
+                .map_err(|error| error.to_string())?,
+            None => {
+                std::fs::write(&path, b"not a state file").map_err(|error| error.to_string())?
+            }
+        }
+        let before = std::fs::read(&path).map_err(|error| error.to_string())?;
+        let runtime = runtime(subject, Arc::new(MemoryBus::new()), Arc::new(store.clone()));
+        runtime
+            .add(source_config(subject.name, &key, backend.plugin_config()))
+            .map_err(|error| error.to_string())?;
+        runtime.start_enabled().await;
+        let refused = data.is_none() || backend.stateful();
+        // Running or stopped, whichever it comes to.
+        let settled = wait_until_settled(&runtime, &key).await;
+        let status = runtime
+            .view(ConnectorKind::Source, &key)
+            .map_err(|error| error.to_string())?
+            .status;
+        runtime.shutdown().await;
+        settled?;
+        if refused {
+            ensure!(
+                status.stop_reason == Some(StopReason::StartFailed),
+                "{case}: the start must fail, the source stopped with {:?}",
+                status.stop_reason
+            );
+            let message = status
+                .last_error
+                .map(|error| error.message)
+                .unwrap_or_default();
+            ensure!(
+                message.contains(&path.display().to_string()),
+                "{case}: the error must name the state file {}: {message}",
+                path.display()
+            );
+        } else {
+            ensure!(
+                status.stop_reason.is_none(),
+                "{case}: a stateless source must start fresh, it stopped with {:?}",
+                status.stop_reason
+            );
+        }
+        let after = std::fs::read(&path).map_err(|error| error.to_string())?;
+        ensure!(before == after, "{case}: the state file was changed");
+    }
+    Ok(())
+}
+
+/// Through the real engine and the file state store: what one run committed is
+/// not produced again by the next run, which goes on with new input.
+pub async fn state_round_trip(subject: &SourceSubject, backend: &dyn SourceBackend) -> Outcome {
+    let dir = tempfile::tempdir().map_err(|error| error.to_string())?;
+    let store = Arc::new(FileStateStore::new(dir.path()).map_err(|error| error.to_string())?);
+    let bus = MemoryBus::new();
+    let key = unique("round_trip");
+    for run in 0..2 {
+        let runtime = runtime(subject, Arc::new(bus.clone()), store.clone());
+        runtime
+            .add(source_config(subject.name, &key, backend.plugin_config()))
+            .map_err(|error| error.to_string())?;
+        runtime.start_enabled().await;
+        let before = bus.messages(STREAM, TOPIC).len();
+        let fed = backend.feed(3).await;
+        let seen = wait_for_keys(&bus, backend, &fed, before).await;
+        runtime.shutdown().await;
+        seen.map_err(|error| format!("run {run}: {error}"))?;
+        if backend.stateful() {
+            let stored = store
+                .load(&key)
+                .await
+                .map_err(|error| error.to_string())?
+                .ok_or_else(|| format!("run {run}: no state saved"))?;
+            ensure!(
+                stored.connector == subject.name,
+                "run {run}: the state names connector {:?}",
+                stored.connector
+            );
+        }
+    }
+    let keys = bus_keys(&bus, backend);
+    let mut seen = HashSet::new();
+    let repeated: Vec<&String> = keys.iter().filter(|key| !seen.insert(*key)).collect();
+    ensure!(
+        repeated.is_empty(),
+        "after a clean restart from its saved state, items came twice: {repeated:?}"
+    );
+    Ok(())
+}
+
+/// A batch polled and never committed (the source closed instead) leaves the
+/// input as it was, and a source reopened from the state before that batch
+/// produces it again.
+pub async fn nothing_destructive_before_commit(
+    subject: &SourceSubject,
+    backend: &dyn SourceBackend,
+) -> Outcome {
+    let mut source = subject.open(backend, None).await?;
+    let fed = backend.feed(3).await;
+    let delivered = deliver(source.as_ref(), backend, &fed[..1], false).await?;
+    close(source.as_mut()).await?;
+    backend.untouched(&fed).await?;
+    if backend.stateful() {
+        let mut again = subject.open(backend, None).await?;
+        let redelivered = deliver(again.as_ref(), backend, &fed, true).await?;
+        close(again.as_mut()).await?;
+        ensure!(
+            redelivered.keys.first() == delivered.keys.first(),
+            "reopened from the state before an uncommitted batch, the source must produce it again from {:?}, began with {:?}",
+            delivered.keys.first(),
+            redelivered.keys.first()
+        );
+    }
+    Ok(())
+}
+
+/// A `poll` dropped while it waits (shutdown) loses nothing: the next polls
+/// still produce every item, from the first one not committed.
+pub async fn cancelled_poll_loses_nothing(
+    subject: &SourceSubject,
+    backend: &dyn SourceBackend,
+) -> Outcome {
+    let mut source = subject.open(backend, None).await?;
+    let first = backend.feed(2).await;
+    deliver(source.as_ref(), backend, &first, true).await?;
+    let second = backend.feed(3).await;
+    // Polled once, then dropped: the fixtures make a poll wait (an interval, a
+    // linger time), so this lands inside it.
+    let cancelled = tokio::time::timeout(Duration::ZERO, source.poll()).await;
+    ensure!(
+        cancelled.is_err(),
+        "the poll completed at once; the fixture must make a poll wait so it can be cancelled"
+    );
+    let delivered = deliver(source.as_ref(), backend, &second, true).await?;
+    close(source.as_mut()).await?;
+    ensure!(
+        delivered.keys.first() == second.first(),
+        "after a cancelled poll the source must go on with {:?}, went on with {:?}",
+        second.first(),
+        delivered.keys.first()
+    );
+    Ok(())
+}
+
+const STREAM: &str = "conformance";
+const TOPIC: &str = "records";
+
+struct Delivered {
+    keys: Vec<String>,
+    state: Option<Vec<u8>>,
+}
+
+/// Polls (committing each batch when `commit`) until every key of `wanted`
+/// was produced. Without `commit` it polls once: the engine never polls again
+/// before the batch in flight is committed.
+async fn deliver(
+    source: &dyn Source,
+    backend: &dyn SourceBackend,
+    wanted: &[String],
+    commit: bool,
+) -> Result<Delivered, String> {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let mut delivered = Delivered {
+        keys: Vec::new(),
+        state: None,
+    };
+    loop {
+        let batch = tokio::time::timeout_at(deadline, source.poll())
+            .await
+            .map_err(|_| {
+                format!(
+                    "wanted {wanted:?} within {DEADLINE:?}, got {:?}",
+                    delivered.keys
+                )
+            })?
+            .map_err(|error| format!("poll: {error}"))?;
+        delivered.keys.extend(
+            batch
+                .records
+                .iter()
+                .map(|record| backend.key(&record.payload.to_bytes())),
+        );
+        if batch.state.is_some() {
+            delivered.state = batch.state;
+        }
+        if !commit && !delivered.keys.is_empty() {
+            return Ok(delivered);
+        }
+        if commit && !batch.records.is_empty() {
+            source
+                .commit()
+                .await
+                .map_err(|error| format!("commit: {error}"))?;
+        }
+        if wanted.iter().all(|key| delivered.keys.contains(key)) {
+            return Ok(delivered);
+        }
+    }
+}
+
+async fn close(source: &mut dyn Source) -> Outcome {
+    source
+        .close()
+        .await
+        .map_err(|error| format!("close: {error}"))
+}
+
+/// Builds the subject for the runtime whatever the config names.
+struct SubjectFactory(SourceSubject);
+
+impl ConnectorFactory for SubjectFactory {
+    fn source(&self, config: &ConnectorConfig) -> Result<Box<dyn Source>, String> {
+        (self.0.build)(&config.plugin_config).map_err(|error| error.to_string())
+    }
+
+    fn sink(
+        &self,
+        _config: &ConnectorConfig,
+    ) -> Result<Box<dyn iggy_connect::connectors::Sink>, String> {
+        Err("the source checks run no sink".into())
+    }
+}
+
+fn runtime(
+    subject: &SourceSubject,
+    bus: Arc<MemoryBus>,
+    store: Arc<dyn StateStore>,
+) -> Arc<Runtime> {
+    Runtime::with_options(
+        bus,
+        store,
+        RuntimeOptions {
+            shutdown_timeout: Duration::from_secs(10),
+            factory: Arc::new(SubjectFactory(subject.clone())),
+            ..RuntimeOptions::default()
+        },
+    )
+}
+
+fn source_config(connector: &str, key: &str, plugin_config: Value) -> ConnectorConfig {
+    ConnectorConfig {
+        kind: ConnectorKind::Source,
+        key: key.into(),
+        enabled: true,
+        version: 0,
+        name: key.into(),
+        path: connector.into(),
+        connector: connector.into(),
+        plugin_config_format: None,
+        plugin_config,
+        verbose: false,
+        benchmark: false,
+        transforms: Vec::new(),
+        dead_letter: None,
+        kind_config: KindConfig::Source {
+            streams: vec![SourceStream {
+                stream: STREAM.into(),
+                topic: TOPIC.into(),
+                schema: Schema::Json,
+                batch_length: 1000,
+                linger_time: Duration::from_millis(5),
+                partitions: 1,
+            }],
+            max_consecutive_nacks: Some(0),
+        },
+        file: None,
+    }
+}
+
+fn bus_keys(bus: &MemoryBus, backend: &dyn SourceBackend) -> Vec<String> {
+    bus.messages(STREAM, TOPIC)
+        .iter()
+        .map(|message| backend.key(&message.payload))
+        .collect()
+}
+
+/// Waits until the bus holds every key of `wanted` and something past `before`.
+async fn wait_for_keys(
+    bus: &MemoryBus,
+    backend: &dyn SourceBackend,
+    wanted: &[String],
+    before: usize,
+) -> Outcome {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let keys = bus_keys(bus, backend);
+        if keys.len() > before && wanted.iter().all(|key| keys.contains(key)) {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!("wanted {wanted:?} in the topic, found {keys:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits until the source runs or has stopped.
+async fn wait_until_settled(runtime: &Runtime, key: &str) -> Outcome {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let status = runtime
+            .view(ConnectorKind::Source, key)
+            .map_err(|error| error.to_string())?
+            .status;
+        if matches!(
+            status.status,
+            Status::Running | Status::Stopped | Status::Error
+        ) {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!("the source neither ran nor stopped: {status:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
