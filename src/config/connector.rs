@@ -12,7 +12,7 @@ use toml::{Table, Value};
 use crate::config::env::EnvVars;
 use crate::config::reader::{Reader, describe};
 use crate::config::{ConfigIssue, ConfigIssues, env};
-use crate::connectors::registry::{Registry, RegistryError, connector_name_from_path};
+use crate::connectors::registry::{BuildError, Registry, RegistryError, connector_name_from_path};
 use crate::connectors::{BatchPolicy, ConnectorKind};
 use crate::engine::codec::Schema;
 use crate::engine::transforms::TransformChain;
@@ -441,30 +441,15 @@ fn check_connector(
     plugin_config: &serde_json::Value,
     enabled: bool,
 ) {
-    let built = match kind {
-        ConnectorKind::Source => {
-            Registry::source(connector).map(|entry| (entry.build)(plugin_config).map(drop))
-        }
-        ConnectorKind::Sink => {
-            Registry::sink(connector).map(|entry| (entry.build)(plugin_config).map(drop))
-        }
-    };
-    match built {
+    match Registry::check(kind, connector, plugin_config) {
         // A shared config directory may hold connectors another build runs: a
         // disabled one this binary lacks is only worth a warning.
-        Err(error @ RegistryError::NotCompiledIn { .. }) if !enabled => {
+        Err(BuildError::Registry(error @ RegistryError::NotCompiledIn(_))) if !enabled => {
             reader.warning(field, format!("{error} (the connector is disabled)"));
         }
-        Err(error) => reader.error(field, error.to_string()),
-        Ok(Err(error)) => {
-            let path = if error.field.is_empty() {
-                "plugin_config".to_owned()
-            } else {
-                format!("plugin_config.{}", error.field)
-            };
-            reader.error(&path, error.message);
-        }
-        Ok(Ok(())) => {}
+        Err(BuildError::Registry(error)) => reader.error(field, error.to_string()),
+        Err(BuildError::PluginConfig(error)) => reader.error(&error.path(), error.message),
+        Ok(()) => {}
     }
 }
 
