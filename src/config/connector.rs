@@ -557,8 +557,8 @@ fn read_source_streams(reader: &mut Reader) -> Vec<SourceStream> {
             "avro_schema_json",
             "avro_schema_path",
         ]);
-        let stream = nested.required_string("stream");
-        let topic = nested.required_string("topic");
+        let stream = required_name(&mut nested, "stream");
+        let topic = required_name(&mut nested, "topic");
         let schema = nested.required_parsed("schema");
         let batch_length = read_batch_length(&mut nested);
         let linger_time = nested.duration_or("linger_time", DEFAULT_LINGER_TIME);
@@ -591,7 +591,7 @@ fn read_sink_streams(reader: &mut Reader, key: &str) -> Vec<SinkStream> {
             "avro_schema_json",
             "avro_schema_path",
         ]);
-        let stream = nested.required_string("stream");
+        let stream = required_name(&mut nested, "stream");
         let topics = match nested.string_list("topics") {
             Some(topics) if !topics.is_empty() => Some(topics),
             Some(_) => {
@@ -626,6 +626,17 @@ fn read_sink_streams(reader: &mut Reader, key: &str) -> Vec<SinkStream> {
         }
     }
     streams
+}
+
+/// A stream or topic name: a string that is not empty (upstream's templates ship
+/// `stream = ""`).
+fn required_name(reader: &mut Reader, field: &str) -> Option<String> {
+    let name = reader.required_string(field)?;
+    if name.is_empty() {
+        reader.error(field, "expected a name, found an empty string");
+        return None;
+    }
+    Some(name)
 }
 
 fn read_batch_length(reader: &mut Reader) -> u32 {

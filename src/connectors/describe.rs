@@ -301,3 +301,31 @@ pub fn file_schema(info: &ConnectorInfo) -> Value {
         "$defs": definitions,
     })
 }
+
+/// The field table of every compiled-in connector, in Markdown: the text of
+/// `docs/connectors.md` (a test checks the file against it).
+pub fn reference_markdown() -> String {
+    let mut out = String::from(
+        "# Connector fields\n\nGenerated from the config types' doc comments (`iggy-connect describe KIND NAME` prints the same); \
+         `BLESS=1 cargo nextest run --features full,faulty-sink --test registry` rewrites this file.\n",
+    );
+    for info in crate::connectors::Registry::all() {
+        out.push_str(&format!(
+            "\n## {} `{}`\n\n{} (feature `{}`).\n\n| field | type | default | required | description |\n| --- | --- | --- | --- | --- |\n",
+            info.kind, info.name, info.description, info.feature
+        ));
+        for field in fields(&info) {
+            out.push_str(&format!(
+                "| `{}` | {} | {} | {} | {} |\n",
+                field.name,
+                field.kind.replace('|', "\\|"),
+                field
+                    .default
+                    .map_or_else(|| "-".to_owned(), |default| format!("`{default}`")),
+                if field.required { "yes" } else { "no" },
+                field.description.replace('|', "\\|"),
+            ));
+        }
+    }
+    out
+}
