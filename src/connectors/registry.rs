@@ -89,6 +89,55 @@ pub struct ConnectorInfo {
     pub config_schema: fn() -> schemars::Schema,
 }
 
+impl ConnectorInfo {
+    /// The sample `plugin_config` as JSON, with the word `secret` in each of its
+    /// secret fields replaced by `secret` (so tests can plant a value and look for
+    /// it), and which secret paths held no such word (a declared secret the
+    /// sample does not show).
+    pub fn sample_with_secret(&self, secret: &str) -> (serde_json::Value, Vec<&'static str>) {
+        let table: toml::Table = toml::from_str(self.sample_config).unwrap_or_default();
+        let mut config = crate::config::connector::toml_to_json(&toml::Value::Table(table));
+        let missing = self
+            .secret_fields
+            .iter()
+            .copied()
+            .filter(|path| {
+                let segments: Vec<&str> = path.split('.').collect();
+                plant(&mut config, &segments, secret) == 0
+            })
+            .collect();
+        (config, missing)
+    }
+}
+
+/// Replaces `secret` by `value` in the strings at `segments` (`*`: every key or
+/// element); returns how many it changed.
+fn plant(config: &mut serde_json::Value, segments: &[&str], value: &str) -> usize {
+    use serde_json::Value;
+    match (config, segments.split_first()) {
+        (Value::String(text), None) if text.contains("secret") => {
+            *text = text.replace("secret", value);
+            1
+        }
+        (Value::Array(items), Some((&"*", rest))) => items
+            .iter_mut()
+            .map(|item| plant(item, rest, value))
+            .sum(),
+        (Value::Array(items), Some(_)) => items
+            .iter_mut()
+            .map(|item| plant(item, segments, value))
+            .sum(),
+        (Value::Object(map), Some((&"*", rest))) => map
+            .values_mut()
+            .map(|field| plant(field, rest, value))
+            .sum(),
+        (Value::Object(map), Some((first, rest))) => map
+            .get_mut(*first)
+            .map_or(0, |field| plant(field, rest, value)),
+        _ => 0,
+    }
+}
+
 macro_rules! info_of {
     ($entry:expr) => {{
         let entry = $entry;
