@@ -24,8 +24,7 @@ use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use iggy_connect::config::{ConnectorConfig, KindConfig, OnError, SinkStream, SourceStream};
 use iggy_connect::connectors::{
-    BuildError,
-    ConnectorError, ConnectorKind, Registry, Sink, SinkError, Source, SourceBatch,
+    BuildError, ConnectorError, ConnectorKind, Registry, Sink, SinkError, Source, SourceBatch,
 };
 use iggy_connect::engine::Runtime;
 use iggy_connect::engine::codec::Schema;

@@ -97,18 +97,33 @@ fn registry_cargo_features_bundles_and_features_md_agree() {
             )
         })
         .collect();
-    assert_eq!(rows, expected, "features.md's connector table and the registry differ");
+    assert_eq!(
+        rows, expected,
+        "features.md's connector table and the registry differ"
+    );
 
     // A connector in no bundle is a test-only one, and features.md says so.
-    let (all_sources, all_sinks) = (strings(&features["all-sources"]), strings(&features["all-sinks"]));
-    for (bundle, members, of_kind) in [("all-sources", &all_sources, &sources), ("all-sinks", &all_sinks, &sinks)] {
-        assert!(members.is_subset(of_kind), "{bundle} holds a feature of the other kind: {members:?}");
+    let (all_sources, all_sinks) = (
+        strings(&features["all-sources"]),
+        strings(&features["all-sinks"]),
+    );
+    for (bundle, members, of_kind) in [
+        ("all-sources", &all_sources, &sources),
+        ("all-sinks", &all_sinks, &sinks),
+    ] {
+        assert!(
+            members.is_subset(of_kind),
+            "{bundle} holds a feature of the other kind: {members:?}"
+        );
         for feature in of_kind.difference(members) {
             let row = features_md
                 .lines()
                 .find(|line| line.starts_with(&format!("| `{feature}` |")))
                 .unwrap();
-            assert!(row.contains("test-only"), "`{feature}` is in no bundle but features.md does not call it test-only: {row}");
+            assert!(
+                row.contains("test-only"),
+                "`{feature}` is in no bundle but features.md does not call it test-only: {row}"
+            );
         }
     }
     assert_eq!(
@@ -123,7 +138,10 @@ fn registry_cargo_features_bundles_and_features_md_agree() {
             .map(|info| info.feature.to_owned())
             .collect();
         let bundled: BTreeSet<String> = all_sources.union(&all_sinks).cloned().collect();
-        assert!(bundled.is_subset(&compiled), "{bundled:?} not all in {compiled:?}");
+        assert!(
+            bundled.is_subset(&compiled),
+            "{bundled:?} not all in {compiled:?}"
+        );
     }
 }
 
@@ -152,7 +170,12 @@ fn describe_prints_every_documented_field_of_every_connector() {
     assert!(!all.is_empty());
     for info in &all {
         let fields = describe::fields(info);
-        assert!(!fields.is_empty(), "{} {} has no fields", info.kind, info.name);
+        assert!(
+            !fields.is_empty(),
+            "{} {} has no fields",
+            info.kind,
+            info.name
+        );
         let output = iggy_connect(dir.path(), &["describe", &info.kind.to_string(), info.name]);
         assert!(output.status.success(), "{:?}", output);
         let text = stdout(&output);
@@ -167,16 +190,27 @@ fn describe_prints_every_documented_field_of_every_connector() {
             let line = text
                 .lines()
                 .find(|line| line.split_whitespace().next() == Some(field.name.as_str()))
-                .unwrap_or_else(|| panic!("{} {}: no line for `{}`:\n{text}", info.kind, info.name, field.name));
+                .unwrap_or_else(|| {
+                    panic!(
+                        "{} {}: no line for `{}`:\n{text}",
+                        info.kind, info.name, field.name
+                    )
+                });
             assert!(line.contains(&field.kind), "{line}");
             assert!(line.contains(&field.description), "{line}");
-            assert!(line.contains(if field.required { " yes " } else { " no " }), "{line}");
+            assert!(
+                line.contains(if field.required { " yes " } else { " no " }),
+                "{line}"
+            );
         }
     }
 }
 
 fn example(dir: &Path, info: &ConnectorInfo) -> String {
-    let output = iggy_connect(dir, &["describe", &info.kind.to_string(), info.name, "--example"]);
+    let output = iggy_connect(
+        dir,
+        &["describe", &info.kind.to_string(), info.name, "--example"],
+    );
     assert!(output.status.success(), "{output:?}");
     stdout(&output)
 }
@@ -207,33 +241,53 @@ fn describe_json_schema_is_a_json_schema_that_the_example_satisfies_and_a_typo_d
     let dir = tempfile::tempdir().unwrap();
     for info in Registry::all() {
         let (kind, name) = (info.kind.to_string(), info.name);
-        let output = iggy_connect(dir.path(), &["describe", &kind, name, "--format", "json-schema"]);
+        let output = iggy_connect(
+            dir.path(),
+            &["describe", &kind, name, "--format", "json-schema"],
+        );
         assert!(output.status.success(), "{output:?}");
         let schema: Value = serde_json::from_str(&stdout(&output)).expect("JSON");
-        assert_eq!(schema["$schema"], "https://json-schema.org/draft/2020-12/schema");
+        assert_eq!(
+            schema["$schema"],
+            "https://json-schema.org/draft/2020-12/schema"
+        );
         check_schema_structure(&schema, &schema, "#");
 
         let file: toml::Table = toml::from_str(&example(dir.path(), &info)).unwrap();
         let file = toml_to_json(&toml::Value::Table(file));
         let errors = validate(&schema, &schema, &file, "");
-        assert!(errors.is_empty(), "{kind} {name}: the example breaks the schema: {errors:?}");
+        assert!(
+            errors.is_empty(),
+            "{kind} {name}: the example breaks the schema: {errors:?}"
+        );
 
         let mut typo = file.clone();
         typo["plugin_config"]["no_such_field"] = Value::Bool(true);
-        assert!(!validate(&schema, &schema, &typo, "").is_empty(), "{kind} {name}: a typo passes");
+        assert!(
+            !validate(&schema, &schema, &typo, "").is_empty(),
+            "{kind} {name}: a typo passes"
+        );
         let mut missing = file.clone();
         missing.as_object_mut().unwrap().remove("streams");
-        assert!(!validate(&schema, &schema, &missing, "").is_empty(), "{kind} {name}: no streams passes");
+        assert!(
+            !validate(&schema, &schema, &missing, "").is_empty(),
+            "{kind} {name}: no streams passes"
+        );
     }
 }
 
-const TYPES: &[&str] = &["null", "boolean", "object", "array", "number", "string", "integer"];
+const TYPES: &[&str] = &[
+    "null", "boolean", "object", "array", "number", "string", "integer",
+];
 
 /// The keywords used are JSON Schema's, with values of the right shape, and
 /// every `$ref` resolves.
 fn check_schema_structure(root: &Value, schema: &Value, at: &str) {
     let Value::Object(map) = schema else {
-        assert!(schema.is_boolean(), "{at}: a schema is an object or a boolean");
+        assert!(
+            schema.is_boolean(),
+            "{at}: a schema is an object or a boolean"
+        );
         return;
     };
     for (keyword, value) in map {
@@ -245,11 +299,16 @@ fn check_schema_structure(root: &Value, schema: &Value, at: &str) {
                     other => vec![other],
                 };
                 for name in names {
-                    assert!(TYPES.contains(&name.as_str().unwrap_or("")), "{here}: {name}");
+                    assert!(
+                        TYPES.contains(&name.as_str().unwrap_or("")),
+                        "{here}: {name}"
+                    );
                 }
             }
             "$ref" => {
-                let target = value.as_str().and_then(|text| text.strip_prefix("#/$defs/"));
+                let target = value
+                    .as_str()
+                    .and_then(|text| text.strip_prefix("#/$defs/"));
                 let target = target.and_then(|name| root["$defs"].get(name));
                 assert!(target.is_some(), "{here}: {value} does not resolve");
             }
@@ -260,7 +319,12 @@ fn check_schema_structure(root: &Value, schema: &Value, at: &str) {
             }
             "items" | "additionalProperties" => check_schema_structure(root, value, &here),
             "anyOf" | "oneOf" | "allOf" => {
-                for (index, option) in value.as_array().unwrap_or_else(|| panic!("{here}")).iter().enumerate() {
+                for (index, option) in value
+                    .as_array()
+                    .unwrap_or_else(|| panic!("{here}"))
+                    .iter()
+                    .enumerate()
+                {
                     check_schema_structure(root, option, &format!("{here}/{index}"));
                 }
             }
@@ -304,32 +368,43 @@ fn validate(root: &Value, schema: &Value, value: &Value, at: &str) -> Vec<String
             fail(format!("expected {names:?}, found {value}"));
         }
     }
-    if let Some(expected) = schema.get("const") {
-        if expected != value {
-            fail(format!("expected {expected}, found {value}"));
-        }
+    if let Some(expected) = schema.get("const")
+        && expected != value
+    {
+        fail(format!("expected {expected}, found {value}"));
     }
-    if let Some(Value::Array(allowed)) = schema.get("enum") {
-        if !allowed.contains(value) {
-            fail(format!("expected one of {allowed:?}, found {value}"));
-        }
+    if let Some(Value::Array(allowed)) = schema.get("enum")
+        && !allowed.contains(value)
+    {
+        fail(format!("expected one of {allowed:?}, found {value}"));
     }
-    if let (Some(minimum), Some(number)) = (schema.get("minimum").and_then(Value::as_f64), value.as_f64()) {
-        if number < minimum {
-            fail(format!("{number} is below {minimum}"));
-        }
+    if let (Some(minimum), Some(number)) = (
+        schema.get("minimum").and_then(Value::as_f64),
+        value.as_f64(),
+    ) && number < minimum
+    {
+        fail(format!("{number} is below {minimum}"));
     }
-    drop(fail);
     for keyword in ["anyOf", "oneOf"] {
         if let Some(Value::Array(options)) = schema.get(keyword) {
-            let fitting = options.iter().filter(|option| validate(root, option, value, at).is_empty()).count();
+            let fitting = options
+                .iter()
+                .filter(|option| validate(root, option, value, at).is_empty())
+                .count();
             if fitting == 0 || (keyword == "oneOf" && fitting > 1) {
-                errors.push(format!("{at}: {fitting} of the {keyword} options fit {value}"));
+                errors.push(format!(
+                    "{at}: {fitting} of the {keyword} options fit {value}"
+                ));
             }
         }
     }
     if let Value::Object(fields) = value {
-        for name in schema.get("required").and_then(Value::as_array).into_iter().flatten() {
+        for name in schema
+            .get("required")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
             if !fields.contains_key(name.as_str().unwrap_or("")) {
                 errors.push(format!("{at}: missing {name}"));
             }
@@ -337,19 +412,24 @@ fn validate(root: &Value, schema: &Value, value: &Value, at: &str) -> Vec<String
         let properties = schema.get("properties").and_then(Value::as_object);
         for (name, field) in fields {
             let here = format!("{at}.{name}");
-            match (properties.and_then(|properties| properties.get(name)), schema.get("additionalProperties")) {
+            match (
+                properties.and_then(|properties| properties.get(name)),
+                schema.get("additionalProperties"),
+            ) {
                 (Some(property), _) => errors.extend(validate(root, property, field, &here)),
                 (None, Some(Value::Bool(false))) => errors.push(format!("{here}: unknown field")),
-                (None, Some(extra @ Value::Object(_))) => errors.extend(validate(root, extra, field, &here)),
+                (None, Some(extra @ Value::Object(_))) => {
+                    errors.extend(validate(root, extra, field, &here))
+                }
                 (None, _) => {}
             }
         }
     }
     if let (Value::Array(items), Some(item_schema)) = (value, schema.get("items")) {
-        if let Some(min) = schema.get("minItems").and_then(Value::as_u64) {
-            if (items.len() as u64) < min {
-                errors.push(format!("{at}: fewer than {min} items"));
-            }
+        if let Some(min) = schema.get("minItems").and_then(Value::as_u64)
+            && (items.len() as u64) < min
+        {
+            errors.push(format!("{at}: fewer than {min} items"));
         }
         for (index, item) in items.iter().enumerate() {
             errors.extend(validate(root, item_schema, item, &format!("{at}[{index}]")));

@@ -18,7 +18,12 @@ fn upstream() -> PathBuf {
         .skip(1)
         .map(|dir| dir.join("shared/reference/upstream-configs"))
         .find(|dir| dir.is_dir())
-        .unwrap_or_else(|| panic!("no shared/reference/upstream-configs beside {}", repo.display()))
+        .unwrap_or_else(|| {
+            panic!(
+                "no shared/reference/upstream-configs beside {}",
+                repo.display()
+            )
+        })
 }
 
 fn validate(dir: &Path) -> Output {
@@ -62,7 +67,10 @@ fn connector_files(dir: &Path) -> Vec<(PathBuf, String)> {
     let mut files: Vec<(PathBuf, String)> = std::fs::read_dir(dir)
         .unwrap_or_else(|error| panic!("{}: {error}", dir.display()))
         .map(|entry| entry.unwrap().path())
-        .filter(|path| path.extension().is_some_and(|extension| extension == "toml"))
+        .filter(|path| {
+            path.extension()
+                .is_some_and(|extension| extension == "toml")
+        })
         .map(|path| {
             let text = std::fs::read_to_string(&path).unwrap();
             (path, text)
@@ -83,7 +91,13 @@ fn every_upstream_example_file_of_a_compiled_in_connector_validates_unchanged() 
         }
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("connectors")).unwrap();
-        std::fs::copy(&path, dir.path().join("connectors").join(path.file_name().unwrap())).unwrap();
+        std::fs::copy(
+            &path,
+            dir.path()
+                .join("connectors")
+                .join(path.file_name().unwrap()),
+        )
+        .unwrap();
         std::fs::write(dir.path().join("config.toml"), RUNTIME_CONFIG).unwrap();
         let output = validate(dir.path());
         assert!(
@@ -142,7 +156,10 @@ fn upstream_runtime_example_validates_from_the_directory_upstream_runs_it_from()
             copied += 1;
         }
     }
-    assert!(copied > 0, "none of the runtime example's connectors is compiled in");
+    assert!(
+        copied > 0,
+        "none of the runtime example's connectors is compiled in"
+    );
     let output = validate(root.path());
     assert!(
         output.status.success(),

@@ -5,8 +5,8 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::connectors::registry::ConnectorInfo;
 use crate::connectors::ConnectorKind;
+use crate::connectors::registry::ConnectorInfo;
 
 /// One `plugin_config` field.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -152,11 +152,19 @@ fn toml_text(value: &Value) -> String {
 pub fn fields_table(info: &ConnectorInfo) -> String {
     let fields = fields(info);
     let width = |column: fn(&Field) -> usize, title: &str| {
-        fields.iter().map(column).max().unwrap_or(0).max(title.len())
+        fields
+            .iter()
+            .map(column)
+            .max()
+            .unwrap_or(0)
+            .max(title.len())
     };
     let name_width = width(|field| field.name.len(), "FIELD");
     let kind_width = width(|field| field.kind.len(), "TYPE");
-    let default_width = width(|field| field.default.as_deref().map_or(1, str::len), "DEFAULT");
+    let default_width = width(
+        |field| field.default.as_deref().map_or(1, str::len),
+        "DEFAULT",
+    );
     let mut out = format!(
         "{} {} ({}): {}\n\n",
         info.kind, info.name, info.feature, info.description
@@ -222,9 +230,11 @@ pub fn file_schema(info: &ConnectorInfo) -> Value {
             schema.remove("$defs")
         })
         .unwrap_or_else(|| json!({}));
-    let duration = json!({"type": "string", "description": "a duration such as \"5ms\" or \"10s\""});
+    let duration =
+        json!({"type": "string", "description": "a duration such as \"5ms\" or \"10s\""});
     let positive = json!({"type": "integer", "minimum": 1});
-    let schema_names = json!({"type": "string", "enum": ["json", "raw", "text", "proto", "flatbuffer", "avro"]});
+    let schema_names =
+        json!({"type": "string", "enum": ["json", "raw", "text", "proto", "flatbuffer", "avro"]});
     let stream = match info.kind {
         ConnectorKind::Source => json!({
             "type": "object",
@@ -257,8 +267,14 @@ pub fn file_schema(info: &ConnectorInfo) -> Value {
         "key".into(),
         json!({"type": "string", "pattern": "^[A-Za-z0-9_-]+$"}),
     );
-    properties.insert("enabled".into(), json!({"type": "boolean", "default": true}));
-    properties.insert("version".into(), json!({"type": "integer", "minimum": 0, "default": 0}));
+    properties.insert(
+        "enabled".into(),
+        json!({"type": "boolean", "default": true}),
+    );
+    properties.insert(
+        "version".into(),
+        json!({"type": "integer", "minimum": 0, "default": 0}),
+    );
     properties.insert("name".into(), json!({"type": "string"}));
     properties.insert(
         "path".into(),

@@ -119,10 +119,9 @@ fn plant(config: &mut serde_json::Value, segments: &[&str], value: &str) -> usiz
             *text = text.replace("secret", value);
             1
         }
-        (Value::Array(items), Some((&"*", rest))) => items
-            .iter_mut()
-            .map(|item| plant(item, rest, value))
-            .sum(),
+        (Value::Array(items), Some((&"*", rest))) => {
+            items.iter_mut().map(|item| plant(item, rest, value)).sum()
+        }
         (Value::Array(items), Some(_)) => items
             .iter_mut()
             .map(|item| plant(item, segments, value))

@@ -341,11 +341,9 @@ impl Runtime {
         let KindConfig::Source { streams, .. } = &config.kind_config else {
             return Err(SetupError::Failed("not a source config".into()));
         };
-        let mut source = self
-            .options
-            .factory
-            .source(config)
-            .map_err(|error| SetupError::Failed(format!("{}: {error}", config.origin().display())))?;
+        let mut source = self.options.factory.source(config).map_err(|error| {
+            SetupError::Failed(format!("{}: {error}", config.origin().display()))
+        })?;
         source.attach(slot.context());
         let transforms = build_transforms(config)?;
         let stored = self
@@ -440,11 +438,9 @@ impl Runtime {
         let KindConfig::Sink { streams, on_error } = &config.kind_config else {
             return Err(SetupError::Failed("not a sink config".into()));
         };
-        let mut sink = self
-            .options
-            .factory
-            .sink(config)
-            .map_err(|error| SetupError::Failed(format!("{}: {error}", config.origin().display())))?;
+        let mut sink = self.options.factory.sink(config).map_err(|error| {
+            SetupError::Failed(format!("{}: {error}", config.origin().display()))
+        })?;
         sink.attach(slot.context());
         let transforms = build_transforms(config)?;
         match catch_panic(sink.open()).await {

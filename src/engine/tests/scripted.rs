@@ -12,8 +12,8 @@ use crate::config::connector::{DEFAULT_BATCH_LENGTH, DEFAULT_LINGER_TIME};
 use crate::config::{ConnectorConfig, KindConfig, OnError, SinkStream, SourceStream};
 use crate::connectors::registry::RegistryError;
 use crate::connectors::{
-    BuildError,
-    BatchPolicy, ConnectorError, ConnectorKind, Rejection, Sink, SinkError, Source, SourceBatch,
+    BatchPolicy, BuildError, ConnectorError, ConnectorKind, Rejection, Sink, SinkError, Source,
+    SourceBatch,
 };
 use crate::engine::codec::Schema;
 use crate::engine::runtime::ConnectorFactory;
