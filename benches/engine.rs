@@ -24,7 +24,7 @@ use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use iggy_connect::config::{ConnectorConfig, KindConfig, OnError, SinkStream, SourceStream};
 use iggy_connect::connectors::{
-    ConnectorError, ConnectorKind, Registry, Sink, SinkError, Source, SourceBatch,
+    BuildError, ConnectorError, ConnectorKind, Registry, Sink, SinkError, Source, SourceBatch,
 };
 use iggy_connect::engine::Runtime;
 use iggy_connect::engine::codec::Schema;
@@ -220,7 +220,7 @@ struct BenchFactory {
 }
 
 impl ConnectorFactory for BenchFactory {
-    fn source(&self, _: &ConnectorConfig) -> Result<Box<dyn Source>, String> {
+    fn source(&self, _: &ConnectorConfig) -> Result<Box<dyn Source>, BuildError> {
         let records = (0..BATCH)
             .map(|n| SourceRecord::new(self.payload.clone()).with_id(u128::from(n) + 1))
             .collect();
@@ -230,7 +230,7 @@ impl ConnectorFactory for BenchFactory {
         }))
     }
 
-    fn sink(&self, _: &ConnectorConfig) -> Result<Box<dyn Sink>, String> {
+    fn sink(&self, _: &ConnectorConfig) -> Result<Box<dyn Sink>, BuildError> {
         Ok(Box::new(NullSink {
             takes_text: self.takes_text,
         }))

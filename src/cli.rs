@@ -1,5 +1,5 @@
 //! The command line: `run` (long-running, upstream's config format), `pipe`
-//! (one-shot, in memory), `list` and `validate`.
+//! (one-shot, in memory), `list`, `describe` and `validate`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -18,7 +18,7 @@ use crate::config::{
     ConfigIssue, ConnectorConfig, KindConfig, OnError, RuntimeConfig, SinkStream, SourceStream,
     load_connector_dir,
 };
-use crate::connectors::{ConnectorKind, Registry};
+use crate::connectors::{self, BuildError, ConnectorKind, Registry};
 use crate::engine::codec::Schema;
 use crate::engine::{Runtime, Status};
 use crate::iggy::{ConnectionSettings, IggyBus, MemoryBus};
@@ -69,8 +69,24 @@ pub enum Command {
         #[arg(long, default_value = "json")]
         schema: String,
     },
-    /// List the connectors compiled into this binary, with their cargo features.
+    /// List the connectors compiled into this binary, with their cargo features
+    /// (`describe KIND NAME` shows one's fields).
     List,
+    /// Show a connector's `plugin_config` fields (type, default, required,
+    /// description), an example connector file, or a JSON Schema of its file.
+    Describe {
+        /// `source` or `sink`.
+        kind: ConnectorKind,
+        /// The connector's name (see `list`).
+        name: String,
+        /// Print a complete connector file that `validate` accepts.
+        #[arg(long, conflicts_with = "format")]
+        example: bool,
+        /// `text` (the fields as a table) or `json-schema` (the connector file's
+        /// JSON Schema).
+        #[arg(long, default_value = "text")]
+        format: DescribeFormat,
+    },
     /// Check a runtime config and every connector file it points to; report all
     /// problems with file and field. Exits non-zero on any error.
     Validate {
@@ -88,8 +104,15 @@ pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::List => {
             print!("{}", list());
+            eprintln!("{LIST_HINT}");
             ExitCode::SUCCESS
         }
+        Command::Describe {
+            kind,
+            name,
+            example,
+            format,
+        } => describe(kind, &name, example, format),
         Command::Validate { config } => validate(&config),
         Command::Run { config } => with_runtime(|| run_config(&config)),
         Command::Pipe {
@@ -120,6 +143,40 @@ pub fn list() -> String {
         ));
     }
     out
+}
+
+/// Printed after `list`'s table, on stderr so the table stays one row per connector.
+const LIST_HINT: &str = "`iggy-connect describe KIND NAME` shows a connector's fields; add `--example` for a connector file.";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DescribeFormat {
+    Text,
+    JsonSchema,
+}
+
+fn describe(kind: ConnectorKind, name: &str, example: bool, format: DescribeFormat) -> ExitCode {
+    let info = match Registry::info(kind, name) {
+        Ok(info) => info,
+        Err(error) => {
+            eprintln!("error: {error}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    match (example, format) {
+        (true, _) => print!("{}", connectors::describe::example_file(&info)),
+        (false, DescribeFormat::Text) => print!("{}", connectors::describe::fields_table(&info)),
+        (false, DescribeFormat::JsonSchema) => {
+            let schema = connectors::describe::file_schema(&info);
+            match serde_json::to_string_pretty(&schema) {
+                Ok(text) => println!("{text}"),
+                Err(error) => {
+                    eprintln!("error: {error}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+    }
+    ExitCode::SUCCESS
 }
 
 fn with_runtime<F, Fut>(main: F) -> ExitCode
@@ -401,22 +458,14 @@ fn pipe_connector(
     plugin_config: serde_json::Value,
     schema: Schema,
 ) -> anyhow::Result<ConnectorConfig> {
-    let built = match kind {
-        ConnectorKind::Source => {
-            Registry::source(name).map(|entry| (entry.build)(&plugin_config).map(drop))
-        }
-        ConnectorKind::Sink => {
-            Registry::sink(name).map(|entry| (entry.build)(&plugin_config).map(drop))
-        }
-    };
-    match built {
-        Err(error) => bail!("--{kind} {name}: {error}"),
-        Ok(Err(error)) => bail!(
+    match Registry::check(kind, name, &plugin_config) {
+        Err(BuildError::Registry(error)) => bail!("--{kind} {name}: {error}"),
+        Err(BuildError::PluginConfig(error)) => bail!(
             "--{kind} {name}: invalid setting `{kind}.{}`: {}",
             error.field,
             error.message
         ),
-        Ok(Ok(())) => {}
+        Ok(()) => {}
     }
     let kind_config = match kind {
         ConnectorKind::Source => KindConfig::Source {

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use iggy_connect::config::env::EnvVars;
 use iggy_connect::config::parse_connector_file;
 use iggy_connect::connectors::Registry;
+use iggy_connect::connectors::registry::ConnectorInfo;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use support::iggy_server::IggyTestServer;
@@ -542,26 +543,25 @@ async fn health_turns_503_when_a_source_hits_its_nack_limit_and_back_to_200_afte
         .await;
 }
 
-/// A secret-bearing `plugin_config` table for a connector, when one is known
-/// to be valid for it; new connectors are covered by adding a sample here.
-/// A `plugin_config` carrying `CANARY` in each secret field of the connectors
-/// that have secrets.
-fn secret_sample(kind: &str, name: &str) -> Option<String> {
-    match (kind, name) {
-        ("source", "postgres") => Some(format!(
-            "connection_string = \"postgres://app:{CANARY}@127.0.0.1:1/x\"\ntables = [\"t\"]\n"
-        )),
-        ("sink", "postgres") => Some(format!(
-            "connection_string = \"postgres://app:{CANARY}@127.0.0.1:1/x\"\ntarget_table = \"t\"\n"
-        )),
-        ("source", "http") => Some(format!(
-            "address = \"127.0.0.1:0\"\n[[plugin_config.endpoints]]\npath = \"/in\"\ntoken = \"{CANARY}\"\n"
-        )),
-        ("sink", "http") => Some(format!(
-            "url = \"http://127.0.0.1:1/hook\"\n[plugin_config.headers]\nAuthorization = \"Bearer {CANARY}\"\nX-Custom = \"{CANARY}\"\n"
-        )),
-        _ => None,
+/// Each connector's sample `plugin_config` as a TOML body, with `CANARY` in
+/// each of its secret fields; `None` for a connector without secrets.
+fn secret_sample(info: &ConnectorInfo) -> Option<String> {
+    if info.secret_fields.is_empty() {
+        return None;
     }
+    let (config, missing) = info.sample_with_secret(CANARY);
+    assert!(
+        missing.is_empty(),
+        "{} {}: its sample shows no secret at {missing:?}",
+        info.kind,
+        info.name
+    );
+    let mut wrapper = toml::Table::new();
+    wrapper.insert(
+        "plugin_config".into(),
+        toml::Value::try_from(&config).expect("a TOML table"),
+    );
+    Some(toml::to_string(&wrapper).expect("TOML"))
 }
 
 #[tokio::test]
@@ -576,21 +576,19 @@ async fn secrets_stay_redacted_and_the_api_key_is_required() {
     let mut files = vec![(name, text)];
     let mut secret_keys = vec![("sources", source.clone())];
     let vars = EnvVars::default();
-    let kinds = Registry::sources()
-        .iter()
-        .map(|entry| ("source", entry.name))
-        .chain(Registry::sinks().iter().map(|entry| ("sink", entry.name)));
-    for (kind, name) in kinds {
-        let Some(plugin) = secret_sample(kind, name) else {
+    for info in Registry::all() {
+        let Some(plugin) = secret_sample(&info) else {
             continue;
         };
+        let (kind, name) = (info.kind.to_string(), info.name);
+        let kind = kind.as_str();
         let key = unique(&format!("secret-{name}"));
         let streams = match kind {
             "source" => "[[streams]]\nstream = \"api\"\ntopic = \"t\"\nschema = \"json\"\n",
             _ => "[[streams]]\nstream = \"api\"\ntopics = [\"t\"]\nschema = \"json\"\n",
         };
         let text = format!(
-            "type = \"{kind}\"\nkey = \"{key}\"\nenabled = false\nversion = 0\nname = \"{name}\"\npath = \"{name}\"\n{streams}[plugin_config]\n{plugin}"
+            "type = \"{kind}\"\nkey = \"{key}\"\nenabled = false\nversion = 0\nname = \"{name}\"\npath = \"{name}\"\n{streams}{plugin}"
         );
         if let Err(issues) = parse_connector_file(Path::new("sample.toml"), &text, &vars) {
             panic!("the {kind} {name} secret sample is not a valid config: {issues}");

@@ -11,7 +11,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use iggy_connect::config::env::EnvVars;
 use iggy_connect::config::{ConnectorConfig, parse_connector_file};
-use iggy_connect::connectors::{ConnectorError, ConnectorKind, Sink, SinkError, Source};
+use iggy_connect::connectors::{
+    BuildError, ConnectorError, ConnectorKind, Sink, SinkError, Source,
+};
 use iggy_connect::engine::runtime::{ConnectorFactory, RegistryFactory, RuntimeOptions};
 use iggy_connect::engine::{Runtime, Status};
 use iggy_connect::iggy::{Bus, MemoryBus, ProducerTarget};
@@ -312,11 +314,11 @@ async fn upstream_example_connector_files_load_and_run_unchanged_with_their_adde
 struct TappingFactory(Arc<Mutex<Vec<SinkMessage>>>);
 
 impl ConnectorFactory for TappingFactory {
-    fn source(&self, config: &ConnectorConfig) -> Result<Box<dyn Source>, String> {
+    fn source(&self, config: &ConnectorConfig) -> Result<Box<dyn Source>, BuildError> {
         RegistryFactory.source(config)
     }
 
-    fn sink(&self, config: &ConnectorConfig) -> Result<Box<dyn Sink>, String> {
+    fn sink(&self, config: &ConnectorConfig) -> Result<Box<dyn Sink>, BuildError> {
         Ok(Box::new(Tap {
             inner: RegistryFactory.sink(config)?,
             received: self.0.clone(),

@@ -2,8 +2,6 @@
 //! `version`, `name`, `path`, `[[streams]]`, `[plugin_config]`,
 //! `[transforms.*]`, ...), plus our optional delivery settings.
 
-use std::collections::BTreeMap;
-use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -11,15 +9,17 @@ use toml::{Table, Value};
 
 use crate::config::env::EnvVars;
 use crate::config::reader::{Reader, describe};
+use crate::config::streams::{read_sink_streams, read_source_streams};
 use crate::config::{ConfigIssue, ConfigIssues, env};
-use crate::connectors::registry::{Registry, RegistryError, connector_name_from_path};
+
+pub use crate::config::connector_dir::load_connector_dir;
+pub use crate::config::streams::{
+    DEFAULT_BATCH_LENGTH, DEFAULT_LINGER_TIME, DEFAULT_POLL_INTERVAL,
+};
+use crate::connectors::registry::{BuildError, Registry, RegistryError, connector_name_from_path};
 use crate::connectors::{BatchPolicy, ConnectorKind};
 use crate::engine::codec::Schema;
 use crate::engine::transforms::TransformChain;
-
-pub const DEFAULT_BATCH_LENGTH: u32 = 1000;
-pub const DEFAULT_LINGER_TIME: Duration = Duration::from_millis(5);
-pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(5);
 
 /// One connector, parsed and checked.
 #[derive(Debug, Clone, PartialEq)]
@@ -177,143 +177,6 @@ pub fn parse_connector_file(
     }
 }
 
-/// Reads every connector file of `dir` (`*.toml`, not hidden, not `Cargo.toml`)
-/// and picks the active version of each key (`.active_versions.toml`, else the
-/// highest). Returns the chosen configs and every issue found.
-pub fn load_connector_dir(dir: &Path, vars: &EnvVars) -> (Vec<ConnectorConfig>, Vec<ConfigIssue>) {
-    let mut issues = Vec::new();
-    let entries = match fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(error) => {
-            issues.push(ConfigIssue::error(
-                dir,
-                "",
-                format!("cannot read connector directory: {error}"),
-            ));
-            return (Vec::new(), issues);
-        }
-    };
-    let mut files: Vec<PathBuf> = entries
-        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
-        .filter(|path| is_connector_file(path))
-        .collect();
-    files.sort();
-
-    let mut versions: BTreeMap<(ConnectorKind, String), BTreeMap<u64, ConnectorConfig>> =
-        BTreeMap::new();
-    for file in files {
-        let text = match fs::read_to_string(&file) {
-            Ok(text) => text,
-            Err(error) => {
-                issues.push(ConfigIssue::error(
-                    &file,
-                    "",
-                    format!("cannot read file: {error}"),
-                ));
-                continue;
-            }
-        };
-        match parse_connector_file(&file, &text, vars) {
-            Ok((config, warnings)) => {
-                issues.extend(warnings);
-                let by_version = versions
-                    .entry((config.kind, config.key.clone()))
-                    .or_default();
-                if let Some(previous) = by_version.get(&config.version) {
-                    issues.push(ConfigIssue::error(
-                        &file,
-                        "version",
-                        format!(
-                            "{} \"{}\" version {} is also defined in {}",
-                            config.kind,
-                            config.key,
-                            config.version,
-                            previous.origin().display()
-                        ),
-                    ));
-                    continue;
-                }
-                by_version.insert(config.version, config);
-            }
-            Err(ConfigIssues(found)) => issues.extend(found),
-        }
-    }
-
-    let active = read_active_versions(dir, &mut issues);
-    let mut chosen = Vec::with_capacity(versions.len());
-    for ((kind, key), mut by_version) in versions {
-        let pinned = active.get(&(kind, key.clone())).copied();
-        let picked = match pinned {
-            Some(version) => by_version.remove(&version).or_else(|| {
-                issues.push(ConfigIssue::error(
-                    &dir.join(ACTIVE_VERSIONS_FILE),
-                    format!("{kind}s.{key}"),
-                    format!(
-                        "active version {version} does not exist (found: {:?})",
-                        by_version.keys().collect::<Vec<_>>()
-                    ),
-                ));
-                None
-            }),
-            None => by_version.pop_last().map(|(_, config)| config),
-        };
-        chosen.extend(picked);
-    }
-    (chosen, issues)
-}
-
-const ACTIVE_VERSIONS_FILE: &str = ".active_versions.toml";
-
-fn is_connector_file(path: &Path) -> bool {
-    let Some(name) = path.file_name().and_then(|name| name.to_str()) else {
-        return false;
-    };
-    path.is_file() && name.ends_with(".toml") && !name.starts_with('.') && name != "Cargo.toml"
-}
-
-fn read_active_versions(
-    dir: &Path,
-    issues: &mut Vec<ConfigIssue>,
-) -> BTreeMap<(ConnectorKind, String), u64> {
-    let path = dir.join(ACTIVE_VERSIONS_FILE);
-    let mut active = BTreeMap::new();
-    let Ok(text) = fs::read_to_string(&path) else {
-        return active;
-    };
-    let table: Table = match toml::from_str(&text) {
-        Ok(table) => table,
-        Err(error) => {
-            issues.push(ConfigIssue::error(
-                &path,
-                "",
-                format!("not valid TOML: {error}"),
-            ));
-            return active;
-        }
-    };
-    for (section, kind) in [
-        ("sinks", ConnectorKind::Sink),
-        ("sources", ConnectorKind::Source),
-    ] {
-        let Some(Value::Table(entries)) = table.get(section) else {
-            continue;
-        };
-        for (key, version) in entries {
-            match version {
-                Value::Integer(version) if *version >= 0 => {
-                    active.insert((kind, key.clone()), *version as u64);
-                }
-                other => issues.push(ConfigIssue::error(
-                    &path,
-                    format!("{section}.{key}"),
-                    format!("expected a version number, found {}", describe(other)),
-                )),
-            }
-        }
-    }
-    active
-}
-
 fn parse_table(
     file: &Path,
     table: &Table,
@@ -441,30 +304,15 @@ fn check_connector(
     plugin_config: &serde_json::Value,
     enabled: bool,
 ) {
-    let built = match kind {
-        ConnectorKind::Source => {
-            Registry::source(connector).map(|entry| (entry.build)(plugin_config).map(drop))
-        }
-        ConnectorKind::Sink => {
-            Registry::sink(connector).map(|entry| (entry.build)(plugin_config).map(drop))
-        }
-    };
-    match built {
+    match Registry::check(kind, connector, plugin_config) {
         // A shared config directory may hold connectors another build runs: a
         // disabled one this binary lacks is only worth a warning.
-        Err(error @ RegistryError::NotCompiledIn { .. }) if !enabled => {
+        Err(BuildError::Registry(error @ RegistryError::NotCompiledIn(_))) if !enabled => {
             reader.warning(field, format!("{error} (the connector is disabled)"));
         }
-        Err(error) => reader.error(field, error.to_string()),
-        Ok(Err(error)) => {
-            let path = if error.field.is_empty() {
-                "plugin_config".to_owned()
-            } else {
-                format!("plugin_config.{}", error.field)
-            };
-            reader.error(&path, error.message);
-        }
-        Ok(Ok(())) => {}
+        Err(BuildError::Registry(error)) => reader.error(field, error.to_string()),
+        Err(BuildError::PluginConfig(error)) => reader.error(&error.path(), error.message),
+        Ok(()) => {}
     }
 }
 
@@ -522,141 +370,6 @@ fn read_nack_limit(reader: &mut Reader) -> Option<u32> {
             );
             reader.error("max_consecutive_nacks", message);
             None
-        }
-    }
-}
-
-fn stream_tables<'a>(reader: &mut Reader<'a>) -> Vec<&'a Table> {
-    match reader.get("streams") {
-        None => {
-            reader.error("streams", "missing required [[streams]] entry");
-            Vec::new()
-        }
-        Some(Value::Array(items)) if !items.is_empty() => {
-            let mut tables = Vec::with_capacity(items.len());
-            for (index, item) in items.iter().enumerate() {
-                match item {
-                    Value::Table(table) => tables.push(table),
-                    other => reader.error(
-                        &format!("streams[{index}]"),
-                        format!("expected a table, found {}", describe(other)),
-                    ),
-                }
-            }
-            tables
-        }
-        Some(other) => {
-            reader.error(
-                "streams",
-                format!(
-                    "expected at least one [[streams]] table, found {}",
-                    describe(other)
-                ),
-            );
-            Vec::new()
-        }
-    }
-}
-
-fn read_source_streams(reader: &mut Reader) -> Vec<SourceStream> {
-    let mut streams = Vec::new();
-    for (index, table) in stream_tables(reader).into_iter().enumerate() {
-        let mut nested = reader.nested(format!("streams[{index}]"), table);
-        nested.warn_unknown(&[
-            "stream",
-            "topic",
-            "schema",
-            "batch_length",
-            "linger_time",
-            "partitions",
-            "avro_schema_json",
-            "avro_schema_path",
-        ]);
-        let stream = nested.required_string("stream");
-        let topic = nested.required_string("topic");
-        let schema = nested.required_parsed("schema");
-        let batch_length = read_batch_length(&mut nested);
-        let linger_time = nested.duration_or("linger_time", DEFAULT_LINGER_TIME);
-        let partitions = read_positive_u32(&mut nested, "partitions", 1);
-        if let (Some(stream), Some(topic), Some(schema)) = (stream, topic, schema) {
-            streams.push(SourceStream {
-                stream,
-                topic,
-                schema,
-                batch_length,
-                linger_time,
-                partitions,
-            });
-        }
-    }
-    streams
-}
-
-fn read_sink_streams(reader: &mut Reader, key: &str) -> Vec<SinkStream> {
-    let mut streams = Vec::new();
-    for (index, table) in stream_tables(reader).into_iter().enumerate() {
-        let mut nested = reader.nested(format!("streams[{index}]"), table);
-        nested.warn_unknown(&[
-            "stream",
-            "topics",
-            "schema",
-            "batch_length",
-            "poll_interval",
-            "consumer_group",
-            "avro_schema_json",
-            "avro_schema_path",
-        ]);
-        let stream = nested.required_string("stream");
-        let topics = match nested.string_list("topics") {
-            Some(topics) if !topics.is_empty() => Some(topics),
-            Some(_) => {
-                nested.error("topics", "expected at least one topic");
-                None
-            }
-            None => {
-                if nested.get("topics").is_none() {
-                    nested.error(
-                        "topics",
-                        "missing required field, expected a list of topic names",
-                    );
-                }
-                None
-            }
-        };
-        let schema = nested.required_parsed("schema");
-        let batch_length = read_batch_length(&mut nested);
-        let poll_interval = nested.duration_or("poll_interval", DEFAULT_POLL_INTERVAL);
-        let consumer_group = nested
-            .optional_string("consumer_group")
-            .unwrap_or_else(|| format!("iggy-connect-sink-{key}"));
-        if let (Some(stream), Some(topics), Some(schema)) = (stream, topics, schema) {
-            streams.push(SinkStream {
-                stream,
-                topics,
-                schema,
-                batch_length,
-                poll_interval,
-                consumer_group,
-            });
-        }
-    }
-    streams
-}
-
-fn read_batch_length(reader: &mut Reader) -> u32 {
-    read_positive_u32(reader, "batch_length", DEFAULT_BATCH_LENGTH)
-}
-
-fn read_positive_u32(reader: &mut Reader, field: &str, default: u32) -> u32 {
-    match reader.optional_u64(field) {
-        None => default,
-        Some(value) if value >= 1 && value <= u64::from(u32::MAX) => value as u32,
-        Some(value) => {
-            reader.error(
-                field,
-                format!("expected a number from 1 to {}, found {value}", u32::MAX),
-            );
-            default
         }
     }
 }

@@ -5,10 +5,12 @@
 //! report every bad field of every file in one go.
 
 pub mod connector;
+mod connector_dir;
 pub mod duration;
 pub mod env;
 mod reader;
 pub mod runtime;
+mod streams;
 
 use std::fmt;
 use std::path::{Path, PathBuf};

@@ -1,11 +1,27 @@
 //! The connector interfaces, the registry that builds connectors from config, and
 //! one module per connector under `sources/` and `sinks/`.
 
+pub mod describe;
+pub mod entry;
 #[cfg(any(feature = "postgres-source", feature = "postgres-sink"))]
 mod postgres;
 pub mod registry;
-pub mod sinks;
-pub mod sources;
+
+// One line per connector: its module (named as the connector) and the cargo
+// feature that compiles it in. See CONTRIBUTING.md, "Adding a connector".
+registry::register_connectors! {
+    sources {
+        random => "random-source",
+        postgres => "postgres-source",
+        http => "http-source",
+    }
+    sinks {
+        stdout => "stdout-sink",
+        faulty => "faulty-sink",
+        postgres => "postgres-sink",
+        http => "http-sink",
+    }
+}
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -16,7 +32,8 @@ use serde::de::DeserializeOwned;
 
 use crate::message::{SinkMessage, SourceRecord, TopicRef};
 
-pub use registry::{ConnectorKind, Registry};
+pub use entry::{BuildError, ConnectorKind, SinkEntry, SourceEntry, schema_of};
+pub use registry::Registry;
 
 pub type BoxError = Box<dyn StdError + Send + Sync>;
 

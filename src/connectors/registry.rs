@@ -1,139 +1,186 @@
-//! Maps a connector name and kind to the compiled-in implementation.
+//! The lookup over the connectors compiled into this binary.
 //!
-//! Each connector module exports one `ENTRY`; the lists below hold one line per
-//! connector, gated by its cargo feature, so the binary contains exactly the
-//! connectors it was built with.
+//! `connectors/mod.rs` registers each connector with one line of
+//! [`register_connectors!`]: that line declares the connector's module behind
+//! its cargo feature, puts its `ENTRY` in the lists below and names it in the
+//! list of every in-tree connector (so a binary built without it can say which
+//! feature brings it in). The module's `ENTRY` must carry the same name and
+//! feature as its line; that is checked when compiling.
 
-use std::fmt;
 use std::path::Path;
-use std::str::FromStr;
 
-use crate::connectors::{PluginConfigError, Sink, Source};
+pub use crate::connectors::entry::{
+    BuildError, ConnectorKind, InTree, RegistryError, SinkEntry, SourceEntry,
+};
+use crate::connectors::{IN_TREE, SINKS, SOURCES, Sink, Source};
 
-/// Every source compiled into this binary.
-static SOURCES: &[SourceEntry] = &[
-    #[cfg(feature = "random-source")]
-    super::sources::random::ENTRY,
-    #[cfg(feature = "postgres-source")]
-    super::sources::postgres::ENTRY,
-    #[cfg(feature = "http-source")]
-    super::sources::http::ENTRY,
-];
-
-/// Every sink compiled into this binary.
-static SINKS: &[SinkEntry] = &[
-    #[cfg(feature = "stdout-sink")]
-    super::sinks::stdout::ENTRY,
-    #[cfg(feature = "faulty-sink")]
-    super::sinks::faulty::ENTRY,
-    #[cfg(feature = "postgres-sink")]
-    super::sinks::postgres::ENTRY,
-    #[cfg(feature = "http-sink")]
-    super::sinks::http::ENTRY,
-];
-
-/// Every connector that exists in this source tree, compiled in or not, so a
-/// binary built without one can name the cargo feature that brings it in.
-const IN_TREE: &[(&str, ConnectorKind)] = &[
-    ("random", ConnectorKind::Source),
-    ("postgres", ConnectorKind::Source),
-    ("http", ConnectorKind::Source),
-    ("stdout", ConnectorKind::Sink),
-    ("postgres", ConnectorKind::Sink),
-    ("http", ConnectorKind::Sink),
-    ("faulty", ConnectorKind::Sink),
-];
-
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum ConnectorKind {
-    Source,
-    Sink,
-}
-
-impl fmt::Display for ConnectorKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            ConnectorKind::Source => "source",
-            ConnectorKind::Sink => "sink",
-        })
-    }
-}
-
-impl FromStr for ConnectorKind {
-    type Err = String;
-
-    fn from_str(value: &str) -> Result<Self, Self::Err> {
-        match value {
-            "source" => Ok(ConnectorKind::Source),
-            "sink" => Ok(ConnectorKind::Sink),
-            other => Err(format!(
-                "expected \"source\" or \"sink\", found \"{other}\""
-            )),
+/// Registers connectors, one line each: `module => "cargo-feature",` under
+/// `sources` or `sinks`. The module name is the connector's name.
+macro_rules! register_connectors {
+    (
+        sources { $($source:ident => $source_feature:literal,)* }
+        sinks { $($sink:ident => $sink_feature:literal,)* }
+    ) => {
+        /// One module per source connector, each behind its own cargo feature.
+        pub mod sources {
+            $(#[cfg(feature = $source_feature)] pub mod $source;)*
         }
+
+        /// One module per sink connector, each behind its own cargo feature.
+        pub mod sinks {
+            $(#[cfg(feature = $sink_feature)] pub mod $sink;)*
+        }
+
+        /// Every connector of this source tree, compiled in or not.
+        const IN_TREE: &[$crate::connectors::entry::InTree] = &[
+            $($crate::connectors::entry::InTree {
+                name: stringify!($source),
+                kind: $crate::connectors::entry::ConnectorKind::Source,
+                feature: $source_feature,
+            },)*
+            $($crate::connectors::entry::InTree {
+                name: stringify!($sink),
+                kind: $crate::connectors::entry::ConnectorKind::Sink,
+                feature: $sink_feature,
+            },)*
+        ];
+
+        /// Every source compiled into this binary.
+        static SOURCES: &[&$crate::connectors::entry::SourceEntry] = &[
+            $(#[cfg(feature = $source_feature)] &sources::$source::ENTRY,)*
+        ];
+
+        /// Every sink compiled into this binary.
+        static SINKS: &[&$crate::connectors::entry::SinkEntry] = &[
+            $(#[cfg(feature = $sink_feature)] &sinks::$sink::ENTRY,)*
+        ];
+
+        $(
+            #[cfg(feature = $source_feature)]
+            const _: () = assert!(
+                $crate::connectors::entry::same(sources::$source::ENTRY.name, stringify!($source))
+                    && $crate::connectors::entry::same(sources::$source::ENTRY.feature, $source_feature),
+                concat!("sources::", stringify!($source), "::ENTRY must be named \"",
+                    stringify!($source), "\" with feature \"", $source_feature, "\""),
+            );
+        )*
+        $(
+            #[cfg(feature = $sink_feature)]
+            const _: () = assert!(
+                $crate::connectors::entry::same(sinks::$sink::ENTRY.name, stringify!($sink))
+                    && $crate::connectors::entry::same(sinks::$sink::ENTRY.feature, $sink_feature),
+                concat!("sinks::", stringify!($sink), "::ENTRY must be named \"",
+                    stringify!($sink), "\" with feature \"", $sink_feature, "\""),
+            );
+        )*
+    };
+}
+pub(crate) use register_connectors;
+
+/// What the CLI and the API show about one compiled-in connector, whatever its kind.
+#[derive(Clone, Copy)]
+pub struct ConnectorInfo {
+    pub name: &'static str,
+    pub kind: ConnectorKind,
+    pub feature: &'static str,
+    pub description: &'static str,
+    pub secret_fields: &'static [&'static str],
+    pub sample_config: &'static str,
+    pub config_schema: fn() -> schemars::Schema,
+}
+
+impl ConnectorInfo {
+    /// The sample `plugin_config` as JSON, with the word `secret` in each of its
+    /// secret fields replaced by `secret` (so tests can plant a value and look for
+    /// it), and which secret paths held no such word (a declared secret the
+    /// sample does not show).
+    pub fn sample_with_secret(&self, secret: &str) -> (serde_json::Value, Vec<&'static str>) {
+        let table: toml::Table = toml::from_str(self.sample_config).unwrap_or_default();
+        let mut config = crate::config::connector::toml_to_json(&toml::Value::Table(table));
+        let missing = self
+            .secret_fields
+            .iter()
+            .copied()
+            .filter(|path| {
+                let segments: Vec<&str> = path.split('.').collect();
+                plant(&mut config, &segments, secret) == 0
+            })
+            .collect();
+        (config, missing)
     }
 }
 
-pub type SourceBuilder = fn(&serde_json::Value) -> Result<Box<dyn Source>, PluginConfigError>;
-pub type SinkBuilder = fn(&serde_json::Value) -> Result<Box<dyn Sink>, PluginConfigError>;
-
-/// A compiled-in source: its name, its cargo feature and how to build it from
-/// its `plugin_config`. Building only parses and checks the config; I/O happens
-/// in `open`.
-pub struct SourceEntry {
-    pub name: &'static str,
-    pub feature: &'static str,
-    pub description: &'static str,
-    /// `plugin_config` fields (dotted paths) that hold secrets; a `*` segment
-    /// matches every key of a table or element of an array (`headers.*`).
-    pub secret_fields: &'static [&'static str],
-    pub build: SourceBuilder,
+/// Replaces `secret` by `value` in the strings at `segments` (`*`: every key or
+/// element); returns how many it changed.
+fn plant(config: &mut serde_json::Value, segments: &[&str], value: &str) -> usize {
+    use serde_json::Value;
+    match (config, segments.split_first()) {
+        (Value::String(text), None) if text.contains("secret") => {
+            *text = text.replace("secret", value);
+            1
+        }
+        (Value::Array(items), Some((&"*", rest))) => {
+            items.iter_mut().map(|item| plant(item, rest, value)).sum()
+        }
+        (Value::Array(items), Some(_)) => items
+            .iter_mut()
+            .map(|item| plant(item, segments, value))
+            .sum(),
+        (Value::Object(map), Some((&"*", rest))) => map
+            .values_mut()
+            .map(|field| plant(field, rest, value))
+            .sum(),
+        (Value::Object(map), Some((first, rest))) => map
+            .get_mut(*first)
+            .map_or(0, |field| plant(field, rest, value)),
+        _ => 0,
+    }
 }
 
-/// A compiled-in sink; see [`SourceEntry`].
-pub struct SinkEntry {
-    pub name: &'static str,
-    pub feature: &'static str,
-    pub description: &'static str,
-    pub secret_fields: &'static [&'static str],
-    pub build: SinkBuilder,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RegistryError {
-    #[error(
-        "{kind} connector \"{name}\" is not compiled into this binary; rebuild with `--features {feature}`"
-    )]
-    NotCompiledIn {
-        name: String,
-        kind: ConnectorKind,
-        feature: String,
-    },
-    #[error("unknown {kind} connector \"{name}\"; this binary has: {available}")]
-    Unknown {
-        name: String,
-        kind: ConnectorKind,
-        available: String,
-    },
+macro_rules! info_of {
+    ($entry:expr) => {{
+        let entry = $entry;
+        ConnectorInfo {
+            name: entry.name,
+            kind: entry.kind(),
+            feature: entry.feature,
+            description: entry.description,
+            secret_fields: entry.secret_fields,
+            sample_config: entry.sample_config,
+            config_schema: entry.config_schema,
+        }
+    }};
 }
 
 /// The lookup over the compiled-in connectors.
 pub struct Registry;
 
 impl Registry {
-    pub fn sources() -> &'static [SourceEntry] {
+    pub fn sources() -> &'static [&'static SourceEntry] {
         SOURCES
     }
 
-    pub fn sinks() -> &'static [SinkEntry] {
+    pub fn sinks() -> &'static [&'static SinkEntry] {
         SINKS
+    }
+
+    /// Every connector of this source tree, compiled in or not.
+    pub fn in_tree() -> &'static [InTree] {
+        IN_TREE
+    }
+
+    /// Every compiled-in connector, sources first.
+    pub fn all() -> Vec<ConnectorInfo> {
+        let sources = SOURCES.iter().map(|entry| info_of!(entry));
+        sources
+            .chain(SINKS.iter().map(|entry| info_of!(entry)))
+            .collect()
     }
 
     pub fn source(name: &str) -> Result<&'static SourceEntry, RegistryError> {
         SOURCES
             .iter()
+            .copied()
             .find(|entry| entry.name == name)
             .ok_or_else(|| missing(name, ConnectorKind::Source))
     }
@@ -141,17 +188,51 @@ impl Registry {
     pub fn sink(name: &str) -> Result<&'static SinkEntry, RegistryError> {
         SINKS
             .iter()
+            .copied()
             .find(|entry| entry.name == name)
             .ok_or_else(|| missing(name, ConnectorKind::Sink))
     }
 
+    pub fn info(kind: ConnectorKind, name: &str) -> Result<ConnectorInfo, RegistryError> {
+        Ok(match kind {
+            ConnectorKind::Source => info_of!(Self::source(name)?),
+            ConnectorKind::Sink => info_of!(Self::sink(name)?),
+        })
+    }
+
+    /// Builds the source named `name` from its `plugin_config` (no I/O).
+    pub fn build_source(
+        name: &str,
+        plugin_config: &serde_json::Value,
+    ) -> Result<Box<dyn Source>, BuildError> {
+        Self::source(name)?.build(plugin_config)
+    }
+
+    /// Builds the sink named `name` from its `plugin_config` (no I/O).
+    pub fn build_sink(
+        name: &str,
+        plugin_config: &serde_json::Value,
+    ) -> Result<Box<dyn Sink>, BuildError> {
+        Self::sink(name)?.build(plugin_config)
+    }
+
+    /// Whether a connector of this kind and name builds from `plugin_config`.
+    pub fn check(
+        kind: ConnectorKind,
+        name: &str,
+        plugin_config: &serde_json::Value,
+    ) -> Result<(), BuildError> {
+        match kind {
+            ConnectorKind::Source => Self::build_source(name, plugin_config).map(drop),
+            ConnectorKind::Sink => Self::build_sink(name, plugin_config).map(drop),
+        }
+    }
+
     /// The secret `plugin_config` fields of a connector, if it is compiled in.
     pub fn secret_fields(name: &str, kind: ConnectorKind) -> &'static [&'static str] {
-        match kind {
-            ConnectorKind::Source => Self::source(name).map(|entry| entry.secret_fields),
-            ConnectorKind::Sink => Self::sink(name).map(|entry| entry.secret_fields),
-        }
-        .unwrap_or(&[])
+        Self::info(kind, name)
+            .map(|info| info.secret_fields)
+            .unwrap_or(&[])
     }
 }
 
@@ -175,12 +256,11 @@ pub fn connector_name_from_path(path: &str, kind: ConnectorKind) -> String {
 }
 
 fn missing(name: &str, kind: ConnectorKind) -> RegistryError {
-    if IN_TREE.contains(&(name, kind)) {
-        return RegistryError::NotCompiledIn {
-            name: name.to_owned(),
-            kind,
-            feature: format!("{name}-{kind}"),
-        };
+    if let Some(connector) = IN_TREE
+        .iter()
+        .find(|connector| connector.name == name && connector.kind == kind)
+    {
+        return RegistryError::NotCompiledIn(*connector);
     }
     let available: Vec<&str> = match kind {
         ConnectorKind::Source => SOURCES.iter().map(|entry| entry.name).collect(),
@@ -232,32 +312,19 @@ mod tests {
     }
 
     #[test]
-    fn given_in_tree_connector_not_compiled_in_when_looked_up_should_name_the_feature() {
-        let compiled_in = |name: &str, kind: ConnectorKind| match kind {
-            ConnectorKind::Source => Registry::source(name).is_ok(),
-            ConnectorKind::Sink => Registry::sink(name).is_ok(),
-        };
-        let Some(&(name, kind)) = IN_TREE
+    fn given_in_tree_connector_not_compiled_in_when_looked_up_should_name_its_feature() {
+        let Some(connector) = IN_TREE
             .iter()
-            .find(|(name, kind)| !compiled_in(name, *kind))
+            .find(|connector| Registry::info(connector.kind, connector.name).is_err())
         else {
             return; // a build with every connector has nothing to refuse
         };
-        let error = match kind {
-            ConnectorKind::Source => Registry::source(name).err(),
-            ConnectorKind::Sink => Registry::sink(name).err(),
-        }
-        .expect("not compiled in");
-        let feature = format!("{name}-{kind}");
-        assert_eq!(
-            error,
-            RegistryError::NotCompiledIn {
-                name: name.into(),
-                kind,
-                feature: feature.clone(),
-            }
-        );
-        assert!(error.to_string().contains(&format!("--features {feature}")));
+        let error = Registry::info(connector.kind, connector.name)
+            .err()
+            .expect("not compiled in");
+        assert_eq!(error, RegistryError::NotCompiledIn(*connector));
+        let feature = format!("--features {}", connector.feature);
+        assert!(error.to_string().contains(&feature), "{error}");
     }
 
     #[test]

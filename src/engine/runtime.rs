@@ -11,7 +11,7 @@ use tracing::{Instrument, error, info_span, warn};
 
 use crate::config::{ConnectorConfig, KindConfig};
 use crate::connectors::{
-    ConnectorContext, ConnectorKind, Degraded, PluginConfigError, Registry, Sink, Source,
+    BuildError, ConnectorContext, ConnectorKind, Degraded, Registry, Sink, Source,
 };
 use crate::engine::backoff::Backoff;
 use crate::engine::metrics::ConnectorMetrics;
@@ -57,36 +57,21 @@ impl Default for RuntimeOptions {
 
 /// Turns a connector config into a connector instance (no I/O: `open` does that).
 pub trait ConnectorFactory: Send + Sync {
-    fn source(&self, config: &ConnectorConfig) -> Result<Box<dyn Source>, String>;
-    fn sink(&self, config: &ConnectorConfig) -> Result<Box<dyn Sink>, String>;
+    fn source(&self, config: &ConnectorConfig) -> Result<Box<dyn Source>, BuildError>;
+    fn sink(&self, config: &ConnectorConfig) -> Result<Box<dyn Sink>, BuildError>;
 }
 
 /// Builds the compiled-in connectors named in configs.
 pub struct RegistryFactory;
 
 impl ConnectorFactory for RegistryFactory {
-    fn source(&self, config: &ConnectorConfig) -> Result<Box<dyn Source>, String> {
-        let entry = Registry::source(&config.connector).map_err(|error| error.to_string())?;
-        (entry.build)(&config.plugin_config).map_err(|error| plugin_config_message(config, &error))
+    fn source(&self, config: &ConnectorConfig) -> Result<Box<dyn Source>, BuildError> {
+        Registry::build_source(&config.connector, &config.plugin_config)
     }
 
-    fn sink(&self, config: &ConnectorConfig) -> Result<Box<dyn Sink>, String> {
-        let entry = Registry::sink(&config.connector).map_err(|error| error.to_string())?;
-        (entry.build)(&config.plugin_config).map_err(|error| plugin_config_message(config, &error))
+    fn sink(&self, config: &ConnectorConfig) -> Result<Box<dyn Sink>, BuildError> {
+        Registry::build_sink(&config.connector, &config.plugin_config)
     }
-}
-
-fn plugin_config_message(config: &ConnectorConfig, error: &PluginConfigError) -> String {
-    let field = if error.field.is_empty() {
-        "plugin_config".to_owned()
-    } else {
-        format!("plugin_config.{}", error.field)
-    };
-    format!(
-        "{}: field `{field}`: {}",
-        config.origin().display(),
-        error.message
-    )
 }
 
 /// One configured connector, running or not.
@@ -356,11 +341,9 @@ impl Runtime {
         let KindConfig::Source { streams, .. } = &config.kind_config else {
             return Err(SetupError::Failed("not a source config".into()));
         };
-        let mut source = self
-            .options
-            .factory
-            .source(config)
-            .map_err(SetupError::Failed)?;
+        let mut source = self.options.factory.source(config).map_err(|error| {
+            SetupError::Failed(format!("{}: {error}", config.origin().display()))
+        })?;
         source.attach(slot.context());
         let transforms = build_transforms(config)?;
         let stored = self
@@ -455,11 +438,9 @@ impl Runtime {
         let KindConfig::Sink { streams, on_error } = &config.kind_config else {
             return Err(SetupError::Failed("not a sink config".into()));
         };
-        let mut sink = self
-            .options
-            .factory
-            .sink(config)
-            .map_err(SetupError::Failed)?;
+        let mut sink = self.options.factory.sink(config).map_err(|error| {
+            SetupError::Failed(format!("{}: {error}", config.origin().display()))
+        })?;
         sink.attach(slot.context());
         let transforms = build_transforms(config)?;
         match catch_panic(sink.open()).await {

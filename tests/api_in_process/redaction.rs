@@ -1,23 +1,19 @@
 //! Secrets never leave the API; source state is readable.
 
+use iggy_connect::connectors::registry::ConnectorInfo;
+
 use super::*;
 
-/// A plugin config with secrets for a connector: a known sample where there is
-/// one, the connector's declared secret fields, and secrets it did not declare.
-fn secret_plugin_config(name: &str, declared: &[&str]) -> Value {
-    let mut config = match name {
-        "postgres" => {
-            json!({"connection_string": format!("postgres://app:{CANARY}@db:5432/x"), "password": CANARY})
-        }
-        "http" => {
-            json!({"url": format!("https://user:{CANARY}@example.com/hook"), "headers": {"Authorization": format!("Bearer {CANARY}"), "X-Api-Key": CANARY}, "auth_token": CANARY})
-        }
-        _ => json!({}),
-    };
-    for path in declared {
-        let segments: Vec<&str> = path.split('.').collect();
-        set_canary(&mut config, &segments);
-    }
+/// A plugin config with secrets for a connector: its sample with `CANARY` in
+/// each declared secret field, plus secrets it did not declare.
+fn secret_plugin_config(info: &ConnectorInfo) -> Value {
+    let (mut config, missing) = info.sample_with_secret(CANARY);
+    assert!(
+        missing.is_empty(),
+        "{} {}: its sample shows no secret at {missing:?}",
+        info.kind,
+        info.name
+    );
     let fields = config.as_object_mut().unwrap();
     fields.insert("password".into(), json!(CANARY));
     fields.insert(
@@ -25,21 +21,11 @@ fn secret_plugin_config(name: &str, declared: &[&str]) -> Value {
         json!({"headers": {"authorization": CANARY}, "list": [{"client_secret": CANARY}]}),
     );
     fields.insert("dsn".into(), json!(format!("host=db password={CANARY}")));
+    fields.insert(
+        "callback".into(),
+        json!(format!("https://user:{CANARY}@example.com/hook")),
+    );
     config
-}
-
-fn set_canary(value: &mut Value, segments: &[&str]) {
-    let Some((first, rest)) = segments.split_first() else {
-        return;
-    };
-    let fields = value
-        .as_object_mut()
-        .expect("declared paths go through tables");
-    if rest.is_empty() {
-        fields.insert((*first).to_owned(), json!(CANARY));
-    } else {
-        set_canary(fields.entry(*first).or_insert_with(|| json!({})), rest);
-    }
 }
 
 fn config_for(kind: ConnectorKind, name: &str, key: &str, plugin_config: Value) -> ConnectorConfig {
@@ -92,22 +78,13 @@ fn config_for(kind: ConnectorKind, name: &str, key: &str, plugin_config: Value) 
 #[tokio::test]
 async fn secrets_are_redacted_by_every_endpoint_in_every_format_for_every_compiled_in_connector() {
     let mut configs = Vec::new();
-    for entry in Registry::sources() {
-        let key = unique(&format!("secret-{}", entry.name));
+    for info in Registry::all() {
+        let key = unique(&format!("secret-{}", info.name));
         configs.push(config_for(
-            ConnectorKind::Source,
-            entry.name,
+            info.kind,
+            info.name,
             &key,
-            secret_plugin_config(entry.name, entry.secret_fields),
-        ));
-    }
-    for entry in Registry::sinks() {
-        let key = unique(&format!("secret-{}", entry.name));
-        configs.push(config_for(
-            ConnectorKind::Sink,
-            entry.name,
-            &key,
-            secret_plugin_config(entry.name, entry.secret_fields),
+            secret_plugin_config(&info),
         ));
     }
     assert!(!configs.is_empty());

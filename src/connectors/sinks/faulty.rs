@@ -18,8 +18,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::Deserialize;
 
-use crate::connectors::registry::SinkEntry;
-use crate::connectors::{ConnectorError, Rejection, Sink, SinkError, parse_plugin_config};
+use crate::connectors::{
+    ConnectorError, Rejection, Sink, SinkEntry, SinkError, parse_plugin_config, schema_of,
+};
 use crate::message::{SinkMessage, TopicRef};
 
 pub const ENTRY: SinkEntry = SinkEntry {
@@ -27,19 +28,26 @@ pub const ENTRY: SinkEntry = SinkEntry {
     feature: "faulty-sink",
     description: "test sink: appends to a file, fails on demand",
     secret_fields: &[],
+    sample_config: "output = \"faulty-sink.out\"\nwrite_delay = \"0s\"\n",
+    config_schema: schema_of::<FaultyConfig>,
     build: |config| Ok(Box::new(FaultySink::new(parse_plugin_config(config)?))),
 };
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FaultyConfig {
+    /// File to append each written payload to, one line per message, fsynced per batch.
     #[serde(default)]
     pub output: Option<PathBuf>,
+    /// While this path exists, every write fails transiently.
     #[serde(default)]
     pub fail_while_exists: Option<PathBuf>,
+    /// A message whose payload contains this text is refused for good.
     #[serde(default)]
     pub reject_containing: Option<String>,
+    /// Every write takes at least this long (a slow backend).
     #[serde(default, with = "crate::config::duration")]
+    #[schemars(with = "crate::config::duration::Text")]
     pub write_delay: Duration,
 }
 

@@ -7,8 +7,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use tracing::info;
 
-use crate::connectors::registry::SinkEntry;
-use crate::connectors::{ConnectorError, Sink, SinkError, parse_plugin_config};
+use crate::connectors::{ConnectorError, Sink, SinkEntry, SinkError, parse_plugin_config, schema_of};
 use crate::message::{Payload, SinkMessage, TopicRef};
 
 pub const ENTRY: SinkEntry = SinkEntry {
@@ -16,12 +15,15 @@ pub const ENTRY: SinkEntry = SinkEntry {
     feature: "stdout-sink",
     description: "prints messages to standard output",
     secret_fields: &[],
+    sample_config: "print_payload = true\n",
+    config_schema: schema_of::<StdoutConfig>,
     build: |config| Ok(Box::new(StdoutSink::new(parse_plugin_config(config)?))),
 };
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StdoutConfig {
+    /// Print each payload on its own line (otherwise only a summary per batch is logged).
     #[serde(default)]
     pub print_payload: bool,
 }

@@ -13,9 +13,9 @@ use bytes::BytesMut;
 use rand::RngExt;
 use serde::{Deserialize, Serialize};
 
-use crate::connectors::registry::SourceEntry;
 use crate::connectors::{
-    ConnectorError, Source, SourceBatch, decode_state, encode_state, parse_plugin_config,
+    ConnectorError, Source, SourceBatch, SourceEntry, decode_state, encode_state,
+    parse_plugin_config, schema_of,
 };
 use crate::message::{Payload, SourceRecord};
 
@@ -24,15 +24,18 @@ pub const ENTRY: SourceEntry = SourceEntry {
     feature: "random-source",
     description: "generates random JSON records (demos, tests, benchmarks)",
     secret_fields: &[],
+    sample_config: "interval = \"100ms\"\nmax_count = 1000\nmessages_range = [10, 50]\npayload_size = 100\n",
+    config_schema: schema_of::<RandomConfig>,
     build: |config| Ok(Box::new(RandomSource::new(parse_plugin_config(config)?)?)),
 };
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RandomConfig {
     /// Wait between batches (upstream's default is 1 s; ours is shorter so a
     /// first `pipe` run finishes quickly).
     #[serde(default = "default_interval", with = "crate::config::duration")]
+    #[schemars(with = "crate::config::duration::Text")]
     pub interval: Duration,
     /// Stop after this many records in total (across restarts).
     #[serde(default)]

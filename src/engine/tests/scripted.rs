@@ -10,8 +10,10 @@ use async_trait::async_trait;
 
 use crate::config::connector::{DEFAULT_BATCH_LENGTH, DEFAULT_LINGER_TIME};
 use crate::config::{ConnectorConfig, KindConfig, OnError, SinkStream, SourceStream};
+use crate::connectors::registry::RegistryError;
 use crate::connectors::{
-    BatchPolicy, ConnectorError, ConnectorKind, Rejection, Sink, SinkError, Source, SourceBatch,
+    BatchPolicy, BuildError, ConnectorError, ConnectorKind, Rejection, Sink, SinkError, Source,
+    SourceBatch,
 };
 use crate::engine::codec::Schema;
 use crate::engine::runtime::ConnectorFactory;
@@ -243,17 +245,25 @@ impl ScriptedFactory {
 }
 
 impl ConnectorFactory for ScriptedFactory {
-    fn source(&self, config: &ConnectorConfig) -> Result<Box<dyn Source>, String> {
+    fn source(&self, config: &ConnectorConfig) -> Result<Box<dyn Source>, BuildError> {
         let sources = self.sources.lock().unwrap();
-        let make = sources.get(&config.key).ok_or("no scripted source")?;
+        let make = sources.get(&config.key).ok_or_else(|| unscripted(config))?;
         Ok(make())
     }
 
-    fn sink(&self, config: &ConnectorConfig) -> Result<Box<dyn Sink>, String> {
+    fn sink(&self, config: &ConnectorConfig) -> Result<Box<dyn Sink>, BuildError> {
         let sinks = self.sinks.lock().unwrap();
-        let make = sinks.get(&config.key).ok_or("no scripted sink")?;
+        let make = sinks.get(&config.key).ok_or_else(|| unscripted(config))?;
         Ok(make())
     }
+}
+
+fn unscripted(config: &ConnectorConfig) -> BuildError {
+    BuildError::Registry(RegistryError::Unknown {
+        name: config.key.clone(),
+        kind: config.kind,
+        available: "the scripted connectors".into(),
+    })
 }
 
 pub fn source_config(key: &str, max_consecutive_nacks: Option<u32>) -> ConnectorConfig {

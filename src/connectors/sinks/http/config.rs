@@ -10,14 +10,17 @@ use serde::Deserialize;
 
 use crate::connectors::PluginConfigError;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HttpSinkConfig {
     /// Where requests go (http or https).
     pub url: String,
+    /// HTTP method of the requests.
     #[serde(default)]
     pub method: HttpMethod,
+    /// Timeout of one request.
     #[serde(default = "default_timeout", with = "crate::config::duration")]
+    #[schemars(with = "crate::config::duration::Text")]
     pub timeout: Duration,
     /// Largest request body; batches are split to stay under it and a single
     /// message over it is refused (`on_error`). 0 disables the limit.
@@ -26,34 +29,45 @@ pub struct HttpSinkConfig {
     /// Sent with every request. Values are secrets (they often hold
     /// credentials): never logged, never shown by the API.
     #[serde(default)]
+    #[schemars(with = "BTreeMap<String, String>")]
     pub headers: BTreeMap<String, SecretString>,
+    /// One request per message (`individual`) or per batch (`ndjson`, `json_array`); `raw` sends payload bytes, one per request.
     #[serde(default)]
     pub batch_mode: BatchMode,
     /// Wrap each payload in `{metadata, payload}`.
     #[serde(default = "default_true")]
     pub include_metadata: bool,
+    /// Add the message checksum to the metadata.
     #[serde(default)]
     pub include_checksum: bool,
+    /// Add the origin timestamp to the metadata.
     #[serde(default)]
     pub include_origin_timestamp: bool,
     /// Probe the endpoint in `open`; a failed probe marks the sink degraded
     /// until a request succeeds (it does not stop the sink).
     #[serde(default)]
     pub health_check_enabled: bool,
+    /// Method of the `open` probe.
     #[serde(default = "default_health_check_method")]
     pub health_check_method: HttpMethod,
     /// Retries of one request inside one `write`, after its first attempt.
     #[serde(default = "default_max_retries")]
     pub max_retries: u32,
+    /// Delay before the first retry of a request.
     #[serde(default = "default_retry_delay", with = "crate::config::duration")]
+    #[schemars(with = "crate::config::duration::Text")]
     pub retry_delay: Duration,
     /// Growth of the delay between retries; values under 1 count as 1.
     #[serde(default = "default_retry_backoff_multiplier")]
     pub retry_backoff_multiplier: f64,
+    /// Longest delay between retries (a `Retry-After` is capped to it too).
     #[serde(default = "default_max_retry_delay", with = "crate::config::duration")]
+    #[schemars(with = "crate::config::duration::Text")]
     pub max_retry_delay: Duration,
+    /// Status codes that mean the request was accepted.
     #[serde(default = "default_success_status_codes")]
     pub success_status_codes: Vec<u16>,
+    /// Accept any TLS certificate (development only).
     #[serde(default)]
     pub tls_danger_accept_invalid_certs: bool,
     /// Idle connections kept per host.
@@ -70,10 +84,11 @@ pub struct HttpSinkConfig {
         default = "default_circuit_breaker_cool_down",
         with = "crate::config::duration"
     )]
+    #[schemars(with = "crate::config::duration::Text")]
     pub circuit_breaker_cool_down: Duration,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum HttpMethod {
     Get,
@@ -99,7 +114,7 @@ impl From<HttpMethod> for reqwest::Method {
 }
 
 /// How a batch becomes requests.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum BatchMode {
     /// One JSON request per message.

@@ -35,7 +35,7 @@ use bytes::Bytes;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
 use tracing::{debug, info, warn};
 
-use crate::connectors::registry::SinkEntry;
+use crate::connectors::{SinkEntry, schema_of};
 use crate::connectors::{
     ConnectorContext, ConnectorError, Degraded, PluginConfigError, Rejection, Sink, SinkError,
     parse_plugin_config,
@@ -53,6 +53,8 @@ pub const ENTRY: SinkEntry = SinkEntry {
     feature: "http-sink",
     description: "delivers messages to an HTTP endpoint with retries and a circuit breaker",
     secret_fields: &["headers.*"],
+    sample_config: "url = \"http://localhost:8080/ingest\"\nbatch_mode = \"ndjson\"\n\n[headers]\nAuthorization = \"Bearer secret-token\"\n",
+    config_schema: schema_of::<HttpSinkConfig>,
     build: |config| Ok(Box::new(HttpSink::new(parse_plugin_config(config)?)?)),
 };
 

@@ -7,9 +7,11 @@ use serde::Deserialize;
 
 use crate::connectors::PluginConfigError;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PostgresSinkConfig {
+    /// PostgreSQL URL (`postgres://user:password@host:5432/db`); a secret.
+    #[schemars(with = "String")]
     pub connection_string: SecretString,
     /// `table` or `schema.table`, read the way PostgreSQL reads an identifier:
     /// unquoted parts are folded to lower case, `"Quoted"` parts are kept.
@@ -17,33 +19,42 @@ pub struct PostgresSinkConfig {
     /// Rows per INSERT statement.
     #[serde(default = "default_batch_size")]
     pub batch_size: u32,
+    /// Connections in the pool.
     #[serde(default = "default_max_connections")]
     pub max_connections: u32,
+    /// Create the target table in `open` when it does not exist.
     #[serde(default)]
     pub auto_create_table: bool,
+    /// Write the message metadata columns (id, offset, stream, topic, partition, timestamp).
     #[serde(default = "default_true")]
     pub include_metadata: bool,
+    /// Write the message checksum column.
     #[serde(default = "default_true")]
     pub include_checksum: bool,
+    /// Write the origin timestamp column.
     #[serde(default = "default_true")]
     pub include_origin_timestamp: bool,
+    /// Type of the `payload` column: `bytea`, `json` (JSONB) or `text`.
     #[serde(default)]
     pub payload_format: PayloadFormat,
+    /// Log every batch written at info level.
     #[serde(default)]
     pub verbose_logging: bool,
     /// Upstream's in-connector retry knobs: accepted for compatibility. Failed
     /// writes are retried by the engine (same batch, capped backoff, offsets
     /// untouched), which never gives up on a transient error.
     pub max_retries: Option<u32>,
+    /// Upstream's retry delay: accepted, unused (the engine retries).
     pub retry_delay: Option<String>,
     /// How long a write waits for a pooled connection before it counts as a
     /// transient failure (ours).
     #[serde(default = "default_acquire_timeout", with = "crate::config::duration")]
+    #[schemars(with = "crate::config::duration::Text")]
     pub acquire_timeout: Duration,
 }
 
 /// The `payload` column's type and how payloads are stored in it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum PayloadFormat {
     /// `BYTEA`: the payload's bytes (JSON serialized, text as UTF-8).

@@ -33,7 +33,7 @@ pub use insert::Layout;
 pub use numeric::PgU128;
 
 use crate::connectors::postgres::{is_transient, lazy_pool};
-use crate::connectors::registry::SinkEntry;
+use crate::connectors::{SinkEntry, schema_of};
 use crate::connectors::{ConnectorError, Rejection, Sink, SinkError, parse_plugin_config};
 use crate::message::{SinkMessage, TopicRef};
 use insert::Batch;
@@ -46,6 +46,8 @@ pub const ENTRY: SinkEntry = SinkEntry {
     feature: "postgres-sink",
     description: "writes messages to a PostgreSQL table, idempotently (ON CONFLICT on the message id)",
     secret_fields: &["connection_string"],
+    sample_config: "connection_string = \"postgres://app:secret@localhost:5432/app\"\ntarget_table = \"iggy_messages\"\nauto_create_table = true\npayload_format = \"json\"\n",
+    config_schema: schema_of::<PostgresSinkConfig>,
     build: |config| {
         let config: PostgresSinkConfig = parse_plugin_config(config)?;
         let table = config.validate()?;

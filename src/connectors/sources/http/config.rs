@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use crate::connectors::PluginConfigError;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HttpSourceConfig {
     /// Address to listen on, such as `0.0.0.0:8080` or `localhost:8080`.
@@ -28,6 +28,7 @@ pub struct HttpSourceConfig {
     pub batch_length: usize,
     /// How long the first waiting request may wait for others to join its batch.
     #[serde(default = "default_linger_time", with = "crate::config::duration")]
+    #[schemars(with = "crate::config::duration::Text")]
     pub linger_time: Duration,
     /// Largest request body accepted (413 beyond).
     #[serde(default = "default_max_request_bytes")]
@@ -46,9 +47,11 @@ pub struct HttpSourceConfig {
     /// With `ack = "durable"`: how long a request waits for its batch to be
     /// committed before it gets 503. Keep it below your clients' own timeout.
     #[serde(default = "default_request_timeout", with = "crate::config::duration")]
+    #[schemars(with = "crate::config::duration::Text")]
     pub request_timeout: Duration,
     /// The `Retry-After` sent with 429 and 503 answers (whole seconds, at least 1).
     #[serde(default = "default_retry_after", with = "crate::config::duration")]
+    #[schemars(with = "crate::config::duration::Text")]
     pub retry_after: Duration,
     /// Request header whose value becomes the message id (hashed to 128 bits).
     #[serde(default = "default_idempotency_header")]
@@ -63,22 +66,25 @@ pub struct HttpSourceConfig {
     /// `/health` answers 503 once requests have waited this long without a batch
     /// being committed.
     #[serde(default = "default_unhealthy_after", with = "crate::config::duration")]
+    #[schemars(with = "crate::config::duration::Text")]
     pub unhealthy_after: Duration,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EndpointConfig {
+    /// Path clients POST to, such as `/events`.
     pub path: String,
     /// Which `[[streams]]` entry of the connector the messages go to (0 = first).
     #[serde(default)]
     pub stream_index: usize,
     /// When set, requests must carry `Authorization: Bearer <token>`.
     #[serde(default)]
+    #[schemars(with = "Option<String>")]
     pub token: Option<SecretString>,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum AckMode {
     /// 2xx only after the batch holding the request's messages was committed.

@@ -34,7 +34,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::connectors::registry::SourceEntry;
+use crate::connectors::{SourceEntry, schema_of};
 use crate::connectors::{
     BatchPolicy, ConnectorContext, ConnectorError, PluginConfigError, Source, SourceBatch,
     parse_plugin_config,
@@ -51,6 +51,8 @@ pub const ENTRY: SourceEntry = SourceEntry {
     feature: "http-source",
     description: "listens for HTTP POSTs (webhooks) and produces them into Iggy, answering once durable",
     secret_fields: &["endpoints.*.token"],
+    sample_config: "address = \"127.0.0.1:8080\"\nack = \"durable\"\n\n[[endpoints]]\npath = \"/events\"\ntoken = \"secret-token\"\n",
+    config_schema: schema_of::<HttpSourceConfig>,
     build: |config| Ok(Box::new(HttpSource::new(parse_plugin_config(config)?)?)),
 };
 

@@ -10,50 +10,70 @@ use crate::connectors::PluginConfigError;
 
 /// Upstream's `plugin_config` for the postgres source. CDC-only fields are
 /// accepted (so an upstream file parses) but `mode = "cdc"` is refused.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PostgresSourceConfig {
+    /// PostgreSQL URL (`postgres://user:password@host:5432/db`); a secret.
+    #[schemars(with = "String")]
     pub connection_string: SecretString,
+    /// Only `polling` is supported; `cdc` is refused.
     #[serde(default)]
     pub mode: Mode,
+    /// Tables to read, each polled in turn.
     pub tables: Vec<String>,
     /// Wait between polls once every table is caught up (a poll that filled a
     /// whole batch is followed by the next one at once).
     #[serde(default = "default_poll_interval", with = "crate::config::duration")]
+    #[schemars(with = "crate::config::duration::Text")]
     pub poll_interval: Duration,
+    /// Most rows read per table per poll.
     #[serde(default = "default_batch_size")]
     pub batch_size: u32,
+    /// Column that orders the rows; the cursor saved in the state is its last value.
     #[serde(default = "default_tracking_column")]
     pub tracking_column: String,
     /// Start after this tracking value when there is no saved cursor.
     #[serde(default, deserialize_with = "scalar_as_string")]
     pub initial_offset: Option<String>,
+    /// Connections in the pool.
     #[serde(default = "default_max_connections")]
     pub max_connections: u32,
+    /// A query used instead of the generated SELECT (with `$table`, `$offset`, `$limit` placeholders).
     pub custom_query: Option<String>,
+    /// Rename columns to snake_case in the produced JSON.
     #[serde(default)]
     pub snake_case_columns: bool,
+    /// Wrap each row with its table and operation (`{table, operation, data}`).
     #[serde(default = "default_true")]
     pub include_metadata: bool,
+    /// Use this column alone as the message payload instead of the whole row as JSON.
     pub payload_column: Option<String>,
+    /// How `payload_column` becomes the payload: `bytea`, `text` or `json_direct`.
     pub payload_format: Option<PayloadFormat>,
+    /// Delete the rows once they are durably in Iggy.
     #[serde(default)]
     pub delete_after_read: bool,
+    /// Boolean column set to true once a row is durably in Iggy (rows already true are skipped).
     pub processed_column: Option<String>,
+    /// Key used by `delete_after_read` and `processed_column` (default: `tracking_column`).
     pub primary_key_column: Option<String>,
+    /// Log every poll at info level.
     #[serde(default)]
     pub verbose_logging: bool,
     /// Upstream's in-connector retry knobs: accepted for compatibility; the
     /// engine retries failed polls and commits with its own capped backoff.
     pub max_retries: Option<u32>,
+    /// Upstream's retry delay: accepted, unused (the engine retries).
     pub retry_delay: Option<String>,
     /// CDC-only upstream fields, accepted and unused in polling mode.
     pub replication_slot: Option<String>,
+    /// CDC only: accepted and unused.
     pub capture_operations: Option<Vec<String>>,
+    /// CDC only: accepted and unused.
     pub cdc_backend: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     #[default]
@@ -62,7 +82,7 @@ pub enum Mode {
 }
 
 /// How `payload_column` becomes the message payload.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum PayloadFormat {
     /// The column's bytes as they are (`bytea`).

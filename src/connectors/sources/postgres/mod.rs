@@ -30,7 +30,7 @@ pub use config::{Consume, Mode, PayloadFormat, PostgresSourceConfig};
 pub use record::{message_id, to_snake_case};
 
 use crate::connectors::postgres::{is_transient, lazy_pool};
-use crate::connectors::registry::SourceEntry;
+use crate::connectors::{SourceEntry, schema_of};
 use crate::connectors::{
     ConnectorError, Source, SourceBatch, decode_state, encode_state, parse_plugin_config,
 };
@@ -45,6 +45,8 @@ pub const ENTRY: SourceEntry = SourceEntry {
     feature: "postgres-source",
     description: "reads rows of PostgreSQL tables by polling (cursor, delete or mark), at-least-once",
     secret_fields: &["connection_string"],
+    sample_config: "connection_string = \"postgres://app:secret@localhost:5432/app\"\ntables = [\"users\"]\ntracking_column = \"id\"\npoll_interval = \"1s\"\nbatch_size = 1000\n",
+    config_schema: schema_of::<PostgresSourceConfig>,
     build: |config| {
         let config: PostgresSourceConfig = parse_plugin_config(config)?;
         config.validate()?;

@@ -1,0 +1,158 @@
+//! The `[[streams]]` tables of a connector file.
+
+use std::time::Duration;
+
+use toml::{Table, Value};
+
+use crate::config::connector::{SinkStream, SourceStream};
+use crate::config::reader::{Reader, describe};
+
+pub const DEFAULT_BATCH_LENGTH: u32 = 1000;
+pub const DEFAULT_LINGER_TIME: Duration = Duration::from_millis(5);
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(5);
+
+fn stream_tables<'a>(reader: &mut Reader<'a>) -> Vec<&'a Table> {
+    match reader.get("streams") {
+        None => {
+            reader.error("streams", "missing required [[streams]] entry");
+            Vec::new()
+        }
+        Some(Value::Array(items)) if !items.is_empty() => {
+            let mut tables = Vec::with_capacity(items.len());
+            for (index, item) in items.iter().enumerate() {
+                match item {
+                    Value::Table(table) => tables.push(table),
+                    other => reader.error(
+                        &format!("streams[{index}]"),
+                        format!("expected a table, found {}", describe(other)),
+                    ),
+                }
+            }
+            tables
+        }
+        Some(other) => {
+            reader.error(
+                "streams",
+                format!(
+                    "expected at least one [[streams]] table, found {}",
+                    describe(other)
+                ),
+            );
+            Vec::new()
+        }
+    }
+}
+
+pub(super) fn read_source_streams(reader: &mut Reader) -> Vec<SourceStream> {
+    let mut streams = Vec::new();
+    for (index, table) in stream_tables(reader).into_iter().enumerate() {
+        let mut nested = reader.nested(format!("streams[{index}]"), table);
+        nested.warn_unknown(&[
+            "stream",
+            "topic",
+            "schema",
+            "batch_length",
+            "linger_time",
+            "partitions",
+            "avro_schema_json",
+            "avro_schema_path",
+        ]);
+        let stream = required_name(&mut nested, "stream");
+        let topic = required_name(&mut nested, "topic");
+        let schema = nested.required_parsed("schema");
+        let batch_length = read_batch_length(&mut nested);
+        let linger_time = nested.duration_or("linger_time", DEFAULT_LINGER_TIME);
+        let partitions = read_positive_u32(&mut nested, "partitions", 1);
+        if let (Some(stream), Some(topic), Some(schema)) = (stream, topic, schema) {
+            streams.push(SourceStream {
+                stream,
+                topic,
+                schema,
+                batch_length,
+                linger_time,
+                partitions,
+            });
+        }
+    }
+    streams
+}
+
+pub(super) fn read_sink_streams(reader: &mut Reader, key: &str) -> Vec<SinkStream> {
+    let mut streams = Vec::new();
+    for (index, table) in stream_tables(reader).into_iter().enumerate() {
+        let mut nested = reader.nested(format!("streams[{index}]"), table);
+        nested.warn_unknown(&[
+            "stream",
+            "topics",
+            "schema",
+            "batch_length",
+            "poll_interval",
+            "consumer_group",
+            "avro_schema_json",
+            "avro_schema_path",
+        ]);
+        let stream = required_name(&mut nested, "stream");
+        let topics = match nested.string_list("topics") {
+            Some(topics) if !topics.is_empty() => Some(topics),
+            Some(_) => {
+                nested.error("topics", "expected at least one topic");
+                None
+            }
+            None => {
+                if nested.get("topics").is_none() {
+                    nested.error(
+                        "topics",
+                        "missing required field, expected a list of topic names",
+                    );
+                }
+                None
+            }
+        };
+        let schema = nested.required_parsed("schema");
+        let batch_length = read_batch_length(&mut nested);
+        let poll_interval = nested.duration_or("poll_interval", DEFAULT_POLL_INTERVAL);
+        let consumer_group = nested
+            .optional_string("consumer_group")
+            .unwrap_or_else(|| format!("iggy-connect-sink-{key}"));
+        if let (Some(stream), Some(topics), Some(schema)) = (stream, topics, schema) {
+            streams.push(SinkStream {
+                stream,
+                topics,
+                schema,
+                batch_length,
+                poll_interval,
+                consumer_group,
+            });
+        }
+    }
+    streams
+}
+
+/// A stream or topic name: a string that is not empty (upstream's templates ship
+/// `stream = ""`).
+fn required_name(reader: &mut Reader, field: &str) -> Option<String> {
+    let name = reader.required_string(field)?;
+    if name.is_empty() {
+        reader.error(field, "expected a name, found an empty string");
+        return None;
+    }
+    Some(name)
+}
+
+fn read_batch_length(reader: &mut Reader) -> u32 {
+    read_positive_u32(reader, "batch_length", DEFAULT_BATCH_LENGTH)
+}
+
+fn read_positive_u32(reader: &mut Reader, field: &str, default: u32) -> u32 {
+    match reader.optional_u64(field) {
+        None => default,
+        Some(value) if value >= 1 && value <= u64::from(u32::MAX) => value as u32,
+        Some(value) => {
+            reader.error(
+                field,
+                format!("expected a number from 1 to {}, found {value}", u32::MAX),
+            );
+            default
+        }
+    }
+}
