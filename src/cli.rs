@@ -269,9 +269,26 @@ async fn run_config(path: &Path) -> anyhow::Result<ExitCode> {
         state.clone(),
         config.engine.shutdown_timeout,
     );
+    let started: Vec<String> = connectors
+        .iter()
+        .filter(|connector| connector.enabled)
+        .map(|connector| {
+            format!(
+                "{} {} ({})",
+                connector.kind, connector.key, connector.connector
+            )
+        })
+        .collect();
     for connector in connectors {
         runtime.add(connector)?;
     }
+    tracing::info!(
+        config = %path.display(),
+        iggy_address = %config.iggy.address,
+        connectors = %started.join(", "),
+        "iggy-connect starting {} connector(s)",
+        started.len()
+    );
     runtime.start_enabled().await;
     let server = match config.http.enabled {
         true => {

@@ -17,7 +17,9 @@ use tracing_subscriber::registry::LookupSpan;
 use crate::config::runtime::LogFormat;
 
 /// The filter when `RUST_LOG` is not set.
-pub const DEFAULT_FILTER: &str = "info,iggy=warn,iggy_common=warn,iggy_binary_protocol=warn";
+// Directives match target prefixes: `iggy=warn` alone would also quiet `iggy_connect`.
+pub const DEFAULT_FILTER: &str =
+    "info,iggy=warn,iggy_common=warn,iggy_binary_protocol=warn,iggy_connect=info";
 
 pub fn init(format: LogFormat) {
     let filter =

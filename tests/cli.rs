@@ -539,3 +539,77 @@ fn completions_man_page_and_version_with_features() {
         assert_eq!(version.contains(feature), enabled, "{feature}: {version}");
     }
 }
+
+#[test]
+fn run_logs_a_startup_line_and_json_lines_with_unique_keys_without_the_iggy_clients_info_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let connectors = dir.path().join("connectors");
+    std::fs::create_dir(&connectors).unwrap();
+    write(
+        dir.path(),
+        "config.toml",
+        &format!(
+            "[iggy]\naddress = \"127.0.0.1:1\"\n[http]\nenabled = false\n[logging]\nformat = \"json\"\n\
+             [state]\npath = \"{}\"\n[connectors]\nconfig_type = \"local\"\nconfig_dir = \"{}\"\n",
+            dir.path().join("state").display(),
+            connectors.display()
+        ),
+    );
+    write(
+        &connectors,
+        "random.toml",
+        "type = \"source\"\nkey = \"rnd\"\nenabled = true\nversion = 0\nname = \"r\"\npath = \"random\"\n\
+         [[streams]]\nstream = \"s\"\ntopic = \"t\"\nschema = \"json\"\n",
+    );
+    let config = dir.path().join("config.toml");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_iggy-connect"))
+        .args(["run", "--config", config.to_str().unwrap()])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut lines = Vec::new();
+    // Until the engine has retried the unreachable broker twice.
+    while lines
+        .iter()
+        .filter(|line: &&String| line.contains("bus unreachable"))
+        .count()
+        < 2
+    {
+        let mut line = String::new();
+        if stderr.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        lines.push(line);
+    }
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let rest = lines_of(stderr);
+    child.wait().unwrap();
+    lines.extend(rest.join().unwrap());
+    let report = lines.concat();
+    assert_json_lines(&report);
+    let retry = lines
+        .iter()
+        .find(|line| line.contains("bus unreachable"))
+        .expect("a retry line");
+    assert!(
+        retry.contains("\"attempt\":1") && retry.contains("\"error\":"),
+        "{retry}"
+    );
+    assert!(
+        !lines.iter().any(|line| line.contains("\"target\":\"iggy::") && line.contains("\"level\":\"INFO\"")),
+        "{report}"
+    );
+    let startup = lines
+        .iter()
+        .find(|line| line.contains("iggy-connect starting"))
+        .expect("a startup line");
+    assert!(
+        startup.contains(config.to_str().unwrap())
+            && startup.contains("127.0.0.1:1")
+            && startup.contains("source rnd (random)"),
+        "{startup}"
+    );
+}

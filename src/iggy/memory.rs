@@ -422,3 +422,96 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn batch(count: usize) -> Vec<OutgoingMessage> {
+        (0..count)
+            .map(|index| OutgoingMessage {
+                id: None,
+                headers: Vec::new(),
+                payload: bytes::Bytes::from(index.to_string()),
+            })
+            .collect()
+    }
+
+    async fn open(bus: &MemoryBus) -> (Box<dyn Producer>, Box<dyn Consumer>) {
+        let producer = bus
+            .producer(&ProducerTarget {
+                stream: "s".into(),
+                topic: "t".into(),
+                partitions: 1,
+                batch_length: 100,
+                linger_time: Duration::ZERO,
+            })
+            .await
+            .unwrap();
+        let consumer = bus
+            .consumer(&ConsumerSpec {
+                stream: "s".into(),
+                topic: "t".into(),
+                group: "g".into(),
+                batch_length: 100,
+                poll_interval: Duration::from_millis(1),
+            })
+            .await
+            .unwrap();
+        (producer, consumer)
+    }
+
+    #[tokio::test]
+    async fn given_a_bounded_bus_when_the_group_commits_should_free_the_committed_messages() {
+        let bus = MemoryBus::bounded(1000);
+        let (producer, mut consumer) = open(&bus).await;
+        producer.send(&batch(30)).await.unwrap();
+        let polled = consumer.poll().await.unwrap();
+        assert_eq!(polled.messages.len(), 30);
+        consumer.commit(0, 19).await.unwrap();
+        assert_eq!(bus.retained("s", "t"), 10);
+        assert_eq!(bus.undelivered("s", "t", "g"), 10);
+        // Offsets go on past the freed messages.
+        producer.send(&batch(5)).await.unwrap();
+        consumer.commit(0, 29).await.unwrap();
+        let next = consumer.poll().await.unwrap();
+        assert_eq!(next.messages.first().map(|m| m.offset), Some(30));
+        consumer.commit(0, 34).await.unwrap();
+        assert_eq!(bus.retained("s", "t"), 0);
+        assert!(bus.is_drained("s", "t", "g"));
+    }
+
+    #[tokio::test]
+    async fn given_a_full_bounded_topic_when_sending_should_wait_until_a_commit_frees_room() {
+        let bus = MemoryBus::bounded(10);
+        let (producer, mut consumer) = open(&bus).await;
+        producer.send(&batch(10)).await.unwrap();
+        let mut blocked = tokio::spawn(async move { producer.send(&batch(1)).await });
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), &mut blocked)
+                .await
+                .is_err(),
+            "a send into a full topic must wait"
+        );
+        consumer.poll().await.unwrap();
+        consumer.commit(0, 9).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), blocked)
+            .await
+            .expect("the commit frees room")
+            .unwrap()
+            .unwrap();
+        assert_eq!(bus.retained("s", "t"), 1);
+    }
+
+    #[tokio::test]
+    async fn given_an_unbounded_bus_when_committed_should_keep_every_message() {
+        let bus = MemoryBus::new();
+        let (producer, mut consumer) = open(&bus).await;
+        producer.send(&batch(30)).await.unwrap();
+        consumer.poll().await.unwrap();
+        consumer.commit(0, 29).await.unwrap();
+        assert_eq!(bus.messages("s", "t").len(), 30);
+    }
+}
