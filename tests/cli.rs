@@ -613,3 +613,29 @@ fn run_logs_a_startup_line_and_json_lines_with_unique_keys_without_the_iggy_clie
         "{startup}"
     );
 }
+
+#[cfg(feature = "postgres-sink")]
+#[test]
+fn a_postgres_connection_string_of_another_scheme_is_a_configuration_error() {
+    let output = iggy_connect(&[
+        "pipe",
+        "--source",
+        "random",
+        "--sink",
+        "postgres",
+        "--set",
+        "sink.connection_string=mysql://user@127.0.0.1/db",
+        "--set",
+        "sink.target_table=t",
+    ]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    let report = stderr(&output);
+    assert!(
+        report.contains("sink.connection_string") && report.contains("postgres://"),
+        "{report}"
+    );
+    assert!(
+        !report.contains("mysql://user"),
+        "the connection string is a secret: {report}"
+    );
+}

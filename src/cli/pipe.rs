@@ -377,14 +377,20 @@ fn plan(args: &PipeArgs) -> Result<Plan, String> {
         Some(_) => config.origin().display().to_string(),
         None => format!("--{} {}", config.kind, config.connector),
     };
+    // The factory's message starts with the config's origin; say ours instead.
+    let refused = |config: &ConnectorConfig, error: String| {
+        let prefix = format!("{}: ", config.origin().display());
+        let message = error.strip_prefix(&prefix).unwrap_or(&error);
+        format!("{}: {}", origin(config), set_hint(message, config.kind))
+    };
     RegistryFactory
         .source(&source)
         .map(drop)
-        .map_err(|error| format!("{}: {}", origin(&source), set_hint(error, "source")))?;
+        .map_err(|error| refused(&source, error))?;
     RegistryFactory
         .sink(&sink)
         .map(drop)
-        .map_err(|error| format!("{}: {}", origin(&sink), set_hint(error, "sink")))?;
+        .map_err(|error| refused(&sink, error))?;
     let mut reads = Vec::new();
     for stream in sink_streams(&sink) {
         for topic in &stream.topics {
@@ -413,7 +419,7 @@ fn plan(args: &PipeArgs) -> Result<Plan, String> {
 }
 
 /// Names the `--set` spelling of a plugin_config field in a factory's message.
-fn set_hint(message: String, target: &str) -> String {
+fn set_hint(message: &str, target: ConnectorKind) -> String {
     message.replace("field `plugin_config.", &format!("field `{target}."))
 }
 
