@@ -10,8 +10,8 @@ use serde_json::{Map, Value};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
 use tracing_subscriber::EnvFilter;
-use tracing_subscriber::fmt::format::Writer;
-use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::fmt::format::{JsonFields, Writer};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
 use tracing_subscriber::registry::LookupSpan;
 
 use crate::config::runtime::LogFormat;
@@ -31,12 +31,16 @@ pub fn init(format: LogFormat) {
     // A second init (tests) keeps the first subscriber.
     let _ = match format {
         LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.event_format(JsonLine).try_init(),
+        LogFormat::Json => builder
+            .fmt_fields(JsonFields::new())
+            .event_format(JsonLine)
+            .try_init(),
     };
 }
 
-/// One JSON object per event: `timestamp`, `level`, `target`, `message`, then
-/// the event's fields, every key once. A field that repeats a key already
+/// One JSON object per event: `timestamp`, `level`, `target`, `message`, the
+/// event's fields, then the fields of its spans (`connector_key`, ...) that the
+/// event did not set, every key once. A field that repeats a key already
 /// written (`message` when an event also has a `message` field) is written as
 /// `error` (the field holds an error text wherever we log one), else with a
 /// numeric suffix.
@@ -49,7 +53,7 @@ where
 {
     fn format_event(
         &self,
-        _context: &FmtContext<'_, S, N>,
+        context: &FmtContext<'_, S, N>,
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
@@ -66,6 +70,21 @@ where
             .insert("level".into(), metadata.level().as_str().into());
         fields.0.insert("target".into(), metadata.target().into());
         event.record(&mut fields);
+        if let Some(scope) = context.event_scope() {
+            for span in scope {
+                let extensions = span.extensions();
+                let Some(formatted) = extensions.get::<FormattedFields<N>>() else {
+                    continue;
+                };
+                let Ok(Value::Object(span_fields)) = serde_json::from_str(formatted.as_str())
+                else {
+                    continue;
+                };
+                for (key, value) in span_fields {
+                    fields.0.entry(key).or_insert(value);
+                }
+            }
+        }
         let line = serde_json::to_string(&Value::Object(fields.0)).map_err(|_| fmt::Error)?;
         writeln!(writer, "{line}")
     }

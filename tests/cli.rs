@@ -485,6 +485,15 @@ fn pipe_honours_the_log_format_and_every_json_line_is_an_object_with_unique_keys
         .unwrap();
     assert!(output.status.success(), "{}", stderr(&output));
     assert_json_lines(&stderr(&output));
+    // The connector span's fields are in the lines logged inside it.
+    assert!(
+        stderr(&output)
+            .lines()
+            .any(|line| line.contains("stdout sink received a batch")
+                && line.contains("\"connector_type\":\"sink\"")),
+        "{}",
+        stderr(&output)
+    );
     assert!(
         stderr(&output).contains("\"records\":20"),
         "{}",

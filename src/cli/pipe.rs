@@ -111,7 +111,7 @@ pub async fn pipe(args: PipeArgs) -> anyhow::Result<ExitCode> {
     let bus = MemoryBus::bounded(TOPIC_CAPACITY);
     let runtime = Runtime::with_options(
         Arc::new(bus.clone()),
-        Arc::new(MemoryStateStore::new()),
+        Arc::new(MemoryStateStore::latest_only()),
         RuntimeOptions {
             factory: Arc::new(PipeFactory {
                 max_messages: args.max_messages,
