@@ -4,25 +4,20 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
-use anyhow::{Context, bail};
-use clap::{Parser, Subcommand};
+use anyhow::Context;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+
+mod pipe;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::api::{self, ApiServer, ApiState};
-use crate::config::connector::{DEFAULT_BATCH_LENGTH, DEFAULT_LINGER_TIME, DEFAULT_POLL_INTERVAL};
 use crate::config::env::EnvVars;
-use crate::config::runtime::LogFormat;
-use crate::config::{
-    ConfigIssue, ConnectorConfig, KindConfig, OnError, RuntimeConfig, SinkStream, SourceStream,
-    load_connector_dir,
-};
-use crate::connectors::{self, BuildError, ConnectorKind, Registry};
-use crate::engine::codec::Schema;
-use crate::engine::{Runtime, Status};
-use crate::iggy::{ConnectionSettings, IggyBus, MemoryBus};
-use crate::state::{FileStateStore, MemoryStateStore, StateStore};
+use crate::config::{ConfigIssue, RuntimeConfig, load_connector_dir};
+use crate::connectors::{self, ConnectorKind, Registry};
+use crate::engine::Runtime;
+use crate::iggy::{ConnectionSettings, IggyBus};
+use crate::state::{FileStateStore, StateStore};
 
 /// Exit code for configuration errors.
 const EXIT_CONFIG: u8 = 2;
@@ -54,21 +49,7 @@ pub enum Command {
     },
     /// Run one source into one sink in this process, through an in-memory topic.
     /// Nothing is durable: for trying connectors out and one-shot jobs.
-    Pipe {
-        /// Source connector name (see `list`).
-        #[arg(long)]
-        source: String,
-        /// Sink connector name (see `list`).
-        #[arg(long)]
-        sink: String,
-        /// `source.FIELD=VALUE` or `sink.FIELD=VALUE`: a `plugin_config` field. VALUE
-        /// is read as TOML (`1000`, `true`, `[1, 2]`), else as a string.
-        #[arg(long = "set", value_name = "TARGET.FIELD=VALUE")]
-        settings: Vec<String>,
-        /// Schema of the in-memory topic.
-        #[arg(long, default_value = "json")]
-        schema: String,
-    },
+    Pipe(pipe::PipeArgs),
     /// List the connectors compiled into this binary, with their cargo features
     /// (`describe KIND NAME` shows one's fields).
     List,
@@ -98,6 +79,47 @@ pub enum Command {
         )]
         config: PathBuf,
     },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff) to stdout: `iggy-connect man > iggy-connect.1`.
+    Man,
+}
+
+/// Parses the command line; `--version` also names the compiled-in features.
+pub fn parse() -> Cli {
+    let command = Cli::command().version(version_text());
+    let matches = command.get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit())
+}
+
+fn command() -> clap::Command {
+    Cli::command().version(version_text())
+}
+
+/// The crate version and the connector features compiled in.
+fn version_text() -> &'static str {
+    static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| {
+        let mut features: Vec<&str> = Registry::sources()
+            .iter()
+            .map(|entry| entry.feature)
+            .chain(Registry::sinks().iter().map(|entry| entry.feature))
+            .collect();
+        features.sort_unstable();
+        features.dedup();
+        format!(
+            "{} (features: {})",
+            env!("CARGO_PKG_VERSION"),
+            if features.is_empty() {
+                "none".to_owned()
+            } else {
+                features.join(", ")
+            }
+        )
+    })
 }
 
 pub fn run(cli: Cli) -> ExitCode {
@@ -115,12 +137,23 @@ pub fn run(cli: Cli) -> ExitCode {
         } => describe(kind, &name, example, format),
         Command::Validate { config } => validate(&config),
         Command::Run { config } => with_runtime(|| run_config(&config)),
-        Command::Pipe {
-            source,
-            sink,
-            settings,
-            schema,
-        } => with_runtime(|| pipe(&source, &sink, &settings, &schema)),
+        Command::Pipe(args) => with_runtime(|| pipe::pipe(args)),
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut command(),
+                "iggy-connect",
+                &mut std::io::stdout(),
+            );
+            ExitCode::SUCCESS
+        }
+        Command::Man => match clap_mangen::Man::new(command()).render(&mut std::io::stdout()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("error: cannot write the manual page: {error}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }
 
@@ -293,9 +326,26 @@ async fn run_config(path: &Path) -> anyhow::Result<ExitCode> {
         state.clone(),
         config.engine.shutdown_timeout,
     );
+    let started: Vec<String> = connectors
+        .iter()
+        .filter(|connector| connector.enabled)
+        .map(|connector| {
+            format!(
+                "{} {} ({})",
+                connector.kind, connector.key, connector.connector
+            )
+        })
+        .collect();
     for connector in connectors {
         runtime.add(connector)?;
     }
+    tracing::info!(
+        config = %path.display(),
+        iggy_address = %config.iggy.address,
+        connectors = %started.join(", "),
+        "iggy-connect starting {} connector(s)",
+        started.len()
+    );
     runtime.start_enabled().await;
     let server = match config.http.enabled {
         true => {
@@ -328,189 +378,7 @@ async fn run_config(path: &Path) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn pipe(
-    source: &str,
-    sink: &str,
-    settings: &[String],
-    schema: &str,
-) -> anyhow::Result<ExitCode> {
-    let mut signals = Signals::install()?;
-    crate::logging::init(LogFormat::Text);
-    let schema: Schema = schema
-        .parse()
-        .map_err(anyhow::Error::msg)
-        .context("--schema")?;
-    let (source_config, sink_config) = pipe_plugin_configs(settings)?;
-    let source = pipe_connector(ConnectorKind::Source, source, source_config, schema)?;
-    let sink = pipe_connector(ConnectorKind::Sink, sink, sink_config, schema)?;
-    eprintln!(
-        "iggy-connect pipe: {} -> {} through an in-memory topic. NOTHING IS DURABLE in this mode: \
-         messages in flight are lost if the process stops. Use `iggy-connect run` with an Iggy server for durable pipelines.",
-        source.connector, sink.connector
-    );
-    let bus = MemoryBus::new();
-    let runtime = Runtime::new(
-        Arc::new(bus.clone()),
-        Arc::new(MemoryStateStore::new()),
-        Duration::from_secs(10),
-    );
-    let (source_key, sink_key) = (source.key.clone(), sink.key.clone());
-    runtime.add(source)?;
-    runtime.add(sink)?;
-    runtime.start_enabled().await;
-
-    let drained = async {
-        runtime
-            .wait_until_stopped(ConnectorKind::Source, &source_key)
-            .await?;
-        loop {
-            let sink_status = runtime.view(ConnectorKind::Sink, &sink_key)?.status.status;
-            if bus.is_drained(PIPE_STREAM, PIPE_TOPIC, PIPE_GROUP)
-                || !matches!(sink_status, Status::Running | Status::Starting)
-            {
-                return anyhow::Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
-    tokio::select! {
-        result = drained => result?,
-        () = signals.recv() => tracing::info!("interrupted"),
-    }
-    runtime.shutdown().await;
-    let mut code = ExitCode::SUCCESS;
-    for view in runtime.views() {
-        if view.status.status == Status::Error {
-            let message = view
-                .status
-                .last_error
-                .map(|error| error.message)
-                .unwrap_or_default();
-            eprintln!(
-                "error: {} {} stopped: {message}",
-                view.config.kind, view.config.key
-            );
-            code = ExitCode::FAILURE;
-        }
-    }
-    Ok(code)
-}
-
-const PIPE_STREAM: &str = "pipe";
-const PIPE_TOPIC: &str = "pipe";
-const PIPE_GROUP: &str = "pipe";
-
-/// Splits `--set` values into the source's and the sink's `plugin_config`.
-fn pipe_plugin_configs(
-    settings: &[String],
-) -> anyhow::Result<(serde_json::Value, serde_json::Value)> {
-    let mut source = toml::Table::new();
-    let mut sink = toml::Table::new();
-    for setting in settings {
-        let Some((path, value)) = setting.split_once('=') else {
-            bail!("--set {setting}: expected TARGET.FIELD=VALUE, e.g. source.max_count=1000");
-        };
-        let (target, field) = match path.split_once('.') {
-            Some(("source", field)) => (&mut source, field),
-            Some(("sink", field)) => (&mut sink, field),
-            _ => bail!(
-                "--set {setting}: the target must be `source` or `sink`, e.g. source.max_count=1000"
-            ),
-        };
-        insert_dotted(target, field, parse_value(value));
-    }
-    Ok((
-        crate::config::connector::toml_to_json(&toml::Value::Table(source)),
-        crate::config::connector::toml_to_json(&toml::Value::Table(sink)),
-    ))
-}
-
-/// Reads a `--set` value as TOML when it is one, else as a plain string.
-fn parse_value(text: &str) -> toml::Value {
-    toml::from_str::<toml::Table>(&format!("value = {text}"))
-        .ok()
-        .and_then(|mut table| table.remove("value"))
-        .unwrap_or_else(|| toml::Value::String(text.to_owned()))
-}
-
-fn insert_dotted(table: &mut toml::Table, path: &str, value: toml::Value) {
-    match path.split_once('.') {
-        None => {
-            table.insert(path.to_owned(), value);
-        }
-        Some((head, rest)) => {
-            let entry = table
-                .entry(head.to_owned())
-                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-            if !entry.is_table() {
-                *entry = toml::Value::Table(toml::Table::new());
-            }
-            if let toml::Value::Table(nested) = entry {
-                insert_dotted(nested, rest, value);
-            }
-        }
-    }
-}
-
-fn pipe_connector(
-    kind: ConnectorKind,
-    name: &str,
-    plugin_config: serde_json::Value,
-    schema: Schema,
-) -> anyhow::Result<ConnectorConfig> {
-    match Registry::check(kind, name, &plugin_config) {
-        Err(BuildError::Registry(error)) => bail!("--{kind} {name}: {error}"),
-        Err(BuildError::PluginConfig(error)) => bail!(
-            "--{kind} {name}: invalid setting `{kind}.{}`: {}",
-            error.field,
-            error.message
-        ),
-        Ok(()) => {}
-    }
-    let kind_config = match kind {
-        ConnectorKind::Source => KindConfig::Source {
-            streams: vec![SourceStream {
-                stream: PIPE_STREAM.into(),
-                topic: PIPE_TOPIC.into(),
-                schema,
-                batch_length: DEFAULT_BATCH_LENGTH,
-                linger_time: DEFAULT_LINGER_TIME,
-                partitions: 1,
-            }],
-            max_consecutive_nacks: None,
-        },
-        ConnectorKind::Sink => KindConfig::Sink {
-            streams: vec![SinkStream {
-                stream: PIPE_STREAM.into(),
-                topics: vec![PIPE_TOPIC.into()],
-                schema,
-                batch_length: DEFAULT_BATCH_LENGTH,
-                poll_interval: DEFAULT_POLL_INTERVAL,
-                consumer_group: PIPE_GROUP.into(),
-            }],
-            on_error: OnError::Stop,
-        },
-    };
-    Ok(ConnectorConfig {
-        kind,
-        key: format!("pipe-{kind}"),
-        enabled: true,
-        version: 0,
-        name: name.to_owned(),
-        path: name.to_owned(),
-        connector: name.to_owned(),
-        plugin_config_format: None,
-        plugin_config,
-        verbose: false,
-        benchmark: false,
-        transforms: Vec::new(),
-        dead_letter: None,
-        kind_config,
-        file: None,
-    })
-}
-
-fn config_failure(issues: &[ConfigIssue]) -> ExitCode {
+pub(crate) fn config_failure(issues: &[ConfigIssue]) -> ExitCode {
     for issue in issues {
         eprintln!("{issue}");
     }

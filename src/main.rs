@@ -1,8 +1,6 @@
 use std::process::ExitCode;
 
-use clap::Parser;
-
 fn main() -> ExitCode {
-    let cli = iggy_connect::cli::Cli::parse();
+    let cli = iggy_connect::cli::parse();
     iggy_connect::cli::run(cli)
 }

@@ -7,6 +7,25 @@ use std::time::Duration;
 use secrecy::{ExposeSecret, SecretString};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
+/// Checks a `connection_string` without connecting: a `postgres://` or
+/// `postgresql://` URL that parses (sqlx also takes other schemes and
+/// key/value strings, which upstream's connectors never did).
+pub(crate) fn check_connection_string(
+    connection_string: &SecretString,
+) -> Result<(), crate::connectors::PluginConfigError> {
+    let text = connection_string.expose_secret();
+    let scheme = text.split_once("://").map(|(scheme, _)| scheme);
+    if !matches!(scheme, Some("postgres" | "postgresql")) {
+        return Err(crate::connectors::PluginConfigError::new(
+            "connection_string",
+            "expected a postgres:// or postgresql:// URL",
+        ));
+    }
+    PgConnectOptions::from_str(text).map(drop).map_err(|error| {
+        crate::connectors::PluginConfigError::new("connection_string", error.to_string())
+    })
+}
+
 /// A pool that connects on first use, so a database that is down at start
 /// only delays the first batch. Fails only on a malformed connection string.
 pub(crate) fn lazy_pool(
@@ -58,6 +77,34 @@ mod tests {
         assert!(!is_transient(&sqlx::Error::RowNotFound));
         assert!(!is_transient(&sqlx::Error::ColumnNotFound("id".into())));
         assert!(!is_transient(&sqlx::Error::PoolClosed));
+    }
+
+    #[test]
+    fn given_a_connection_string_of_another_scheme_when_checked_should_name_the_field() {
+        for text in [
+            "mysql://u@localhost/db",
+            "host=localhost dbname=db",
+            "postgres:/x",
+        ] {
+            let error = check_connection_string(&SecretString::from(text)).unwrap_err();
+            assert_eq!(error.field, "connection_string", "{text}");
+            assert!(
+                error.message.contains("postgres://"),
+                "{text}: {}",
+                error.message
+            );
+        }
+        for text in [
+            "postgres://u@localhost/db",
+            "postgresql://localhost:5433/db",
+        ] {
+            assert!(
+                check_connection_string(&SecretString::from(text)).is_ok(),
+                "{text}"
+            );
+        }
+        let bad_port = SecretString::from("postgres://user@host:notaport/db");
+        assert!(check_connection_string(&bad_port).is_err());
     }
 
     #[test]

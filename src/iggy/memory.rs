@@ -1,8 +1,13 @@
 //! An in-process bus: topics live in memory and vanish with the process. Used by
 //! the one-shot `pipe` command and by the engine's unit tests, which can make it
 //! refuse sends or commits on demand.
+//!
+//! A [`MemoryBus::bounded`] bus (the one `pipe` uses) frees every message that
+//! all consumer groups of its topic committed and makes a producer wait while
+//! the topic holds `capacity` uncommitted messages, so memory stays flat however
+//! many records pass through.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -26,23 +31,118 @@ struct Shared {
     /// Every send waits this long (milliseconds) before it is stored.
     send_delay_ms: AtomicU64,
     sends: AtomicU64,
+    /// `Some`: trim committed messages and hold producers at this many retained.
+    capacity: Option<usize>,
 }
 
 struct Topic {
     state: Mutex<TopicState>,
     appended: watch::Sender<u64>,
+    /// Bumped whenever committed messages were freed.
+    trimmed: watch::Sender<u64>,
 }
 
 struct TopicState {
-    partitions: Vec<Vec<ConsumedMessage>>,
+    partitions: Vec<Partition>,
     next_partition: usize,
-    /// group -> partition -> last committed offset
+    /// group -> partition -> last committed offset; a group is listed from its
+    /// first consumer on, committed or not.
     committed: HashMap<String, HashMap<u32, u64>>,
+}
+
+#[derive(Clone, Default)]
+struct Partition {
+    /// Offset of `messages[0]`: the messages before it were freed.
+    base: u64,
+    messages: VecDeque<ConsumedMessage>,
+}
+
+impl Partition {
+    /// The offset the next message gets.
+    fn end(&self) -> u64 {
+        self.base + self.messages.len() as u64
+    }
+}
+
+impl TopicState {
+    fn retained(&self) -> usize {
+        self.partitions.iter().map(|p| p.messages.len()).sum()
+    }
+
+    /// The next offset `group` has not committed, on `partition`.
+    fn next_uncommitted(&self, group: &str, partition: u32) -> u64 {
+        self.committed
+            .get(group)
+            .and_then(|offsets| offsets.get(&partition))
+            .map_or(0, |offset| offset + 1)
+    }
+
+    /// Frees what every group committed. Returns whether anything was freed.
+    fn trim(&mut self) -> bool {
+        if self.committed.is_empty() {
+            return false;
+        }
+        let mut freed = false;
+        for index in 0..self.partitions.len() {
+            let keep_from = self
+                .committed
+                .keys()
+                .map(|group| self.next_uncommitted(group, index as u32))
+                .min()
+                .unwrap_or(0);
+            let partition = &mut self.partitions[index];
+            let drop = keep_from
+                .saturating_sub(partition.base)
+                .min(partition.messages.len() as u64);
+            if drop > 0 {
+                partition.messages.drain(..drop as usize);
+                partition.base += drop;
+                freed = true;
+            }
+        }
+        freed
+    }
 }
 
 impl MemoryBus {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A bus that frees committed messages and makes producers wait while a
+    /// topic retains `capacity` uncommitted messages (a bigger batch still
+    /// goes in once the topic is empty).
+    pub fn bounded(capacity: usize) -> Self {
+        Self {
+            inner: Arc::new(Shared {
+                capacity: Some(capacity.max(1)),
+                ..Shared::default()
+            }),
+        }
+    }
+
+    /// Messages the topic still holds (not yet freed).
+    pub fn retained(&self, stream: &str, topic: &str) -> usize {
+        self.topic(stream, topic)
+            .map_or(0, |topic| lock(&topic.state).retained())
+    }
+
+    /// Messages stored in the topic that `group` has not committed.
+    pub fn undelivered(&self, stream: &str, topic: &str, group: &str) -> u64 {
+        let Some(topic) = self.topic(stream, topic) else {
+            return 0;
+        };
+        let state = lock(&topic.state);
+        state
+            .partitions
+            .iter()
+            .enumerate()
+            .map(|(index, partition)| {
+                partition
+                    .end()
+                    .saturating_sub(state.next_uncommitted(group, index as u32))
+            })
+            .sum()
     }
 
     /// The next `count` sends fail without storing anything.
@@ -74,7 +174,7 @@ impl MemoryBus {
                 lock(&topic.state)
                     .partitions
                     .iter()
-                    .flatten()
+                    .flat_map(|partition| partition.messages.iter())
                     .cloned()
                     .collect()
             })
@@ -103,15 +203,8 @@ impl MemoryBus {
             .partitions
             .iter()
             .enumerate()
-            .all(|(partition, messages)| {
-                let Some(last) = messages.last() else {
-                    return true;
-                };
-                state
-                    .committed
-                    .get(group)
-                    .and_then(|offsets| offsets.get(&(partition as u32)))
-                    .is_some_and(|committed| *committed >= last.offset)
+            .all(|(index, partition)| {
+                state.next_uncommitted(group, index as u32) >= partition.end()
             })
     }
 
@@ -128,11 +221,12 @@ impl MemoryBus {
             .or_insert_with(|| {
                 Arc::new(Topic {
                     state: Mutex::new(TopicState {
-                        partitions: vec![Vec::new(); partitions.max(1) as usize],
+                        partitions: vec![Partition::default(); partitions.max(1) as usize],
                         next_partition: 0,
                         committed: HashMap::new(),
                     }),
                     appended: watch::channel(0).0,
+                    trimmed: watch::channel(0).0,
                 })
             })
             .clone()
@@ -152,14 +246,10 @@ impl Bus for MemoryBus {
     async fn consumer(&self, spec: &ConsumerSpec) -> Result<Box<dyn Consumer>, BusError> {
         let topic = self.ensure_topic(&spec.stream, &spec.topic, 1);
         let (positions, appended) = {
-            let state = lock(&topic.state);
-            let committed = state.committed.get(&spec.group);
+            let mut state = lock(&topic.state);
+            state.committed.entry(spec.group.clone()).or_default();
             let positions = (0..state.partitions.len() as u32)
-                .map(|partition| {
-                    committed
-                        .and_then(|offsets| offsets.get(&partition))
-                        .map_or(0, |offset| offset + 1)
-                })
+                .map(|partition| state.next_uncommitted(&spec.group, partition))
                 .collect();
             (positions, topic.appended.subscribe())
         };
@@ -180,6 +270,39 @@ struct MemoryProducer {
     topic: Arc<Topic>,
 }
 
+impl MemoryProducer {
+    /// Stores the batch unless the topic is at capacity.
+    fn try_store(&self, messages: &[OutgoingMessage], timestamp: u64) -> bool {
+        let mut state = lock(&self.topic.state);
+        let retained = state.retained();
+        let full = self
+            .shared
+            .capacity
+            .is_some_and(|capacity| retained > 0 && retained + messages.len() > capacity);
+        if full {
+            return false;
+        }
+        let partition = state.next_partition % state.partitions.len();
+        state.next_partition = state.next_partition.wrapping_add(1);
+        let stored = &mut state.partitions[partition];
+        stored.messages.reserve(messages.len());
+        for message in messages {
+            let offset = stored.end();
+            stored.messages.push_back(ConsumedMessage {
+                id: message.id.unwrap_or_else(|| uuid::Uuid::new_v4().as_u128()),
+                offset,
+                partition_id: partition as u32,
+                timestamp,
+                origin_timestamp: timestamp,
+                checksum: 0,
+                headers: message.headers.clone(),
+                payload: message.payload.clone(),
+            });
+        }
+        true
+    }
+}
+
 #[async_trait]
 impl Producer for MemoryProducer {
     async fn send(&self, messages: &[OutgoingMessage]) -> Result<(), BusError> {
@@ -193,24 +316,11 @@ impl Producer for MemoryProducer {
             ));
         }
         let timestamp = now_micros();
-        {
-            let mut state = lock(&self.topic.state);
-            let partition = state.next_partition % state.partitions.len();
-            state.next_partition = state.next_partition.wrapping_add(1);
-            let stored = &mut state.partitions[partition];
-            stored.reserve(messages.len());
-            for message in messages {
-                let offset = stored.len() as u64;
-                stored.push(ConsumedMessage {
-                    id: message.id.unwrap_or_else(|| uuid::Uuid::new_v4().as_u128()),
-                    offset,
-                    partition_id: partition as u32,
-                    timestamp,
-                    origin_timestamp: timestamp,
-                    checksum: 0,
-                    headers: message.headers.clone(),
-                    payload: message.payload.clone(),
-                });
+        let mut trimmed = self.topic.trimmed.subscribe();
+        while !self.try_store(messages, timestamp) {
+            // Dropping this future while it waits stores nothing.
+            if trimmed.changed().await.is_err() {
+                return Err(BusError::Send("the in-memory topic was dropped".into()));
             }
         }
         self.shared.sends.fetch_add(1, Ordering::SeqCst);
@@ -237,12 +347,16 @@ impl MemoryConsumer {
         self.positions.resize(partitions, 0);
         for step in 0..partitions {
             let partition = (self.next_partition + step) % partitions;
-            let start = self.positions[partition] as usize;
             let stored = &state.partitions[partition];
-            if start < stored.len() {
-                let end = stored.len().min(start + self.batch_length);
-                let messages = stored[start..end].to_vec();
-                self.positions[partition] = end as u64;
+            let start = self.positions[partition].max(stored.base);
+            if start < stored.end() {
+                let end = stored.end().min(start + self.batch_length as u64);
+                let messages = stored
+                    .messages
+                    .range((start - stored.base) as usize..(end - stored.base) as usize)
+                    .cloned()
+                    .collect();
+                self.positions[partition] = end;
                 self.next_partition = partition + 1;
                 return Some(ConsumedBatch {
                     partition_id: partition as u32,
@@ -280,6 +394,10 @@ impl Consumer for MemoryConsumer {
             .entry(self.group.clone())
             .or_default()
             .insert(partition_id, offset);
+        if self.shared.capacity.is_some() && state.trim() {
+            drop(state);
+            self.topic.trimmed.send_modify(|version| *version += 1);
+        }
         Ok(())
     }
 
@@ -299,8 +417,101 @@ fn take_one(budget: &AtomicU32) -> bool {
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // The guarded data stays consistent even if a holder panicked: every update
-    // is a single push or insert.
+    // is a single push, insert or drain.
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn batch(count: usize) -> Vec<OutgoingMessage> {
+        (0..count)
+            .map(|index| OutgoingMessage {
+                id: None,
+                headers: Vec::new(),
+                payload: bytes::Bytes::from(index.to_string()),
+            })
+            .collect()
+    }
+
+    async fn open(bus: &MemoryBus) -> (Box<dyn Producer>, Box<dyn Consumer>) {
+        let producer = bus
+            .producer(&ProducerTarget {
+                stream: "s".into(),
+                topic: "t".into(),
+                partitions: 1,
+                batch_length: 100,
+                linger_time: Duration::ZERO,
+            })
+            .await
+            .unwrap();
+        let consumer = bus
+            .consumer(&ConsumerSpec {
+                stream: "s".into(),
+                topic: "t".into(),
+                group: "g".into(),
+                batch_length: 100,
+                poll_interval: Duration::from_millis(1),
+            })
+            .await
+            .unwrap();
+        (producer, consumer)
+    }
+
+    #[tokio::test]
+    async fn given_a_bounded_bus_when_the_group_commits_should_free_the_committed_messages() {
+        let bus = MemoryBus::bounded(1000);
+        let (producer, mut consumer) = open(&bus).await;
+        producer.send(&batch(30)).await.unwrap();
+        let polled = consumer.poll().await.unwrap();
+        assert_eq!(polled.messages.len(), 30);
+        consumer.commit(0, 19).await.unwrap();
+        assert_eq!(bus.retained("s", "t"), 10);
+        assert_eq!(bus.undelivered("s", "t", "g"), 10);
+        // Offsets go on past the freed messages.
+        producer.send(&batch(5)).await.unwrap();
+        consumer.commit(0, 29).await.unwrap();
+        let next = consumer.poll().await.unwrap();
+        assert_eq!(next.messages.first().map(|m| m.offset), Some(30));
+        consumer.commit(0, 34).await.unwrap();
+        assert_eq!(bus.retained("s", "t"), 0);
+        assert!(bus.is_drained("s", "t", "g"));
+    }
+
+    #[tokio::test]
+    async fn given_a_full_bounded_topic_when_sending_should_wait_until_a_commit_frees_room() {
+        let bus = MemoryBus::bounded(10);
+        let (producer, mut consumer) = open(&bus).await;
+        producer.send(&batch(10)).await.unwrap();
+        let mut blocked = tokio::spawn(async move { producer.send(&batch(1)).await });
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), &mut blocked)
+                .await
+                .is_err(),
+            "a send into a full topic must wait"
+        );
+        consumer.poll().await.unwrap();
+        consumer.commit(0, 9).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), blocked)
+            .await
+            .expect("the commit frees room")
+            .unwrap()
+            .unwrap();
+        assert_eq!(bus.retained("s", "t"), 1);
+    }
+
+    #[tokio::test]
+    async fn given_an_unbounded_bus_when_committed_should_keep_every_message() {
+        let bus = MemoryBus::new();
+        let (producer, mut consumer) = open(&bus).await;
+        producer.send(&batch(30)).await.unwrap();
+        consumer.poll().await.unwrap();
+        consumer.commit(0, 29).await.unwrap();
+        assert_eq!(bus.messages("s", "t").len(), 30);
+    }
 }

@@ -14,11 +14,21 @@ pub struct MemoryStateStore {
     states: Mutex<HashMap<String, StoredState>>,
     refuse_saves: AtomicU32,
     saved: Mutex<Vec<(String, Vec<u8>)>>,
+    /// Keeps no history of saves (`pipe`: one per batch, for as long as it runs).
+    latest_only: bool,
 }
 
 impl MemoryStateStore {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A store that keeps each key's latest state and no history of saves.
+    pub fn latest_only() -> Self {
+        Self {
+            latest_only: true,
+            ..Self::default()
+        }
     }
 
     /// The next `count` saves fail and change nothing.
@@ -68,6 +78,9 @@ impl StateStore for MemoryStateStore {
             ));
         }
         self.put(key, state.clone());
+        if self.latest_only {
+            return Ok(());
+        }
         self.saved
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())

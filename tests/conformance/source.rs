@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use iggy_connect::config::{ConnectorConfig, KindConfig, SourceStream};
-use iggy_connect::connectors::{ConnectorKind, PluginConfigError, Registry, Source};
+use iggy_connect::connectors::{BuildError, ConnectorKind, PluginConfigError, Registry, Source};
 use iggy_connect::engine::codec::Schema;
 use iggy_connect::engine::runtime::{ConnectorFactory, RuntimeOptions};
 use iggy_connect::engine::{Runtime, Status, StopReason};
@@ -394,15 +394,18 @@ async fn close(source: &mut dyn Source) -> Outcome {
 struct SubjectFactory(SourceSubject);
 
 impl ConnectorFactory for SubjectFactory {
-    fn source(&self, config: &ConnectorConfig) -> Result<Box<dyn Source>, String> {
-        (self.0.build)(&config.plugin_config).map_err(|error| error.to_string())
+    fn source(&self, config: &ConnectorConfig) -> Result<Box<dyn Source>, BuildError> {
+        (self.0.build)(&config.plugin_config).map_err(BuildError::PluginConfig)
     }
 
     fn sink(
         &self,
         _config: &ConnectorConfig,
-    ) -> Result<Box<dyn iggy_connect::connectors::Sink>, String> {
-        Err("the source checks run no sink".into())
+    ) -> Result<Box<dyn iggy_connect::connectors::Sink>, BuildError> {
+        Err(BuildError::PluginConfig(PluginConfigError::new(
+            "",
+            "the source checks run no sink",
+        )))
     }
 }
 

@@ -5,7 +5,7 @@ use std::io::Write;
 
 use async_trait::async_trait;
 use serde::Deserialize;
-use tracing::info;
+use tracing::debug;
 
 use crate::connectors::{ConnectorError, Sink, SinkEntry, SinkError, parse_plugin_config, schema_of};
 use crate::message::{Payload, SinkMessage, TopicRef};
@@ -53,7 +53,7 @@ impl Sink for StdoutSink {
         let (Some(first), Some(last)) = (messages.first(), messages.last()) else {
             return Ok(());
         };
-        info!(
+        debug!(
             stream = %topic.stream,
             topic = %topic.topic,
             partition_id = first.partition_id,

@@ -81,6 +81,7 @@ impl PostgresSinkConfig {
     /// Checks the values serde accepts but the sink cannot use, and returns the
     /// target table as a quoted SQL name.
     pub fn validate(&self) -> Result<String, PluginConfigError> {
+        crate::connectors::postgres::check_connection_string(&self.connection_string)?;
         if self.batch_size == 0 {
             return Err(PluginConfigError::new("batch_size", "expected at least 1"));
         }

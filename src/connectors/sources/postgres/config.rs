@@ -110,6 +110,7 @@ pub enum Consume {
 impl PostgresSourceConfig {
     /// Checks what serde cannot: values that parse but make no sense together.
     pub fn validate(&self) -> Result<(), PluginConfigError> {
+        crate::connectors::postgres::check_connection_string(&self.connection_string)?;
         if self.mode == Mode::Cdc {
             return Err(PluginConfigError::new(
                 "mode",
