@@ -1,6 +1,7 @@
 //! The connector interfaces, the registry that builds connectors from config, and
 //! one module per connector under `sources/` and `sinks/`.
 
+pub mod kit;
 #[cfg(any(feature = "postgres-source", feature = "postgres-sink"))]
 mod postgres;
 pub mod registry;
