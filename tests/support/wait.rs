@@ -63,7 +63,12 @@ pub async fn eventually_or(
 /// Polls `condition`, without blocking the runtime, until it holds; panics
 /// naming `what` after `timeout`.
 pub async fn wait_for(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
-    eventually(what, timeout, async || condition()).await;
+    // Its own loop, not `eventually(async || condition())`: that future would
+    // not be `Send` for every lifetime, and tasks spawn it.
+    let mut deadline = Deadline::new(what, timeout);
+    while !condition() {
+        tokio::time::sleep(deadline.next_pause(String::new)).await;
+    }
 }
 
 /// The blocking form of [`wait_for`], for tests without a runtime.
