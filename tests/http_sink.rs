@@ -552,3 +552,62 @@ async fn a_batch_interrupted_by_an_outage_is_resumed_without_resending_what_was_
     );
     pipeline.runtime.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_connection_dropped_without_an_answer_is_retried_with_the_same_body() {
+    let endpoint = ScriptedServer::start(vec![Reply::Drop]).await;
+    let url = endpoint.url("/ingest");
+    let pipeline = Pipeline::start(
+        "dropped",
+        payloads(2),
+        config(&url, json!({"batch_mode": "ndjson"})),
+        OnError::Stop,
+        false,
+    )
+    .await;
+    eventually("the batch is committed", DEADLINE, async || {
+        pipeline.drained()
+    })
+    .await;
+    let received = endpoint.received();
+    assert_eq!(received.len(), 2, "the dropped request, then its retry");
+    assert_eq!(received[0].body, received[1].body);
+    assert_ne!(received[0].peer, received[1].peer, "on a new connection");
+    assert_eq!(pipeline.committed(), Some(1));
+    pipeline.runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_refusing_endpoint_commits_nothing_until_it_accepts_again() {
+    let endpoint = ScriptedServer::start(Vec::new()).await;
+    endpoint.refuse();
+    let url = endpoint.url("/ingest");
+    let pipeline = Pipeline::start(
+        "refused",
+        payloads(3),
+        config(
+            &url,
+            json!({"batch_mode": "json_array", "max_retries": 0, "circuit_breaker_threshold": 0}),
+        ),
+        OnError::Stop,
+        false,
+    )
+    .await;
+    eventually("the engine retried the batch", DEADLINE, async || {
+        pipeline.view().metrics.retries.get() >= 2
+    })
+    .await;
+    let status = pipeline.view().status;
+    assert_eq!(status.status, Status::Running);
+    let message = status.last_error.unwrap().message;
+    assert!(message.contains("failed"), "{message}");
+    assert_eq!(endpoint.count(), 0, "no connection got through");
+    assert_eq!(pipeline.committed(), None);
+    endpoint.accept();
+    eventually("the batch is committed", DEADLINE, async || {
+        pipeline.drained()
+    })
+    .await;
+    assert_eq!(endpoint.bodies()[0].as_array().unwrap().len(), 3);
+    pipeline.runtime.shutdown().await;
+}

@@ -3,7 +3,10 @@
 
 #![allow(dead_code)]
 
+// Only the waiting part of `support`: postgres_iggy, which has all of
+// `support`, then holds the module twice, harmlessly.
 #[path = "../support/wait.rs"]
+#[allow(clippy::duplicate_mod)]
 mod wait;
 
 /// Polls an async condition until it holds, failing the test after `timeout`.

@@ -6,9 +6,7 @@
 //! HTTPS with a given certificate (rcgen in the tests).
 
 use std::collections::{HashMap, VecDeque};
-use std::io::Write;
 use std::net::{Shutdown, SocketAddr};
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime};
 
@@ -91,27 +89,7 @@ impl Received {
         if !gzipped {
             return self.body.to_vec();
         }
-        let mut child = Command::new("gzip")
-            .arg("-dc")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("gzip is installed");
-        let mut stdin = child.stdin.take().expect("piped stdin");
-        let body = self.body.clone();
-        let writer = std::thread::spawn(move || stdin.write_all(&body));
-        let output = child.wait_with_output().expect("gzip ran");
-        writer
-            .join()
-            .expect("writer thread")
-            .expect("gzip read the body");
-        assert!(
-            output.status.success(),
-            "not a gzip body: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        output.stdout
+        super::gunzip::gunzip(&self.body)
     }
 
     pub fn json(&self) -> serde_json::Value {

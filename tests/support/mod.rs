@@ -3,6 +3,7 @@
 
 pub mod accounting;
 pub mod binary;
+pub mod gunzip;
 pub mod http_server;
 pub mod iggy_server;
 pub mod prometheus;

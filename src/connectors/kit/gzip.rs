@@ -189,34 +189,16 @@ impl Bits {
     }
 }
 
+/// The system's gzip, to decode what `compress` wrote.
+#[cfg(test)]
+#[path = "../../../tests/support/gunzip.rs"]
+mod system_gzip;
+
 #[cfg(test)]
 mod tests {
-    use std::io::Write;
-    use std::process::{Command, Stdio};
-
     use super::*;
 
-    /// Decompresses with the system's gzip: an independent decoder.
-    fn gunzip(compressed: &[u8]) -> Vec<u8> {
-        let mut child = Command::new("gzip")
-            .arg("-dc")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("gzip is installed");
-        let mut stdin = child.stdin.take().unwrap();
-        let input = compressed.to_vec();
-        let writer = std::thread::spawn(move || stdin.write_all(&input));
-        let output = child.wait_with_output().unwrap();
-        writer.join().unwrap().unwrap();
-        assert!(
-            output.status.success(),
-            "gzip refused the stream: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        output.stdout
-    }
+    use super::system_gzip::gunzip;
 
     fn json_lines(count: usize) -> Vec<u8> {
         (0..count)
