@@ -83,13 +83,16 @@ pub struct ClientOptions {
     /// `http://host:port` of a proxy every request goes through.
     pub proxy: Option<String>,
     pub auth: Auth,
-    /// Sent with every request, after `auth`; values marked sensitive.
+    /// Sent with every request, after `auth` (mark secret values sensitive:
+    /// they then never show in debug output).
     pub headers: HeaderMap,
     /// Gzip request bodies (`Content-Encoding: gzip`).
     pub gzip: bool,
     /// Idle connections kept per host.
     pub max_idle_per_host: usize,
+    /// Idle pooled connections are closed after this long.
     pub pool_idle_timeout: Duration,
+    /// Keepalive probes find connections a load balancer dropped silently.
     pub tcp_keepalive: Duration,
 }
 

@@ -57,10 +57,6 @@ pub const ENTRY: SinkEntry = SinkEntry {
     build: |config| Ok(Box::new(HttpSink::new(parse_plugin_config(config)?)?)),
 };
 
-/// Idle pooled connections are closed after this long; keepalive probes find
-/// connections a load balancer dropped silently.
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
-const TCP_KEEPALIVE: Duration = Duration::from_secs(30);
 /// How much of a refusal's body goes into the rejection reason.
 const REASON_BODY_CHARS: usize = 256;
 /// Response bodies are read (so the connection can be reused) up to this much.
@@ -134,8 +130,6 @@ impl HttpSink {
             accept_invalid_certs: config.tls_danger_accept_invalid_certs,
             headers,
             max_idle_per_host: config.max_connections,
-            pool_idle_timeout: POOL_IDLE_TIMEOUT,
-            tcp_keepalive: TCP_KEEPALIVE,
             ..ClientOptions::default()
         };
         let breaker = CircuitBreaker::new(
