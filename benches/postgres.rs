@@ -172,12 +172,8 @@ fn runtime(iggy: &Iggy, state_dir: &Path) -> Arc<Runtime> {
     )
 }
 
-async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(900);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+async fn wait_until(what: &str, done: impl FnMut() -> bool) {
+    support::wait::wait_for(what, Duration::from_secs(900), done).await;
 }
 
 async fn source_to_iggy(case: &str, url: &str, pool: &PgPool, name: &str, rows: u64) {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use iggy_connect::config::env::EnvVars;
 use iggy_connect::config::parse_connector_file;
@@ -176,15 +176,13 @@ impl Connect {
     }
 
     async fn wait_for(&self, what: &str, mut check: impl AsyncFnMut(&Self) -> bool) {
-        let started = Instant::now();
-        while !check(self).await {
-            assert!(
-                started.elapsed() < DEADLINE,
-                "timed out waiting for {what}; log:\n{}",
-                self.log.lock().unwrap().join("\n")
-            );
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+        support::wait::eventually_or(
+            what,
+            DEADLINE,
+            async || check(self).await,
+            || format!("; log:\n{}", self.log.lock().unwrap().join("\n")),
+        )
+        .await;
     }
 
     async fn wait_for_status(&self, kind: &str, key: &str, wanted: &str) {

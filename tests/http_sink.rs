@@ -1,16 +1,14 @@
 //! The http sink end to end: messages in a `MemoryBus` topic, the sink run by
-//! the `Runtime`, delivering to a real local HTTP server (axum) whose answers
-//! each test scripts.
+//! the `Runtime`, delivering to a real local HTTP server (the scripted server
+//! of `support::http_server`) whose answers each test scripts.
 
-use std::collections::{HashSet, VecDeque};
-use std::future::Future;
+mod support;
+
+use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use axum::extract::{ConnectInfo, Request, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use iggy_connect::config::{ConnectorConfig, DeadLetterTarget, KindConfig, OnError, SinkStream};
 use iggy_connect::connectors::ConnectorKind;
@@ -20,112 +18,12 @@ use iggy_connect::iggy::{Bus, MemoryBus, ProducerTarget};
 use iggy_connect::message::{HeaderValue, OutgoingMessage};
 use iggy_connect::state::MemoryStateStore;
 use serde_json::{Value, json};
+use support::http_server::{Reply, ScriptedServer};
+use support::wait::eventually;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 const TOPIC: &str = "events";
 const GROUP: &str = "http-sink-test";
-
-/// What the test server answers: a status and an optional `Retry-After`.
-#[derive(Debug, Clone, Copy)]
-struct Reply {
-    status: u16,
-    retry_after: Option<u64>,
-}
-
-impl Reply {
-    const OK: Reply = Reply::status(200);
-
-    const fn status(status: u16) -> Self {
-        Self {
-            status,
-            retry_after: None,
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-struct Received {
-    at: Instant,
-    peer: SocketAddr,
-    headers: HeaderMap,
-    body: Bytes,
-}
-
-/// A local HTTP server answering from a script, then with a default reply.
-#[derive(Clone, Default)]
-struct Endpoint {
-    received: Arc<Mutex<Vec<Received>>>,
-    script: Arc<Mutex<VecDeque<Reply>>>,
-    default: Arc<Mutex<Option<Reply>>>,
-}
-
-impl Endpoint {
-    async fn start(script: Vec<Reply>) -> (Self, String) {
-        let endpoint = Endpoint {
-            script: Arc::new(Mutex::new(script.into())),
-            ..Endpoint::default()
-        };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
-        let app = axum::Router::new()
-            .fallback(answer)
-            .with_state(endpoint.clone());
-        tokio::spawn(async move {
-            axum::serve(
-                listener,
-                app.into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .await
-            .unwrap();
-        });
-        (endpoint, format!("http://{address}/ingest"))
-    }
-
-    fn set_default(&self, reply: Reply) {
-        *self.default.lock().unwrap() = Some(reply);
-    }
-
-    fn received(&self) -> Vec<Received> {
-        self.received.lock().unwrap().clone()
-    }
-
-    fn count(&self) -> usize {
-        self.received.lock().unwrap().len()
-    }
-
-    fn bodies(&self) -> Vec<Value> {
-        self.received()
-            .iter()
-            .map(|request| serde_json::from_slice(&request.body).unwrap())
-            .collect()
-    }
-}
-
-async fn answer(
-    State(endpoint): State<Endpoint>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    request: Request,
-) -> Response {
-    let (parts, body) = request.into_parts();
-    let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
-    endpoint.received.lock().unwrap().push(Received {
-        at: Instant::now(),
-        peer,
-        headers: parts.headers,
-        body,
-    });
-    let scripted = endpoint.script.lock().unwrap().pop_front();
-    let reply = scripted
-        .or(*endpoint.default.lock().unwrap())
-        .unwrap_or(Reply::OK);
-    let status = StatusCode::from_u16(reply.status).unwrap();
-    match reply.retry_after {
-        Some(seconds) => {
-            (status, [("retry-after", seconds.to_string())], "slow down").into_response()
-        }
-        None => (status, format!("answer {}", reply.status)).into_response(),
-    }
-}
 
 struct Pipeline {
     bus: MemoryBus,
@@ -224,21 +122,6 @@ impl Pipeline {
     }
 }
 
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 fn payloads(count: usize) -> Vec<Value> {
     (0..count).map(|index| json!({"n": index})).collect()
 }
@@ -253,7 +136,8 @@ fn config(url: &str, extra: Value) -> Value {
 
 #[tokio::test]
 async fn individual_mode_sends_one_enveloped_request_per_message() {
-    let (endpoint, url) = Endpoint::start(Vec::new()).await;
+    let endpoint = ScriptedServer::start(Vec::new()).await;
+    let url = endpoint.url("/ingest");
     let pipeline = Pipeline::start(
         "individual",
         payloads(3),
@@ -265,7 +149,10 @@ async fn individual_mode_sends_one_enveloped_request_per_message() {
         false,
     )
     .await;
-    eventually("the batch is committed", || async { pipeline.drained() }).await;
+    eventually("the batch is committed", DEADLINE, async || {
+        pipeline.drained()
+    })
+    .await;
     let received = endpoint.received();
     assert_eq!(received.len(), 3);
     assert_eq!(received[0].headers["content-type"], "application/json");
@@ -291,7 +178,8 @@ async fn individual_mode_sends_one_enveloped_request_per_message() {
 
 #[tokio::test]
 async fn ndjson_mode_sends_the_batch_as_one_request_of_lines() {
-    let (endpoint, url) = Endpoint::start(Vec::new()).await;
+    let endpoint = ScriptedServer::start(Vec::new()).await;
+    let url = endpoint.url("/ingest");
     let pipeline = Pipeline::start(
         "ndjson",
         payloads(3),
@@ -303,7 +191,10 @@ async fn ndjson_mode_sends_the_batch_as_one_request_of_lines() {
         false,
     )
     .await;
-    eventually("the batch is committed", || async { pipeline.drained() }).await;
+    eventually("the batch is committed", DEADLINE, async || {
+        pipeline.drained()
+    })
+    .await;
     let received = endpoint.received();
     assert_eq!(received.len(), 1);
     assert_eq!(received[0].headers["content-type"], "application/x-ndjson");
@@ -313,7 +204,8 @@ async fn ndjson_mode_sends_the_batch_as_one_request_of_lines() {
 
 #[tokio::test]
 async fn json_array_mode_sends_the_batch_as_one_array() {
-    let (endpoint, url) = Endpoint::start(Vec::new()).await;
+    let endpoint = ScriptedServer::start(Vec::new()).await;
+    let url = endpoint.url("/ingest");
     let pipeline = Pipeline::start(
         "json-array",
         payloads(3),
@@ -325,7 +217,10 @@ async fn json_array_mode_sends_the_batch_as_one_array() {
         false,
     )
     .await;
-    eventually("the batch is committed", || async { pipeline.drained() }).await;
+    eventually("the batch is committed", DEADLINE, async || {
+        pipeline.drained()
+    })
+    .await;
     assert_eq!(endpoint.count(), 1);
     let array = endpoint.bodies().remove(0);
     let items = array.as_array().unwrap();
@@ -339,7 +234,8 @@ async fn json_array_mode_sends_the_batch_as_one_array() {
 
 #[tokio::test]
 async fn raw_mode_sends_each_payload_as_octet_stream_without_envelope() {
-    let (endpoint, url) = Endpoint::start(Vec::new()).await;
+    let endpoint = ScriptedServer::start(Vec::new()).await;
+    let url = endpoint.url("/ingest");
     let pipeline = Pipeline::start(
         "raw",
         payloads(2),
@@ -348,7 +244,10 @@ async fn raw_mode_sends_each_payload_as_octet_stream_without_envelope() {
         false,
     )
     .await;
-    eventually("the batch is committed", || async { pipeline.drained() }).await;
+    eventually("the batch is committed", DEADLINE, async || {
+        pipeline.drained()
+    })
+    .await;
     let received = endpoint.received();
     assert_eq!(received.len(), 2);
     assert_eq!(
@@ -361,7 +260,8 @@ async fn raw_mode_sends_each_payload_as_octet_stream_without_envelope() {
 
 #[tokio::test]
 async fn a_503_is_retried_until_the_endpoint_accepts() {
-    let (endpoint, url) = Endpoint::start(vec![Reply::status(503), Reply::status(503)]).await;
+    let endpoint = ScriptedServer::start(vec![Reply::status(503), Reply::status(503)]).await;
+    let url = endpoint.url("/ingest");
     let pipeline = Pipeline::start(
         "retry",
         payloads(2),
@@ -370,7 +270,10 @@ async fn a_503_is_retried_until_the_endpoint_accepts() {
         false,
     )
     .await;
-    eventually("the batch is committed", || async { pipeline.drained() }).await;
+    eventually("the batch is committed", DEADLINE, async || {
+        pipeline.drained()
+    })
+    .await;
     let bodies = endpoint.bodies();
     assert_eq!(bodies.len(), 3, "two refusals, then the delivery");
     assert_eq!(bodies[0], bodies[2], "the same batch is sent again");
@@ -380,11 +283,8 @@ async fn a_503_is_retried_until_the_endpoint_accepts() {
 
 #[tokio::test]
 async fn retry_after_is_waited_before_the_retry() {
-    let (endpoint, url) = Endpoint::start(vec![Reply {
-        status: 429,
-        retry_after: Some(1),
-    }])
-    .await;
+    let endpoint = ScriptedServer::start(vec![Reply::retry_after(429, 1)]).await;
+    let url = endpoint.url("/ingest");
     let pipeline = Pipeline::start(
         "retry-after",
         payloads(1),
@@ -393,7 +293,10 @@ async fn retry_after_is_waited_before_the_retry() {
         false,
     )
     .await;
-    eventually("the batch is committed", || async { pipeline.drained() }).await;
+    eventually("the batch is committed", DEADLINE, async || {
+        pipeline.drained()
+    })
+    .await;
     let received = endpoint.received();
     assert_eq!(received.len(), 2);
     let waited = received[1].at - received[0].at;
@@ -403,11 +306,8 @@ async fn retry_after_is_waited_before_the_retry() {
 
 #[tokio::test]
 async fn retry_after_is_honoured_across_the_engines_retry_of_the_batch() {
-    let (endpoint, url) = Endpoint::start(vec![Reply {
-        status: 503,
-        retry_after: Some(1),
-    }])
-    .await;
+    let endpoint = ScriptedServer::start(vec![Reply::retry_after(503, 1)]).await;
+    let url = endpoint.url("/ingest");
     let pipeline = Pipeline::start(
         "retry-after-engine",
         payloads(1),
@@ -416,7 +316,10 @@ async fn retry_after_is_honoured_across_the_engines_retry_of_the_batch() {
         false,
     )
     .await;
-    eventually("the batch is committed", || async { pipeline.drained() }).await;
+    eventually("the batch is committed", DEADLINE, async || {
+        pipeline.drained()
+    })
+    .await;
     let received = endpoint.received();
     assert_eq!(received.len(), 2);
     let waited = received[1].at - received[0].at;
@@ -426,7 +329,8 @@ async fn retry_after_is_honoured_across_the_engines_retry_of_the_batch() {
 
 #[tokio::test]
 async fn a_400_with_on_error_stop_stops_the_sink_without_committing() {
-    let (_endpoint, url) = Endpoint::start(vec![Reply::status(400)]).await;
+    let endpoint = ScriptedServer::start(vec![Reply::status(400)]).await;
+    let url = endpoint.url("/ingest");
     let pipeline = Pipeline::start(
         "reject-stop",
         payloads(2),
@@ -457,7 +361,8 @@ async fn a_400_with_on_error_stop_stops_the_sink_without_committing() {
 
 #[tokio::test]
 async fn a_400_with_on_error_skip_skips_that_message_and_delivers_the_rest() {
-    let (endpoint, url) = Endpoint::start(vec![Reply::status(400)]).await;
+    let endpoint = ScriptedServer::start(vec![Reply::status(400)]).await;
+    let url = endpoint.url("/ingest");
     let pipeline = Pipeline::start(
         "reject-skip",
         payloads(3),
@@ -469,7 +374,10 @@ async fn a_400_with_on_error_skip_skips_that_message_and_delivers_the_rest() {
         false,
     )
     .await;
-    eventually("the batch is committed", || async { pipeline.drained() }).await;
+    eventually("the batch is committed", DEADLINE, async || {
+        pipeline.drained()
+    })
+    .await;
     assert_eq!(
         endpoint.bodies(),
         vec![json!({"n": 0}), json!({"n": 1}), json!({"n": 2})],
@@ -481,7 +389,8 @@ async fn a_400_with_on_error_skip_skips_that_message_and_delivers_the_rest() {
 
 #[tokio::test]
 async fn a_400_with_on_error_dlq_dead_letters_every_message_of_the_refused_request() {
-    let (endpoint, url) = Endpoint::start(vec![Reply::status(422)]).await;
+    let endpoint = ScriptedServer::start(vec![Reply::status(422)]).await;
+    let url = endpoint.url("/ingest");
     let pipeline = Pipeline::start(
         "reject-dlq",
         payloads(2),
@@ -490,7 +399,10 @@ async fn a_400_with_on_error_dlq_dead_letters_every_message_of_the_refused_reque
         true,
     )
     .await;
-    eventually("the batch is committed", || async { pipeline.drained() }).await;
+    eventually("the batch is committed", DEADLINE, async || {
+        pipeline.drained()
+    })
+    .await;
     assert_eq!(endpoint.count(), 1, "the refused request is not sent again");
     let dead = pipeline.bus.messages(&pipeline.stream, "dead");
     assert_eq!(dead.len(), 2);
@@ -500,7 +412,8 @@ async fn a_400_with_on_error_dlq_dead_letters_every_message_of_the_refused_reque
 
 #[tokio::test]
 async fn offsets_stay_put_while_the_endpoint_is_down_and_move_once_it_is_back() {
-    let (endpoint, url) = Endpoint::start(Vec::new()).await;
+    let endpoint = ScriptedServer::start(Vec::new()).await;
+    let url = endpoint.url("/ingest");
     endpoint.set_default(Reply::status(503));
     let pipeline = Pipeline::start(
         "outage",
@@ -513,7 +426,7 @@ async fn offsets_stay_put_while_the_endpoint_is_down_and_move_once_it_is_back() 
         false,
     )
     .await;
-    eventually("the engine retried the batch", || async {
+    eventually("the engine retried the batch", DEADLINE, async || {
         pipeline.view().metrics.retries.get() >= 2 && endpoint.count() >= 4
     })
     .await;
@@ -524,14 +437,18 @@ async fn offsets_stay_put_while_the_endpoint_is_down_and_move_once_it_is_back() 
     );
     assert_eq!(pipeline.view().status.status, Status::Running);
     endpoint.set_default(Reply::OK);
-    eventually("the batch is committed", || async { pipeline.drained() }).await;
+    eventually("the batch is committed", DEADLINE, async || {
+        pipeline.drained()
+    })
+    .await;
     assert_eq!(pipeline.committed(), Some(2));
     pipeline.runtime.shutdown().await;
 }
 
 #[tokio::test]
 async fn the_circuit_breaker_opens_on_a_dead_endpoint_and_closes_when_it_recovers() {
-    let (endpoint, url) = Endpoint::start(Vec::new()).await;
+    let endpoint = ScriptedServer::start(Vec::new()).await;
+    let url = endpoint.url("/ingest");
     endpoint.set_default(Reply::status(500));
     let pipeline = Pipeline::start(
         "breaker",
@@ -544,7 +461,7 @@ async fn the_circuit_breaker_opens_on_a_dead_endpoint_and_closes_when_it_recover
         false,
     )
     .await;
-    eventually("the sink reports itself degraded", || async {
+    eventually("the sink reports itself degraded", DEADLINE, async || {
         pipeline.view().degraded.is_some()
     })
     .await;
@@ -553,9 +470,11 @@ async fn the_circuit_breaker_opens_on_a_dead_endpoint_and_closes_when_it_recover
     let requests_when_opened = endpoint.count();
     assert_eq!(requests_when_opened, 2);
     let retries_when_opened = pipeline.view().metrics.retries.get();
-    eventually("the engine retried while the breaker is open", || async {
-        pipeline.view().metrics.retries.get() >= retries_when_opened + 2
-    })
+    eventually(
+        "the engine retried while the breaker is open",
+        DEADLINE,
+        async || pipeline.view().metrics.retries.get() >= retries_when_opened + 2,
+    )
     .await;
     assert!(
         pipeline.view().degraded.is_some(),
@@ -567,7 +486,10 @@ async fn the_circuit_breaker_opens_on_a_dead_endpoint_and_closes_when_it_recover
         "an open breaker sends nothing"
     );
     endpoint.set_default(Reply::OK);
-    eventually("the batch is committed", || async { pipeline.drained() }).await;
+    eventually("the batch is committed", DEADLINE, async || {
+        pipeline.drained()
+    })
+    .await;
     assert_eq!(
         pipeline.view().degraded,
         None,
@@ -578,7 +500,8 @@ async fn the_circuit_breaker_opens_on_a_dead_endpoint_and_closes_when_it_recover
 
 #[tokio::test]
 async fn credentials_in_the_url_never_show_in_the_status() {
-    let (_endpoint, url) = Endpoint::start(vec![Reply::status(403)]).await;
+    let endpoint = ScriptedServer::start(vec![Reply::status(403)]).await;
+    let url = endpoint.url("/ingest");
     let url = url.replace("http://", "http://user:pa55word@");
     let pipeline = Pipeline::start(
         "url-secret",
@@ -600,7 +523,8 @@ async fn credentials_in_the_url_never_show_in_the_status() {
 
 #[tokio::test]
 async fn a_batch_interrupted_by_an_outage_is_resumed_without_resending_what_was_delivered() {
-    let (endpoint, url) = Endpoint::start(vec![Reply::OK, Reply::status(503)]).await;
+    let endpoint = ScriptedServer::start(vec![Reply::OK, Reply::status(503)]).await;
+    let url = endpoint.url("/ingest");
     let pipeline = Pipeline::start(
         "resume",
         payloads(3),
@@ -612,7 +536,10 @@ async fn a_batch_interrupted_by_an_outage_is_resumed_without_resending_what_was_
         false,
     )
     .await;
-    eventually("the batch is committed", || async { pipeline.drained() }).await;
+    eventually("the batch is committed", DEADLINE, async || {
+        pipeline.drained()
+    })
+    .await;
     assert_eq!(
         endpoint.bodies(),
         vec![
@@ -623,5 +550,64 @@ async fn a_batch_interrupted_by_an_outage_is_resumed_without_resending_what_was_
         ],
         "after the engine's retry only the undelivered messages are sent"
     );
+    pipeline.runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_connection_dropped_without_an_answer_is_retried_with_the_same_body() {
+    let endpoint = ScriptedServer::start(vec![Reply::Drop]).await;
+    let url = endpoint.url("/ingest");
+    let pipeline = Pipeline::start(
+        "dropped",
+        payloads(2),
+        config(&url, json!({"batch_mode": "ndjson"})),
+        OnError::Stop,
+        false,
+    )
+    .await;
+    eventually("the batch is committed", DEADLINE, async || {
+        pipeline.drained()
+    })
+    .await;
+    let received = endpoint.received();
+    assert_eq!(received.len(), 2, "the dropped request, then its retry");
+    assert_eq!(received[0].body, received[1].body);
+    assert_ne!(received[0].peer, received[1].peer, "on a new connection");
+    assert_eq!(pipeline.committed(), Some(1));
+    pipeline.runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_refusing_endpoint_commits_nothing_until_it_accepts_again() {
+    let endpoint = ScriptedServer::start(Vec::new()).await;
+    endpoint.refuse();
+    let url = endpoint.url("/ingest");
+    let pipeline = Pipeline::start(
+        "refused",
+        payloads(3),
+        config(
+            &url,
+            json!({"batch_mode": "json_array", "max_retries": 0, "circuit_breaker_threshold": 0}),
+        ),
+        OnError::Stop,
+        false,
+    )
+    .await;
+    eventually("the engine retried the batch", DEADLINE, async || {
+        pipeline.view().metrics.retries.get() >= 2
+    })
+    .await;
+    let status = pipeline.view().status;
+    assert_eq!(status.status, Status::Running);
+    let message = status.last_error.unwrap().message;
+    assert!(message.contains("failed"), "{message}");
+    assert_eq!(endpoint.count(), 0, "no connection got through");
+    assert_eq!(pipeline.committed(), None);
+    endpoint.accept();
+    eventually("the batch is committed", DEADLINE, async || {
+        pipeline.drained()
+    })
+    .await;
+    assert_eq!(endpoint.bodies()[0].as_array().unwrap().len(), 3);
     pipeline.runtime.shutdown().await;
 }

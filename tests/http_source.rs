@@ -1,7 +1,10 @@
 //! The http source end to end: real HTTP clients (reqwest) against the source's
 //! listener, run by the `Runtime` over a `MemoryBus`.
 
-use std::future::Future;
+#[path = "support/wait.rs"]
+#[allow(dead_code)]
+mod wait;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +18,7 @@ use iggy_connect::iggy::MemoryBus;
 use iggy_connect::message::HeaderValue;
 use iggy_connect::state::MemoryStateStore;
 use serde_json::{Value, json};
+use wait::eventually;
 
 const DEADLINE: Duration = Duration::from_secs(20);
 
@@ -64,7 +68,7 @@ impl Harness {
     }
 
     async fn wait_until_listening(&self) {
-        eventually("the listener accepts requests", || async {
+        eventually("the listener accepts requests", DEADLINE, async || {
             self.client
                 .get(format!("{}/health", self.base))
                 .send()
@@ -139,21 +143,6 @@ fn source_config(key: &str, stream: &str, streams: usize, plugin_config: Value) 
 fn free_address() -> SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.local_addr().unwrap()
-}
-
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 async fn error_code(response: reqwest::Response) -> String {
@@ -271,7 +260,7 @@ async fn during_a_broker_outage_clients_get_503_with_retry_after_and_nothing_ack
     assert_eq!(health["in_flight_messages"], 1);
 
     harness.bus.refuse_sends(0);
-    eventually("the retried batch is delivered", || async {
+    eventually("the retried batch is delivered", DEADLINE, async || {
         !harness.messages(0).is_empty()
     })
     .await;
@@ -433,7 +422,7 @@ async fn stopping_the_source_answers_waiting_clients_with_503_and_frees_the_port
     harness.bus.refuse_sends(u32::MAX);
     let request = harness.post("/messages").json(&json!({"n": 1}));
     let client = tokio::spawn(async move { request.send().await.unwrap() });
-    eventually("the request's batch is in flight", || async {
+    eventually("the request's batch is in flight", DEADLINE, async || {
         harness.health().await.1["in_flight_messages"] == 1
     })
     .await;
@@ -464,7 +453,7 @@ async fn accepted_mode_answers_202_at_once_and_429_when_its_queue_is_full() {
     let first = harness.post_json("/messages", &json!({"n": 1})).await;
     assert_eq!(first.status(), 202);
     assert_eq!(first.json::<Value>().await.unwrap()["durable"], false);
-    eventually("the first message is in flight", || async {
+    eventually("the first message is in flight", DEADLINE, async || {
         harness.health().await.1["in_flight_messages"] == 1
     })
     .await;
@@ -482,9 +471,11 @@ async fn accepted_mode_answers_202_at_once_and_429_when_its_queue_is_full() {
     assert!(full.headers().contains_key("retry-after"));
     assert_eq!(error_code(full).await, "queue_full");
     harness.bus.refuse_sends(0);
-    eventually("every accepted message is delivered", || async {
-        harness.messages(0).len() == 3
-    })
+    eventually(
+        "every accepted message is delivered",
+        DEADLINE,
+        async || harness.messages(0).len() == 3,
+    )
     .await;
     harness.runtime.shutdown().await;
 }

@@ -83,12 +83,8 @@ fn offsets(polled: &PolledMessages) -> Vec<u64> {
 }
 
 /// Waits, without blocking the runtime, until `condition` holds.
-async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + DEADLINE;
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+async fn wait_until(what: &str, condition: impl FnMut() -> bool) {
+    support::wait::wait_for(what, DEADLINE, condition).await;
 }
 
 fn group_consumer(client: &IggyClient) -> IggyConsumer {

@@ -3,9 +3,13 @@
 
 #![cfg(all(feature = "random-source", feature = "stdout-sink"))]
 
+#[path = "support/wait.rs"]
+#[allow(dead_code)]
+mod wait;
+
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -393,12 +397,8 @@ fn json_of(bytes: &[u8]) -> Value {
     serde_json::from_slice(bytes).unwrap()
 }
 
-async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+async fn eventually(what: &str, condition: impl FnMut() -> bool) {
+    wait::wait_for(what, Duration::from_secs(30), condition).await;
 }
 
 #[test]

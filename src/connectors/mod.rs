@@ -3,6 +3,7 @@
 
 pub mod describe;
 pub mod entry;
+pub mod kit;
 #[cfg(any(feature = "postgres-source", feature = "postgres-sink"))]
 mod postgres;
 pub mod registry;

@@ -1,13 +1,9 @@
-//! Capped exponential backoff with jitter, for retrying the same batch.
+//! The engine's retry backoffs. The function itself is the connector kit's
+//! [`Backoff`], shared with connectors that retry on their own.
 
 use std::time::Duration;
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Backoff {
-    pub initial: Duration,
-    pub max: Duration,
-    pub multiplier: f64,
-}
+pub use crate::connectors::kit::backoff::Backoff;
 
 impl Backoff {
     /// Retries of a source batch (upstream: 100 ms doubling, capped at 5 s).
@@ -23,16 +19,6 @@ impl Backoff {
         max: Duration::from_secs(30),
         multiplier: 2.0,
     };
-
-    /// The delay before retry number `attempt` (1-based), with ±20 % jitter so
-    /// many connectors retrying at once do not move in lockstep.
-    pub fn delay(&self, attempt: u32) -> Duration {
-        let exponent = attempt.saturating_sub(1).min(30) as i32;
-        let base = self.initial.as_secs_f64() * self.multiplier.powi(exponent);
-        let capped = base.min(self.max.as_secs_f64());
-        let jitter = 0.8 + rand::random::<f64>() * 0.4;
-        Duration::from_secs_f64(capped * jitter).min(self.max)
-    }
 }
 
 #[cfg(test)]

@@ -3,10 +3,18 @@
 
 #![allow(dead_code)]
 
-use std::future::Future;
+// Only the waiting part of `support`: postgres_iggy, which has all of
+// `support`, then holds the module twice, harmlessly.
+#[path = "../support/wait.rs"]
+#[allow(clippy::duplicate_mod)]
+mod wait;
+
+/// Polls an async condition until it holds, failing the test after `timeout`.
+#[allow(unused_imports)]
+pub use wait::eventually as wait_for;
+
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
 
 use iggy_connect::config::env::EnvVars;
 use iggy_connect::config::{ConnectorConfig, parse_connector_file};
@@ -119,21 +127,5 @@ fn parse(text: &str) -> ConnectorConfig {
     ) {
         Ok((config, _)) => config,
         Err(issues) => panic!("bad test config: {issues:?}\n{text}"),
-    }
-}
-
-/// Polls `condition` until it holds, failing the test with `what` after `timeout`.
-pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if condition().await {
-            return;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

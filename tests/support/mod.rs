@@ -3,6 +3,8 @@
 
 pub mod accounting;
 pub mod binary;
+pub mod gunzip;
+pub mod http_server;
 pub mod iggy_server;
 pub mod prometheus;
 pub mod wait;

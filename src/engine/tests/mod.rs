@@ -3,10 +3,13 @@
 
 mod fast_paths;
 mod scripted;
+#[path = "../../../tests/support/wait.rs"]
+#[allow(dead_code)]
+mod wait;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 
@@ -114,12 +117,8 @@ impl Harness {
 }
 
 /// Polls `condition` until it holds, failing the test after 10 s.
-async fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+async fn wait_for(what: &str, condition: impl FnMut() -> bool) {
+    wait::wait_for(what, Duration::from_secs(10), condition).await;
 }
 
 fn state_bytes(end: u64) -> Vec<u8> {

@@ -9,6 +9,7 @@ use serde::Serialize;
 use serde::ser::SerializeMap;
 
 use super::config::BatchMode;
+use crate::connectors::kit::batch::{Body, Framing, Limits, Push};
 use crate::message::{HeaderValue, Headers, Payload, SinkMessage, TopicRef};
 
 #[derive(Debug, Clone)]
@@ -67,46 +68,28 @@ impl<'a> Planner<'a> {
         Some((index, item))
     }
 
-    fn batched(&mut self, ndjson: bool) -> Option<Part> {
-        let limit = self.options.max_body_bytes.unwrap_or(usize::MAX);
-        let mut body = Vec::new();
+    fn batched(&mut self, framing: Framing) -> Option<Part> {
+        let limits = Limits {
+            max_items: None,
+            max_bytes: self.options.max_body_bytes,
+        };
+        let mut body = Body::new(framing, limits);
         let mut indexes = Vec::new();
         while let Some((index, item)) = self.encoded() {
-            // ndjson: "item\n" per line; json_array: "[" items joined by "," "]".
-            let framed = if ndjson {
-                body.len() + item.len() + 1
-            } else {
-                body.len().max(1) + usize::from(!body.is_empty()) + item.len() + 1
-            };
-            if framed > limit {
-                if indexes.is_empty() {
-                    let size = if ndjson {
-                        item.len() + 1
-                    } else {
-                        item.len() + 2
-                    };
-                    return Some(Part::TooLarge { index, size });
+            match body.push(&item) {
+                Push::Added => indexes.push(index),
+                Push::Full => {
+                    self.carry = Some((index, item));
+                    break;
                 }
-                self.carry = Some((index, item));
-                break;
+                Push::TooLarge { size } => return Some(Part::TooLarge { index, size }),
             }
-            if ndjson {
-                body.extend_from_slice(&item);
-                body.push(b'\n');
-            } else {
-                body.push(if body.is_empty() { b'[' } else { b',' });
-                body.extend_from_slice(&item);
-            }
-            indexes.push(index);
         }
-        if indexes.is_empty() {
+        if body.is_empty() {
             return None;
         }
-        if !ndjson {
-            body.push(b']');
-        }
         Some(Part::Request {
-            body: Bytes::from(body),
+            body: Bytes::from(body.finish()),
             indexes,
         })
     }
@@ -118,8 +101,8 @@ impl Iterator for Planner<'_> {
     fn next(&mut self) -> Option<Part> {
         let limit = self.options.max_body_bytes.unwrap_or(usize::MAX);
         match self.options.mode {
-            BatchMode::Ndjson => self.batched(true),
-            BatchMode::JsonArray => self.batched(false),
+            BatchMode::Ndjson => self.batched(Framing::NDJSON),
+            BatchMode::JsonArray => self.batched(Framing::JSON_ARRAY),
             BatchMode::Individual => {
                 let (index, item) = self.encoded()?;
                 Some(single(index, Bytes::from(item), limit))

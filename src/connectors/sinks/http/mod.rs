@@ -21,9 +21,7 @@
 //! request is let through; its success closes the breaker.
 
 mod body;
-mod breaker;
 mod config;
-mod retry;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,9 +30,14 @@ use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
+use reqwest::header::{CONTENT_TYPE, HeaderValue};
 use tracing::{debug, info, warn};
 
+use crate::connectors::kit::backoff::Backoff;
+use crate::connectors::kit::breaker::{CircuitBreaker, Transition};
+use crate::connectors::kit::http::{
+    self, ClientOptions, HttpClient, StatusClass, classify, error_chain,
+};
 use crate::connectors::{SinkEntry, schema_of};
 use crate::connectors::{
     ConnectorContext, ConnectorError, Degraded, PluginConfigError, Rejection, Sink, SinkError,
@@ -45,8 +48,6 @@ use crate::message::{SinkMessage, TopicRef};
 pub use config::{BatchMode, HttpMethod, HttpSinkConfig};
 
 use body::{BodyOptions, Part, Planner};
-use breaker::{CircuitBreaker, Transition};
-use retry::RetryPolicy;
 
 pub const ENTRY: SinkEntry = SinkEntry {
     name: "http",
@@ -58,10 +59,6 @@ pub const ENTRY: SinkEntry = SinkEntry {
     build: |config| Ok(Box::new(HttpSink::new(parse_plugin_config(config)?)?)),
 };
 
-/// Idle pooled connections are closed after this long; keepalive probes find
-/// connections a load balancer dropped silently.
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
-const TCP_KEEPALIVE: Duration = Duration::from_secs(30);
 /// How much of a refusal's body goes into the rejection reason.
 const REASON_BODY_CHARS: usize = 256;
 /// Response bodies are read (so the connection can be reused) up to this much.
@@ -72,11 +69,12 @@ pub struct HttpSink {
     url: reqwest::Url,
     /// The URL without credentials or query, for logs and errors.
     display_url: String,
-    /// Configured headers (marked sensitive) plus the batch mode's Content-Type.
-    headers: HeaderMap,
+    /// Headers (configured ones marked sensitive, the batch mode's
+    /// Content-Type) and the connection pool.
+    client_options: ClientOptions,
     body_options: BodyOptions,
-    retry: RetryPolicy,
-    client: Option<reqwest::Client>,
+    retry: Backoff,
+    client: Option<HttpClient>,
     breaker: CircuitBreaker,
     /// No request goes out before this (a `Retry-After` outliving `write`).
     not_before: Mutex<Option<Instant>>,
@@ -124,11 +122,17 @@ impl HttpSink {
                 limit => Some(usize::try_from(limit).unwrap_or(usize::MAX)),
             },
         };
-        let retry = RetryPolicy {
-            max_retries: config.max_retries,
-            retry_delay: config.retry_delay,
+        let retry = Backoff {
+            initial: config.retry_delay,
+            max: config.max_retry_delay,
             multiplier: config.retry_backoff_multiplier,
-            max_retry_delay: config.max_retry_delay,
+        };
+        let client_options = ClientOptions {
+            timeout: config.timeout,
+            accept_invalid_certs: config.tls_danger_accept_invalid_certs,
+            headers,
+            max_idle_per_host: config.max_connections,
+            ..ClientOptions::default()
         };
         let breaker = CircuitBreaker::new(
             config.circuit_breaker_threshold,
@@ -145,7 +149,7 @@ impl HttpSink {
         Ok(Self {
             display_url,
             url,
-            headers,
+            client_options,
             body_options,
             retry,
             client: None,
@@ -165,7 +169,7 @@ impl HttpSink {
     }
 
     /// Sends one request body, retrying transient failures.
-    async fn deliver(&self, client: &reqwest::Client, body: Bytes, messages: usize) -> Delivery {
+    async fn deliver(&self, client: &HttpClient, body: Bytes, messages: usize) -> Delivery {
         let mut retries = 0;
         loop {
             self.wait_until_allowed().await;
@@ -199,7 +203,7 @@ impl HttpSink {
             };
             self.on_failure(&reason);
             retries += 1;
-            if retries > self.retry.max_retries {
+            if retries > self.config.max_retries {
                 if let Some(wait) = retry_after {
                     *lock(&self.not_before) = Some(Instant::now() + wait);
                 }
@@ -208,16 +212,14 @@ impl HttpSink {
                 ));
             }
             let delay = retry_after.unwrap_or_else(|| self.retry.delay(retries));
-            warn!(connector_key = %self.key, url = %self.display_url, retry = retries, max_retries = self.retry.max_retries, retry_in_ms = delay.as_millis() as u64, error = %reason, "request failed, retrying");
+            warn!(connector_key = %self.key, url = %self.display_url, retry = retries, max_retries = self.config.max_retries, retry_in_ms = delay.as_millis() as u64, error = %reason, "request failed, retrying");
             tokio::time::sleep(delay).await;
         }
     }
 
-    async fn attempt(&self, client: &reqwest::Client, body: Bytes) -> Attempt {
+    async fn attempt(&self, client: &HttpClient, body: Bytes) -> Attempt {
         let sent = client
-            .request(self.config.method.into(), self.url.clone())
-            .headers(self.headers.clone())
-            .body(body)
+            .request(self.config.method.into(), self.url.clone(), body)
             .send()
             .await;
         let response = match sent {
@@ -244,7 +246,7 @@ impl HttpSink {
             }
         };
         let status = response.status().as_u16();
-        let retry_after = retry::retry_after(response.headers(), SystemTime::now());
+        let retry_after = http::retry_after(response.headers(), SystemTime::now());
         let answer = read_some(response).await;
         if self.config.is_success(status) {
             return Attempt::Success;
@@ -254,13 +256,12 @@ impl HttpSink {
         } else {
             format!("{} answered {status}: {answer}", self.display_url)
         };
-        if retry::is_retryable_status(status) {
-            Attempt::Retryable {
+        match classify(status) {
+            StatusClass::Transient => Attempt::Retryable {
                 reason,
                 retry_after,
-            }
-        } else {
-            Attempt::Refused(reason)
+            },
+            StatusClass::Permanent => Attempt::Refused(reason),
         }
     }
 
@@ -338,20 +339,9 @@ impl HttpSink {
         }
     }
 
-    fn build_client(&self) -> Result<reqwest::Client, ConnectorError> {
-        reqwest::Client::builder()
-            .timeout(self.config.timeout)
-            .pool_max_idle_per_host(self.config.max_connections)
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .tcp_keepalive(TCP_KEEPALIVE)
-            .danger_accept_invalid_certs(self.config.tls_danger_accept_invalid_certs)
-            .build()
-            .map_err(|error| {
-                ConnectorError::fatal(format!(
-                    "cannot build the HTTP client: {}",
-                    error_chain(&error)
-                ))
-            })
+    fn build_client(&self) -> Result<HttpClient, ConnectorError> {
+        HttpClient::new(&self.client_options)
+            .map_err(|error| ConnectorError::fatal(error.to_string()))
     }
 }
 
@@ -375,8 +365,7 @@ impl Sink for HttpSink {
         self.breaker_gauge(false);
         if self.config.health_check_enabled {
             let probe = client
-                .request(self.config.health_check_method.into(), self.url.clone())
-                .headers(self.headers.clone())
+                .empty(self.config.health_check_method.into(), self.url.clone())
                 .send()
                 .await;
             let problem = match probe {
@@ -485,18 +474,6 @@ async fn read_some(mut response: reqwest::Response) -> String {
         .collect::<String>()
         .trim()
         .to_owned()
-}
-
-/// An error with its causes ("connection refused" hides under "error sending request").
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    message
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -1,0 +1,15 @@
+//! The connector kit: pieces every connector would otherwise write again.
+//!
+//! - [`backoff`]: capped exponential backoff with jitter (the engine's too);
+//! - [`breaker`]: a circuit breaker for an endpoint that keeps failing;
+//! - [`batch`]: one request body from many encoded items, split by count and bytes;
+//! - `http` (with any HTTP-based connector): the HTTP client builder (TLS,
+//!   timeouts, proxy, auth, gzip), `Retry-After` parsing and status classification.
+
+pub mod backoff;
+pub mod batch;
+pub mod breaker;
+#[cfg(feature = "kit-http")]
+pub mod gzip;
+#[cfg(feature = "kit-http")]
+pub mod http;
