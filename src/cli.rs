@@ -284,7 +284,7 @@ async fn pipe(
         .map_err(anyhow::Error::msg)
         .context("--schema")?;
     let (source_config, sink_config) = pipe_plugin_configs(settings)?;
-    let source = pipe_connector(ConnectorKind::Source, source, source_config, schema)?;
+    let source = pipe_connector(ConnectorKind::Source, source, source_config, schema.clone())?;
     let sink = pipe_connector(ConnectorKind::Sink, sink, sink_config, schema)?;
     eprintln!(
         "iggy-connect pipe: {} -> {} through an in-memory topic. NOTHING IS DURABLE in this mode: \

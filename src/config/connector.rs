@@ -14,7 +14,7 @@ use crate::config::reader::{Reader, describe};
 use crate::config::{ConfigIssue, ConfigIssues, env};
 use crate::connectors::registry::{Registry, RegistryError, connector_name_from_path};
 use crate::connectors::{BatchPolicy, ConnectorKind};
-use crate::engine::codec::Schema;
+use crate::engine::codec::{Schema, SchemaName, SchemaOptions};
 use crate::engine::transforms::TransformChain;
 
 pub const DEFAULT_BATCH_LENGTH: u32 = 1000;
@@ -562,19 +562,17 @@ fn read_source_streams(reader: &mut Reader) -> Vec<SourceStream> {
     let mut streams = Vec::new();
     for (index, table) in stream_tables(reader).into_iter().enumerate() {
         let mut nested = reader.nested(format!("streams[{index}]"), table);
-        nested.warn_unknown(&[
+        nested.warn_unknown(&stream_fields(&[
             "stream",
             "topic",
             "schema",
             "batch_length",
             "linger_time",
             "partitions",
-            "avro_schema_json",
-            "avro_schema_path",
-        ]);
+        ]));
         let stream = nested.required_string("stream");
         let topic = nested.required_string("topic");
-        let schema = nested.required_parsed("schema");
+        let schema = read_schema(&mut nested);
         let batch_length = read_batch_length(&mut nested);
         let linger_time = nested.duration_or("linger_time", DEFAULT_LINGER_TIME);
         let partitions = read_positive_u32(&mut nested, "partitions", 1);
@@ -596,16 +594,14 @@ fn read_sink_streams(reader: &mut Reader, key: &str) -> Vec<SinkStream> {
     let mut streams = Vec::new();
     for (index, table) in stream_tables(reader).into_iter().enumerate() {
         let mut nested = reader.nested(format!("streams[{index}]"), table);
-        nested.warn_unknown(&[
+        nested.warn_unknown(&stream_fields(&[
             "stream",
             "topics",
             "schema",
             "batch_length",
             "poll_interval",
             "consumer_group",
-            "avro_schema_json",
-            "avro_schema_path",
-        ]);
+        ]));
         let stream = nested.required_string("stream");
         let topics = match nested.string_list("topics") {
             Some(topics) if !topics.is_empty() => Some(topics),
@@ -623,7 +619,7 @@ fn read_sink_streams(reader: &mut Reader, key: &str) -> Vec<SinkStream> {
                 None
             }
         };
-        let schema = nested.required_parsed("schema");
+        let schema = read_schema(&mut nested);
         let batch_length = read_batch_length(&mut nested);
         let poll_interval = nested.duration_or("poll_interval", DEFAULT_POLL_INTERVAL);
         let consumer_group = nested
@@ -641,6 +637,35 @@ fn read_sink_streams(reader: &mut Reader, key: &str) -> Vec<SinkStream> {
         }
     }
     streams
+}
+
+/// A stream's own fields and those of its schema.
+fn stream_fields<'a>(own: &[&'a str]) -> Vec<&'a str> {
+    own.iter().copied().chain(SchemaOptions::FIELDS).collect()
+}
+
+/// The stream's `schema`, loaded with the fields that say where an `avro` or
+/// `proto` schema is; a schema that cannot be loaded is an error on the field
+/// to blame.
+fn read_schema(reader: &mut Reader) -> Option<Schema> {
+    let name: SchemaName = reader.required_parsed("schema")?;
+    let options = SchemaOptions {
+        avro_schema_json: reader.optional_string("avro_schema_json"),
+        avro_schema_path: reader.optional_string("avro_schema_path"),
+        proto_schema_path: reader.optional_string("proto_schema_path"),
+        proto_descriptor_set: reader.optional_string("proto_descriptor_set"),
+        proto_message_type: reader.optional_string("proto_message_type"),
+        proto_include_paths: reader
+            .string_list("proto_include_paths")
+            .unwrap_or_default(),
+    };
+    match Schema::load(name, &options) {
+        Ok(schema) => Some(schema),
+        Err(error) => {
+            reader.error(error.field, error.message);
+            None
+        }
+    }
 }
 
 fn read_batch_length(reader: &mut Reader) -> u32 {
