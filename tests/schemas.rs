@@ -7,6 +7,7 @@
 #![cfg(all(
     feature = "schema-avro",
     feature = "schema-proto",
+    feature = "schema-registry",
     feature = "stdout-sink",
     feature = "random-source"
 ))]
@@ -26,6 +27,10 @@ use iggy_connect::iggy::{Bus, MemoryBus, ProducerTarget};
 use iggy_connect::message::{OutgoingMessage, Payload};
 use iggy_connect::state::MemoryStateStore;
 use serde_json::Value;
+
+mod support;
+
+use support::schema_registry::SchemaRegistryServer;
 
 /// The fixtures, written once per test into its own directory.
 struct Fixtures {
@@ -399,4 +404,184 @@ fn assert_random_records(records: &[Value], seq: impl Fn(&Value) -> Option<u64>)
         assert!(!record["text"].as_str().unwrap().is_empty(), "{record}");
         assert_eq!(record["id"].as_str().unwrap().len(), 36, "{record}");
     }
+}
+
+fn registry_fields(
+    fixtures: &Fixtures,
+    schema: &str,
+    server: &SchemaRegistryServer,
+    password: &str,
+) -> String {
+    format!(
+        "schema = \"avro\"\navro_schema_path = {:?}\nschema_registry_url = \"{}\"\n\
+         schema_registry_username = \"reader\"\nschema_registry_password = \"{password}\"",
+        fixtures.path(schema),
+        server.url
+    )
+}
+
+fn framed(id: u32, datum: &[u8]) -> Vec<u8> {
+    let mut bytes = vec![0];
+    bytes.extend_from_slice(&id.to_be_bytes());
+    bytes.extend_from_slice(datum);
+    bytes
+}
+
+fn count(server: &SchemaRegistryServer, request: &str) -> usize {
+    server
+        .requests()
+        .iter()
+        .filter(|made| *made == request)
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registry_framed_datums_decode_with_the_writer_schema_fetched_once_per_id_and_resolve_into_the_stream_schema()
+ {
+    let fixtures = Fixtures::write();
+    let server = SchemaRegistryServer::start(Some(("reader", "s3cret"))).await;
+    let v1 = std::fs::read_to_string(fixtures.path("user.avsc")).unwrap();
+    let v2 = std::fs::read_to_string(fixtures.path("user_v2.avsc")).unwrap();
+    let old_id = server.register("users-value", &v1);
+    let new_id = server.register("users-value", &v2);
+    let schema = stream_schema(&registry_fields(
+        &fixtures,
+        "user_v2.avsc",
+        &server,
+        "s3cret",
+    ));
+    let rows = fixtures.rows("avro.jsonl");
+    let own = avro::AvroCodec::parse(&v2).unwrap();
+    let decoded = tokio::spawn(async move {
+        let mut decoded = Vec::new();
+        for _ in 0..10 {
+            for (value, bytes) in &rows {
+                let old = schema.decode(Bytes::from(framed(old_id, bytes))).unwrap();
+                let mut current = value.clone();
+                current.as_object_mut().unwrap().shift_remove("score");
+                let datum = own.encode(&Payload::Json(current)).unwrap();
+                let new = schema.decode(Bytes::from(framed(new_id, &datum))).unwrap();
+                decoded.push((value.clone(), old, new));
+            }
+        }
+        let unknown = schema.decode(Bytes::from(framed(99, b"\x02"))).unwrap_err();
+        let unframed = schema
+            .decode(Bytes::from_static(b"\x02\x06ann"))
+            .unwrap_err();
+        (decoded, unknown.to_string(), unframed.to_string())
+    })
+    .await
+    .unwrap();
+    let (decoded, unknown, unframed) = decoded;
+    assert_eq!(decoded.len(), 30);
+    for (mut value, old, new) in decoded {
+        let object = value.as_object_mut().unwrap();
+        object.shift_remove("score");
+        object.insert("country".into(), "nz".into());
+        assert_eq!(old, Payload::Json(value.clone()));
+        assert_eq!(new, Payload::Json(value));
+    }
+    assert!(unknown.contains("404"), "{unknown}");
+    assert!(unframed.contains("wire format"), "{unframed}");
+    assert_eq!(count(&server, &format!("GET /schemas/ids/{old_id}")), 1);
+    assert_eq!(count(&server, &format!("GET /schemas/ids/{new_id}")), 1);
+    assert_eq!(server.requests().len(), 3, "{:?}", server.requests());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_avro_stream_registers_its_schema_once_and_frames_each_datum_with_the_id() {
+    let fixtures = Fixtures::write();
+    let server = SchemaRegistryServer::start(Some(("reader", "s3cret"))).await;
+    server.register("other-value", r#"{"type":"string"}"#);
+    let stream_fields = registry_fields(&fixtures, "user.avsc", &server, "s3cret")
+        + "\nschema_registry_subject = \"users-value\"";
+    let text = format!(
+        "type = \"source\"\nkey = \"k\"\npath = \"random\"\n[[streams]]\nstream = \"s\"\n\
+         topic = \"t\"\n{stream_fields}\n[plugin_config]\n"
+    );
+    let (config, _) =
+        parse_connector_file(Path::new("source.toml"), &text, &EnvVars::default()).unwrap();
+    let KindConfig::Source { streams, .. } = config.kind_config else {
+        panic!("not a source");
+    };
+    let schema = streams[0].schema.clone();
+    let rows = fixtures.rows("avro.jsonl");
+    let expected: Vec<Vec<u8>> = rows.iter().map(|(_, bytes)| framed(2, bytes)).collect();
+    let encoded = tokio::spawn(async move {
+        rows.iter()
+            .map(|(value, _)| {
+                schema
+                    .encode(&Payload::Json(value.clone()))
+                    .unwrap()
+                    .to_vec()
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    assert_eq!(encoded, expected);
+    assert_eq!(server.requests(), ["POST /subjects/users-value/versions"]);
+    let registered = server.schema(2).unwrap();
+    assert_eq!(
+        serde_json::from_str::<Value>(&registered).unwrap(),
+        serde_json::from_str::<Value>(
+            &std::fs::read_to_string(fixtures.path("user.avsc")).unwrap()
+        )
+        .unwrap()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_on_a_registry_stream_skips_per_message_what_the_registry_refuses() {
+    let fixtures = Fixtures::write();
+    let server = SchemaRegistryServer::start(Some(("reader", "s3cret"))).await;
+    let v1 = std::fs::read_to_string(fixtures.path("user.avsc")).unwrap();
+    let id = server.register("users-value", &v1);
+    let rows = fixtures.rows("avro.jsonl");
+    let mut payloads: Vec<Vec<u8>> = rows.iter().map(|(_, bytes)| framed(id, bytes)).collect();
+    payloads.insert(1, framed(42, &rows[0].1));
+    let payloads: Vec<&[u8]> = payloads.iter().map(Vec::as_slice).collect();
+    let bus = MemoryBus::new();
+    put(&bus, "registry_stream", &payloads).await;
+    let config = parse_sink(
+        "registry_sink.toml",
+        "registry_stream",
+        &registry_fields(&fixtures, "user.avsc", &server, "s3cret"),
+    );
+    let runtime = Runtime::new(
+        Arc::new(bus.clone()),
+        Arc::new(MemoryStateStore::new()),
+        Duration::from_secs(5),
+    );
+    runtime.add(config).unwrap();
+    runtime.start_enabled().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !bus.is_drained("registry_stream", "t", "g") {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for the sink to commit"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let view = runtime.view(ConnectorKind::Sink, "schema_sink").unwrap();
+    assert_eq!(view.metrics.processed.get(), 3);
+    assert_eq!(view.metrics.skipped.get(), 1);
+    assert_eq!(view.status.status, Status::Running);
+    runtime.shutdown().await;
+    assert_eq!(count(&server, &format!("GET /schemas/ids/{id}")), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_with_wrong_credentials_fails_the_message_with_the_status() {
+    let fixtures = Fixtures::write();
+    let server = SchemaRegistryServer::start(Some(("reader", "s3cret"))).await;
+    let v1 = std::fs::read_to_string(fixtures.path("user.avsc")).unwrap();
+    let id = server.register("users-value", &v1);
+    let schema = stream_schema(&registry_fields(&fixtures, "user.avsc", &server, "wrong"));
+    let datum = fixtures.rows("avro.jsonl")[0].1.clone();
+    let error =
+        tokio::spawn(async move { schema.decode(Bytes::from(framed(id, &datum))).unwrap_err() })
+            .await
+            .unwrap();
+    assert!(error.to_string().contains("401"), "{error}");
 }

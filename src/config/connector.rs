@@ -572,7 +572,7 @@ fn read_source_streams(reader: &mut Reader) -> Vec<SourceStream> {
         ]));
         let stream = nested.required_string("stream");
         let topic = nested.required_string("topic");
-        let schema = read_schema(&mut nested);
+        let schema = read_schema(&mut nested, topic.as_deref());
         let batch_length = read_batch_length(&mut nested);
         let linger_time = nested.duration_or("linger_time", DEFAULT_LINGER_TIME);
         let partitions = read_positive_u32(&mut nested, "partitions", 1);
@@ -619,7 +619,7 @@ fn read_sink_streams(reader: &mut Reader, key: &str) -> Vec<SinkStream> {
                 None
             }
         };
-        let schema = read_schema(&mut nested);
+        let schema = read_schema(&mut nested, None);
         let batch_length = read_batch_length(&mut nested);
         let poll_interval = nested.duration_or("poll_interval", DEFAULT_POLL_INTERVAL);
         let consumer_group = nested
@@ -647,7 +647,7 @@ fn stream_fields<'a>(own: &[&'a str]) -> Vec<&'a str> {
 /// The stream's `schema`, loaded with the fields that say where an `avro` or
 /// `proto` schema is; a schema that cannot be loaded is an error on the field
 /// to blame.
-fn read_schema(reader: &mut Reader) -> Option<Schema> {
+fn read_schema(reader: &mut Reader, topic: Option<&str>) -> Option<Schema> {
     let name: SchemaName = reader.required_parsed("schema")?;
     let options = SchemaOptions {
         avro_schema_json: reader.optional_string("avro_schema_json"),
@@ -658,6 +658,15 @@ fn read_schema(reader: &mut Reader) -> Option<Schema> {
         proto_include_paths: reader
             .string_list("proto_include_paths")
             .unwrap_or_default(),
+        schema_registry_url: reader.optional_string("schema_registry_url"),
+        schema_registry_subject: reader
+            .optional_string("schema_registry_subject")
+            .or_else(|| topic.map(|topic| format!("{topic}-value"))),
+        schema_registry_username: reader.optional_string("schema_registry_username"),
+        schema_registry_password: reader
+            .optional_string("schema_registry_password")
+            .map(secrecy::SecretString::from),
+        schema_registry_ca_file: reader.optional_string("schema_registry_ca_file"),
     };
     match Schema::load(name, &options) {
         Ok(schema) => Some(schema),

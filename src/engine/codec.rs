@@ -16,6 +16,8 @@
 pub mod avro;
 #[cfg(feature = "schema-proto")]
 pub mod proto;
+#[cfg(feature = "schema-registry")]
+pub mod registry;
 
 use std::fmt;
 use std::str::FromStr;
@@ -50,7 +52,7 @@ pub enum SchemaName {
 }
 
 /// The per-stream fields that say where an `avro` or `proto` schema is.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct SchemaOptions {
     pub avro_schema_json: Option<String>,
     pub avro_schema_path: Option<String>,
@@ -58,17 +60,29 @@ pub struct SchemaOptions {
     pub proto_descriptor_set: Option<String>,
     pub proto_message_type: Option<String>,
     pub proto_include_paths: Vec<String>,
+    /// A Confluent-compatible schema registry for an `avro` stream.
+    pub schema_registry_url: Option<String>,
+    /// The subject a source registers its schema under; `{topic}-value` when unset.
+    pub schema_registry_subject: Option<String>,
+    pub schema_registry_username: Option<String>,
+    pub schema_registry_password: Option<secrecy::SecretString>,
+    pub schema_registry_ca_file: Option<String>,
 }
 
 impl SchemaOptions {
     /// The stream config fields these options are read from.
-    pub const FIELDS: [&'static str; 6] = [
+    pub const FIELDS: [&'static str; 11] = [
         "avro_schema_json",
         "avro_schema_path",
         "proto_schema_path",
         "proto_descriptor_set",
         "proto_message_type",
         "proto_include_paths",
+        "schema_registry_url",
+        "schema_registry_subject",
+        "schema_registry_username",
+        "schema_registry_password",
+        "schema_registry_ca_file",
     ];
 }
 
@@ -98,6 +112,8 @@ pub enum CodecError {
     InvalidAvro(String),
     #[error("payload does not match the protobuf message type: {0}")]
     InvalidProto(String),
+    #[error("{0}")]
+    Registry(String),
 }
 
 impl Schema {
@@ -225,9 +241,63 @@ fn load_avro(options: &SchemaOptions) -> Result<Schema, SchemaConfigError> {
             ));
         }
     };
-    avro::AvroCodec::parse(&text)
+    let Some(url) = &options.schema_registry_url else {
+        return avro::AvroCodec::parse(&text)
+            .map(Schema::Avro)
+            .map_err(|error| {
+                SchemaConfigError::new(field, format!("not a valid Avro schema: {error}"))
+            });
+    };
+    load_registry_avro(&text, field, url, options)
+}
+
+#[cfg(all(feature = "schema-avro", feature = "schema-registry"))]
+fn load_registry_avro(
+    text: &str,
+    field: &'static str,
+    url: &str,
+    options: &SchemaOptions,
+) -> Result<Schema, SchemaConfigError> {
+    AvroSchemaCheck::check(text, field)?;
+    let registry = registry::RegistryOptions {
+        url: url.to_owned(),
+        subject: options.schema_registry_subject.clone().unwrap_or_default(),
+        username: options.schema_registry_username.clone(),
+        password: options.schema_registry_password.clone(),
+        ca_file: options.schema_registry_ca_file.clone(),
+    };
+    avro::AvroCodec::with_registry(text, registry)
         .map(Schema::Avro)
-        .map_err(|error| SchemaConfigError::new(field, format!("not a valid Avro schema: {error}")))
+        .map_err(|error| SchemaConfigError::new("schema_registry_url", error))
+}
+
+#[cfg(all(feature = "schema-avro", not(feature = "schema-registry")))]
+fn load_registry_avro(
+    _: &str,
+    _: &'static str,
+    _: &str,
+    _: &SchemaOptions,
+) -> Result<Schema, SchemaConfigError> {
+    Err(SchemaConfigError::new(
+        "schema_registry_url",
+        "the schema registry is not in this build of iggy-connect; build it with the \
+         schema-registry feature (included in full)",
+    ))
+}
+
+/// Blames the schema field, not the registry, for a schema that does not parse.
+#[cfg(all(feature = "schema-avro", feature = "schema-registry"))]
+struct AvroSchemaCheck;
+
+#[cfg(all(feature = "schema-avro", feature = "schema-registry"))]
+impl AvroSchemaCheck {
+    fn check(text: &str, field: &'static str) -> Result<(), SchemaConfigError> {
+        apache_avro::Schema::parse_str(text)
+            .map(drop)
+            .map_err(|error| {
+                SchemaConfigError::new(field, format!("not a valid Avro schema: {error}"))
+            })
+    }
 }
 
 #[cfg(not(feature = "schema-avro"))]

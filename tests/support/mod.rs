@@ -5,4 +5,6 @@ pub mod accounting;
 pub mod binary;
 pub mod iggy_server;
 pub mod prometheus;
+#[cfg(feature = "schema-registry")]
+pub mod schema_registry;
 pub mod wait;

@@ -23,6 +23,8 @@ pub struct AvroCodec {
 struct Inner {
     text: String,
     schema: AvroSchema,
+    #[cfg(feature = "schema-registry")]
+    registry: Option<super::registry::Registry>,
 }
 
 impl AvroCodec {
@@ -33,6 +35,26 @@ impl AvroCodec {
             inner: Arc::new(Inner {
                 text: text.to_owned(),
                 schema,
+                #[cfg(feature = "schema-registry")]
+                registry: None,
+            }),
+        })
+    }
+
+    /// Like [`parse`](Self::parse), for messages in a schema registry's wire
+    /// format (see [`super::registry`]); `text` is the stream's own schema.
+    #[cfg(feature = "schema-registry")]
+    pub fn with_registry(
+        text: &str,
+        options: super::registry::RegistryOptions,
+    ) -> Result<Self, String> {
+        let schema = AvroSchema::parse_str(text).map_err(|error| error.to_string())?;
+        let registry = super::registry::Registry::new(options, &schema)?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                text: text.to_owned(),
+                schema,
+                registry: Some(registry),
             }),
         })
     }
@@ -43,6 +65,21 @@ impl AvroCodec {
 
     /// Decodes one datum written with this schema into JSON.
     pub fn decode(&self, bytes: &[u8]) -> Result<Payload, CodecError> {
+        #[cfg(feature = "schema-registry")]
+        if let Some(registry) = &self.inner.registry {
+            use super::registry::Registry;
+            let (id, datum) = Registry::split(bytes).ok_or_else(|| {
+                invalid("not in the schema registry's wire format (a zero byte, then a 4-byte schema id)")
+            })?;
+            let writer = registry
+                .writer(id)
+                .map_err(|error| CodecError::Registry(error.to_string()))?;
+            return match writer {
+                Some(writer) => decode_datum(&writer, Some(self.schema()), datum),
+                None => decode_datum(self.schema(), None, datum),
+            }
+            .map(Payload::Json);
+        }
         decode_datum(self.schema(), None, bytes).map(Payload::Json)
     }
 
@@ -50,7 +87,28 @@ impl AvroCodec {
     /// raw bytes must already be one datum of this schema and are stored as
     /// they are.
     pub fn encode(&self, payload: &Payload) -> Result<Bytes, CodecError> {
+        #[cfg(feature = "schema-registry")]
+        if let Some(registry) = &self.inner.registry {
+            use super::registry::{HEADER_LEN, Registry};
+            let id = registry
+                .own_id(&self.inner.text)
+                .map_err(|error| CodecError::Registry(error.to_string()))?;
+            let datum = encode_datum(self.schema(), payload)?;
+            let mut bytes = Vec::with_capacity(HEADER_LEN + datum.len());
+            bytes.extend_from_slice(&Registry::header(id));
+            bytes.extend_from_slice(&datum);
+            return Ok(Bytes::from(bytes));
+        }
         encode_datum(self.schema(), payload).map(Bytes::from)
+    }
+
+    /// The registry's URL, when messages use its wire format.
+    fn registry_url(&self) -> Option<&str> {
+        #[cfg(feature = "schema-registry")]
+        if let Some(registry) = &self.inner.registry {
+            return Some(registry.url());
+        }
+        None
     }
 }
 
@@ -118,7 +176,7 @@ fn invalid(message: impl Into<String>) -> CodecError {
 
 impl PartialEq for AvroCodec {
     fn eq(&self, other: &Self) -> bool {
-        self.inner.text == other.inner.text
+        self.inner.text == other.inner.text && self.registry_url() == other.registry_url()
     }
 }
 
@@ -128,6 +186,7 @@ impl std::fmt::Debug for AvroCodec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AvroCodec")
             .field("schema", &self.inner.text)
+            .field("registry", &self.registry_url())
             .finish()
     }
 }

@@ -44,9 +44,13 @@ pub struct ConvertConfig {
     pub include_paths: Vec<String>,
     #[serde(default)]
     pub field_mappings: HashMap<String, String>,
-    pub conversion_options: Option<serde_json::Map<String, Value>>,
-    pub schema_registry_url: Option<String>,
-    pub preserve_unknown_fields: Option<bool>,
+    // Accepted as upstream writes them; they have no effect here.
+    #[serde(rename = "conversion_options")]
+    pub _conversion_options: Option<serde_json::Map<String, Value>>,
+    #[serde(rename = "schema_registry_url")]
+    pub _schema_registry_url: Option<String>,
+    #[serde(rename = "preserve_unknown_fields")]
+    pub _preserve_unknown_fields: Option<bool>,
 }
 
 #[derive(Debug)]
