@@ -125,21 +125,16 @@ fn error(status: StatusCode, code: u32, message: &str) -> Response {
         .into_response()
 }
 
-/// Records the request and checks its credentials.
-fn admit(shared: &Shared, headers: &HeaderMap, request: String) -> Result<(), Response> {
+/// Records the request and checks its credentials: the answer refusing it, if any.
+fn refusal(shared: &Shared, headers: &HeaderMap, request: String) -> Option<Response> {
     shared.registry.lock().unwrap().requests.push(request);
-    let Some((user, password)) = &shared.credentials else {
-        return Ok(());
-    };
+    let (user, password) = shared.credentials.as_ref()?;
     let expected = format!("Basic {}", base64(format!("{user}:{password}").as_bytes()));
     let given = headers
         .get("authorization")
         .and_then(|value| value.to_str().ok());
-    if given == Some(expected.as_str()) {
-        Ok(())
-    } else {
-        Err(error(StatusCode::UNAUTHORIZED, 40101, "Unauthorized"))
-    }
+    (given != Some(expected.as_str()))
+        .then(|| error(StatusCode::UNAUTHORIZED, 40101, "Unauthorized"))
 }
 
 async fn schema_by_id(
@@ -147,7 +142,7 @@ async fn schema_by_id(
     headers: HeaderMap,
     Path(id): Path<u32>,
 ) -> Response {
-    if let Err(response) = admit(&shared, &headers, format!("GET /schemas/ids/{id}")) {
+    if let Some(response) = refusal(&shared, &headers, format!("GET /schemas/ids/{id}")) {
         return response;
     }
     let registry = shared.registry.lock().unwrap();
@@ -161,7 +156,7 @@ async fn schema_by_id(
 }
 
 async fn subjects(State(shared): State<Shared>, headers: HeaderMap) -> Response {
-    if let Err(response) = admit(&shared, &headers, "GET /subjects".into()) {
+    if let Some(response) = refusal(&shared, &headers, "GET /subjects".into()) {
         return response;
     }
     let registry = shared.registry.lock().unwrap();
@@ -173,7 +168,7 @@ async fn versions(
     headers: HeaderMap,
     Path(subject): Path<String>,
 ) -> Response {
-    if let Err(response) = admit(
+    if let Some(response) = refusal(
         &shared,
         &headers,
         format!("GET /subjects/{subject}/versions"),
@@ -192,7 +187,7 @@ async fn version(
     headers: HeaderMap,
     Path((subject, version)): Path<(String, String)>,
 ) -> Response {
-    if let Err(response) = admit(
+    if let Some(response) = refusal(
         &shared,
         &headers,
         format!("GET /subjects/{subject}/versions/{version}"),
@@ -225,7 +220,7 @@ async fn register(
     Path(subject): Path<String>,
     body: String,
 ) -> Response {
-    if let Err(response) = admit(
+    if let Some(response) = refusal(
         &shared,
         &headers,
         format!("POST /subjects/{subject}/versions"),
