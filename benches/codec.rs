@@ -1,7 +1,9 @@
 //! JSON decode and encode per message: serde_json (what the engine uses) against
 //! simd-json, on a `random` source record (`small`, one long string), a database
 //! row (`row`, mixed column types) and a nested order (`large`, 5 KiB).
-//! `cargo bench --bench codec`.
+//! `cargo bench --bench codec`. `schema_codecs` puts the Avro and Protocol
+//! Buffers stream schemas (features `schema-avro`, `schema-proto`) next to JSON
+//! on the row: `cargo bench --features full --bench codec -- schema_codecs`.
 //!
 //! The engine's `Payload::Json` holds a `serde_json::Value`; simd-json is
 //! measured both producing that same type (what switching would cost us) and
@@ -187,5 +189,74 @@ fn encode(criterion: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, decode, encode);
+#[cfg(all(feature = "schema-avro", feature = "schema-proto"))]
+fn schema_codecs(criterion: &mut Criterion) {
+    use iggy_connect::engine::codec::{SchemaName, SchemaOptions};
+    const ROW_AVRO: &str = r#"{"type":"record","name":"Row","fields":[
+        {"name":"id","type":"long"},{"name":"uuid","type":"string"},
+        {"name":"email","type":"string"},{"name":"first_name","type":"string"},
+        {"name":"last_name","type":"string"},{"name":"age","type":"int"},
+        {"name":"balance","type":"double"},{"name":"active","type":"boolean"},
+        {"name":"deleted_at","type":["null","string"]},{"name":"created_at","type":"string"},
+        {"name":"updated_at","type":"string"},{"name":"country","type":"string"},
+        {"name":"city","type":"string"},{"name":"zip","type":"string"},
+        {"name":"score","type":"double"},{"name":"visits","type":"long"},
+        {"name":"plan","type":"string"},{"name":"tags","type":{"type":"array","items":"string"}},
+        {"name":"bio","type":"string"}]}"#;
+    const ROW_PROTO: &str = "syntax = \"proto3\";\nmessage Row {\n int64 id = 1; string uuid = 2;\n\
+        string email = 3; string first_name = 4; string last_name = 5; int32 age = 6;\n\
+        double balance = 7; bool active = 8; optional string deleted_at = 9;\n\
+        string created_at = 10; string updated_at = 11; string country = 12; string city = 13;\n\
+        string zip = 14; double score = 15; int64 visits = 16; string plan = 17;\n\
+        repeated string tags = 18; string bio = 19;\n}\n";
+    let dir = tempfile::tempdir().unwrap();
+    let proto_path = dir.path().join("row.proto");
+    std::fs::write(&proto_path, ROW_PROTO).unwrap();
+    let avro = Schema::load(
+        SchemaName::Avro,
+        &SchemaOptions {
+            avro_schema_json: Some(ROW_AVRO.into()),
+            ..SchemaOptions::default()
+        },
+    )
+    .unwrap();
+    let proto = Schema::load(
+        SchemaName::Proto,
+        &SchemaOptions {
+            proto_schema_path: Some(proto_path.to_string_lossy().into_owned()),
+            proto_message_type: Some("Row".into()),
+            ..SchemaOptions::default()
+        },
+    )
+    .unwrap();
+    let mut value = row();
+    // Without the null: protobuf's JSON leaves an unset field out.
+    value.as_object_mut().unwrap().shift_remove("deleted_at");
+    let payload = Payload::Json(value);
+    let mut decode_group = criterion.benchmark_group("schema_codecs_decode");
+    for (name, schema) in [
+        ("json", Schema::Json),
+        ("avro", avro.clone()),
+        ("proto", proto.clone()),
+    ] {
+        let bytes = schema.encode(&payload).unwrap();
+        decode_group.throughput(Throughput::Bytes(bytes.len() as u64));
+        decode_group.bench_with_input(BenchmarkId::new(name, "row"), &bytes, |bench, bytes| {
+            bench.iter(|| schema.decode(black_box(bytes.clone())).unwrap())
+        });
+    }
+    decode_group.finish();
+    let mut encode_group = criterion.benchmark_group("schema_codecs_encode");
+    for (name, schema) in [("json", Schema::Json), ("avro", avro), ("proto", proto)] {
+        encode_group.bench_with_input(BenchmarkId::new(name, "row"), &payload, |bench, payload| {
+            bench.iter(|| schema.encode(black_box(payload)).unwrap())
+        });
+    }
+    encode_group.finish();
+}
+
+#[cfg(not(all(feature = "schema-avro", feature = "schema-proto")))]
+fn schema_codecs(_: &mut Criterion) {}
+
+criterion_group!(benches, decode, encode, schema_codecs);
 criterion_main!(benches);

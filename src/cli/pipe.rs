@@ -319,7 +319,7 @@ fn plan(args: &PipeArgs) -> Result<Plan, String> {
                 stream.topics.iter().map(|topic| SourceStream {
                     stream: stream.stream.clone(),
                     topic: topic.clone(),
-                    schema: stream.schema,
+                    schema: stream.schema.clone(),
                     batch_length: DEFAULT_BATCH_LENGTH,
                     linger_time: DEFAULT_LINGER_TIME,
                     partitions: 1,
@@ -358,7 +358,7 @@ fn plan(args: &PipeArgs) -> Result<Plan, String> {
                     .map(|stream| SinkStream {
                         stream: stream.stream.clone(),
                         topics: vec![stream.topic.clone()],
-                        schema: stream.schema,
+                        schema: stream.schema.clone(),
                         batch_length: DEFAULT_BATCH_LENGTH,
                         poll_interval: DEFAULT_POLL_INTERVAL,
                         consumer_group: PIPE_GROUP.into(),

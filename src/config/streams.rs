@@ -6,6 +6,7 @@ use toml::{Table, Value};
 
 use crate::config::connector::{SinkStream, SourceStream};
 use crate::config::reader::{Reader, describe};
+use crate::engine::codec::{Schema, SchemaName, SchemaOptions};
 
 pub const DEFAULT_BATCH_LENGTH: u32 = 1000;
 pub const DEFAULT_LINGER_TIME: Duration = Duration::from_millis(5);
@@ -47,19 +48,17 @@ pub(super) fn read_source_streams(reader: &mut Reader) -> Vec<SourceStream> {
     let mut streams = Vec::new();
     for (index, table) in stream_tables(reader).into_iter().enumerate() {
         let mut nested = reader.nested(format!("streams[{index}]"), table);
-        nested.warn_unknown(&[
+        nested.warn_unknown(&stream_fields(&[
             "stream",
             "topic",
             "schema",
             "batch_length",
             "linger_time",
             "partitions",
-            "avro_schema_json",
-            "avro_schema_path",
-        ]);
+        ]));
         let stream = required_name(&mut nested, "stream");
         let topic = required_name(&mut nested, "topic");
-        let schema = nested.required_parsed("schema");
+        let schema = read_schema(&mut nested, topic.as_deref());
         let batch_length = read_batch_length(&mut nested);
         let linger_time = nested.duration_or("linger_time", DEFAULT_LINGER_TIME);
         let partitions = read_positive_u32(&mut nested, "partitions", 1);
@@ -81,16 +80,14 @@ pub(super) fn read_sink_streams(reader: &mut Reader, key: &str) -> Vec<SinkStrea
     let mut streams = Vec::new();
     for (index, table) in stream_tables(reader).into_iter().enumerate() {
         let mut nested = reader.nested(format!("streams[{index}]"), table);
-        nested.warn_unknown(&[
+        nested.warn_unknown(&stream_fields(&[
             "stream",
             "topics",
             "schema",
             "batch_length",
             "poll_interval",
             "consumer_group",
-            "avro_schema_json",
-            "avro_schema_path",
-        ]);
+        ]));
         let stream = required_name(&mut nested, "stream");
         let topics = match nested.string_list("topics") {
             Some(topics) if !topics.is_empty() => Some(topics),
@@ -108,7 +105,7 @@ pub(super) fn read_sink_streams(reader: &mut Reader, key: &str) -> Vec<SinkStrea
                 None
             }
         };
-        let schema = nested.required_parsed("schema");
+        let schema = read_schema(&mut nested, None);
         let batch_length = read_batch_length(&mut nested);
         let poll_interval = nested.duration_or("poll_interval", DEFAULT_POLL_INTERVAL);
         let consumer_group = nested
@@ -153,6 +150,44 @@ fn read_positive_u32(reader: &mut Reader, field: &str, default: u32) -> u32 {
                 format!("expected a number from 1 to {}, found {value}", u32::MAX),
             );
             default
+        }
+    }
+}
+
+/// A stream's own fields and those of its schema.
+fn stream_fields<'a>(own: &[&'a str]) -> Vec<&'a str> {
+    own.iter().copied().chain(SchemaOptions::FIELDS).collect()
+}
+
+/// The stream's `schema`, loaded with the fields that say where an `avro` or
+/// `proto` schema is; a schema that cannot be loaded is an error on the field
+/// to blame.
+fn read_schema(reader: &mut Reader, topic: Option<&str>) -> Option<Schema> {
+    let name: SchemaName = reader.required_parsed("schema")?;
+    let options = SchemaOptions {
+        avro_schema_json: reader.optional_string("avro_schema_json"),
+        avro_schema_path: reader.optional_string("avro_schema_path"),
+        proto_schema_path: reader.optional_string("proto_schema_path"),
+        proto_descriptor_set: reader.optional_string("proto_descriptor_set"),
+        proto_message_type: reader.optional_string("proto_message_type"),
+        proto_include_paths: reader
+            .string_list("proto_include_paths")
+            .unwrap_or_default(),
+        schema_registry_url: reader.optional_string("schema_registry_url"),
+        schema_registry_subject: reader
+            .optional_string("schema_registry_subject")
+            .or_else(|| topic.map(|topic| format!("{topic}-value"))),
+        schema_registry_username: reader.optional_string("schema_registry_username"),
+        schema_registry_password: reader
+            .optional_string("schema_registry_password")
+            .map(secrecy::SecretString::from),
+        schema_registry_ca_file: reader.optional_string("schema_registry_ca_file"),
+    };
+    match Schema::load(name, &options) {
+        Ok(schema) => Some(schema),
+        Err(error) => {
+            reader.error(error.field, error.message);
+            None
         }
     }
 }

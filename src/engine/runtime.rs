@@ -396,7 +396,7 @@ impl Runtime {
                     .await?;
                 routes.push(Route {
                     producer,
-                    schema: stream.schema,
+                    schema: stream.schema.clone(),
                     target: format!("{}/{}", stream.stream, stream.topic),
                 });
             }
@@ -467,7 +467,7 @@ impl Runtime {
                             stream: stream.stream.clone(),
                             topic: topic.clone(),
                         },
-                        schema: stream.schema,
+                        schema: stream.schema.clone(),
                         consumer,
                     });
                 }

@@ -7,4 +7,6 @@ pub mod gunzip;
 pub mod http_server;
 pub mod iggy_server;
 pub mod prometheus;
+#[cfg(feature = "schema-registry")]
+pub mod schema_registry;
 pub mod wait;

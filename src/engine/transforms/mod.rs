@@ -10,6 +10,7 @@
 //! JSON payloads pass through them unchanged.
 
 mod add_fields;
+mod convert;
 mod delete_fields;
 mod field_value;
 mod filter_fields;
@@ -22,6 +23,7 @@ use std::fmt;
 
 use serde::de::DeserializeOwned;
 
+use crate::engine::codec::SchemaName;
 use crate::message::Payload;
 
 pub use add_fields::AddFields;
@@ -39,6 +41,8 @@ pub const TRANSFORM_TYPES: &[&str] = &[
     "filter_fields",
     "filter_messages",
     "unwrap_envelope",
+    "avro_convert",
+    "proto_convert",
 ];
 
 /// One transform. Built once per connector from its config and shared read-only
@@ -177,9 +181,16 @@ fn build_kind(kind: &str, settings: &serde_json::Value) -> Result<Box<dyn Transf
         "filter_fields" => FilterFields::build(parse(settings)?).map(boxed),
         "filter_messages" => FilterMessages::build(parse(settings)?).map(boxed),
         "unwrap_envelope" => UnwrapEnvelope::build(parse(settings)?).map(boxed),
-        "proto_convert" | "flat_buffer_convert" | "avro_convert" => Err(FieldError::new(
+        "avro_convert" => {
+            convert::Convert::build("avro_convert", SchemaName::Avro, parse(settings)?).map(boxed)
+        }
+        "proto_convert" => {
+            convert::Convert::build("proto_convert", SchemaName::Proto, parse(settings)?).map(boxed)
+        }
+        "flat_buffer_convert" => Err(FieldError::new(
             "",
-            format!("transform \"{kind}\" is not supported by iggy-connect yet"),
+            "transform \"flat_buffer_convert\" is not supported by iggy-connect: there is no \
+             FlatBuffers support",
         )),
         other => Err(FieldError::new(
             "",
