@@ -429,6 +429,7 @@ fn pipe_connector(
                 partitions: 1,
             }],
             max_consecutive_nacks: None,
+            max_in_flight: None,
         },
         ConnectorKind::Sink => KindConfig::Sink {
             streams: vec![SinkStream {

@@ -131,6 +131,7 @@ fn source_config(key: &str, stream: &str, streams: usize, plugin_config: Value) 
                 })
                 .collect(),
             max_consecutive_nacks: None,
+            max_in_flight: None,
         },
         file: None,
     }

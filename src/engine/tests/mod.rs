@@ -2,6 +2,7 @@
 //! the in-memory bus. Each test names one guarantee and fails without it.
 
 mod fast_paths;
+mod pipelined;
 mod scripted;
 
 use std::sync::Arc;
@@ -20,7 +21,7 @@ use crate::engine::runtime::{Runtime, RuntimeOptions};
 use crate::engine::{Status, StopReason};
 use crate::iggy::{Bus, MemoryBus, ProducerTarget};
 use crate::message::{OutgoingMessage, Payload, SourceRecord};
-use crate::state::{MemoryStateStore, StoredState};
+use crate::state::{MemoryStateStore, StateStore, StoredState};
 
 const FAST: Backoff = Backoff {
     initial: Duration::from_millis(1),
@@ -37,12 +38,21 @@ struct Harness {
 
 impl Harness {
     fn new(shutdown_timeout: Duration) -> Self {
+        Self::with_store(shutdown_timeout, |_, state| state)
+    }
+
+    /// A harness whose runtime saves state through what `store` makes of the
+    /// in-memory store (which the harness still inspects).
+    fn with_store(
+        shutdown_timeout: Duration,
+        store: impl FnOnce(&MemoryBus, Arc<MemoryStateStore>) -> Arc<dyn StateStore>,
+    ) -> Self {
         let bus = MemoryBus::new();
         let state = Arc::new(MemoryStateStore::new());
         let factory = Arc::new(ScriptedFactory::default());
         let runtime = Runtime::with_options(
             Arc::new(bus.clone()),
-            state.clone(),
+            store(&bus, state.clone()),
             RuntimeOptions {
                 shutdown_timeout,
                 source_backoff: FAST,
