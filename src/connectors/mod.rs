@@ -165,7 +165,11 @@ pub struct BatchPolicy {
 }
 
 impl BatchPolicy {
-    pub const DEFAULT_MAX_CONSECUTIVE_NACKS: u32 = 5;
+    /// With [`Backoff::SOURCE`](crate::engine::backoff::Backoff::SOURCE) the
+    /// waits between these attempts add up to at least 160 s (200 s before
+    /// jitter): a broker outage of two minutes stops no source (upstream's
+    /// default of 5 gave up after 1.5 s).
+    pub const DEFAULT_MAX_CONSECUTIVE_NACKS: u32 = 15;
 
     pub const fn never_stop() -> Self {
         Self {

@@ -186,6 +186,8 @@ impl Source for RandomSource {
             .max_count
             .map_or(u64::MAX, |max| max.saturating_sub(polled));
         if remaining == 0 {
+            // Staged too, so its commit takes no later batch's turn.
+            self.lock_staged().push_back(polled);
             return Ok(SourceBatch {
                 finished: true,
                 ..SourceBatch::default()

@@ -47,6 +47,14 @@ impl Harness {
         shutdown_timeout: Duration,
         store: impl FnOnce(&MemoryBus, Arc<MemoryStateStore>) -> Arc<dyn StateStore>,
     ) -> Self {
+        Self::with_options(shutdown_timeout, FAST, store)
+    }
+
+    fn with_options(
+        shutdown_timeout: Duration,
+        source_backoff: Backoff,
+        store: impl FnOnce(&MemoryBus, Arc<MemoryStateStore>) -> Arc<dyn StateStore>,
+    ) -> Self {
         let bus = MemoryBus::new();
         let state = Arc::new(MemoryStateStore::new());
         let factory = Arc::new(ScriptedFactory::default());
@@ -55,7 +63,7 @@ impl Harness {
             store(&bus, state.clone()),
             RuntimeOptions {
                 shutdown_timeout,
-                source_backoff: FAST,
+                source_backoff,
                 sink_backoff: FAST,
                 factory: factory.clone(),
             },
@@ -697,4 +705,39 @@ async fn given_state_written_by_another_connector_when_starting_should_refuse_to
     assert_eq!(status.stop_reason, Some(StopReason::StartFailed));
     assert!(status.last_error.unwrap().message.contains("memory:src"));
     assert!(log.opened_with.lock().unwrap().is_none());
+}
+
+/// S4: with the default NACK limit and backoff a source rides out a broker
+/// outage of two minutes, then delivers. Time runs 1000 times faster: the
+/// default backoff divided by 1000 against an outage of 120 ms.
+#[tokio::test]
+async fn given_default_settings_when_the_broker_is_down_for_two_minutes_should_keep_the_source_running()
+ {
+    const SPEEDUP: u32 = 1000;
+    let backoff = Backoff {
+        initial: Backoff::SOURCE.initial / SPEEDUP,
+        max: Backoff::SOURCE.max / SPEEDUP,
+        multiplier: Backoff::SOURCE.multiplier,
+    };
+    let outage = Duration::from_secs(120) / SPEEDUP;
+    let harness = Harness::with_options(Duration::from_secs(5), backoff, |_, state| state);
+    harness.bus.refuse_sends(u32::MAX);
+    let (source, log) = ScriptedSource::new(vec![Step::numbers(0..3)], BatchPolicy::default());
+    harness.start_source("src", source, None).await;
+    let started = Instant::now();
+    let bus = harness.bus.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(outage).await;
+        bus.refuse_sends(0);
+    });
+
+    wait_for("the batch to be delivered after the outage", || {
+        let status = harness.status(ConnectorKind::Source, "src");
+        assert_ne!(status.status, Status::Error, "{status:?}");
+        log.commits.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    assert!(started.elapsed() >= outage);
+    assert_eq!(harness.numbers_in_topic(TOPIC), vec![0, 1, 2]);
+    harness.runtime.shutdown().await;
 }

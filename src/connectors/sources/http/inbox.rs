@@ -405,6 +405,44 @@ mod tests {
         assert_eq!(inbox.withdraw(ticket), Withdrawn::TooLate);
     }
 
+    /// S1 (rewind): the requests of discarded batches go back to the front of
+    /// the queue in order, and none is answered until its batch commits.
+    #[tokio::test]
+    async fn given_batches_in_flight_when_rewound_should_queue_their_requests_again_unanswered() {
+        let inbox = inbox(1, 100);
+        let mut replies = Vec::new();
+        for n in 0..3 {
+            let (reply, answer) = oneshot::channel();
+            let records = vec![SourceRecord::new(Payload::Text(n.to_string()))];
+            inbox.submit(records, Some(reply)).unwrap();
+            replies.push(answer);
+        }
+        let text = |records: Vec<SourceRecord>| match &records[..] {
+            [record] => format!("{:?}", record.payload),
+            other => panic!("one record per batch, got {}", other.len()),
+        };
+        let first = text(inbox.next_batch().await);
+        assert_eq!(inbox.commit(), 1);
+        let second = text(inbox.next_batch().await);
+        let _third = inbox.next_batch().await;
+        assert_eq!(inbox.rewind(), 2);
+        assert_eq!(inbox.health().in_flight_messages, 0);
+        assert_eq!(inbox.health().waiting_messages, 2);
+        for answer in &mut replies[1..] {
+            assert!(answer.try_recv().is_err(), "answered before its commit");
+        }
+        // Polled again from the first discarded request, in order.
+        assert_eq!(text(inbox.next_batch().await), second);
+        assert_ne!(second, first);
+        assert_eq!(inbox.commit(), 1);
+        inbox.next_batch().await;
+        assert_eq!(inbox.commit(), 1);
+        for answer in replies {
+            assert_eq!(answer.await.unwrap(), Outcome::Committed);
+        }
+        assert_eq!(inbox.commit(), 0, "nothing is answered twice");
+    }
+
     #[test]
     fn given_full_inbox_when_submitting_should_refuse() {
         let inbox = inbox(10, 3);

@@ -392,6 +392,12 @@ impl Source for PostgresSource {
         }
         self.caught_up.store(!full, Ordering::SeqCst);
         if records.is_empty() {
+            // Staged too: each poll's batch is committed, in order, by one
+            // `commit`, so an empty one must not take a later batch's turn.
+            self.lock_staged().push_back(Staged {
+                state: next,
+                consume: Arc::new(Vec::new()),
+            });
             return Ok(SourceBatch::default());
         }
         next.processed_rows += records.len() as u64;
