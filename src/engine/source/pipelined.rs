@@ -161,6 +161,27 @@ impl SourcePipeline {
                                     Err(CommitFailure::Nack(_)) => {}
                                 }
                             }
+                            // Batches acknowledged before the failed one need
+                            // not be sent again: commit them first.
+                            let acked = pending
+                                .iter()
+                                .take_while(|batch| batch.phase == Phase::Acked)
+                                .count();
+                            if acked > 0 {
+                                let state = pending
+                                    .iter()
+                                    .take(acked)
+                                    .rev()
+                                    .find_map(|batch| batch.state.clone());
+                                match self.commit_group(state, acked).await {
+                                    Ok(state_save) => {
+                                        nacks = 0;
+                                        self.finish_group(&mut pending, acked, state_save);
+                                    }
+                                    Err(CommitFailure::End(ended)) => return ended,
+                                    Err(CommitFailure::Nack(_)) => {}
+                                }
+                            }
                             if let Err(ended) = self.recover(nack, &mut nacks, &mut pending).await {
                                 return ended;
                             }

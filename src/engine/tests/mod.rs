@@ -144,6 +144,7 @@ fn state_bytes(end: u64) -> Vec<u8> {
     end.to_le_bytes().to_vec()
 }
 
+/// Rule S2 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_a_batch_when_delivered_should_commit_only_after_send_and_state_save() {
     let harness = Harness::new(Duration::from_secs(5));
@@ -170,6 +171,7 @@ async fn given_a_batch_when_delivered_should_commit_only_after_send_and_state_sa
     harness.runtime.shutdown().await;
 }
 
+/// Rule S2, S3 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_state_save_failures_when_delivering_should_not_commit_until_the_state_is_saved() {
     let harness = Harness::new(Duration::from_secs(5));
@@ -191,6 +193,7 @@ async fn given_state_save_failures_when_delivering_should_not_commit_until_the_s
     harness.runtime.shutdown().await;
 }
 
+/// Rule S3 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_refused_sends_when_retried_should_resend_the_same_batch_and_never_save_state_past_it()
  {
@@ -231,6 +234,7 @@ async fn given_refused_sends_when_retried_should_resend_the_same_batch_and_never
     harness.runtime.shutdown().await;
 }
 
+/// Rule S4, S6 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_sends_refused_past_the_limit_when_retried_should_stop_with_reason_nack_limit() {
     let harness = Harness::new(Duration::from_secs(5));
@@ -265,6 +269,7 @@ async fn given_sends_refused_past_the_limit_when_retried_should_stop_with_reason
     );
 }
 
+/// Rule S4 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_nack_limit_zero_when_sends_fail_many_times_should_never_stop() {
     let harness = Harness::new(Duration::from_secs(5));
@@ -288,6 +293,7 @@ async fn given_nack_limit_zero_when_sends_fail_many_times_should_never_stop() {
     harness.runtime.shutdown().await;
 }
 
+/// Rule S6 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_a_connector_that_panics_when_polled_should_stop_only_that_connector_with_reason_panic()
  {
@@ -327,6 +333,7 @@ async fn given_a_connector_that_panics_when_polled_should_stop_only_that_connect
     harness.runtime.shutdown().await;
 }
 
+/// Rule K2, S6 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_a_panicking_sink_when_writing_should_stop_it_with_reason_panic_and_commit_nothing() {
     let harness = Harness::new(Duration::from_secs(5));
@@ -349,6 +356,7 @@ async fn given_a_panicking_sink_when_writing_should_stop_it_with_reason_panic_an
     assert_eq!(harness.bus.committed_offset(STREAM, TOPIC, GROUP, 0), None);
 }
 
+/// Rule S6 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_transient_and_fatal_poll_errors_when_polling_should_retry_the_first_and_stop_on_the_second()
  {
@@ -370,6 +378,7 @@ async fn given_transient_and_fatal_poll_errors_when_polling_should_retry_the_fir
     );
 }
 
+/// Rule S5 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_a_record_that_does_not_encode_when_preparing_should_drop_and_count_it_and_send_the_rest()
  {
@@ -400,6 +409,7 @@ async fn given_a_record_that_does_not_encode_when_preparing_should_drop_and_coun
     harness.runtime.shutdown().await;
 }
 
+/// Rule K3 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_a_message_that_does_not_decode_when_consumed_should_skip_and_count_it_and_write_the_rest()
  {
@@ -425,6 +435,7 @@ async fn given_a_message_that_does_not_decode_when_consumed_should_skip_and_coun
     harness.runtime.shutdown().await;
 }
 
+/// Rule K2, K3 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_transient_write_failures_when_retrying_should_leave_offsets_uncommitted_until_written()
  {
@@ -459,6 +470,7 @@ async fn given_transient_write_failures_when_retrying_should_leave_offsets_uncom
     harness.runtime.shutdown().await;
 }
 
+/// Rule K2 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_a_sink_stopped_while_its_writes_fail_when_restarted_should_get_the_batch_again() {
     let harness = Harness::new(Duration::from_millis(50));
@@ -499,6 +511,7 @@ async fn given_a_sink_stopped_while_its_writes_fail_when_restarted_should_get_th
     harness.runtime.shutdown().await;
 }
 
+/// Rule K3 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_a_rejected_message_when_on_error_is_stop_should_stop_with_reason_rejected_and_keep_offsets()
  {
@@ -523,6 +536,7 @@ async fn given_a_rejected_message_when_on_error_is_stop_should_stop_with_reason_
     assert_eq!(harness.bus.committed_offset(STREAM, TOPIC, GROUP, 0), None);
 }
 
+/// Rule K3 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_a_rejected_message_when_on_error_is_skip_should_count_it_and_write_the_rest() {
     let harness = Harness::new(Duration::from_secs(5));
@@ -554,6 +568,7 @@ async fn given_a_rejected_message_when_on_error_is_skip_should_count_it_and_writ
     harness.runtime.shutdown().await;
 }
 
+/// Rule K3 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_a_rejected_message_when_on_error_is_dlq_should_dead_letter_it_with_headers_saying_why()
  {
@@ -611,6 +626,7 @@ async fn given_a_rejected_message_when_on_error_is_dlq_should_dead_letter_it_wit
     harness.runtime.shutdown().await;
 }
 
+/// Rule S7 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_a_batch_in_flight_when_shutdown_is_requested_should_commit_it_before_stopping() {
     let harness = Harness::new(Duration::from_secs(5));
@@ -639,6 +655,7 @@ async fn given_a_batch_in_flight_when_shutdown_is_requested_should_commit_it_bef
     );
 }
 
+/// Rule S7 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_a_send_slower_than_the_grace_period_when_shutting_down_should_leave_the_batch_uncommitted()
  {
@@ -660,6 +677,7 @@ async fn given_a_send_slower_than_the_grace_period_when_shutting_down_should_lea
     );
 }
 
+/// Rule State (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_saved_state_when_a_source_starts_should_open_it_with_that_state() {
     let harness = Harness::new(Duration::from_secs(5));
@@ -684,6 +702,7 @@ async fn given_saved_state_when_a_source_starts_should_open_it_with_that_state()
     harness.runtime.shutdown().await;
 }
 
+/// Rule State (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_state_written_by_another_connector_when_starting_should_refuse_to_start() {
     let harness = Harness::new(Duration::from_secs(5));
