@@ -61,11 +61,14 @@ pub struct SourceLog {
     pub at_rewind: Mutex<Vec<(usize, usize)>>,
 }
 
+/// A polled batch's records and state.
+type Polled = (Vec<SourceRecord>, Option<Vec<u8>>);
+
 pub struct ScriptedSource {
     steps: Mutex<VecDeque<Step>>,
     /// Batches polled and not committed, oldest first: a rewind puts them
     /// back in front of `steps`.
-    in_flight: Mutex<VecDeque<(Vec<SourceRecord>, Option<Vec<u8>>)>>,
+    in_flight: Mutex<VecDeque<Polled>>,
     max_in_flight: usize,
     policy: BatchPolicy,
     pub log: Arc<SourceLog>,

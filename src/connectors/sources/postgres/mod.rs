@@ -79,11 +79,14 @@ pub struct PostgresSource {
     caught_up: AtomicBool,
 }
 
+/// One table's DELETE/UPDATE statement and the keys it applies to.
+type Consumption = (String, Arc<str>, Vec<String>);
+
 #[derive(Debug)]
 struct Staged {
     state: PostgresState,
     /// DELETE/UPDATE statements with the keys of the delivered rows.
-    consume: Arc<Vec<(String, Arc<str>, Vec<String>)>>,
+    consume: Arc<Vec<Consumption>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -278,10 +281,7 @@ impl PostgresSource {
         }
     }
 
-    async fn apply(
-        &self,
-        consume: &[(String, Arc<str>, Vec<String>)],
-    ) -> Result<(), PostgresSourceError> {
+    async fn apply(&self, consume: &[Consumption]) -> Result<(), PostgresSourceError> {
         if consume.iter().all(|(_, _, keys)| keys.is_empty()) {
             return Ok(());
         }
