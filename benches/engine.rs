@@ -305,6 +305,7 @@ fn source_config() -> ConnectorConfig {
                 partitions: 1,
             }],
             max_consecutive_nacks: None,
+            max_in_flight: None,
         },
     )
 }

@@ -16,6 +16,8 @@
 //! - `raw_consume`: a group consumer alone, storing offsets after each batch;
 //! - `random_to_iggy`: the random source (200 B records, polls of 1000);
 //! - `random_to_iggy_polls_of_10000`: the same, 10 sends per state save;
+//! - `random_to_iggy_in_flight_N`: `random_to_iggy` with `max_in_flight = N`
+//!   (the default is chosen from these);
 //! - `iggy_to_stdout`: the stdout sink draining a filled topic;
 //! - `random_iggy_stdout`: both connectors in one runtime, measured at the sink.
 //!
@@ -45,6 +47,9 @@ const CASES: &[&str] = &[
     "raw_consume",
     "random_to_iggy",
     "random_to_iggy_polls_of_10000",
+    "random_to_iggy_in_flight_1",
+    "random_to_iggy_in_flight_2",
+    "random_to_iggy_in_flight_8",
     "iggy_to_stdout",
     "random_iggy_stdout",
 ];
@@ -65,9 +70,16 @@ async fn run(case: String) {
     match case {
         "raw_send" => raw_send(case, &iggy, &stream, messages).await,
         "raw_consume" => raw_consume(case, &iggy, &stream, messages).await,
-        "random_to_iggy" => random_to_iggy(case, &iggy, &stream, messages, BATCH).await,
+        "random_to_iggy" => random_to_iggy(case, &iggy, &stream, messages, BATCH, None).await,
         "random_to_iggy_polls_of_10000" => {
-            random_to_iggy(case, &iggy, &stream, messages, 10 * BATCH).await
+            random_to_iggy(case, &iggy, &stream, messages, 10 * BATCH, None).await
+        }
+        in_flight if in_flight.starts_with("random_to_iggy_in_flight_") => {
+            let count = in_flight
+                .trim_start_matches("random_to_iggy_in_flight_")
+                .parse()
+                .expect("in-flight count");
+            random_to_iggy(case, &iggy, &stream, messages, BATCH, Some(count)).await
         }
         "iggy_to_stdout" => iggy_to_stdout(case, &iggy, &stream, messages).await,
         "random_iggy_stdout" => random_iggy_stdout(case, &iggy, &stream, messages).await,
@@ -125,12 +137,19 @@ async fn raw_consume(case: &str, iggy: &Iggy, stream: &str, messages: u64) {
     raw::drop_stream(&client, stream).await;
 }
 
-async fn random_to_iggy(case: &str, iggy: &Iggy, stream: &str, messages: u64, per_poll: u64) {
+async fn random_to_iggy(
+    case: &str,
+    iggy: &Iggy,
+    stream: &str,
+    messages: u64,
+    per_poll: u64,
+    max_in_flight: Option<u32>,
+) {
     let stages = Stages::install();
     let state = tempfile::tempdir().expect("state dir");
     let runtime = runtime(iggy, state.path());
     runtime
-        .add(random_source(stream, messages, per_poll))
+        .add(random_source(stream, messages, per_poll, max_in_flight))
         .expect("add source");
     let started = Instant::now();
     runtime.start_enabled().await;
@@ -149,7 +168,13 @@ async fn random_to_iggy(case: &str, iggy: &Iggy, stream: &str, messages: u64, pe
         elapsed,
         latencies: stages.latencies("random"),
         extra: [
-            vec![("records_per_poll", per_poll.to_string())],
+            vec![
+                ("records_per_poll", per_poll.to_string()),
+                (
+                    "max_in_flight",
+                    max_in_flight.map_or("default".into(), |count| count.to_string()),
+                ),
+            ],
             stages.breakdown("random"),
             vec![("server", iggy.kind().into())],
         ]
@@ -195,7 +220,7 @@ async fn random_iggy_stdout(case: &str, iggy: &Iggy, stream: &str, messages: u64
     let state = tempfile::tempdir().expect("state dir");
     let runtime = runtime(iggy, state.path());
     runtime
-        .add(random_source(stream, messages, BATCH))
+        .add(random_source(stream, messages, BATCH, None))
         .expect("add source");
     runtime.add(stdout_sink(stream)).expect("add sink");
     let started = Instant::now();
@@ -230,12 +255,19 @@ fn runtime(iggy: &Iggy, state_dir: &Path) -> Arc<Runtime> {
     )
 }
 
-fn random_source(stream: &str, messages: u64, per_poll: u64) -> ConnectorConfig {
+fn random_source(
+    stream: &str,
+    messages: u64,
+    per_poll: u64,
+    max_in_flight: Option<u32>,
+) -> ConnectorConfig {
+    let in_flight = max_in_flight.map_or(String::new(), |count| format!("max_in_flight = {count}"));
     connector(&format!(
         r#"
         type = "source"
         key = "random"
         path = "random"
+        {in_flight}
         [[streams]]
         stream = "{stream}"
         topic = "{TOPIC}"

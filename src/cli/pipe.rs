@@ -344,6 +344,7 @@ fn plan(args: &PipeArgs) -> Result<Plan, String> {
             KindConfig::Source {
                 streams: source_streams.clone(),
                 max_consecutive_nacks: None,
+                max_in_flight: None,
             },
         ),
     };

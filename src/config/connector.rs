@@ -54,6 +54,8 @@ pub enum KindConfig {
         streams: Vec<SourceStream>,
         /// `Some(0)` means never stop; `None` keeps the connector's default.
         max_consecutive_nacks: Option<u32>,
+        /// Batches in flight (`1..=MAX_IN_FLIGHT`); `None` keeps the default.
+        max_in_flight: Option<u32>,
     },
     Sink {
         streams: Vec<SinkStream>,
@@ -127,6 +129,18 @@ impl ConnectorConfig {
         }
     }
 
+    /// How many batches a source runs with in flight, given how many it can
+    /// have (`1` for sinks and for sources that cannot rewind).
+    pub fn max_in_flight(&self, capability: usize) -> usize {
+        let chosen = match &self.kind_config {
+            KindConfig::Source { max_in_flight, .. } => {
+                max_in_flight.unwrap_or(DEFAULT_MAX_IN_FLIGHT)
+            }
+            KindConfig::Sink { .. } => 1,
+        };
+        (chosen as usize).min(capability).max(1)
+    }
+
     /// Where this config came from, for messages.
     pub fn origin(&self) -> PathBuf {
         self.file
@@ -150,6 +164,7 @@ const KNOWN_FIELDS: &[&str] = &[
     "transforms",
     "streams",
     "max_consecutive_nacks",
+    "max_in_flight",
     "on_error",
     "dead_letter",
 ];
@@ -219,12 +234,14 @@ fn parse_table(
         ConnectorKind::Source => {
             let streams = read_source_streams(&mut reader);
             let max_consecutive_nacks = read_nack_limit(&mut reader);
+            let max_in_flight = read_max_in_flight(&mut reader);
             if reader.get("on_error").is_some() {
                 reader.warning("on_error", "only sinks have an on_error policy; ignored");
             }
             KindConfig::Source {
                 streams,
                 max_consecutive_nacks,
+                max_in_flight,
             }
         }
         ConnectorKind::Sink => {
@@ -234,6 +251,12 @@ fn parse_table(
                 reader.warning(
                     "max_consecutive_nacks",
                     "only sources have a NACK limit; ignored",
+                );
+            }
+            if reader.get("max_in_flight").is_some() {
+                reader.warning(
+                    "max_in_flight",
+                    "only sources have batches in flight; ignored",
                 );
             }
             if on_error == OnError::Dlq && dead_letter.is_none() {
@@ -357,6 +380,29 @@ fn read_dead_letter(reader: &mut Reader) -> Option<DeadLetterTarget> {
         stream: stream?,
         topic: topic?,
     })
+}
+
+/// The most batches a source may have in flight.
+pub const MAX_IN_FLIGHT: u32 = 64;
+
+/// Batches in flight for sources that can have several and whose file does
+/// not say (`cargo bench --bench engine random_to_iggy_in_flight`, BENCHMARKS.md).
+pub const DEFAULT_MAX_IN_FLIGHT: u32 = 4;
+
+fn read_max_in_flight(reader: &mut Reader) -> Option<u32> {
+    match reader.get("max_in_flight")? {
+        Value::Integer(count) if (1..=i64::from(MAX_IN_FLIGHT)).contains(count) => {
+            Some(*count as u32)
+        }
+        other => {
+            let message = format!(
+                "expected an integer from 1 to {MAX_IN_FLIGHT}, found {}",
+                describe(other)
+            );
+            reader.error("max_in_flight", message);
+            None
+        }
+    }
 }
 
 fn read_nack_limit(reader: &mut Reader) -> Option<u32> {

@@ -40,14 +40,22 @@ pub type BoxError = Box<dyn StdError + Send + Sync>;
 
 /// A source reads from an external system and hands the engine batches.
 ///
-/// The engine drives it with exactly one batch in flight:
-/// `poll` -> (send to Iggy, save state, retrying as long as needed) -> `commit`
-/// -> `poll` ... A source may stage what it needs to finish a batch (rows to
-/// delete, clients to answer) in `poll`, but it must do nothing destructive or
-/// irreversible until `commit` is called: `commit` means the batch is in Iggy and
-/// the state returned with it is saved. After a failed delivery the engine retries
-/// the same batch and never calls `poll` in between; if it gives up it calls
-/// `close` without `commit`, and the source must leave its input untouched.
+/// The engine drives it as `poll` -> (send to Iggy, save state) -> `commit`,
+/// with up to [`max_in_flight`](Source::max_in_flight) batches polled and not
+/// yet committed (the delivery contract is in docs/ARCHITECTURE.md). A source
+/// may stage what it needs to finish a batch (rows to delete, clients to
+/// answer) in `poll`, but it must do nothing destructive or irreversible until
+/// `commit` is called: `commit` means the oldest batch polled and not yet
+/// committed is in Iggy and the state returned with it (or with a later batch)
+/// is saved. Commits come strictly in poll order.
+///
+/// With one batch in flight, a failed delivery is retried with the same batch
+/// and `poll` is not called in between. With more than one, `poll` may run
+/// while earlier batches are being sent or committed, and after a failed
+/// delivery the engine calls `rewind`: every batch polled and not committed is
+/// forgotten and the next `poll` starts again right after the last committed
+/// one. If the engine gives up it calls `close` without `commit`, and the
+/// source must leave the input of uncommitted batches untouched.
 #[async_trait]
 pub trait Source: Send + Sync {
     /// Prepares the source. `state` is what the last committed batch returned, as
@@ -59,8 +67,24 @@ pub trait Source: Send + Sync {
     /// (on shutdown) loses nothing.
     async fn poll(&self) -> Result<SourceBatch, ConnectorError>;
 
-    /// The batch returned by the last `poll` is durable: apply what it staged.
+    /// The oldest batch polled and not yet committed is durable: apply what it
+    /// staged.
     async fn commit(&self) -> Result<(), ConnectorError>;
+
+    /// How many batches this source can have polled and not yet committed
+    /// (at least 1). More than 1 requires [`rewind`](Source::rewind); the
+    /// connector file's `max_in_flight` chooses up to this many.
+    fn max_in_flight(&self) -> usize {
+        1
+    }
+
+    /// Forgets every batch polled and not committed: nothing of them is ever
+    /// applied, and the next `poll` resumes right after the last committed
+    /// batch. Called only on sources with `max_in_flight() > 1`, never while a
+    /// `poll` or `commit` is running.
+    async fn rewind(&self) -> Result<(), ConnectorError> {
+        Ok(())
+    }
 
     /// How the engine should treat failed deliveries of this source's batches.
     fn batch_policy(&self) -> BatchPolicy {
@@ -159,7 +183,11 @@ pub struct BatchPolicy {
 }
 
 impl BatchPolicy {
-    pub const DEFAULT_MAX_CONSECUTIVE_NACKS: u32 = 5;
+    /// With [`Backoff::SOURCE`](crate::engine::backoff::Backoff::SOURCE) the
+    /// waits between these attempts add up to at least 160 s (200 s before
+    /// jitter): a broker outage of two minutes stops no source (upstream's
+    /// default of 5 gave up after 1.5 s).
+    pub const DEFAULT_MAX_CONSECUTIVE_NACKS: u32 = 15;
 
     pub const fn never_stop() -> Self {
         Self {

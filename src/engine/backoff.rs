@@ -6,10 +6,12 @@ use std::time::Duration;
 pub use crate::connectors::kit::backoff::Backoff;
 
 impl Backoff {
-    /// Retries of a source batch (upstream: 100 ms doubling, capped at 5 s).
+    /// Retries of a source batch: 100 ms doubling, capped at 30 s (upstream
+    /// caps at 5 s). With the default NACK limit the retries span more than
+    /// two minutes, so a source rides out a broker restart by default.
     pub const SOURCE: Backoff = Backoff {
         initial: Duration::from_millis(100),
-        max: Duration::from_secs(5),
+        max: Duration::from_secs(30),
         multiplier: 2.0,
     };
 

@@ -1,6 +1,7 @@
 //! The pipelines and their lifecycle. The engine knows no connector by name: it
 //! drives `Source`/`Sink` trait objects over the `Bus` and enforces the delivery
-//! contract (see ARCHITECTURE.md).
+//! contract whose numbered rules (S1-S7 for sources, K1-K4 for sinks) are in
+//! docs/ARCHITECTURE.md; the engine tests name the rule each one proves.
 
 pub mod backoff;
 pub mod codec;

@@ -381,6 +381,7 @@ impl Runtime {
             )));
         }
         let policy = config.batch_policy(source.batch_policy());
+        let max_in_flight = config.max_in_flight(source.max_in_flight());
         let producers = async {
             let mut routes = Vec::with_capacity(streams.len());
             for stream in streams {
@@ -424,6 +425,7 @@ impl Runtime {
             metrics: slot.metrics.clone(),
             shutdown: shutdown.clone(),
             backoff: self.options.source_backoff,
+            max_in_flight,
             verbose: config.verbose,
             benchmark: config.benchmark,
         })

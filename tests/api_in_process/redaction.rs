@@ -40,6 +40,7 @@ fn config_for(kind: ConnectorKind, name: &str, key: &str, plugin_config: Value) 
                 partitions: 1,
             }],
             max_consecutive_nacks: None,
+            max_in_flight: None,
         },
         ConnectorKind::Sink => KindConfig::Sink {
             streams: vec![SinkStream {

@@ -450,6 +450,7 @@ fn source_config(connector: &str, key: &str, plugin_config: Value) -> ConnectorC
                 partitions: 1,
             }],
             max_consecutive_nacks: Some(0),
+            max_in_flight: None,
         },
         file: None,
     }

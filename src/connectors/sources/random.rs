@@ -4,6 +4,7 @@
 //! records committed so far, so a restart continues the count and `max_count`
 //! holds across restarts.
 
+use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -70,8 +71,8 @@ pub struct RandomSource {
     config: RandomConfig,
     /// Records committed so far.
     committed: AtomicU64,
-    /// The count once the batch in flight commits.
-    staged: Mutex<Option<u64>>,
+    /// The count once each batch in flight commits, oldest first.
+    staged: Mutex<VecDeque<u64>>,
     polled_once: AtomicBool,
     /// Random alphanumeric text that records take slices of, so generating a
     /// record costs no per-character randomness.
@@ -100,7 +101,7 @@ impl RandomSource {
         Ok(Self {
             config,
             committed: AtomicU64::new(0),
-            staged: Mutex::new(None),
+            staged: Mutex::new(VecDeque::new()),
             polled_once: AtomicBool::new(false),
             text_pool,
         })
@@ -152,7 +153,16 @@ impl RandomSource {
         records
     }
 
-    fn lock_staged(&self) -> std::sync::MutexGuard<'_, Option<u64>> {
+    /// The count once every batch polled so far commits.
+    fn polled_up_to(&self) -> u64 {
+        let staged = self.lock_staged();
+        staged
+            .back()
+            .copied()
+            .unwrap_or_else(|| self.committed.load(Ordering::SeqCst))
+    }
+
+    fn lock_staged(&self) -> std::sync::MutexGuard<'_, VecDeque<u64>> {
         self.staged
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -170,13 +180,17 @@ impl Source for RandomSource {
         Ok(())
     }
 
+    /// Polls continue after the newest batch in flight; a rewind forgets
+    /// those, so the next poll regenerates from the committed count.
     async fn poll(&self) -> Result<SourceBatch, ConnectorError> {
-        let committed = self.committed.load(Ordering::SeqCst);
+        let polled = self.polled_up_to();
         let remaining = self
             .config
             .max_count
-            .map_or(u64::MAX, |max| max.saturating_sub(committed));
+            .map_or(u64::MAX, |max| max.saturating_sub(polled));
         if remaining == 0 {
+            // Staged too, so its commit takes no later batch's turn.
+            self.lock_staged().push_back(polled);
             return Ok(SourceBatch {
                 finished: true,
                 ..SourceBatch::default()
@@ -185,10 +199,16 @@ impl Source for RandomSource {
         if self.polled_once.swap(true, Ordering::SeqCst) && !self.config.interval.is_zero() {
             tokio::time::sleep(self.config.interval).await;
         }
+        // A rewind may have run during the sleep.
+        let polled = self.polled_up_to();
+        let remaining = self
+            .config
+            .max_count
+            .map_or(u64::MAX, |max| max.saturating_sub(polled));
         let count = self.batch_size(remaining);
-        let records = self.records(committed..committed + count);
-        let produced = committed + count;
-        *self.lock_staged() = Some(produced);
+        let records = self.records(polled..polled + count);
+        let produced = polled + count;
+        self.lock_staged().push_back(produced);
         Ok(SourceBatch {
             records,
             state: Some(encode_state(&RandomState {
@@ -199,14 +219,25 @@ impl Source for RandomSource {
     }
 
     async fn commit(&self) -> Result<(), ConnectorError> {
-        if let Some(produced) = self.lock_staged().take() {
+        // Under the lock, so `polled_up_to` never sees neither.
+        let mut staged = self.lock_staged();
+        if let Some(produced) = staged.pop_front() {
             self.committed.store(produced, Ordering::SeqCst);
         }
         Ok(())
     }
 
+    fn max_in_flight(&self) -> usize {
+        crate::config::connector::MAX_IN_FLIGHT as usize
+    }
+
+    async fn rewind(&self) -> Result<(), ConnectorError> {
+        self.lock_staged().clear();
+        Ok(())
+    }
+
     async fn close(&mut self) -> Result<(), ConnectorError> {
-        self.lock_staged().take();
+        self.lock_staged().clear();
         Ok(())
     }
 }

@@ -2,6 +2,7 @@
 //! the in-memory bus. Each test names one guarantee and fails without it.
 
 mod fast_paths;
+mod pipelined;
 mod scripted;
 #[path = "../../../tests/support/wait.rs"]
 #[allow(dead_code)]
@@ -9,7 +10,7 @@ mod wait;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -23,7 +24,7 @@ use crate::engine::runtime::{Runtime, RuntimeOptions};
 use crate::engine::{Status, StopReason};
 use crate::iggy::{Bus, MemoryBus, ProducerTarget};
 use crate::message::{OutgoingMessage, Payload, SourceRecord};
-use crate::state::{MemoryStateStore, StoredState};
+use crate::state::{MemoryStateStore, StateStore, StoredState};
 
 const FAST: Backoff = Backoff {
     initial: Duration::from_millis(1),
@@ -40,15 +41,32 @@ struct Harness {
 
 impl Harness {
     fn new(shutdown_timeout: Duration) -> Self {
+        Self::with_store(shutdown_timeout, |_, state| state)
+    }
+
+    /// A harness whose runtime saves state through what `store` makes of the
+    /// in-memory store (which the harness still inspects).
+    fn with_store(
+        shutdown_timeout: Duration,
+        store: impl FnOnce(&MemoryBus, Arc<MemoryStateStore>) -> Arc<dyn StateStore>,
+    ) -> Self {
+        Self::with_options(shutdown_timeout, FAST, store)
+    }
+
+    fn with_options(
+        shutdown_timeout: Duration,
+        source_backoff: Backoff,
+        store: impl FnOnce(&MemoryBus, Arc<MemoryStateStore>) -> Arc<dyn StateStore>,
+    ) -> Self {
         let bus = MemoryBus::new();
         let state = Arc::new(MemoryStateStore::new());
         let factory = Arc::new(ScriptedFactory::default());
         let runtime = Runtime::with_options(
             Arc::new(bus.clone()),
-            state.clone(),
+            store(&bus, state.clone()),
             RuntimeOptions {
                 shutdown_timeout,
-                source_backoff: FAST,
+                source_backoff,
                 sink_backoff: FAST,
                 factory: factory.clone(),
             },
@@ -125,6 +143,7 @@ fn state_bytes(end: u64) -> Vec<u8> {
     end.to_le_bytes().to_vec()
 }
 
+/// Rule S2 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_a_batch_when_delivered_should_commit_only_after_send_and_state_save() {
     let harness = Harness::new(Duration::from_secs(5));
@@ -151,6 +170,7 @@ async fn given_a_batch_when_delivered_should_commit_only_after_send_and_state_sa
     harness.runtime.shutdown().await;
 }
 
+/// Rule S2, S3 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_state_save_failures_when_delivering_should_not_commit_until_the_state_is_saved() {
     let harness = Harness::new(Duration::from_secs(5));
@@ -172,6 +192,7 @@ async fn given_state_save_failures_when_delivering_should_not_commit_until_the_s
     harness.runtime.shutdown().await;
 }
 
+/// Rule S3 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_refused_sends_when_retried_should_resend_the_same_batch_and_never_save_state_past_it()
  {
@@ -212,6 +233,7 @@ async fn given_refused_sends_when_retried_should_resend_the_same_batch_and_never
     harness.runtime.shutdown().await;
 }
 
+/// Rule S4, S6 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_sends_refused_past_the_limit_when_retried_should_stop_with_reason_nack_limit() {
     let harness = Harness::new(Duration::from_secs(5));
@@ -246,6 +268,7 @@ async fn given_sends_refused_past_the_limit_when_retried_should_stop_with_reason
     );
 }
 
+/// Rule S4 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_nack_limit_zero_when_sends_fail_many_times_should_never_stop() {
     let harness = Harness::new(Duration::from_secs(5));
@@ -269,6 +292,7 @@ async fn given_nack_limit_zero_when_sends_fail_many_times_should_never_stop() {
     harness.runtime.shutdown().await;
 }
 
+/// Rule S6 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_a_connector_that_panics_when_polled_should_stop_only_that_connector_with_reason_panic()
  {
@@ -308,6 +332,7 @@ async fn given_a_connector_that_panics_when_polled_should_stop_only_that_connect
     harness.runtime.shutdown().await;
 }
 
+/// Rule K2, S6 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_a_panicking_sink_when_writing_should_stop_it_with_reason_panic_and_commit_nothing() {
     let harness = Harness::new(Duration::from_secs(5));
@@ -330,6 +355,7 @@ async fn given_a_panicking_sink_when_writing_should_stop_it_with_reason_panic_an
     assert_eq!(harness.bus.committed_offset(STREAM, TOPIC, GROUP, 0), None);
 }
 
+/// Rule S6 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_transient_and_fatal_poll_errors_when_polling_should_retry_the_first_and_stop_on_the_second()
  {
@@ -351,6 +377,7 @@ async fn given_transient_and_fatal_poll_errors_when_polling_should_retry_the_fir
     );
 }
 
+/// Rule S5 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_a_record_that_does_not_encode_when_preparing_should_drop_and_count_it_and_send_the_rest()
  {
@@ -381,6 +408,7 @@ async fn given_a_record_that_does_not_encode_when_preparing_should_drop_and_coun
     harness.runtime.shutdown().await;
 }
 
+/// Rule K3 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_a_message_that_does_not_decode_when_consumed_should_skip_and_count_it_and_write_the_rest()
  {
@@ -406,6 +434,7 @@ async fn given_a_message_that_does_not_decode_when_consumed_should_skip_and_coun
     harness.runtime.shutdown().await;
 }
 
+/// Rule K2, K3 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_transient_write_failures_when_retrying_should_leave_offsets_uncommitted_until_written()
  {
@@ -440,6 +469,7 @@ async fn given_transient_write_failures_when_retrying_should_leave_offsets_uncom
     harness.runtime.shutdown().await;
 }
 
+/// Rule K2 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_a_sink_stopped_while_its_writes_fail_when_restarted_should_get_the_batch_again() {
     let harness = Harness::new(Duration::from_millis(50));
@@ -480,6 +510,7 @@ async fn given_a_sink_stopped_while_its_writes_fail_when_restarted_should_get_th
     harness.runtime.shutdown().await;
 }
 
+/// Rule K3 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_a_rejected_message_when_on_error_is_stop_should_stop_with_reason_rejected_and_keep_offsets()
  {
@@ -504,6 +535,7 @@ async fn given_a_rejected_message_when_on_error_is_stop_should_stop_with_reason_
     assert_eq!(harness.bus.committed_offset(STREAM, TOPIC, GROUP, 0), None);
 }
 
+/// Rule K3 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_a_rejected_message_when_on_error_is_skip_should_count_it_and_write_the_rest() {
     let harness = Harness::new(Duration::from_secs(5));
@@ -535,6 +567,7 @@ async fn given_a_rejected_message_when_on_error_is_skip_should_count_it_and_writ
     harness.runtime.shutdown().await;
 }
 
+/// Rule K3 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_a_rejected_message_when_on_error_is_dlq_should_dead_letter_it_with_headers_saying_why()
  {
@@ -592,6 +625,7 @@ async fn given_a_rejected_message_when_on_error_is_dlq_should_dead_letter_it_wit
     harness.runtime.shutdown().await;
 }
 
+/// Rule S7 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_a_batch_in_flight_when_shutdown_is_requested_should_commit_it_before_stopping() {
     let harness = Harness::new(Duration::from_secs(5));
@@ -620,6 +654,7 @@ async fn given_a_batch_in_flight_when_shutdown_is_requested_should_commit_it_bef
     );
 }
 
+/// Rule S7 (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_a_send_slower_than_the_grace_period_when_shutting_down_should_leave_the_batch_uncommitted()
  {
@@ -641,6 +676,7 @@ async fn given_a_send_slower_than_the_grace_period_when_shutting_down_should_lea
     );
 }
 
+/// Rule State (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_saved_state_when_a_source_starts_should_open_it_with_that_state() {
     let harness = Harness::new(Duration::from_secs(5));
@@ -665,6 +701,7 @@ async fn given_saved_state_when_a_source_starts_should_open_it_with_that_state()
     harness.runtime.shutdown().await;
 }
 
+/// Rule State (docs/ARCHITECTURE.md).
 #[tokio::test]
 async fn given_state_written_by_another_connector_when_starting_should_refuse_to_start() {
     let harness = Harness::new(Duration::from_secs(5));
@@ -686,4 +723,39 @@ async fn given_state_written_by_another_connector_when_starting_should_refuse_to
     assert_eq!(status.stop_reason, Some(StopReason::StartFailed));
     assert!(status.last_error.unwrap().message.contains("memory:src"));
     assert!(log.opened_with.lock().unwrap().is_none());
+}
+
+/// S4: with the default NACK limit and backoff a source rides out a broker
+/// outage of two minutes, then delivers. Time runs 1000 times faster: the
+/// default backoff divided by 1000 against an outage of 120 ms.
+#[tokio::test]
+async fn given_default_settings_when_the_broker_is_down_for_two_minutes_should_keep_the_source_running()
+ {
+    const SPEEDUP: u32 = 1000;
+    let backoff = Backoff {
+        initial: Backoff::SOURCE.initial / SPEEDUP,
+        max: Backoff::SOURCE.max / SPEEDUP,
+        multiplier: Backoff::SOURCE.multiplier,
+    };
+    let outage = Duration::from_secs(120) / SPEEDUP;
+    let harness = Harness::with_options(Duration::from_secs(5), backoff, |_, state| state);
+    harness.bus.refuse_sends(u32::MAX);
+    let (source, log) = ScriptedSource::new(vec![Step::numbers(0..3)], BatchPolicy::default());
+    harness.start_source("src", source, None).await;
+    let started = Instant::now();
+    let bus = harness.bus.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(outage).await;
+        bus.refuse_sends(0);
+    });
+
+    wait_for("the batch to be delivered after the outage", || {
+        let status = harness.status(ConnectorKind::Source, "src");
+        assert_ne!(status.status, Status::Error, "{status:?}");
+        log.commits.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    assert!(started.elapsed() >= outage);
+    assert_eq!(harness.numbers_in_topic(TOPIC), vec![0, 1, 2]);
+    harness.runtime.shutdown().await;
 }

@@ -58,10 +58,20 @@ pub struct SourceLog {
     /// Called at every commit; what it returns is kept in `at_commit`.
     pub probe: Mutex<Option<Box<dyn Fn() -> String + Send>>>,
     pub at_commit: Mutex<Vec<String>>,
+    pub rewinds: AtomicUsize,
+    /// `polls`/`commits` as they were at each rewind.
+    pub at_rewind: Mutex<Vec<(usize, usize)>>,
 }
+
+/// A polled batch's records and state.
+type Polled = (Vec<SourceRecord>, Option<Vec<u8>>);
 
 pub struct ScriptedSource {
     steps: Mutex<VecDeque<Step>>,
+    /// Batches polled and not committed, oldest first: a rewind puts them
+    /// back in front of `steps`.
+    in_flight: Mutex<VecDeque<Polled>>,
+    max_in_flight: usize,
     policy: BatchPolicy,
     pub log: Arc<SourceLog>,
 }
@@ -71,10 +81,18 @@ impl ScriptedSource {
         let log = Arc::new(SourceLog::default());
         let source = Self {
             steps: Mutex::new(steps.into()),
+            in_flight: Mutex::new(VecDeque::new()),
+            max_in_flight: 1,
             policy,
             log: log.clone(),
         };
         (source, log)
+    }
+
+    /// A source that can have `count` batches in flight and rewinds.
+    pub fn in_flight(mut self, count: usize) -> Self {
+        self.max_in_flight = count;
+        self
     }
 }
 
@@ -89,11 +107,19 @@ impl Source for ScriptedSource {
         self.log.polls.fetch_add(1, Ordering::SeqCst);
         let step = self.steps.lock().unwrap().pop_front();
         match step {
-            Some(Step::Batch { records, state }) => Ok(SourceBatch {
-                records,
-                state,
-                finished: false,
-            }),
+            Some(Step::Batch { records, state }) => {
+                if self.max_in_flight > 1 {
+                    self.in_flight
+                        .lock()
+                        .unwrap()
+                        .push_back((records.clone(), state.clone()));
+                }
+                Ok(SourceBatch {
+                    records,
+                    state,
+                    finished: false,
+                })
+            }
             Some(Step::Panic) => panic!("scripted panic"),
             Some(Step::Fail(transient)) if transient => {
                 Err(ConnectorError::transient("scripted poll failure"))
@@ -107,7 +133,25 @@ impl Source for ScriptedSource {
         if let Some(probe) = self.log.probe.lock().unwrap().as_ref() {
             self.log.at_commit.lock().unwrap().push(probe());
         }
+        self.in_flight.lock().unwrap().pop_front();
         self.log.commits.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn max_in_flight(&self) -> usize {
+        self.max_in_flight
+    }
+
+    async fn rewind(&self) -> Result<(), ConnectorError> {
+        self.log.at_rewind.lock().unwrap().push((
+            self.log.polls.load(Ordering::SeqCst),
+            self.log.commits.load(Ordering::SeqCst),
+        ));
+        self.log.rewinds.fetch_add(1, Ordering::SeqCst);
+        let mut steps = self.steps.lock().unwrap();
+        for (records, state) in self.in_flight.lock().unwrap().drain(..).rev() {
+            steps.push_front(Step::Batch { records, state });
+        }
         Ok(())
     }
 
@@ -280,6 +324,7 @@ pub fn source_config(key: &str, max_consecutive_nacks: Option<u32>) -> Connector
                 partitions: 1,
             }],
             max_consecutive_nacks,
+            max_in_flight: None,
         },
     )
 }

@@ -3,10 +3,12 @@
 //!
 //! Handlers `submit` a request's records; `next_batch` (the source's `poll`)
 //! gathers every waiting request, up to `batch_length` messages, into one batch
-//! and keeps the requests' reply channels as the batch in flight; `commit` answers
-//! them all. Requests that arrive while a batch is in flight (the engine keeps
-//! retrying it while the broker is down) wait here; one that gives up before it
-//! was taken into a batch is `withdraw`n and will never be delivered.
+//! and keeps the requests as a batch in flight; `commit` answers the requests of
+//! the oldest batch in flight. `rewind` puts the requests of every batch in
+//! flight back at the front of the queue, unanswered, in their order. Requests
+//! that arrive while batches are in flight (the engine keeps retrying while
+//! the broker is down) wait here; one that gives up before it was taken into a
+//! batch is `withdraw`n and will never be delivered.
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
@@ -75,7 +77,8 @@ struct State {
     closed: bool,
     waiting: VecDeque<Submission>,
     waiting_messages: usize,
-    in_flight: Option<InFlight>,
+    /// Oldest first.
+    in_flight: VecDeque<InFlight>,
     next_ticket: u64,
     /// Since when there has been work (waiting or in flight) with no commit.
     stalled_since: Option<Instant>,
@@ -90,7 +93,8 @@ struct Submission {
 }
 
 struct InFlight {
-    replies: Vec<oneshot::Sender<Outcome>>,
+    /// The requests, kept whole (records too) so a rewind can queue them again.
+    submissions: Vec<Submission>,
     messages: usize,
     taken_at: Instant,
 }
@@ -163,7 +167,7 @@ impl Inbox {
         if let Some(submission) = state.waiting.remove(position) {
             state.waiting_messages -= submission.records.len();
         }
-        if state.waiting.is_empty() && state.in_flight.is_none() {
+        if state.waiting.is_empty() && state.in_flight.is_empty() {
             state.stalled_since = None;
         }
         Withdrawn::Removed
@@ -203,25 +207,51 @@ impl Inbox {
         }
     }
 
-    /// The batch in flight is durable: answers its requests. Returns how many
-    /// requests were answered.
+    /// The oldest batch in flight is durable: answers its requests. Returns
+    /// how many requests were answered.
     pub fn commit(&self) -> usize {
         let mut state = self.lock();
-        let Some(in_flight) = state.in_flight.take() else {
+        let Some(in_flight) = state.in_flight.pop_front() else {
             return 0;
         };
-        state.stalled_since = if state.waiting.is_empty() {
+        state.stalled_since = if state.waiting.is_empty() && state.in_flight.is_empty() {
             None
         } else {
             Some(Instant::now())
         };
         drop(state);
-        let answered = in_flight.replies.len();
-        for reply in in_flight.replies {
+        let mut answered = 0;
+        for reply in in_flight
+            .submissions
+            .into_iter()
+            .filter_map(|submission| submission.reply)
+        {
             // The client may have given up already; its messages are in Iggy anyway.
+            answered += 1;
             let _ = reply.send(Outcome::Committed);
         }
         answered
+    }
+
+    /// Forgets every batch in flight: their requests go back to the front of
+    /// the queue, in order and unanswered, to be taken again by the next poll.
+    /// Returns how many requests went back.
+    pub fn rewind(&self) -> usize {
+        let mut state = self.lock();
+        let in_flight = std::mem::take(&mut state.in_flight);
+        let mut requeued = 0;
+        for batch in in_flight.into_iter().rev() {
+            for submission in batch.submissions.into_iter().rev() {
+                state.waiting_messages += submission.records.len();
+                state.waiting.push_front(submission);
+                requeued += 1;
+            }
+        }
+        drop(state);
+        if requeued > 0 {
+            self.arrived.notify_one();
+        }
+        requeued
     }
 
     /// Refuses new requests and answers every waiting one. Returns the requests
@@ -231,7 +261,7 @@ impl Inbox {
         let mut state = self.lock();
         state.closed = true;
         let waiting = std::mem::take(&mut state.waiting);
-        let in_flight = state.in_flight.take();
+        let in_flight = std::mem::take(&mut state.in_flight);
         state.waiting_messages = 0;
         state.stalled_since = None;
         drop(state);
@@ -246,13 +276,13 @@ impl Inbox {
                 None => dropped += submission.records.len(),
             }
         }
-        if let Some(in_flight) = in_flight {
-            if in_flight.replies.is_empty() {
-                dropped += in_flight.messages;
-            }
-            for reply in in_flight.replies {
-                answered += 1;
-                let _ = reply.send(Outcome::Closed { in_flight: true });
+        for submission in in_flight.into_iter().flat_map(|batch| batch.submissions) {
+            match submission.reply {
+                Some(reply) => {
+                    answered += 1;
+                    let _ = reply.send(Outcome::Closed { in_flight: true });
+                }
+                None => dropped += submission.records.len(),
             }
         }
         (answered, dropped)
@@ -268,15 +298,15 @@ impl Inbox {
             closed: state.closed,
             waiting_requests: state.waiting.len(),
             waiting_messages: state.waiting_messages,
-            in_flight_messages: state.in_flight.as_ref().map_or(0, |batch| batch.messages),
-            in_flight_age: state.in_flight.as_ref().map(|batch| now - batch.taken_at),
+            in_flight_messages: state.in_flight.iter().map(|batch| batch.messages).sum(),
+            in_flight_age: state.in_flight.front().map(|batch| now - batch.taken_at),
             stalled_for,
         }
     }
 
     fn take(&self, state: &mut State) -> Vec<SourceRecord> {
         let mut records = Vec::with_capacity(state.waiting_messages.min(self.batch_length));
-        let mut replies = Vec::new();
+        let mut submissions = Vec::new();
         while let Some(next) = state.waiting.front() {
             if !records.is_empty() && records.len() + next.records.len() > self.batch_length {
                 break;
@@ -285,19 +315,12 @@ impl Inbox {
                 break;
             };
             state.waiting_messages -= submission.records.len();
-            records.extend(submission.records);
-            replies.extend(submission.reply);
-        }
-        if let Some(previous) = state.in_flight.take() {
-            // The engine polls only after committing; if it did not, those
-            // clients must not wait forever.
-            for reply in previous.replies {
-                let _ = reply.send(Outcome::Closed { in_flight: true });
-            }
+            records.extend(submission.records.iter().cloned());
+            submissions.push(submission);
         }
         if !records.is_empty() {
-            state.in_flight = Some(InFlight {
-                replies,
+            state.in_flight.push_back(InFlight {
+                submissions,
                 messages: records.len(),
                 taken_at: Instant::now(),
             });
@@ -380,6 +403,44 @@ mod tests {
         let ticket = inbox.submit(records(1), None).unwrap();
         inbox.next_batch().await;
         assert_eq!(inbox.withdraw(ticket), Withdrawn::TooLate);
+    }
+
+    /// S1 (rewind): the requests of discarded batches go back to the front of
+    /// the queue in order, and none is answered until its batch commits.
+    #[tokio::test]
+    async fn given_batches_in_flight_when_rewound_should_queue_their_requests_again_unanswered() {
+        let inbox = inbox(1, 100);
+        let mut replies = Vec::new();
+        for n in 0..3 {
+            let (reply, answer) = oneshot::channel();
+            let records = vec![SourceRecord::new(Payload::Text(n.to_string()))];
+            inbox.submit(records, Some(reply)).unwrap();
+            replies.push(answer);
+        }
+        let text = |records: Vec<SourceRecord>| match &records[..] {
+            [record] => format!("{:?}", record.payload),
+            other => panic!("one record per batch, got {}", other.len()),
+        };
+        let first = text(inbox.next_batch().await);
+        assert_eq!(inbox.commit(), 1);
+        let second = text(inbox.next_batch().await);
+        let _third = inbox.next_batch().await;
+        assert_eq!(inbox.rewind(), 2);
+        assert_eq!(inbox.health().in_flight_messages, 0);
+        assert_eq!(inbox.health().waiting_messages, 2);
+        for answer in &mut replies[1..] {
+            assert!(answer.try_recv().is_err(), "answered before its commit");
+        }
+        // Polled again from the first discarded request, in order.
+        assert_eq!(text(inbox.next_batch().await), second);
+        assert_ne!(second, first);
+        assert_eq!(inbox.commit(), 1);
+        inbox.next_batch().await;
+        assert_eq!(inbox.commit(), 1);
+        for answer in replies {
+            assert_eq!(answer.await.unwrap(), Outcome::Committed);
+        }
+        assert_eq!(inbox.commit(), 0, "nothing is answered twice");
     }
 
     #[test]

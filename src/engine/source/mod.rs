@@ -26,6 +26,8 @@ use crate::iggy::Producer;
 use crate::message::{OutgoingMessage, Payload, SourceRecord};
 use crate::state::{StateStore, StoredState};
 
+mod pipelined;
+
 /// One `[[streams]]` entry of a source: where its records go and how they are
 /// encoded.
 pub struct Route {
@@ -51,6 +53,9 @@ pub struct SourcePipeline {
     pub metrics: Arc<ConnectorMetrics>,
     pub shutdown: Shutdown,
     pub backoff: Backoff,
+    /// Batches polled and not yet committed, at most (1: retry in place; more:
+    /// the pipelined loop in [`pipelined`], which needs the source to rewind).
+    pub max_in_flight: usize,
     pub verbose: bool,
     /// Emit upstream's per-batch `benchmark` event.
     pub benchmark: bool,
@@ -116,15 +121,32 @@ impl SourcePipeline {
     }
 
     async fn run_batches(&mut self) -> Ended {
+        if self.max_in_flight > 1 {
+            return self.run_pipelined().await;
+        }
+        loop {
+            let batch = match self.poll_next().await {
+                Ok(batch) => batch,
+                Err(ended) => return ended,
+            };
+            if let Err(ended) = self.handle(batch).await {
+                return ended;
+            }
+        }
+    }
+
+    /// Polls the next batch, retrying transient failures with backoff. `Err`
+    /// ends the pipeline (a stop request, a fatal error or a panic).
+    async fn poll_next(&self) -> Result<SourceBatch, Ended> {
         let mut poll_failures = 0;
         loop {
             let polled = tokio::select! {
                 biased;
-                () = self.shutdown.requested() => return Ended::Shutdown,
+                () = self.shutdown.requested() => return Err(Ended::Shutdown),
                 polled = catch_panic(self.source.poll()) => polled,
             };
-            let batch = match polled {
-                Err(panic) => return Ended::Stopped(StopReason::Panic, panic),
+            match polled {
+                Err(panic) => return Err(Ended::Stopped(StopReason::Panic, panic)),
                 Ok(Err(error)) if error.is_transient() => {
                     poll_failures += 1;
                     self.metrics.error(ErrorStage::Poll, 1);
@@ -132,18 +154,16 @@ impl SourcePipeline {
                     warn!(connector_key = %self.key, attempt = poll_failures, %message, "retrying poll");
                     self.status.record_error(message);
                     if !self.shutdown.pause(self.backoff.delay(poll_failures)).await {
-                        return Ended::Shutdown;
+                        return Err(Ended::Shutdown);
                     }
-                    continue;
                 }
                 Ok(Err(error)) => {
-                    return Ended::Stopped(StopReason::Fatal, format!("poll failed: {error}"));
+                    return Err(Ended::Stopped(
+                        StopReason::Fatal,
+                        format!("poll failed: {error}"),
+                    ));
                 }
-                Ok(Ok(batch)) => batch,
-            };
-            poll_failures = 0;
-            if let Err(ended) = self.handle(batch).await {
-                return ended;
+                Ok(Ok(batch)) => return Ok(batch),
             }
         }
     }
@@ -176,20 +196,7 @@ impl SourcePipeline {
         self.commit().await?;
         self.metrics
             .record_duration(Stage::Commit, committing.elapsed());
-        let total = started.elapsed();
-        self.metrics.record_duration(Stage::Total, total);
-        let level_info = self.verbose;
-        if level_info || self.benchmark || enabled!(Level::DEBUG) {
-            let sent: usize = groups[..self.routes.len()].iter().map(Vec::len).sum();
-            if self.benchmark {
-                self.emit_benchmark(count, sent, prepared, &timings, total);
-            }
-            if level_info {
-                info!(connector_key = %self.key, records = count, sent, elapsed_us = started.elapsed().as_micros() as u64, "batch committed");
-            } else {
-                debug!(connector_key = %self.key, records = count, sent, elapsed_us = started.elapsed().as_micros() as u64, "batch committed");
-            }
-        }
+        self.committed(&groups, count, started, prepared, &timings);
         if finished {
             return Err(Ended::Stopped(
                 StopReason::Completed,
@@ -197,6 +204,34 @@ impl SourcePipeline {
             ));
         }
         Ok(())
+    }
+
+    /// Records a committed batch: its total time, its log line and, when
+    /// asked for, its benchmark event.
+    fn committed(
+        &self,
+        groups: &[Vec<OutgoingMessage>],
+        count: usize,
+        started: Instant,
+        prepared: Duration,
+        timings: &Timings,
+    ) {
+        let total = started.elapsed();
+        self.metrics.record_duration(Stage::Total, total);
+        let level_info = self.verbose;
+        if level_info || self.benchmark || enabled!(Level::DEBUG) {
+            let sent: usize = groups
+                .get(..self.routes.len())
+                .map_or(0, |routes| routes.iter().map(Vec::len).sum());
+            if self.benchmark {
+                self.emit_benchmark(count, sent, prepared, timings, total);
+            }
+            if level_info {
+                info!(connector_key = %self.key, records = count, sent, elapsed_us = total.as_micros() as u64, "batch committed");
+            } else {
+                debug!(connector_key = %self.key, records = count, sent, elapsed_us = total.as_micros() as u64, "batch committed");
+            }
+        }
     }
 
     /// Upstream's per-batch timing event (target `iggy_connectors::benchmark`).

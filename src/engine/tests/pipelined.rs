@@ -1,0 +1,166 @@
+//! Sources with several batches in flight (docs/ARCHITECTURE.md, rules S1 to
+//! S3): in-order commits, rewind after a NACK, group commit of state.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+use super::scripted::{STREAM, ScriptedSource, Step, TOPIC};
+use super::{Harness, state_bytes, wait_for};
+use crate::connectors::{BatchPolicy, ConnectorKind};
+use crate::iggy::MemoryBus;
+use crate::state::{MemoryStateStore, StateError, StateStore, StoredState};
+
+/// Four batches of three numbers each: 0..12.
+fn four_batches() -> Vec<Step> {
+    (0..4).map(|k| Step::numbers(k * 3..k * 3 + 3)).collect()
+}
+
+/// A state store whose first save waits until the topic holds `until`
+/// messages (so later batches are sent meanwhile), then fails or succeeds.
+struct HeldStore {
+    inner: Arc<MemoryStateStore>,
+    bus: MemoryBus,
+    until: usize,
+    fail: bool,
+    held: AtomicBool,
+}
+
+impl HeldStore {
+    fn new(bus: &MemoryBus, inner: Arc<MemoryStateStore>, until: usize, fail: bool) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            bus: bus.clone(),
+            until,
+            fail,
+            held: AtomicBool::new(false),
+        })
+    }
+}
+
+#[async_trait]
+impl StateStore for HeldStore {
+    async fn load(&self, key: &str) -> Result<Option<StoredState>, StateError> {
+        self.inner.load(key).await
+    }
+
+    async fn save(&self, key: &str, state: &StoredState) -> Result<(), StateError> {
+        if !self.held.swap(true, Ordering::SeqCst) {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while self.bus.messages(STREAM, TOPIC).len() < self.until {
+                assert!(Instant::now() < deadline, "later batches were never sent");
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            if self.fail {
+                return Err(StateError::Unavailable("held save fails".into()));
+            }
+        }
+        self.inner.save(key, state).await
+    }
+
+    fn location(&self, key: &str) -> String {
+        self.inner.location(key)
+    }
+}
+
+fn numbers(harness: &Harness) -> BTreeSet<u64> {
+    harness.numbers_in_topic(TOPIC).into_iter().collect()
+}
+
+/// S1, S3: a send NACK of batch k while k+1.. are polled commits nothing
+/// after k, rewinds the source and loses no record.
+#[tokio::test]
+async fn given_a_send_nack_with_later_batches_polled_when_recovering_should_rewind_and_lose_nothing()
+ {
+    let harness = Harness::new(Duration::from_secs(5));
+    // The first send fails after a delay in which the next batches are polled.
+    harness.bus.delay_sends(Duration::from_millis(200));
+    harness.bus.refuse_sends(1);
+    let (source, log) = ScriptedSource::new(four_batches(), BatchPolicy::default());
+    harness.start_source("src", source.in_flight(4), None).await;
+
+    wait_for("every batch to commit", || {
+        log.commits.load(Ordering::SeqCst) == 4
+    })
+    .await;
+    let at_rewind = log.at_rewind.lock().unwrap().clone();
+    assert_eq!(at_rewind.len(), 1, "one rewind: {at_rewind:?}");
+    let (polls, commits) = at_rewind[0];
+    assert!(
+        polls >= 3,
+        "k+1 and k+2 were polled before the NACK: {polls}"
+    );
+    assert_eq!(commits, 0, "nothing committed after the NACKed batch");
+    assert_eq!(numbers(&harness), (0..12).collect());
+    assert_eq!(harness.state.get("src").unwrap().data, state_bytes(12));
+    let view = harness.runtime.view(ConnectorKind::Source, "src").unwrap();
+    assert_eq!(view.metrics.nacks.get(), 1);
+    harness.runtime.shutdown().await;
+}
+
+/// S1, S3: a failed state save while later batches are already in Iggy
+/// commits none of them; after the rewind every record is delivered.
+#[tokio::test]
+async fn given_a_state_save_failing_while_later_batches_are_sent_when_recovering_should_commit_none_of_them()
+ {
+    let harness = Harness::with_store(Duration::from_secs(5), |bus, memory| {
+        HeldStore::new(bus, memory, 9, true)
+    });
+    let (source, log) = ScriptedSource::new(four_batches(), BatchPolicy::default());
+    harness.start_source("src", source.in_flight(4), None).await;
+
+    wait_for("every batch to commit", || {
+        log.commits.load(Ordering::SeqCst) == 4
+    })
+    .await;
+    let at_rewind = log.at_rewind.lock().unwrap().clone();
+    assert_eq!(at_rewind.len(), 1, "one rewind: {at_rewind:?}");
+    assert_eq!(at_rewind[0].1, 0, "no batch committed without its save");
+    // Batches 1 and 2 were sent before the failure and sent again after it.
+    let sent = harness.numbers_in_topic(TOPIC);
+    assert!(sent.len() >= 9 + 12, "{sent:?}");
+    assert_eq!(numbers(&harness), (0..12).collect());
+    assert_eq!(harness.state.get("src").unwrap().data, state_bytes(12));
+    harness.runtime.shutdown().await;
+}
+
+/// S1 (group commit): batches acknowledged while a save runs are covered by
+/// one save of the newest state, then committed in poll order.
+#[tokio::test]
+async fn given_batches_acknowledged_during_a_save_when_committing_should_save_once_for_all_and_commit_in_order()
+ {
+    let harness = Harness::with_store(Duration::from_secs(5), |bus, memory| {
+        HeldStore::new(bus, memory, 12, false)
+    });
+    let (source, log) = ScriptedSource::new(four_batches(), BatchPolicy::default());
+    let state = harness.state.clone();
+    *log.probe.lock().unwrap() = Some(Box::new(move || {
+        let saved = state.get("src").map(|stored| stored.data);
+        format!("{saved:?}")
+    }));
+    harness.start_source("src", source.in_flight(4), None).await;
+
+    wait_for("every batch to commit", || {
+        log.commits.load(Ordering::SeqCst) == 4
+    })
+    .await;
+    let saves: Vec<Vec<u8>> = harness
+        .state
+        .saves()
+        .into_iter()
+        .map(|(_, data)| data)
+        .collect();
+    assert_eq!(saves, vec![state_bytes(3), state_bytes(12)]);
+    // Each commit came after the save covering its batch, in poll order.
+    let covered = |end| format!("{:?}", Some(state_bytes(end)));
+    assert_eq!(
+        *log.at_commit.lock().unwrap(),
+        vec![covered(3), covered(12), covered(12), covered(12)]
+    );
+    assert_eq!(harness.numbers_in_topic(TOPIC), (0..12).collect::<Vec<_>>());
+    assert_eq!(log.rewinds.load(Ordering::SeqCst), 0);
+    harness.runtime.shutdown().await;
+}
