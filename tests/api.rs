@@ -35,6 +35,7 @@ struct Connect {
 struct Options<'a> {
     iggy_address: String,
     http_extra: &'a str,
+    iggy_extra: &'a str,
     env: Vec<(String, String)>,
 }
 
@@ -43,6 +44,7 @@ impl Options<'_> {
         Self {
             iggy_address: server.address().to_string(),
             http_extra: "",
+            iggy_extra: "",
             env: Vec::new(),
         }
     }
@@ -59,12 +61,13 @@ fn write_config(dir: &Path, options: &Options, files: &[(String, String)]) -> (P
         &config,
         format!(
             "[http]\nenabled = true\naddress = \"127.0.0.1:0\"\n{}\n[http.metrics]\nenabled = true\nendpoint = \"/metrics\"\n\
-             [iggy]\naddress = \"{}\"\nusername = \"iggy\"\npassword = \"iggy\"\n\
+             [iggy]\naddress = \"{}\"\nusername = \"iggy\"\npassword = \"iggy\"\n{}\n\
              [state]\npath = \"{}\"\n\
              [connectors]\nconfig_type = \"local\"\nconfig_dir = \"{}\"\n\
              [engine]\nshutdown_timeout = \"2s\"\n",
             options.http_extra,
             options.iggy_address,
+            options.iggy_extra,
             dir.join("state").display(),
             connectors.display()
         ),
@@ -664,6 +667,7 @@ fn run_exits_non_zero_naming_the_address_when_the_http_port_is_taken() {
     let options = Options {
         iggy_address: "127.0.0.1:1".into(),
         http_extra: "",
+        iggy_extra: "",
         env: vec![("IGGY_CONNECTORS_HTTP_ADDRESS".into(), address.clone())],
     };
     let (config, _) = write_config(dir.path(), &options, &[]);
@@ -674,4 +678,65 @@ fn run_exits_non_zero_naming_the_address_when_the_http_port_is_taken() {
         stderr.contains("cannot listen on [http] address") && stderr.contains(&address),
         "{stderr}"
     );
+}
+
+#[tokio::test]
+async fn health_names_a_sink_that_stores_no_offsets_while_messages_wait_and_metrics_show_its_lag() {
+    let server = IggyTestServer::start();
+    let (source, sink, topic) = (unique("src"), unique("snk"), unique("t"));
+    let dir = tempfile::tempdir().unwrap();
+    let fail = dir.path().join("fail");
+    std::fs::write(&fail, "").unwrap();
+    let faulty_sink = (
+        format!("{sink}.toml"),
+        format!(
+            "type = \"sink\"\nkey = \"{sink}\"\nenabled = true\nversion = 0\nname = \"Faulty\"\npath = \"faulty\"\n\
+             [[streams]]\nstream = \"api\"\ntopics = [\"{topic}\"]\nschema = \"json\"\npoll_interval = \"5ms\"\n\
+             [plugin_config]\noutput = \"{}\"\nfail_while_exists = \"{}\"\n",
+            dir.path().join("out.jsonl").display(),
+            fail.display()
+        ),
+    );
+    let mut options = Options::for_server(&server);
+    options.iggy_extra = "sink_stall_timeout = \"1s\"";
+    let connect = start(
+        options,
+        &[random_source(&source, &topic, "", "max_count = 50"), faulty_sink],
+    );
+    connect.wait_for_status("sinks", &sink, "running").await;
+    connect
+        .wait_for("the sink to be reported degraded", async |connect| {
+            connect.get("/health").await.1["status"] == "degraded"
+        })
+        .await;
+    let (status, health) = connect.get("/health").await;
+    assert_eq!(status, StatusCode::OK);
+    let entry = &health["connectors"][0];
+    assert_eq!(entry["key"].as_str(), Some(sink.as_str()), "{health}");
+    let reason = entry["degraded"].as_str().unwrap();
+    assert!(reason.contains("50 messages wait"), "{reason}");
+    let (_, details) = connect.get(&format!("/sinks/{sink}")).await;
+    assert_eq!(details["degraded"].as_str(), Some(reason), "{details}");
+    let (_, text) = connect.text("/metrics").await;
+    let lag = sample(
+        &parse_metrics(&text),
+        "iggy_connector_lag",
+        &sink,
+        &[("partition", "0"), ("topic", topic.as_str())],
+    );
+    assert_eq!(lag, Some(50.0), "{text}");
+
+    std::fs::remove_file(&fail).unwrap();
+    connect
+        .wait_for("a healthy runtime once the sink catches up", async |connect| {
+            connect.get("/health").await.1["status"] == "healthy"
+        })
+        .await;
+    connect
+        .wait_for("the lag to drop to 0", async |connect| {
+            let (_, text) = connect.text("/metrics").await;
+            sample(&parse_metrics(&text), "iggy_connector_lag", &sink, &[("partition", "0")])
+                == Some(0.0)
+        })
+        .await;
 }
