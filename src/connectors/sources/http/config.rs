@@ -65,8 +65,9 @@ pub struct HttpSourceConfig {
     #[serde(default = "default_header_read_timeout", with = "crate::config::duration")]
     pub header_read_timeout: Duration,
     /// A connection on which nothing was read or written for this long while a
-    /// request is under way (a stalled body) is closed. Longer than
-    /// `request_timeout`, so a durable request waiting for its commit is not.
+    /// request is under way (a stalled body) is closed. At least
+    /// `request_timeout` plus a second is used, so a durable request waiting
+    /// for its commit is not.
     #[serde(default = "default_idle_timeout", with = "crate::config::duration")]
     pub idle_timeout: Duration,
     /// Most open connections; one more is answered 503 `too_many_connections`
@@ -154,15 +155,6 @@ impl HttpSourceConfig {
                 return Err(PluginConfigError::new(field, "expected a positive duration"));
             }
         }
-        if self.idle_timeout <= self.request_timeout {
-            return Err(PluginConfigError::new(
-                "idle_timeout",
-                format!(
-                    "expected a duration longer than request_timeout ({:?}), found {:?}",
-                    self.request_timeout, self.idle_timeout
-                ),
-            ));
-        }
         let headers = std::iter::once(("idempotency_header".to_owned(), &self.idempotency_header))
             .chain(
                 self.forward_headers
@@ -179,6 +171,12 @@ impl HttpSourceConfig {
             }
         }
         Ok(())
+    }
+
+    /// The idle timeout the listener applies (see `idle_timeout`).
+    pub fn effective_idle_timeout(&self) -> Duration {
+        self.idle_timeout
+            .max(self.request_timeout + Duration::from_secs(1))
     }
 
     /// `Retry-After` in whole seconds, rounded up.

@@ -7,7 +7,8 @@
 //!   header-read timer, plus axum-server's first-request timeout, which also
 //!   bounds protocol detection).
 //! - `idle_timeout`: nothing read or written for this long closes the
-//!   connection (a stalled body).
+//!   connection (a stalled body). At least `request_timeout` plus a second, so
+//!   a durable request waiting for its commit is never cut.
 //! - `max_connections`: a connection past the limit is answered
 //!   `503 too_many_connections` with `Retry-After` and closed at once.
 
@@ -76,12 +77,20 @@ impl<S: Send + 'static> Accept<TcpStream, S> for LimitedAcceptor {
 }
 
 impl LimitedAcceptor {
-    /// Answers 503 without reading the request, then drains what the client
+    /// Reads the request head, answers 503, then drains what else the client
     /// sent (closing with unread bytes would reset the connection before the
-    /// client read the answer).
+    /// client read the answer). The caller bounds the whole exchange.
     async fn refuse(&self, mut stream: TcpStream) {
+        let mut head = Vec::with_capacity(1024);
+        let mut chunk = [0u8; 1024];
+        while !head.windows(4).any(|window| window == b"\r\n\r\n") && head.len() < 16 * 1024 {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(read) => head.extend_from_slice(&chunk[..read]),
+            }
+        }
         let body = format!(
-            "{{\"code\":\"too_many_connections\",\"reason\":\"this listener already has its {} \
+            "{{\"error\":\"too_many_connections\",\"message\":\"this listener already has its {} \
              connections (max_connections) open; retry later\"}}",
             self.limit
         );
@@ -95,8 +104,7 @@ impl LimitedAcceptor {
             return;
         }
         let _ = stream.shutdown().await;
-        let mut sink = [0u8; 4096];
-        while matches!(stream.read(&mut sink).await, Ok(read) if read > 0) {}
+        while matches!(stream.read(&mut chunk).await, Ok(read) if read > 0) {}
     }
 }
 

@@ -121,7 +121,7 @@ impl Source for HttpSource {
         let acceptor = listener::LimitedAcceptor::new(
             self.key.clone(),
             self.config.max_connections,
-            self.config.idle_timeout,
+            self.config.effective_idle_timeout(),
             self.config.retry_after_secs(),
         );
         let stop = Handle::new();
