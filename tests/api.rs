@@ -740,3 +740,52 @@ async fn health_names_a_sink_that_stores_no_offsets_while_messages_wait_and_metr
         })
         .await;
 }
+
+fn http_source(key: &str, topic: &str) -> (String, String) {
+    let address = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    (
+        format!("{key}.toml"),
+        format!(
+            "type = \"source\"\nkey = \"{key}\"\nenabled = true\nversion = 0\nname = \"Http\"\npath = \"http\"\n\
+             [[streams]]\nstream = \"api\"\ntopic = \"{topic}\"\nschema = \"json\"\n\
+             [plugin_config]\naddress = \"{address}\"\nack = \"durable\"\n"
+        ),
+    )
+}
+
+#[tokio::test]
+async fn a_destructive_source_creating_a_topic_without_persisted_durability_is_warned_about() {
+    let server = IggyTestServer::start();
+    let (source, topic) = (unique("src"), unique("t"));
+    let connect = start(
+        Options::for_server(&server),
+        &[http_source(&source, &topic)],
+    );
+    connect.wait_for_status("sources", &source, "running").await;
+    assert_eq!(
+        server.topic_option("api", &topic, "durability").as_deref(),
+        Some("replicated")
+    );
+    let warned = |connect: &Connect| {
+        connect
+            .log_lines()
+            .iter()
+            .any(|line| line.contains("topic_durability = \"persisted\"") && line.contains(&topic))
+    };
+    assert!(warned(&connect), "{}", connect.log_lines().join("\n"));
+    drop(connect);
+
+    let (source, topic) = (unique("src"), unique("t"));
+    let mut options = Options::for_server(&server);
+    options.iggy_extra = "topic_durability = \"persisted\"";
+    let connect = start(options, &[http_source(&source, &topic)]);
+    connect.wait_for_status("sources", &source, "running").await;
+    assert_eq!(
+        server.topic_option("api", &topic, "durability").as_deref(),
+        Some("persisted")
+    );
+    assert!(!warned(&connect), "{}", connect.log_lines().join("\n"));
+}

@@ -290,6 +290,16 @@ fn create_topic(state: &mut State, request: &CreateTopicRequest) -> Reply {
         return Reply::rejected(status::INVALID_PARTITIONS_COUNT).at_op(op);
     }
     let topic = stream.create_topic(name, request.partitions_count);
+    topic.options = request
+        .options
+        .iter()
+        .map(|entry| {
+            (
+                String::from_utf8_lossy(entry.key).into_owned(),
+                String::from_utf8_lossy(entry.value).into_owned(),
+            )
+        })
+        .collect();
     let mut reply = Reply::committed(&topic.response()).at_op(op);
     reply.operation = Some(Operation::CreateTopicWithAssignments);
     reply

@@ -21,7 +21,7 @@
 //! | 39 | logout | leaves every group |
 //! | 12 | cluster.metadata | exactly one node, so the client stays on its single-node path |
 //! | 200 / 202 | stream get / create | |
-//! | 300 / 302 | topic get / create | partition count as requested, 0-based ids, real-server defaults; option keys are accepted and ignored |
+//! | 300 / 302 | topic get / create | partition count as requested, 0-based ids, real-server defaults; options are recorded ([`IggyTestServer::topic_option`]) and otherwise ignored |
 //! | 101 | message.send | frame and batch checksums verified; the batch is stamped (partition, base offset, server timestamp, checksum) and stored as received |
 //! | 100 | message.poll | strategies offset, timestamp, first, last, next; `auto_commit`; records are sliced when a range starts or ends inside a stored batch |
 //! | 120 / 121 / 122 | consumer offset get / store / delete | stores may move backwards; 4100 past the end |
@@ -334,6 +334,18 @@ impl IggyTestServer {
                 .get(partition_id as usize)
                 .copied()
                 .flatten()
+        })
+        .flatten()
+    }
+
+    /// The value (as text) of an option the topic was created with.
+    pub fn topic_option(&self, stream: &str, topic: &str, key: &str) -> Option<String> {
+        self.with_topic(stream, topic, |topic| {
+            topic
+                .options
+                .iter()
+                .find(|(name, _)| name == key)
+                .map(|(_, value)| value.clone())
         })
         .flatten()
     }

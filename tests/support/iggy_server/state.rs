@@ -103,6 +103,8 @@ pub(crate) struct Topic {
     /// Group ids are never reused, so a recreated group starts without the
     /// deleted one's offsets (as on the real server).
     next_group_id: u32,
+    /// The options the topic was created with (key, value as text).
+    pub(crate) options: Vec<(String, String)>,
     pub(crate) consumer_offsets: HashMap<(ConsumerKey, u32), u64>,
 }
 
@@ -193,6 +195,7 @@ impl Stream {
                 .collect(),
             groups: Vec::new(),
             next_group_id: 0,
+            options: Vec::new(),
             consumer_offsets: HashMap::new(),
         });
         self.topics.last_mut().expect("just pushed")
