@@ -36,6 +36,8 @@ struct Options<'a> {
     iggy_address: String,
     http_extra: &'a str,
     iggy_extra: &'a str,
+    /// Start the binary with this soft limit on open files.
+    open_files: Option<u64>,
     env: Vec<(String, String)>,
 }
 
@@ -45,6 +47,7 @@ impl Options<'_> {
             iggy_address: server.address().to_string(),
             http_extra: "",
             iggy_extra: "",
+            open_files: None,
             env: Vec::new(),
         }
     }
@@ -86,6 +89,22 @@ fn command(config: &Path, options: &Options) -> Command {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
+    if let Some(soft) = options.open_files {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: only an async-signal-safe system call between fork and exec.
+        unsafe {
+            command.pre_exec(move || {
+                let mut limit = libc::rlimit {
+                    rlim_cur: 0,
+                    rlim_max: 0,
+                };
+                libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+                limit.rlim_cur = soft;
+                libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+                Ok(())
+            });
+        }
+    }
     command
 }
 
@@ -668,6 +687,7 @@ fn run_exits_non_zero_naming_the_address_when_the_http_port_is_taken() {
         iggy_address: "127.0.0.1:1".into(),
         http_extra: "",
         iggy_extra: "",
+        open_files: None,
         env: vec![("IGGY_CONNECTORS_HTTP_ADDRESS".into(), address.clone())],
     };
     let (config, _) = write_config(dir.path(), &options, &[]);
@@ -788,4 +808,48 @@ async fn a_destructive_source_creating_a_topic_without_persisted_durability_is_w
         Some("persisted")
     );
     assert!(!warned(&connect), "{}", connect.log_lines().join("\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_answers_while_an_http_source_listener_is_flooded() {
+    const FLOOD: usize = 120;
+    let server = IggyTestServer::start();
+    let (source, topic) = (unique("src"), unique("t"));
+    let (name, mut text) = http_source(&source, &topic);
+    text.push_str("max_connections = 40\nheader_read_timeout = \"60s\"\n");
+    let address = text
+        .split("address = \"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .to_owned();
+    let mut options = Options::for_server(&server);
+    // A soft limit the flood alone would exhaust; the runtime raises it.
+    options.open_files = Some(64);
+    let connect = start(options, &[(name, text)]);
+    connect.wait_for_status("sources", &source, "running").await;
+    let mut flood = Vec::with_capacity(FLOOD);
+    for _ in 0..FLOOD {
+        flood.push(tokio::net::TcpStream::connect(&address).await.unwrap());
+    }
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let response = client
+        .post(format!("http://{address}/messages"))
+        .json(&serde_json::json!({"n": 1}))
+        .send()
+        .await
+        .expect("a clear answer, not a hang");
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"], "too_many_connections", "{body}");
+    let health = client
+        .get(format!("{}/health", connect.url))
+        .send()
+        .await
+        .expect("the API answers during the flood");
+    assert_eq!(health.status(), StatusCode::OK);
+    drop(flood);
 }
