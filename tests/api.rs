@@ -721,7 +721,10 @@ async fn health_names_a_sink_that_stores_no_offsets_while_messages_wait_and_metr
     options.iggy_extra = "sink_stall_timeout = \"1s\"";
     let connect = start(
         options,
-        &[random_source(&source, &topic, "", "max_count = 50"), faulty_sink],
+        &[
+            random_source(&source, &topic, "", "max_count = 50"),
+            faulty_sink,
+        ],
     );
     connect.wait_for_status("sinks", &sink, "running").await;
     connect
@@ -748,15 +751,20 @@ async fn health_names_a_sink_that_stores_no_offsets_while_messages_wait_and_metr
 
     std::fs::remove_file(&fail).unwrap();
     connect
-        .wait_for("a healthy runtime once the sink catches up", async |connect| {
-            connect.get("/health").await.1["status"] == "healthy"
-        })
+        .wait_for(
+            "a healthy runtime once the sink catches up",
+            async |connect| connect.get("/health").await.1["status"] == "healthy",
+        )
         .await;
     connect
         .wait_for("the lag to drop to 0", async |connect| {
             let (_, text) = connect.text("/metrics").await;
-            sample(&parse_metrics(&text), "iggy_connector_lag", &sink, &[("partition", "0")])
-                == Some(0.0)
+            sample(
+                &parse_metrics(&text),
+                "iggy_connector_lag",
+                &sink,
+                &[("partition", "0")],
+            ) == Some(0.0)
         })
         .await;
 }

@@ -610,19 +610,24 @@ async fn a_listener_flooded_with_idle_and_trickling_connections_refuses_past_its
 
     // The header-read timeout closes both kinds of flood connection.
     for stream in &mut idle {
-        assert!(closed_by_server(stream).await, "an idle connection stayed open");
+        assert!(
+            closed_by_server(stream).await,
+            "an idle connection stayed open"
+        );
     }
     while let Some(closed) = tricklers.join_next().await {
         assert!(closed.unwrap(), "a trickling connection stayed open");
     }
     // Then the listener serves again.
-    let response = client.post(&url).json(&json!({"n": 1})).send().await.unwrap();
+    let response = client
+        .post(&url)
+        .json(&json!({"n": 1}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status(), 200);
     eventually("the message to be in the topic", || async {
-        harness
-            .payloads(0)
-            .iter()
-            .any(|payload| payload["n"] == 1)
+        harness.payloads(0).iter().any(|payload| payload["n"] == 1)
     })
     .await;
 }

@@ -502,22 +502,30 @@ async fn a_sink_consumes_again_after_a_broker_restart_leaves_its_old_member_behi
         "the ghost holds the partition"
     );
     // 150 more records, written while the ghost holds the partition.
-    runtime.replace_config(random_source("rnd", "ghost", 350, "")).unwrap();
+    runtime
+        .replace_config(random_source("rnd", "ghost", 350, ""))
+        .unwrap();
     runtime.start(ConnectorKind::Source, "rnd").await.unwrap();
     runtime
         .wait_until_stopped(ConnectorKind::Source, "rnd")
         .await
         .unwrap();
     assert_eq!(server.message_count("ghost", "events"), 350);
-    wait_for("the sink to write the records after the restart", LONG, || {
-        seqs_in_file(&output).len() == 350
-    })
+    wait_for(
+        "the sink to write the records after the restart",
+        LONG,
+        || seqs_in_file(&output).len() == 350,
+    )
     .await;
     wait_for("their commit", LONG, || {
         server.stored_offset("ghost", "events", group, 0) == Some(349)
     })
     .await;
-    assert_eq!(server.group_members("ghost", "events", group), 1, "the ghost is gone");
+    assert_eq!(
+        server.group_members("ghost", "events", group),
+        1,
+        "the ghost is gone"
+    );
     runtime.shutdown().await;
     let seen = seqs_in_file(&output);
     assert!(seen.keys().copied().eq(0..350), "a record is missing");
@@ -544,14 +552,23 @@ async fn a_sink_that_stores_no_offset_while_messages_wait_is_degraded_with_its_l
         .await
         .unwrap();
     let view = || runtime.view(ConnectorKind::Sink, "out").unwrap();
-    wait_for("the sink to be degraded", LONG, || view().degraded.is_some()).await;
+    wait_for("the sink to be degraded", LONG, || {
+        view().degraded.is_some()
+    })
+    .await;
     let reason = view().degraded.unwrap();
     assert!(reason.contains("120 messages wait"), "{reason}");
     assert!(reason.contains("partition 0: 120"), "{reason}");
     assert_eq!(view().status.status, Status::Running);
 
     std::fs::remove_file(&fail).unwrap();
-    wait_for("the sink to catch up", LONG, || seqs_in_file(&output).len() == 120).await;
-    wait_for("the degraded flag to clear", LONG, || view().degraded.is_none()).await;
+    wait_for("the sink to catch up", LONG, || {
+        seqs_in_file(&output).len() == 120
+    })
+    .await;
+    wait_for("the degraded flag to clear", LONG, || {
+        view().degraded.is_none()
+    })
+    .await;
     runtime.shutdown().await;
 }

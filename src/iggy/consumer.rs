@@ -114,7 +114,11 @@ impl IggyBusConsumer {
             stream: stream.clone(),
             topic: topic.clone(),
             consumer: consumer_id.clone(),
-            labels: [spec.connector_key.clone(), spec.stream.clone(), spec.topic.clone()],
+            labels: [
+                spec.connector_key.clone(),
+                spec.stream.clone(),
+                spec.topic.clone(),
+            ],
             name: name.clone(),
             degraded: spec.degraded.clone(),
             progress: Arc::clone(&progress),
@@ -144,8 +148,13 @@ impl IggyBusConsumer {
     /// The group's stored offset per partition (partitions without one are
     /// left out).
     async fn stored_offsets(&self) -> Result<Vec<(u32, u64)>, BusError> {
-        let partitions = partitions(&self.client, &self.stream, &self.topic, self.request_timeout)
-            .await?;
+        let partitions = partitions(
+            &self.client,
+            &self.stream,
+            &self.topic,
+            self.request_timeout,
+        )
+        .await?;
         let mut offsets = Vec::new();
         for (partition_id, _) in partitions {
             if let Some(stored) = stored_offset(
@@ -426,7 +435,8 @@ struct Watcher {
 
 impl Watcher {
     async fn run(self) {
-        let interval = (self.stall_timeout / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
+        let interval =
+            (self.stall_timeout / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
         // The reason this watcher set, so it clears only its own.
         let mut reported: Option<String> = None;
         loop {
@@ -481,11 +491,21 @@ impl Watcher {
     async fn lags(&self) -> Result<Vec<(u32, u64)>, BusError> {
         let timeout = self.request_timeout;
         let mut lags = Vec::new();
-        for (partition_id, end) in partitions(&self.client, &self.stream, &self.topic, timeout).await? {
+        for (partition_id, end) in
+            partitions(&self.client, &self.stream, &self.topic, timeout).await?
+        {
             let lag = match end {
                 None => 0,
                 Some(current) => {
-                    let stored = stored_offset(&self.client, &self.consumer, &self.stream, &self.topic, partition_id, timeout).await?;
+                    let stored = stored_offset(
+                        &self.client,
+                        &self.consumer,
+                        &self.stream,
+                        &self.topic,
+                        partition_id,
+                        timeout,
+                    )
+                    .await?;
                     match stored {
                         Some(stored) => current.saturating_sub(stored),
                         None => current + 1,

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use iggy::prelude::{
-    Client, Identifier, IggyClient, IggyError, IggyMessage, IggyMessageHeader, IggyTimestamp,
-    Durability, MessageClient, Partitioning, StreamClient, TopicClient, TopicCreateOptions,
+    Client, Durability, Identifier, IggyClient, IggyError, IggyMessage, IggyMessageHeader,
+    IggyTimestamp, MessageClient, Partitioning, StreamClient, TopicClient, TopicCreateOptions,
 };
 use tracing::info;
 

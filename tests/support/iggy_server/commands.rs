@@ -11,17 +11,17 @@ use super::wire::{self, LoginBody, Reply, decode};
 use bytes::{Bytes, BytesMut};
 use iggy_binary_protocol::WireName;
 use iggy_binary_protocol::codes::{
-    CREATE_CONSUMER_GROUP_CODE, CREATE_STREAM_CODE, DELETE_CONSUMER_GROUP_CODE, CREATE_TOPIC_CODE, DELETE_CONSUMER_OFFSET_CODE,
-    GET_CLUSTER_METADATA_CODE, GET_CONSUMER_GROUP_CODE, GET_CONSUMER_OFFSET_CODE, GET_STREAM_CODE,
-    GET_TOPIC_CODE, JOIN_CONSUMER_GROUP_CODE, LEAVE_CONSUMER_GROUP_CODE, LOGOUT_USER_CODE,
-    PING_CODE, POLL_MESSAGES_CODE, SEND_MESSAGES_CODE, STORE_CONSUMER_OFFSET_CODE,
-    SYNC_CONSUMER_GROUP_CODE,
+    CREATE_CONSUMER_GROUP_CODE, CREATE_STREAM_CODE, CREATE_TOPIC_CODE, DELETE_CONSUMER_GROUP_CODE,
+    DELETE_CONSUMER_OFFSET_CODE, GET_CLUSTER_METADATA_CODE, GET_CONSUMER_GROUP_CODE,
+    GET_CONSUMER_OFFSET_CODE, GET_STREAM_CODE, GET_TOPIC_CODE, JOIN_CONSUMER_GROUP_CODE,
+    LEAVE_CONSUMER_GROUP_CODE, LOGOUT_USER_CODE, PING_CODE, POLL_MESSAGES_CODE, SEND_MESSAGES_CODE,
+    STORE_CONSUMER_OFFSET_CODE, SYNC_CONSUMER_GROUP_CODE,
 };
 use iggy_binary_protocol::consensus::{EvictionReason, Operation, RequestHeader};
 use iggy_binary_protocol::dispatch::lookup_command;
 use iggy_binary_protocol::requests::consumer_groups::{
-    CreateConsumerGroupRequest, DeleteConsumerGroupRequest, GetConsumerGroupRequest, JoinConsumerGroupRequest,
-    LeaveConsumerGroupRequest, SyncConsumerGroupRequest,
+    CreateConsumerGroupRequest, DeleteConsumerGroupRequest, GetConsumerGroupRequest,
+    JoinConsumerGroupRequest, LeaveConsumerGroupRequest, SyncConsumerGroupRequest,
 };
 use iggy_binary_protocol::requests::streams::{CreateStreamRequest, GetStreamRequest};
 use iggy_binary_protocol::requests::topics::{CreateTopicRequest, GetTopicRequest};

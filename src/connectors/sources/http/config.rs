@@ -62,7 +62,10 @@ pub struct HttpSourceConfig {
     pub unhealthy_after: Duration,
     /// A client must send a request's complete headers within this time (also
     /// the time an idle keep-alive connection may wait for its next request).
-    #[serde(default = "default_header_read_timeout", with = "crate::config::duration")]
+    #[serde(
+        default = "default_header_read_timeout",
+        with = "crate::config::duration"
+    )]
     pub header_read_timeout: Duration,
     /// A connection on which nothing was read or written for this long while a
     /// request is under way (a stalled body) is closed. At least
@@ -152,7 +155,10 @@ impl HttpSourceConfig {
             ("header_read_timeout", self.header_read_timeout),
         ] {
             if value.is_zero() {
-                return Err(PluginConfigError::new(field, "expected a positive duration"));
+                return Err(PluginConfigError::new(
+                    field,
+                    "expected a positive duration",
+                ));
             }
         }
         let headers = std::iter::once(("idempotency_header".to_owned(), &self.idempotency_header))

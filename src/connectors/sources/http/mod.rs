@@ -31,8 +31,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::task::JoinHandle;
 use axum_server::Handle;
+use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use crate::connectors::registry::SourceEntry;
