@@ -205,15 +205,7 @@ impl IggyBusConsumer {
         self.joined = false;
         self.join().await?;
         for (partition_id, offset) in offsets {
-            let stored = self
-                .timed(self.client.store_consumer_offset(
-                    &self.consumer,
-                    &self.stream,
-                    &self.topic,
-                    Some(partition_id),
-                    offset,
-                ))
-                .await?;
+            let stored = self.store(partition_id, offset).await?;
             if let Err(error) = stored {
                 // Another member owns it already: it reads the partition
                 // again from the start (at-least-once).
@@ -276,6 +268,22 @@ impl IggyBusConsumer {
         .map_err(|error| unavailable("join", error))?;
         self.joined = true;
         Ok(())
+    }
+
+    /// Stores the group's offset of a partition (the outer error: no answer).
+    async fn store(
+        &self,
+        partition_id: u32,
+        offset: u64,
+    ) -> Result<Result<(), IggyError>, BusError> {
+        self.timed(self.client.store_consumer_offset(
+            &self.consumer,
+            &self.stream,
+            &self.topic,
+            Some(partition_id),
+            offset,
+        ))
+        .await
     }
 
     async fn timed<T>(&self, request: impl Future<Output = T>) -> Result<T, BusError> {
@@ -367,13 +375,7 @@ impl Consumer for IggyBusConsumer {
 
     async fn commit(&mut self, partition_id: u32, offset: u64) -> Result<(), BusError> {
         let stored = self
-            .timed(self.client.store_consumer_offset(
-                &self.consumer,
-                &self.stream,
-                &self.topic,
-                Some(partition_id),
-                offset,
-            ))
+            .store(partition_id, offset)
             .await
             .map_err(|error| BusError::Commit(error.to_string()))?;
         if stored.is_ok() {
