@@ -50,6 +50,7 @@ fn iggy_tls(ca_file: &Path, domain: &str) -> String {
 /// The runtime file's `[iggy]` with `tls`, resolved as `run` resolves it.
 fn settings_from_runtime_file(dir: &Path, address: &str, tls: &str) -> ConnectionSettings {
     let path = dir.join("config.toml");
+    std::fs::create_dir_all(dir.join("connectors")).unwrap();
     let text = format!(
         "[iggy]\naddress = \"{address}\"\nusername = \"iggy\"\npassword = \"iggy\"\n{tls}\
          [connectors]\nconfig_type = \"local\"\nconfig_dir = \"{}\"\n",

@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -105,8 +106,9 @@ async fn set_active(
     State(state): State<Arc<ApiState>>,
     Extension(kind): Extension<ConnectorKind>,
     Path(key): Path<String>,
-    Json(body): Json<SetActive>,
+    body: Result<Json<SetActive>, JsonRejection>,
 ) -> Result<StatusCode, ApiError> {
+    let Json(body) = body?;
     directory(&state)?
         .set_active(kind, &key, body.version)
         .map_err(|error| provider_error(kind, &key, error))?;
@@ -120,8 +122,9 @@ async fn create(
     State(state): State<Arc<ApiState>>,
     Extension(kind): Extension<ConnectorKind>,
     Path(key): Path<String>,
-    Json(body): Json<Value>,
+    body: Result<Json<Value>, JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
+    let Json(body) = body?;
     let stored = directory(&state)?
         .create(kind, &key, body)
         .map_err(|error| provider_error(kind, &key, error))?;

@@ -261,7 +261,14 @@ pub fn provider_error(kind: ConnectorKind, key: &str, error: ProviderError) -> A
             }
         }
         ProviderError::BadRequest(message) => ApiError::BadRequest(message),
-        ProviderError::Io { .. } => ApiError::Internal(error.to_string()),
+        // The path stays in the log: API answers never show the file system.
+        ProviderError::Io { path, source } => {
+            tracing::error!(path = %path.display(), error = %source, "connector directory I/O failed");
+            ApiError::Internal(format!(
+                "cannot read or write the connector directory: {}",
+                source.kind()
+            ))
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 //! config issues when a config is refused.
 
 use axum::Json;
+use axum::extract::rejection::JsonRejection;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
@@ -28,6 +29,12 @@ pub enum ApiError {
     },
     #[error("{0}")]
     BadRequest(String),
+    /// A request body that is not the JSON the endpoint takes (syntax, shape or
+    /// content type), with the status axum chose for it.
+    #[error("invalid request body: {reason}")]
+    InvalidBody { status: StatusCode, reason: String },
+    #[error("no endpoint {method} {path}")]
+    NoEndpoint { method: String, path: String },
     /// Upstream answers a config it cannot render in the asked format with 400
     /// and code `error`.
     #[error("cannot convert the configuration: {0}")]
@@ -62,8 +69,19 @@ impl ApiError {
                 (StatusCode::BAD_REQUEST, "invalid_configuration".into())
             }
             ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request".into()),
+            ApiError::InvalidBody { status, .. } => (*status, "invalid_body".into()),
+            ApiError::NoEndpoint { .. } => (StatusCode::NOT_FOUND, "not_found".into()),
             ApiError::CannotConvert(_) => (StatusCode::BAD_REQUEST, "error".into()),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "error".into()),
+        }
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(rejection: JsonRejection) -> Self {
+        ApiError::InvalidBody {
+            status: rejection.status(),
+            reason: rejection.body_text(),
         }
     }
 }

@@ -106,10 +106,13 @@ pub fn router(config: &HttpConfig, state: Arc<ApiState>) -> Result<Router, ApiSe
         .route("/", get(root))
         .route("/health", get(health::health))
         .route("/health/live", get(health::live))
-        .layer(axum::middleware::from_fn_with_state(
+        // Only matched routes ask for the key: an unknown path is a JSON 404
+        // with or without one.
+        .route_layer(axum::middleware::from_fn_with_state(
             auth::ApiKey::new(&config.api_key),
             auth::require_api_key,
         ))
+        .fallback(no_endpoint)
         .with_state(state);
     match server::cors_layer(&config.cors)? {
         Some(cors) => Ok(routes.layer(cors)),
@@ -139,6 +142,13 @@ fn check_metrics_endpoint(endpoint: &str) -> Result<(), ApiSetupError> {
             message: message.to_owned(),
         }),
         None => Ok(()),
+    }
+}
+
+async fn no_endpoint(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::NoEndpoint {
+        method: method.to_string(),
+        path: uri.path().to_owned(),
     }
 }
 

@@ -6,9 +6,12 @@
 //! Every file is parsed with the same parser as at startup, so what the API
 //! shows, accepts and restarts with is exactly what a process restart would run.
 
-use std::fs;
-use std::io;
+use std::fs::{self, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::UNIX_EPOCH;
 
 use toml::{Table, Value};
@@ -19,9 +22,21 @@ use crate::connectors::ConnectorKind;
 
 pub const ACTIVE_VERSIONS_FILE: &str = ".active_versions.toml";
 
+/// The longest key a config can be created for: the file name
+/// `{type}_{key}_{version}.toml` stays well under the usual 255-byte limit.
+pub const MAX_KEY_LENGTH: usize = 200;
+
+/// How many taken version numbers a create skips (files another process
+/// wrote meanwhile) before it gives up.
+const CREATE_ATTEMPTS: u64 = 64;
+
 pub struct LocalProvider {
     dir: PathBuf,
     vars: EnvVars,
+    /// Held while a version number is chosen and its file written, and while
+    /// `.active_versions.toml` is read, changed and written, so concurrent
+    /// requests never pick the same version or lose a pointer update.
+    writing: Mutex<()>,
 }
 
 /// One version of a connector's config, as stored.
@@ -58,7 +73,17 @@ struct Candidate {
 
 impl LocalProvider {
     pub fn new(dir: PathBuf, vars: EnvVars) -> Self {
-        Self { dir, vars }
+        Self {
+            dir,
+            vars,
+            writing: Mutex::new(()),
+        }
+    }
+
+    fn lock_writing(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.writing
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     pub fn dir(&self) -> &Path {
@@ -135,34 +160,50 @@ impl LocalProvider {
                 "expected a JSON object with the connector's fields".into(),
             ));
         };
-        let version = self
+        let _writing = self.lock_writing();
+        let mut version = self
             .candidates(kind, key)?
             .iter()
             .map(|candidate| candidate.version + 1)
             .max()
             .unwrap_or(0);
-        let mut table = Table::new();
-        table.insert("type".into(), Value::String(kind.to_string()));
-        table.insert("key".into(), Value::String(key.to_owned()));
-        table.insert("version".into(), Value::Integer(version as i64));
-        for (name, value) in fields {
-            if matches!(name.as_str(), "type" | "key" | "version") {
-                continue;
+        // The lock orders this process's creates; `create_new_file` refuses a
+        // name another process took meanwhile, and the next number is tried.
+        for _ in 0..CREATE_ATTEMPTS {
+            let mut table = Table::new();
+            table.insert("type".into(), Value::String(kind.to_string()));
+            table.insert("key".into(), Value::String(key.to_owned()));
+            table.insert("version".into(), Value::Integer(version as i64));
+            for (name, value) in &fields {
+                if matches!(name.as_str(), "type" | "key" | "version") {
+                    continue;
+                }
+                if let Some(value) = json_to_toml(value.clone()) {
+                    table.insert(name.clone(), value);
+                }
             }
-            if let Some(value) = json_to_toml(value) {
-                table.insert(name, value);
+            let text = toml::to_string(&table).map_err(|error| {
+                ProviderError::BadRequest(format!("cannot write the config as TOML: {error}"))
+            })?;
+            let file = self.dir.join(format!("{kind}_{key}_{version}.toml"));
+            let (config, _warnings) =
+                parse_connector_file(&file, &text, &self.vars).map_err(ProviderError::Invalid)?;
+            match create_new_file(&self.dir, &file, text.as_bytes()) {
+                Ok(()) => {
+                    return Ok(StoredConfig {
+                        config,
+                        created_at: created_at(&file),
+                    });
+                }
+                Err(error) if error.kind() == io::ErrorKind::AlreadyExists => version += 1,
+                Err(source) => return Err(ProviderError::Io { path: file, source }),
             }
         }
-        let text = toml::to_string(&table).map_err(|error| {
-            ProviderError::BadRequest(format!("cannot write the config as TOML: {error}"))
-        })?;
-        let file = self.dir.join(format!("{kind}_{key}_{version}.toml"));
-        let (config, _warnings) =
-            parse_connector_file(&file, &text, &self.vars).map_err(ProviderError::Invalid)?;
-        write_atomically(&file, text.as_bytes())?;
-        Ok(StoredConfig {
-            config,
-            created_at: created_at(&file),
+        Err(ProviderError::Io {
+            path: self.dir.clone(),
+            source: io::Error::other(format!(
+                "{CREATE_ATTEMPTS} version numbers in a row were taken by other writers"
+            )),
         })
     }
 
@@ -315,6 +356,7 @@ impl LocalProvider {
     }
 
     fn update_pointers(&self, change: impl FnOnce(&mut Table)) -> Result<(), ProviderError> {
+        let _writing = self.lock_writing();
         let mut pointers = self.read_pointers()?;
         change(&mut pointers);
         let text = toml::to_string(&pointers).map_err(|error| {
@@ -341,6 +383,12 @@ fn section_kind(kind: ConnectorKind) -> &'static str {
 /// Keys name files: only the characters the config parser accepts, so a key
 /// can never reach outside the directory.
 fn check_key(key: &str) -> Result<(), ProviderError> {
+    if key.len() > MAX_KEY_LENGTH {
+        return Err(ProviderError::BadRequest(format!(
+            "invalid key: {} characters, at most {MAX_KEY_LENGTH} allowed",
+            key.len()
+        )));
+    }
     let valid = !key.is_empty()
         && key.chars().all(|character| {
             character.is_ascii_alphanumeric() || character == '_' || character == '-'
@@ -392,17 +440,83 @@ pub fn json_to_toml(value: serde_json::Value) -> Option<Value> {
     })
 }
 
+/// A temp file name in `dir` no other writer uses (process id and a counter),
+/// hidden (a leading dot) so the directory scan never reads it as a config.
+fn temp_path(dir: &Path) -> PathBuf {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
+    dir.join(format!(".tmp-{}-{count}.toml", std::process::id()))
+}
+
+/// Writes `bytes` to a new temp file (owner read/write only: configs hold
+/// secrets) and syncs it.
+fn write_temp(dir: &Path, bytes: &[u8]) -> io::Result<PathBuf> {
+    let temp = temp_path(dir);
+    let written = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&temp)
+        .and_then(|mut file| {
+            file.write_all(bytes)?;
+            file.sync_all()
+        });
+    match written {
+        Ok(()) => Ok(temp),
+        Err(error) => {
+            let _ = fs::remove_file(&temp);
+            Err(error)
+        }
+    }
+}
+
+/// Publishes `bytes` as `path`, which must not exist yet (`AlreadyExists`
+/// otherwise): a reader sees the whole file or none.
+fn create_new_file(dir: &Path, path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let temp = write_temp(dir, bytes)?;
+    // A hard link fails when the name is taken, like O_EXCL, and appears
+    // atomically with the whole content.
+    let linked = fs::hard_link(&temp, path);
+    let _ = fs::remove_file(&temp);
+    linked
+}
+
 /// Writes a temp file, then renames it over the target, so a reader never sees
 /// half a file.
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), ProviderError> {
-    let temp = path.with_extension("toml.tmp");
     let io_error = |source| ProviderError::Io {
         path: path.to_owned(),
         source,
     };
-    fs::write(&temp, bytes).map_err(io_error)?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let temp = write_temp(dir, bytes).map_err(io_error)?;
     fs::rename(&temp, path).map_err(|source| {
         let _ = fs::remove_file(&temp);
         io_error(source)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn given_the_next_file_name_taken_by_another_writer_when_creating_should_take_the_next_version()
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let provider = LocalProvider::new(dir.path().to_owned(), EnvVars::default());
+        // What another process may hold while it writes: a file under the
+        // next name that does not (yet) parse as a config.
+        let taken = dir.path().join("source_k_0.toml");
+        fs::write(&taken, "half a file = [").unwrap();
+        let body = serde_json::json!({
+            "enabled": false,
+            "path": "random",
+            "streams": [{"stream": "s", "topic": "t", "schema": "json"}],
+        });
+        let stored = provider.create(ConnectorKind::Source, "k", body).unwrap();
+        assert_eq!(stored.config.version, 1);
+        assert_eq!(fs::read_to_string(&taken).unwrap(), "half a file = [");
+        assert!(dir.path().join("source_k_1.toml").is_file());
+    }
 }

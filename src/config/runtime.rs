@@ -228,8 +228,11 @@ impl Default for EngineConfig {
 }
 
 impl RuntimeConfig {
-    /// Loads the runtime file with environment overrides. A missing file means
-    /// upstream's defaults (with a warning); a bad field is an error naming it.
+    /// Loads the runtime file with environment overrides. A missing file, an
+    /// unknown key (with the nearest known name) and a bad field are errors
+    /// naming the file and the field; every error found is reported, not only
+    /// the first. A relative `config_dir` is resolved here (see
+    /// [`resolve_config_dir`]), so `validate` and `run` read the same one.
     pub fn load(path: &Path, vars: &EnvVars) -> Result<(Self, Vec<ConfigIssue>), ConfigIssues> {
         let mut issues = Vec::new();
         let mut table = match std::fs::read_to_string(path) {
@@ -241,12 +244,11 @@ impl RuntimeConfig {
                 )])
             })?,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-                issues.push(ConfigIssue::warning(
+                return Err(ConfigIssues(vec![ConfigIssue::error(
                     path,
                     "",
-                    "file not found, using defaults",
-                ));
-                Table::new()
+                    "file not found",
+                )]));
             }
             Err(error) => {
                 return Err(ConfigIssues(vec![ConfigIssue::error(
@@ -256,6 +258,7 @@ impl RuntimeConfig {
                 )]));
             }
         };
+        unknown_keys(path, &table, "", KNOWN_KEYS, &mut issues);
         let (unknown, invalid) = env::apply_runtime_overrides(&mut table, vars);
         for name in unknown {
             issues.push(ConfigIssue::warning(
@@ -271,26 +274,42 @@ impl RuntimeConfig {
                 format!("environment variable {name}: {message}"),
             ));
         }
-        let config: RuntimeConfig = match serde_path_to_error::deserialize(table) {
+        let mut config: RuntimeConfig = match serde_path_to_error::deserialize(table.clone()) {
             Ok(config) => config,
-            Err(error) => {
-                issues.push(ConfigIssue::error(
-                    path,
-                    error.path().to_string(),
-                    error.into_inner().to_string(),
-                ));
+            Err(_) => {
+                // One error per section at least: each is read on its own.
+                for (name, value) in &table {
+                    let mut one = Table::new();
+                    one.insert(name.clone(), value.clone());
+                    if let Err(error) = serde_path_to_error::deserialize::<_, RuntimeConfig>(one) {
+                        issues.push(ConfigIssue::error(
+                            path,
+                            error.path().to_string(),
+                            error.into_inner().to_string(),
+                        ));
+                    }
+                }
                 return Err(ConfigIssues(issues));
             }
         };
         issues.extend(config.check(path));
+        issues.extend(check_address(path, "http.address", &config.http.address));
+        issues.extend(check_address(path, "iggy.address", &config.iggy.address));
+        if let ConnectorsConfig::Local { config_dir } = &mut config.connectors
+            && !config_dir.as_os_str().is_empty()
+        {
+            match resolve_config_dir(path, config_dir) {
+                Ok(resolved) => *config_dir = resolved,
+                Err(issue) => issues.push(issue),
+            }
+        }
         if issues.iter().any(ConfigIssue::is_error) {
             return Err(ConfigIssues(issues));
         }
         Ok((config, issues))
     }
 
-    /// The connector directory (relative paths are relative to the working
-    /// directory, as upstream reads them).
+    /// The connector directory, as [`load`](Self::load) resolved it.
     pub fn connector_dir(&self) -> Option<&Path> {
         match &self.connectors {
             ConnectorsConfig::Local { config_dir } if !config_dir.as_os_str().is_empty() => {
@@ -328,5 +347,378 @@ fn log_format<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<LogFo
         _ => Err(serde::de::Error::custom(format!(
             "expected \"text\" or \"json\", found \"{text}\""
         ))),
+    }
+}
+
+/// Where a relative `config_dir` is looked for: the working directory first
+/// (upstream reads it from there, and its example relies on that), then the
+/// directory of the config file. A directory found in neither is an error
+/// naming both places, for `validate` and `run` alike (nothing is created).
+pub fn resolve_config_dir(file: &Path, config_dir: &Path) -> Result<PathBuf, ConfigIssue> {
+    let mut tried = vec![config_dir.to_owned()];
+    if config_dir.is_relative()
+        && let Some(parent) = file
+            .parent()
+            .filter(|parent| !parent.as_os_str().is_empty())
+    {
+        tried.push(parent.join(config_dir));
+    }
+    if let Some(found) = tried.iter().find(|dir| dir.is_dir()) {
+        return Ok(found.clone());
+    }
+    let looked: Vec<String> = tried
+        .iter()
+        .enumerate()
+        .map(|(index, dir)| match index {
+            0 if config_dir.is_relative() => {
+                format!("{} (from the working directory)", dir.display())
+            }
+            0 => dir.display().to_string(),
+            _ => format!("{} (next to the config file)", dir.display()),
+        })
+        .collect();
+    Err(ConfigIssue::error(
+        file,
+        "connectors.config_dir",
+        format!("directory not found; looked in {}", looked.join(" and ")),
+    ))
+}
+
+/// `host:port` as the listener and the client take it: a port number and a
+/// host without spaces (a name is resolved only when used).
+fn check_address(file: &Path, field: &str, address: &str) -> Option<ConfigIssue> {
+    if address.parse::<std::net::SocketAddr>().is_ok() {
+        return None;
+    }
+    let valid = address.rsplit_once(':').is_some_and(|(host, port)| {
+        !host.is_empty()
+            && !host.contains(char::is_whitespace)
+            && !host.contains(['/', '[', ']'])
+            && port.parse::<u16>().is_ok()
+    });
+    (!valid).then(|| {
+        ConfigIssue::error(
+            file,
+            field,
+            format!("\"{address}\" is not an address: expected host:port (e.g. 127.0.0.1:8081)"),
+        )
+    })
+}
+
+/// The keys each table of the runtime file may hold, upstream's included
+/// (`[telemetry]` and the HTTP config provider's settings are accepted even
+/// where iggy-connect does not use them). `*` marks a table of free keys.
+struct Key(&'static str, Known);
+type Known = &'static [Key];
+
+const fn leaf(name: &'static str) -> Key {
+    Key(name, &[])
+}
+
+const FREE: Known = &[leaf("*")];
+const KNOWN_KEYS: Known = &[
+    Key("http", HTTP),
+    Key("iggy", IGGY),
+    Key("state", &[leaf("path")]),
+    Key("connectors", CONNECTORS),
+    Key("logging", &[leaf("format")]),
+    Key("telemetry", TELEMETRY),
+    Key("engine", &[leaf("shutdown_timeout")]),
+];
+const HTTP: Known = &[
+    leaf("enabled"),
+    leaf("address"),
+    leaf("api_key"),
+    Key(
+        "cors",
+        &[
+            leaf("enabled"),
+            leaf("allowed_methods"),
+            leaf("allowed_origins"),
+            leaf("allowed_headers"),
+            leaf("exposed_headers"),
+            leaf("allow_credentials"),
+            leaf("allow_private_network"),
+        ],
+    ),
+    Key("metrics", &[leaf("enabled"), leaf("endpoint")]),
+    Key(
+        "tls",
+        &[leaf("enabled"), leaf("cert_file"), leaf("key_file")],
+    ),
+];
+const IGGY: Known = &[
+    leaf("address"),
+    leaf("username"),
+    leaf("password"),
+    leaf("token"),
+    Key("tls", &[leaf("enabled"), leaf("ca_file"), leaf("domain")]),
+];
+const CONNECTORS: Known = &[
+    leaf("config_type"),
+    leaf("config_dir"),
+    leaf("base_url"),
+    leaf("timeout"),
+    Key("request_headers", FREE),
+    Key("url_templates", FREE),
+    Key("response", &[leaf("data_path"), leaf("error_path")]),
+    Key(
+        "retry",
+        &[
+            leaf("enabled"),
+            leaf("max_attempts"),
+            leaf("initial_backoff"),
+            leaf("max_backoff"),
+            leaf("backoff_multiplier"),
+        ],
+    ),
+];
+const OTLP: Known = &[leaf("transport"), leaf("endpoint")];
+const TELEMETRY: Known = &[
+    leaf("enabled"),
+    leaf("service_name"),
+    Key("logs", OTLP),
+    Key("traces", OTLP),
+];
+
+/// An error for every key of `table` that `known` does not list, with the
+/// nearest known name when one is close.
+fn unknown_keys(
+    file: &Path,
+    table: &Table,
+    prefix: &str,
+    known: Known,
+    issues: &mut Vec<ConfigIssue>,
+) {
+    if known.iter().any(|Key(name, _)| *name == "*") {
+        return;
+    }
+    for (key, value) in table {
+        let field = if prefix.is_empty() {
+            key.clone()
+        } else {
+            format!("{prefix}.{key}")
+        };
+        match known.iter().find(|Key(name, _)| name == key) {
+            Some(Key(_, nested)) => {
+                if let toml::Value::Table(nested_table) = value
+                    && !nested.is_empty()
+                {
+                    unknown_keys(file, nested_table, &field, nested, issues);
+                }
+            }
+            None => {
+                let names: Vec<&str> = known.iter().map(|Key(name, _)| *name).collect();
+                let hint = match nearest(key, &names) {
+                    Some(name) => format!("; did you mean `{name}`?"),
+                    None => format!("; expected one of {}", names.join(", ")),
+                };
+                issues.push(ConfigIssue::error(
+                    file,
+                    field,
+                    format!("unknown key `{key}`{hint}"),
+                ));
+            }
+        }
+    }
+}
+
+/// The name closest to `key` by edit distance, when it is close enough to be
+/// a typo (at most a third of its length, and at least one edit allowed).
+fn nearest<'a>(key: &str, names: &[&'a str]) -> Option<&'a str> {
+    let limit = (key.chars().count() / 3).max(1);
+    names
+        .iter()
+        .map(|name| (edit_distance(key, name), *name))
+        .filter(|(distance, _)| *distance <= limit)
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, name)| name)
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut previous: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut current = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let substitution = previous[j] + usize::from(ca != *cb);
+            current.push(substitution.min(previous[j + 1] + 1).min(current[j] + 1));
+        }
+        previous = current;
+    }
+    previous[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Writes `text` as `config.toml` in a new directory that also holds an
+    /// empty `connectors` directory.
+    fn file(text: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("connectors")).unwrap();
+        let path = dir.path().join("config.toml");
+        std::fs::write(&path, text).unwrap();
+        (dir, path)
+    }
+
+    fn with_dir(dir: &tempfile::TempDir, rest: &str) -> String {
+        format!(
+            "[connectors]\nconfig_type = \"local\"\nconfig_dir = \"{}\"\n{rest}",
+            dir.path().join("connectors").display()
+        )
+    }
+
+    fn errors(path: &Path) -> Vec<ConfigIssue> {
+        match RuntimeConfig::load(path, &EnvVars::default()) {
+            Ok((_, issues)) => issues,
+            Err(found) => found.0,
+        }
+        .into_iter()
+        .filter(ConfigIssue::is_error)
+        .collect()
+    }
+
+    #[test]
+    fn given_misspelt_keys_when_loaded_should_name_each_with_the_nearest_known_name() {
+        let (dir, path) = file("");
+        let text = with_dir(
+            &dir,
+            "[iggy]\nadress = \"localhost:8090\"\npasword = \"x\"\n\
+             [logging]\nformatt = \"json\"\n[engine]\nshutdown_timout = \"1s\"\n\
+             [state]\nbogus = 1\n[http.cors]\nallowed_orgins = []\n",
+        );
+        std::fs::write(&path, text).unwrap();
+        let found = errors(&path);
+        let shown: Vec<String> = found.iter().map(ToString::to_string).collect();
+        for (field, hint) in [
+            ("iggy.adress", "did you mean `address`?"),
+            ("iggy.pasword", "did you mean `password`?"),
+            ("logging.formatt", "did you mean `format`?"),
+            ("engine.shutdown_timout", "did you mean `shutdown_timeout`?"),
+            ("state.bogus", "expected one of path"),
+            (
+                "http.cors.allowed_orgins",
+                "did you mean `allowed_origins`?",
+            ),
+        ] {
+            assert!(
+                found
+                    .iter()
+                    .any(|issue| issue.field == field && issue.message.contains(hint)),
+                "{field}: {shown:?}"
+            );
+        }
+        assert_eq!(found.len(), 6, "{shown:?}");
+        assert!(shown[0].contains("config.toml"), "{shown:?}");
+    }
+
+    #[test]
+    fn given_every_upstream_key_when_loaded_should_accept_them() {
+        let (dir, path) = file("");
+        let text = format!(
+            "{}\n{}",
+            include_str!("../../tests/fixtures/upstream_runtime_all_keys.toml"),
+            with_dir(
+                &dir,
+                "timeout = \"10s\"\nbase_url = \"\"\n\
+                 [connectors.request_headers]\nx-any = \"1\"\n\
+                 [connectors.url_templates]\nget_source = \"/s\"\n\
+                 [connectors.response]\ndata_path = \"data\"\nerror_path = \"error\"\n\
+                 [connectors.retry]\nenabled = true\nmax_attempts = 3\ninitial_backoff = \"1s\"\n\
+                 max_backoff = \"30s\"\nbackoff_multiplier = 2\n",
+            )
+        );
+        std::fs::write(&path, text).unwrap();
+        assert_eq!(errors(&path), Vec::new());
+    }
+
+    #[test]
+    fn given_bad_values_in_several_sections_when_loaded_should_report_each() {
+        let (dir, path) = file("");
+        let text = with_dir(
+            &dir,
+            "[http]\nenabled = \"yes\"\n[iggy]\nusername = 5\n[logging]\nformat = \"xml\"\n",
+        );
+        std::fs::write(&path, text).unwrap();
+        let fields: Vec<String> = errors(&path).into_iter().map(|issue| issue.field).collect();
+        assert_eq!(
+            fields,
+            ["http.enabled", "iggy.username", "logging.format"],
+            "{fields:?}"
+        );
+    }
+
+    #[test]
+    fn given_addresses_run_cannot_use_when_loaded_should_refuse_them() {
+        let (dir, path) = file("");
+        let text = with_dir(
+            &dir,
+            "[http]\naddress = \"not-an-addr\"\n[iggy]\naddress = \"localhost:99999\"\n",
+        );
+        std::fs::write(&path, text).unwrap();
+        let fields: Vec<String> = errors(&path).into_iter().map(|issue| issue.field).collect();
+        assert_eq!(fields, ["http.address", "iggy.address"]);
+        for good in [
+            "127.0.0.1:0",
+            "[::1]:8081",
+            "localhost:8090",
+            "iggy.example:8090",
+        ] {
+            assert_eq!(check_address(&path, "http.address", good), None, "{good}");
+        }
+    }
+
+    #[test]
+    fn given_a_relative_config_dir_when_resolved_should_try_the_working_directory_then_the_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let name = format!("connectors-{}", uuid::Uuid::new_v4().simple());
+        let path = dir.path().join("config.toml");
+        std::fs::write(
+            &path,
+            format!("[connectors]\nconfig_type = \"local\"\nconfig_dir = \"{name}\"\n"),
+        )
+        .unwrap();
+        // In neither place: one error naming both.
+        let found = errors(&path);
+        assert_eq!(found.len(), 1, "{found:?}");
+        let message = found[0].to_string();
+        assert!(
+            message.contains(&format!("{name} (from the working directory)")),
+            "{message}"
+        );
+        assert!(
+            message.contains(&format!(
+                "{} (next to the config file)",
+                dir.path().join(&name).display()
+            )),
+            "{message}"
+        );
+        assert!(!Path::new(&name).exists(), "nothing is created");
+        // Next to the config file: found there.
+        std::fs::create_dir(dir.path().join(&name)).unwrap();
+        let (config, _) = RuntimeConfig::load(&path, &EnvVars::default()).unwrap();
+        assert_eq!(
+            config.connector_dir(),
+            Some(dir.path().join(&name).as_path())
+        );
+    }
+
+    #[test]
+    fn given_no_config_file_when_loaded_should_be_one_plain_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("missing.toml");
+        let found = match RuntimeConfig::load(&path, &EnvVars::default()) {
+            Ok((_, issues)) => issues,
+            Err(found) => found.0,
+        };
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].is_error());
+        assert!(
+            found[0].to_string().contains("file not found"),
+            "{}",
+            found[0]
+        );
     }
 }

@@ -45,6 +45,10 @@ pub struct FileStateStore {
 #[derive(Serialize, Deserialize)]
 struct Envelope {
     format: u32,
+    /// The source key the state belongs to. Files written before it was
+    /// recorded lack it; they are read as they are and get it at the next save.
+    #[serde(default)]
+    key: Option<String>,
     connector: String,
     crc32: u32,
     #[serde(with = "serde_bytes")]
@@ -69,10 +73,15 @@ impl FileStateStore {
         self.dir.join(format!("source_{key}.state"))
     }
 
-    fn load_blocking(path: &Path) -> Result<Option<StoredState>, StateError> {
+    /// The state in `path`; `key` is the source it must belong to (`None`
+    /// reads whatever the file holds).
+    fn load_blocking(path: &Path, key: Option<&str>) -> Result<Option<StoredState>, StateError> {
         let bytes = match fs::read(path) {
             Ok(bytes) => bytes,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                refuse_dangling_link(path)?;
+                return Ok(None);
+            }
             Err(source) => {
                 return Err(StateError::Read {
                     path: path.to_owned(),
@@ -95,6 +104,16 @@ impl FileStateStore {
         if crc32fast::hash(&envelope.data) != envelope.crc32 {
             return Err(corrupt("checksum mismatch".into()));
         }
+        if let (Some(expected), Some(found)) = (key, &envelope.key)
+            && expected != found
+        {
+            return Err(StateError::WrongKey {
+                path: path.to_owned(),
+                found: found.clone(),
+                connector: envelope.connector,
+                expected: expected.to_owned(),
+            });
+        }
         Ok(Some(StoredState {
             connector: envelope.connector,
             data: envelope.data,
@@ -102,9 +121,10 @@ impl FileStateStore {
     }
 
     /// The file's bytes for `state`.
-    fn encode(path: &Path, state: &StoredState) -> Result<Vec<u8>, StateError> {
+    fn encode(path: &Path, key: &str, state: &StoredState) -> Result<Vec<u8>, StateError> {
         let envelope = Envelope {
             format: FORMAT_VERSION,
+            key: Some(key.to_owned()),
             connector: state.connector.clone(),
             crc32: crc32fast::hash(&state.data),
             data: state.data.clone(),
@@ -128,6 +148,7 @@ impl FileStateStore {
             path: path.to_owned(),
             source,
         };
+        refuse_dangling_link(path)?;
         let result = bytes
             .map_or(Ok(()), |bytes| write_synced(&temp, bytes))
             .and_then(|()| {
@@ -154,13 +175,14 @@ impl FileStateStore {
 impl StateStore for FileStateStore {
     async fn load(&self, key: &str) -> Result<Option<StoredState>, StateError> {
         let path = self.path_for(key);
-        run_blocking(move || Self::load_blocking(&path)).await
+        let key = key.to_owned();
+        run_blocking(move || Self::load_blocking(&path, Some(&key))).await
     }
 
     async fn save(&self, key: &str, state: &StoredState) -> Result<(), StateError> {
         let dir = self.dir.clone();
         let path = self.path_for(key);
-        let bytes = Self::encode(&path, state)?;
+        let bytes = Self::encode(&path, key, state)?;
         self.lock_staged().remove(key);
         run_blocking(move || Self::write_blocking(&dir, &path, Some(&bytes), true)).await
     }
@@ -168,7 +190,7 @@ impl StateStore for FileStateStore {
     async fn stage(&self, key: &str, state: &StoredState) -> Result<(), StateError> {
         let dir = self.dir.clone();
         let path = self.path_for(key);
-        let bytes = Self::encode(&path, state)?;
+        let bytes = Self::encode(&path, key, state)?;
         self.lock_staged().remove(key);
         let staged = run_blocking(move || {
             Self::write_blocking(&dir, &path, Some(&bytes), false).map(|()| bytes)
@@ -181,7 +203,7 @@ impl StateStore for FileStateStore {
     async fn publish(&self, key: &str, state: &StoredState) -> Result<(), StateError> {
         let dir = self.dir.clone();
         let path = self.path_for(key);
-        let bytes = Self::encode(&path, state)?;
+        let bytes = Self::encode(&path, key, state)?;
         // Only the very bytes staged in the temp file may be renamed into
         // place; anything else is written again first.
         let staged = self.lock_staged().remove(key);
@@ -207,6 +229,22 @@ fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     file.write_all_at(bytes, 0)?;
     file.set_len(bytes.len() as u64)?;
     file.sync_all()
+}
+
+/// A state path that is a symbolic link to nothing is refused: starting fresh
+/// from it would silently drop whatever the link was meant to reach, and the
+/// save would replace the link with a file.
+fn refuse_dangling_link(path: &Path) -> Result<(), StateError> {
+    let is_link =
+        fs::symlink_metadata(path).is_ok_and(|metadata| metadata.file_type().is_symlink());
+    if is_link && !path.exists() {
+        let target = fs::read_link(path).unwrap_or_default();
+        return Err(StateError::DanglingLink {
+            path: path.to_owned(),
+            target,
+        });
+    }
+    Ok(())
 }
 
 /// Moves `temp` over `path` atomically: an exchange of the two where
@@ -332,7 +370,7 @@ mod tests {
         // state, for the next save to overwrite in place.
         let temp = store.path_for("key").with_extension("state.tmp");
         assert_eq!(
-            FileStateStore::load_blocking(&temp).unwrap(),
+            FileStateStore::load_blocking(&temp, None).unwrap(),
             Some(state(b"old"))
         );
     }
@@ -348,7 +386,7 @@ mod tests {
             let restarted = FileStateStore::new(dir.path()).unwrap();
             assert_eq!(restarted.load("key").await.unwrap(), Some(state(data)));
             let path = store.path_for("key");
-            let expected = FileStateStore::encode(&path, &state(data)).unwrap();
+            let expected = FileStateStore::encode(&path, "key", &state(data)).unwrap();
             assert_eq!(
                 fs::read(&path).unwrap(),
                 expected,
@@ -399,6 +437,79 @@ mod tests {
         store.save("key", &state(b"b")).await.unwrap();
         store.publish("key", &state(b"a")).await.unwrap();
         assert_eq!(store.load("key").await.unwrap(), Some(state(b"a")));
+    }
+
+    #[tokio::test]
+    async fn given_another_sources_state_file_copied_over_when_loaded_should_refuse_it_naming_both_keys()
+     {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStateStore::new(dir.path()).unwrap();
+        store.save("r2", &state(b"r2 position")).await.unwrap();
+        fs::copy(store.path_for("r2"), store.path_for("r1")).unwrap();
+        let error = store.load("r1").await.unwrap_err();
+        assert!(matches!(error, StateError::WrongKey { .. }), "{error}");
+        let message = error.to_string();
+        for part in ["\"r2\"", "\"r1\"", "\"random\"", "source_r1.state"] {
+            assert!(message.contains(part), "{part} missing from: {message}");
+        }
+        assert_eq!(store.load("r2").await.unwrap(), Some(state(b"r2 position")));
+    }
+
+    #[tokio::test]
+    async fn given_a_state_file_written_before_keys_were_recorded_when_loaded_should_be_read() {
+        #[derive(Serialize)]
+        struct OldEnvelope {
+            format: u32,
+            connector: String,
+            crc32: u32,
+            #[serde(with = "serde_bytes")]
+            data: Vec<u8>,
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStateStore::new(dir.path()).unwrap();
+        let old = OldEnvelope {
+            format: FORMAT_VERSION,
+            connector: "random".into(),
+            crc32: crc32fast::hash(b"old"),
+            data: b"old".to_vec(),
+        };
+        fs::write(
+            store.path_for("key"),
+            rmp_serde::to_vec_named(&old).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(store.load("key").await.unwrap(), Some(state(b"old")));
+        // The next save records the key.
+        store.save("key", &state(b"new")).await.unwrap();
+        fs::copy(store.path_for("key"), store.path_for("other")).unwrap();
+        assert!(matches!(
+            store.load("other").await,
+            Err(StateError::WrongKey { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn given_a_dangling_symlink_as_the_state_path_when_loaded_or_saved_should_refuse_and_keep_the_link()
+     {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStateStore::new(dir.path()).unwrap();
+        let path = store.path_for("key");
+        let target = dir.path().join("elsewhere/missing.state");
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        let error = store.load("key").await.unwrap_err();
+        assert!(matches!(error, StateError::DanglingLink { .. }), "{error}");
+        assert!(error.to_string().contains("missing.state"), "{error}");
+        let error = store.save("key", &state(b"new")).await.unwrap_err();
+        assert!(matches!(error, StateError::DanglingLink { .. }), "{error}");
+        store.stage("key", &state(b"new")).await.unwrap_err();
+        store.publish("key", &state(b"new")).await.unwrap_err();
+        assert!(
+            fs::symlink_metadata(&path)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        assert_eq!(fs::read_link(&path).unwrap(), target);
     }
 
     #[tokio::test]

@@ -76,6 +76,19 @@ pub enum StateError {
         found: String,
         expected: String,
     },
+    #[error(
+        "state file {path} belongs to source \"{found}\" (connector \"{connector}\"), not to source \"{expected}\"; refusing to start from it (was it copied from another source?)"
+    )]
+    WrongKey {
+        path: PathBuf,
+        found: String,
+        connector: String,
+        expected: String,
+    },
+    #[error(
+        "state file {path} is a symbolic link to {target}, which does not exist; refusing to start fresh from it or to replace the link (restore the target, or remove the link to start fresh)"
+    )]
+    DanglingLink { path: PathBuf, target: PathBuf },
     #[error("state store refused the save: {0}")]
     Unavailable(String),
 }

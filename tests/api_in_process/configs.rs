@@ -176,3 +176,153 @@ async fn config_versions_are_listed_created_activated_deleted_and_restarted_into
         .unwrap();
     assert_eq!(response.status(), StatusCode::NOT_FOUND);
 }
+
+fn version_body(topic: &str) -> Value {
+    json!({
+        "enabled": false,
+        "name": "version",
+        "path": "random",
+        "streams": [{"stream": "api", "topic": topic, "schema": "json"}],
+        "plugin_config": {"interval": "10ms", "messages_range": [2, 2]},
+    })
+}
+
+// Several worker threads, so the handlers really run at the same time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 8)]
+async fn parallel_config_creations_each_get_their_own_version_and_file() {
+    let (key, topic) = (unique("coll"), unique("t"));
+    let harness = harness(&[("first.toml", random_source(&key, &topic, ""))]).await;
+    let path = format!("/sources/{key}/configs");
+    let harness = Arc::new(harness);
+    let requests = (0..30).map(|_| {
+        let (harness, path, body) = (harness.clone(), path.clone(), version_body(&topic));
+        tokio::spawn(async move { harness.post(&path, Some(body)).await })
+    });
+    let answers: Vec<(StatusCode, Value)> = futures::future::join_all(requests)
+        .await
+        .into_iter()
+        .map(|answer| answer.unwrap())
+        .collect();
+    let mut versions = Vec::new();
+    for (status, body) in &answers {
+        assert_eq!(*status, StatusCode::OK, "{body}");
+        versions.push(body["version"].as_u64().unwrap());
+    }
+    versions.sort_unstable();
+    assert_eq!(
+        versions,
+        (1..=30).collect::<Vec<u64>>(),
+        "distinct versions"
+    );
+    for version in 1..=30 {
+        let file = harness
+            .connectors
+            .join(format!("source_{key}_{version}.toml"));
+        assert!(file.is_file(), "{} missing", file.display());
+    }
+    let (_, listed) = harness.get(&path).await;
+    assert_eq!(listed.as_array().unwrap().len(), 31);
+    // No temp file is left behind.
+    let names: Vec<String> = std::fs::read_dir(&harness.connectors)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 31, "{names:?}");
+}
+
+#[tokio::test]
+async fn created_configs_and_the_active_pointer_are_readable_by_the_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let (key, topic) = (unique("perm"), unique("t"));
+    let harness = harness(&[("first.toml", random_source(&key, &topic, ""))]).await;
+    let (status, body) = harness
+        .post(
+            &format!("/sources/{key}/configs"),
+            Some(version_body(&topic)),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let response = harness
+        .request(
+            reqwest::Method::PUT,
+            &format!("/sources/{key}/configs/active"),
+        )
+        .json(&json!({"version": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    for name in [
+        format!("source_{key}_1.toml"),
+        ".active_versions.toml".into(),
+    ] {
+        let mode = std::fs::metadata(harness.connectors.join(&name))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn a_key_too_long_for_a_file_name_is_a_400_that_shows_no_path() {
+    let harness = harness(&[]).await;
+    let key = "k".repeat(300);
+    let (status, body) = harness
+        .post(
+            &format!("/sources/{key}/configs"),
+            Some(version_body("topic")),
+        )
+        .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("bad_request")),
+        "{body}"
+    );
+    let reason = body["reason"].as_str().unwrap();
+    assert!(reason.contains("at most 200"), "{reason}");
+    let dir = harness.connectors.display().to_string();
+    assert!(!body.to_string().contains(&dir), "{body}");
+    assert!(!body.to_string().contains('/'), "{body}");
+}
+
+#[tokio::test]
+async fn request_bodies_that_are_not_the_expected_json_get_code_and_reason() {
+    let (key, topic) = (unique("body"), unique("t"));
+    let harness = harness(&[("first.toml", random_source(&key, &topic, ""))]).await;
+    let send = |method: reqwest::Method, path: String, body: &'static str| {
+        let request = harness
+            .request(method, &path)
+            .header("content-type", "application/json")
+            .body(body);
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status();
+            let text = response.text().await.unwrap();
+            let json: Value = serde_json::from_str(&text)
+                .unwrap_or_else(|_| panic!("{path} {body:?}: not JSON: {text}"));
+            (status, json)
+        }
+    };
+    let configs = format!("/sources/{key}/configs");
+    let active = format!("/sources/{key}/configs/active");
+    for (method, path, body) in [
+        (reqwest::Method::POST, configs.clone(), "{not json"),
+        (reqwest::Method::POST, configs.clone(), "[1, 2]"),
+        (reqwest::Method::POST, configs.clone(), "\"text\""),
+        (reqwest::Method::PUT, active.clone(), "{\"version\": "),
+        (reqwest::Method::PUT, active.clone(), "[]"),
+        (
+            reqwest::Method::PUT,
+            active.clone(),
+            "{\"version\": \"one\"}",
+        ),
+    ] {
+        let (status, json) = send(method, path.clone(), body).await;
+        assert!(status.is_client_error(), "{path} {body:?}: {status}");
+        assert!(
+            json["code"].is_string() && json["reason"].is_string(),
+            "{path} {body:?}: {json}"
+        );
+    }
+}

@@ -272,3 +272,26 @@ async fn the_api_key_is_required_everywhere_but_root_and_health() {
     let (status, _) = harness.post(&format!("/sources/{key}/restart"), None).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
 }
+
+#[tokio::test]
+async fn unknown_paths_are_a_json_404_with_or_without_a_key_while_known_ones_need_it() {
+    let http = HttpConfig {
+        api_key: "letmein".to_owned().into(),
+        ..HttpConfig::default()
+    };
+    let mut harness = harness_with(&[], Vec::new(), http).await;
+    for with_key in [false, true] {
+        harness.api_key = with_key.then(|| "letmein".to_owned());
+        for path in ["/nope", "/sources/x/y/z/w", "/stats/more"] {
+            let (status, body) = harness.get(path).await;
+            assert_eq!(
+                (status, body["code"].as_str()),
+                (StatusCode::NOT_FOUND, Some("not_found")),
+                "{path} with key {with_key}: {body}"
+            );
+        }
+    }
+    harness.api_key = None;
+    let (status, _) = harness.get("/sources/anything").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+}

@@ -35,6 +35,10 @@ pub struct HttpSourceConfig {
     /// Largest single message accepted (413 beyond), as stored.
     #[serde(default = "default_max_message_bytes")]
     pub max_message_bytes: usize,
+    /// How deeply a JSON body may nest arrays and objects (400 `json_too_deep`
+    /// beyond). Parsed without recursion, so a large limit is safe.
+    #[serde(default = "default_max_json_depth")]
+    pub max_json_depth: usize,
     /// Most messages waiting for a batch; requests beyond are refused with
     /// 503 (`durable`) or 429 (`accepted`) and `Retry-After`.
     #[serde(default = "default_max_waiting_messages")]
@@ -142,6 +146,7 @@ impl HttpSourceConfig {
             ("batch_length", self.batch_length),
             ("max_request_bytes", self.max_request_bytes),
             ("max_message_bytes", self.max_message_bytes),
+            ("max_json_depth", self.max_json_depth),
             ("max_waiting_messages", self.max_waiting_messages),
             ("max_connections", self.max_connections),
         ];
@@ -230,6 +235,10 @@ fn default_max_request_bytes() -> usize {
 
 fn default_max_message_bytes() -> usize {
     1024 * 1024
+}
+
+fn default_max_json_depth() -> usize {
+    1024
 }
 
 fn default_max_waiting_messages() -> usize {

@@ -147,7 +147,12 @@ async fn ingest(shared: &Shared, endpoint_index: usize, request: Request) -> Res
         .get(CONTENT_TYPE)
         .and_then(|value| value.to_str().ok());
     let format = BodyFormat::from_content_type(content_type);
-    let payloads = match body::parse(format, body, shared.config.max_message_bytes) {
+    let payloads = match body::parse(
+        format,
+        body,
+        shared.config.max_message_bytes,
+        shared.config.max_json_depth,
+    ) {
         Ok(payloads) => payloads,
         Err(problem @ body::BodyError::MessageTooLarge { .. }) => {
             return error(
