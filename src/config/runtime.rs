@@ -452,6 +452,8 @@ const IGGY: Known = &[
     leaf("username"),
     leaf("password"),
     leaf("token"),
+    leaf("sink_stall_timeout"),
+    leaf("topic_durability"),
     Key("tls", &[leaf("enabled"), leaf("ca_file"), leaf("domain")]),
 ];
 const CONNECTORS: Known = &[
