@@ -36,6 +36,9 @@ struct Connect {
 struct Options<'a> {
     iggy_address: String,
     http_extra: &'a str,
+    iggy_extra: &'a str,
+    /// Start the binary with this soft limit on open files.
+    open_files: Option<u64>,
     env: Vec<(String, String)>,
 }
 
@@ -44,6 +47,8 @@ impl Options<'_> {
         Self {
             iggy_address: server.address().to_string(),
             http_extra: "",
+            iggy_extra: "",
+            open_files: None,
             env: Vec::new(),
         }
     }
@@ -60,12 +65,13 @@ fn write_config(dir: &Path, options: &Options, files: &[(String, String)]) -> (P
         &config,
         format!(
             "[http]\nenabled = true\naddress = \"127.0.0.1:0\"\n{}\n[http.metrics]\nenabled = true\nendpoint = \"/metrics\"\n\
-             [iggy]\naddress = \"{}\"\nusername = \"iggy\"\npassword = \"iggy\"\n\
+             [iggy]\naddress = \"{}\"\nusername = \"iggy\"\npassword = \"iggy\"\n{}\n\
              [state]\npath = \"{}\"\n\
              [connectors]\nconfig_type = \"local\"\nconfig_dir = \"{}\"\n\
              [engine]\nshutdown_timeout = \"2s\"\n",
             options.http_extra,
             options.iggy_address,
+            options.iggy_extra,
             dir.join("state").display(),
             connectors.display()
         ),
@@ -84,6 +90,22 @@ fn command(config: &Path, options: &Options) -> Command {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
+    if let Some(soft) = options.open_files {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: only an async-signal-safe system call between fork and exec.
+        unsafe {
+            command.pre_exec(move || {
+                let mut limit = libc::rlimit {
+                    rlim_cur: 0,
+                    rlim_max: 0,
+                };
+                libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+                limit.rlim_cur = soft;
+                libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+                Ok(())
+            });
+        }
+    }
     command
 }
 
@@ -660,6 +682,8 @@ fn run_exits_non_zero_naming_the_address_when_the_http_port_is_taken() {
     let options = Options {
         iggy_address: "127.0.0.1:1".into(),
         http_extra: "",
+        iggy_extra: "",
+        open_files: None,
         env: vec![("IGGY_CONNECTORS_HTTP_ADDRESS".into(), address.clone())],
     };
     let (config, _) = write_config(dir.path(), &options, &[]);
@@ -670,4 +694,166 @@ fn run_exits_non_zero_naming_the_address_when_the_http_port_is_taken() {
         stderr.contains("cannot listen on [http] address") && stderr.contains(&address),
         "{stderr}"
     );
+}
+
+#[tokio::test]
+async fn health_names_a_sink_that_stores_no_offsets_while_messages_wait_and_metrics_show_its_lag() {
+    let server = IggyTestServer::start();
+    let (source, sink, topic) = (unique("src"), unique("snk"), unique("t"));
+    let dir = tempfile::tempdir().unwrap();
+    let fail = dir.path().join("fail");
+    std::fs::write(&fail, "").unwrap();
+    let faulty_sink = (
+        format!("{sink}.toml"),
+        format!(
+            "type = \"sink\"\nkey = \"{sink}\"\nenabled = true\nversion = 0\nname = \"Faulty\"\npath = \"faulty\"\n\
+             [[streams]]\nstream = \"api\"\ntopics = [\"{topic}\"]\nschema = \"json\"\npoll_interval = \"5ms\"\n\
+             [plugin_config]\noutput = \"{}\"\nfail_while_exists = \"{}\"\n",
+            dir.path().join("out.jsonl").display(),
+            fail.display()
+        ),
+    );
+    let mut options = Options::for_server(&server);
+    options.iggy_extra = "sink_stall_timeout = \"1s\"";
+    let connect = start(
+        options,
+        &[
+            random_source(&source, &topic, "", "max_count = 50"),
+            faulty_sink,
+        ],
+    );
+    connect.wait_for_status("sinks", &sink, "running").await;
+    connect
+        .wait_for("the sink to be reported degraded", async |connect| {
+            connect.get("/health").await.1["status"] == "degraded"
+        })
+        .await;
+    let (status, health) = connect.get("/health").await;
+    assert_eq!(status, StatusCode::OK);
+    let entry = &health["connectors"][0];
+    assert_eq!(entry["key"].as_str(), Some(sink.as_str()), "{health}");
+    let reason = entry["degraded"].as_str().unwrap();
+    assert!(reason.contains("50 messages wait"), "{reason}");
+    let (_, details) = connect.get(&format!("/sinks/{sink}")).await;
+    assert_eq!(details["degraded"].as_str(), Some(reason), "{details}");
+    let (_, text) = connect.text("/metrics").await;
+    let lag = sample(
+        &parse_metrics(&text),
+        "iggy_connector_lag",
+        &sink,
+        &[("partition", "0"), ("topic", topic.as_str())],
+    );
+    assert_eq!(lag, Some(50.0), "{text}");
+
+    std::fs::remove_file(&fail).unwrap();
+    connect
+        .wait_for(
+            "a healthy runtime once the sink catches up",
+            async |connect| connect.get("/health").await.1["status"] == "healthy",
+        )
+        .await;
+    connect
+        .wait_for("the lag to drop to 0", async |connect| {
+            let (_, text) = connect.text("/metrics").await;
+            sample(
+                &parse_metrics(&text),
+                "iggy_connector_lag",
+                &sink,
+                &[("partition", "0")],
+            ) == Some(0.0)
+        })
+        .await;
+}
+
+fn http_source(key: &str, topic: &str) -> (String, String) {
+    let address = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    (
+        format!("{key}.toml"),
+        format!(
+            "type = \"source\"\nkey = \"{key}\"\nenabled = true\nversion = 0\nname = \"Http\"\npath = \"http\"\n\
+             [[streams]]\nstream = \"api\"\ntopic = \"{topic}\"\nschema = \"json\"\n\
+             [plugin_config]\naddress = \"{address}\"\nack = \"durable\"\n"
+        ),
+    )
+}
+
+#[tokio::test]
+async fn a_destructive_source_creating_a_topic_without_persisted_durability_is_warned_about() {
+    let server = IggyTestServer::start();
+    let (source, topic) = (unique("src"), unique("t"));
+    let connect = start(
+        Options::for_server(&server),
+        &[http_source(&source, &topic)],
+    );
+    connect.wait_for_status("sources", &source, "running").await;
+    assert_eq!(
+        server.topic_option("api", &topic, "durability").as_deref(),
+        Some("replicated")
+    );
+    let warned = |connect: &Connect| {
+        connect
+            .log_lines()
+            .iter()
+            .any(|line| line.contains("topic_durability = \"persisted\"") && line.contains(&topic))
+    };
+    assert!(warned(&connect), "{}", connect.log_lines().join("\n"));
+    drop(connect);
+
+    let (source, topic) = (unique("src"), unique("t"));
+    let mut options = Options::for_server(&server);
+    options.iggy_extra = "topic_durability = \"persisted\"";
+    let connect = start(options, &[http_source(&source, &topic)]);
+    connect.wait_for_status("sources", &source, "running").await;
+    assert_eq!(
+        server.topic_option("api", &topic, "durability").as_deref(),
+        Some("persisted")
+    );
+    assert!(!warned(&connect), "{}", connect.log_lines().join("\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_answers_while_an_http_source_listener_is_flooded() {
+    const FLOOD: usize = 120;
+    let server = IggyTestServer::start();
+    let (source, topic) = (unique("src"), unique("t"));
+    let (name, mut text) = http_source(&source, &topic);
+    text.push_str("max_connections = 40\nheader_read_timeout = \"60s\"\n");
+    let address = text
+        .split("address = \"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .to_owned();
+    let mut options = Options::for_server(&server);
+    // A soft limit the flood alone would exhaust; the runtime raises it.
+    options.open_files = Some(64);
+    let connect = start(options, &[(name, text)]);
+    connect.wait_for_status("sources", &source, "running").await;
+    let mut flood = Vec::with_capacity(FLOOD);
+    for _ in 0..FLOOD {
+        flood.push(tokio::net::TcpStream::connect(&address).await.unwrap());
+    }
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let response = client
+        .post(format!("http://{address}/messages"))
+        .json(&serde_json::json!({"n": 1}))
+        .send()
+        .await
+        .expect("a clear answer, not a hang");
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"], "too_many_connections", "{body}");
+    let health = client
+        .get(format!("{}/health", connect.url))
+        .send()
+        .await
+        .expect("the API answers during the flood");
+    assert_eq!(health.status(), StatusCode::OK);
+    drop(flood);
 }

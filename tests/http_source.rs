@@ -518,3 +518,110 @@ async fn a_port_already_in_use_fails_the_start_with_a_clear_reason() {
         "{message}"
     );
 }
+
+/// Opens a raw connection to the listener.
+async fn raw_connection(base: &str) -> tokio::net::TcpStream {
+    tokio::net::TcpStream::connect(base.trim_start_matches("http://"))
+        .await
+        .unwrap()
+}
+
+/// Waits until the server closes the connection (EOF or reset), at most `DEADLINE`.
+async fn closed_by_server(stream: &mut tokio::net::TcpStream) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buffer = [0u8; 1024];
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buffer)).await {
+            Err(_) => return false,
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            // A 408 or similar before closing.
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_flooded_with_idle_and_trickling_connections_refuses_past_its_limit_and_closes_them()
+ {
+    use tokio::io::AsyncWriteExt;
+    const LIMIT: usize = 20;
+    let harness = Harness::start(
+        "flood",
+        json!({
+            "max_connections": LIMIT,
+            "header_read_timeout": "1s",
+            "request_timeout": "1s",
+            "idle_timeout": "2s",
+        }),
+        1,
+    )
+    .await;
+    // Half the limit idle, half trickling header bytes (one every 100 ms).
+    let mut idle = Vec::new();
+    for _ in 0..LIMIT / 2 {
+        idle.push(raw_connection(&harness.base).await);
+    }
+    let mut tricklers = tokio::task::JoinSet::new();
+    for _ in 0..LIMIT / 2 {
+        let mut stream = raw_connection(&harness.base).await;
+        tricklers.spawn(async move {
+            stream
+                .write_all(b"POST /messages HTTP/1.1\r\nhost: x\r\nx-slow: ")
+                .await
+                .unwrap();
+            // Until the server closes it, or for the whole deadline.
+            let deadline = tokio::time::Instant::now() + DEADLINE;
+            while tokio::time::Instant::now() < deadline {
+                if stream.write_all(b"a").await.is_err() {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            false
+        });
+    }
+    // A client arriving now meets the limit: a clear refusal, not a hang.
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let url = format!("{}/messages", harness.base);
+    let mut refusal = None;
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while refusal.is_none() && tokio::time::Instant::now() < deadline {
+        let response = client.post(&url).json(&json!({"n": 0})).send().await;
+        match response {
+            Ok(response) if response.status() == 503 => refusal = Some(response),
+            Ok(response) => assert_eq!(response.status(), 200, "served while below the limit"),
+            Err(error) => panic!("no answer at the connection limit: {error:?}"),
+        }
+    }
+    let refusal = refusal.expect("a request past the connection limit is refused");
+    assert!(refusal.headers().contains_key("retry-after"));
+    assert_eq!(error_code(refusal).await, "too_many_connections");
+
+    // The header-read timeout closes both kinds of flood connection.
+    for stream in &mut idle {
+        assert!(
+            closed_by_server(stream).await,
+            "an idle connection stayed open"
+        );
+    }
+    while let Some(closed) = tricklers.join_next().await {
+        assert!(closed.unwrap(), "a trickling connection stayed open");
+    }
+    // Then the listener serves again.
+    let response = client
+        .post(&url)
+        .json(&json!({"n": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    eventually("the message to be in the topic", DEADLINE, async || {
+        harness.payloads(0).iter().any(|payload| payload["n"] == 1)
+    })
+    .await;
+}

@@ -25,8 +25,12 @@ fn settings(server: &IggyTestServer) -> ConnectionSettings {
 }
 
 fn runtime(server: &IggyTestServer, state_dir: &Path) -> Arc<Runtime> {
+    runtime_with(settings(server), state_dir)
+}
+
+fn runtime_with(settings: ConnectionSettings, state_dir: &Path) -> Arc<Runtime> {
     Runtime::new(
-        Arc::new(IggyBus::new(settings(server))),
+        Arc::new(IggyBus::new(settings)),
         Arc::new(FileStateStore::new(state_dir).unwrap()),
         Duration::from_secs(5),
     )
@@ -452,4 +456,119 @@ async fn two_sink_instances_in_one_group_split_the_partitions_and_write_each_rec
     );
     first_runtime.shutdown().await;
     second_runtime.shutdown().await;
+}
+
+/// Settings whose sinks count as stalled after `stall` without a stored offset.
+fn stalling_after(server: &IggyTestServer, stall: Duration) -> ConnectionSettings {
+    let mut settings = settings(server);
+    settings.stall_timeout = stall;
+    settings
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_consumes_again_after_a_broker_restart_leaves_its_old_member_behind() {
+    let mut server = IggyTestServer::start();
+    let dir = Dir::new();
+    let output = dir.path("out.jsonl");
+    let group = "iggy-connect-sink-out";
+    let runtime = runtime_with(
+        stalling_after(&server, Duration::from_secs(1)),
+        &dir.path("state"),
+    );
+    runtime.add(random_source("rnd", "ghost", 200, "")).unwrap();
+    runtime
+        .add(file_sink("out", "ghost", &output, &dir.path("fail")))
+        .unwrap();
+    runtime.start_enabled().await;
+    runtime
+        .wait_until_stopped(ConnectorKind::Source, "rnd")
+        .await
+        .unwrap();
+    wait_for("the commit of the first 200", LONG, || {
+        server.stored_offset("ghost", "events", group, 0) == Some(199)
+    })
+    .await;
+
+    // The member from before the restart stays (the real server replays its
+    // join) and keeps the partition; the sink signs in again as a new member.
+    server.restart();
+    wait_for("the sink to join again beside its ghost", LONG, || {
+        server.group_members("ghost", "events", group) == 2
+    })
+    .await;
+    assert_eq!(
+        server.group_assignment("ghost", "events", group)[0],
+        vec![0],
+        "the ghost holds the partition"
+    );
+    // 150 more records, written while the ghost holds the partition.
+    runtime
+        .replace_config(random_source("rnd", "ghost", 350, ""))
+        .unwrap();
+    runtime.start(ConnectorKind::Source, "rnd").await.unwrap();
+    runtime
+        .wait_until_stopped(ConnectorKind::Source, "rnd")
+        .await
+        .unwrap();
+    assert_eq!(server.message_count("ghost", "events"), 350);
+    wait_for(
+        "the sink to write the records after the restart",
+        LONG,
+        || seqs_in_file(&output).len() == 350,
+    )
+    .await;
+    wait_for("their commit", LONG, || {
+        server.stored_offset("ghost", "events", group, 0) == Some(349)
+    })
+    .await;
+    assert_eq!(
+        server.group_members("ghost", "events", group),
+        1,
+        "the ghost is gone"
+    );
+    runtime.shutdown().await;
+    let seen = seqs_in_file(&output);
+    assert!(seen.keys().copied().eq(0..350), "a record is missing");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_that_stores_no_offset_while_messages_wait_is_degraded_with_its_lag() {
+    let server = IggyTestServer::start();
+    let dir = Dir::new();
+    let output = dir.path("out.jsonl");
+    let fail = dir.path("fail");
+    std::fs::write(&fail, "").unwrap();
+    let runtime = runtime_with(
+        stalling_after(&server, Duration::from_millis(500)),
+        &dir.path("state"),
+    );
+    runtime.add(random_source("rnd", "stall", 120, "")).unwrap();
+    runtime
+        .add(file_sink("out", "stall", &output, &fail))
+        .unwrap();
+    runtime.start_enabled().await;
+    runtime
+        .wait_until_stopped(ConnectorKind::Source, "rnd")
+        .await
+        .unwrap();
+    let view = || runtime.view(ConnectorKind::Sink, "out").unwrap();
+    wait_for("the sink to be degraded", LONG, || {
+        view().degraded.is_some()
+    })
+    .await;
+    let reason = view().degraded.unwrap();
+    assert!(reason.contains("120 messages wait"), "{reason}");
+    assert!(reason.contains("partition 0: 120"), "{reason}");
+    assert_eq!(view().status.status, Status::Running);
+
+    std::fs::remove_file(&fail).unwrap();
+    wait_for("the sink to catch up", LONG, || {
+        seqs_in_file(&output).len() == 120
+    })
+    .await;
+    wait_for("the degraded flag to clear", LONG, || {
+        view().degraded.is_none()
+    })
+    .await;
+    runtime.shutdown().await;
 }

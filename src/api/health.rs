@@ -7,6 +7,11 @@
 //! orchestrator restart the process and undo the stop). `starting` and
 //! `stopping` are not healthy: a connector still waiting for Iggy at startup
 //! is not doing its job yet.
+//!
+//! A running connector that reports itself degraded (a sink whose group stores
+//! no offsets while messages wait, an open circuit breaker) keeps the answer
+//! 200, so an orchestrator does not restart what a restart cannot fix, but the
+//! status says `degraded` and names each with its reason.
 
 use std::sync::Arc;
 
@@ -27,8 +32,28 @@ pub async fn health(State(state): State<Arc<ApiState>>) -> (StatusCode, Json<Val
         .filter(|view| is_failing(view))
         .map(describe)
         .collect();
-    if failing.is_empty() {
+    let degraded: Vec<Value> = state
+        .runtime
+        .views()
+        .iter()
+        .filter(|view| !is_failing(view))
+        .filter_map(|view| {
+            let reason = view.degraded.as_ref()?;
+            Some(json!({
+                "key": view.config.key,
+                "connector_type": view.config.kind,
+                "status": view.status.status,
+                "degraded": redact::mask_text(reason).unwrap_or_else(|| reason.clone()),
+            }))
+        })
+        .collect();
+    if failing.is_empty() && degraded.is_empty() {
         (StatusCode::OK, Json(json!({"status": "healthy"})))
+    } else if failing.is_empty() {
+        (
+            StatusCode::OK,
+            Json(json!({"status": "degraded", "connectors": degraded})),
+        )
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,

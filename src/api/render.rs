@@ -30,6 +30,9 @@ pub fn info(id: usize, view: &ConnectorView) -> Value {
         "version": config.version,
         "stop_reason": status.stop_reason,
         "status_since": status.since,
+        "degraded": view.degraded.as_ref().map(|reason| {
+            redact::mask_text(reason).unwrap_or_else(|| reason.clone())
+        }),
     })
 }
 

@@ -108,6 +108,24 @@ pub struct IggyConfig {
     /// A personal access token, or `file:<path>` to read it from a file.
     pub token: SecretString,
     pub tls: IggyTlsConfig,
+    /// A sink whose topic has messages past its group's stored offsets and
+    /// that stored none for this long is degraded (and rebuilds a group whose
+    /// partitions are held by members that never commit).
+    #[serde(with = "duration")]
+    pub sink_stall_timeout: Duration,
+    /// Message durability of the topics the runtime creates: `replicated`
+    /// (the server's default, acknowledged before it is on disk) or
+    /// `persisted` (acknowledged once fsynced).
+    pub topic_durability: TopicDurability,
+}
+
+/// See [`IggyConfig::topic_durability`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TopicDurability {
+    #[default]
+    Replicated,
+    Persisted,
 }
 
 impl Default for IggyConfig {
@@ -118,6 +136,8 @@ impl Default for IggyConfig {
             password: SecretString::from("iggy"),
             token: SecretString::from(""),
             tls: IggyTlsConfig::default(),
+            sink_stall_timeout: Duration::from_secs(60),
+            topic_durability: TopicDurability::default(),
         }
     }
 }
@@ -432,6 +452,8 @@ const IGGY: Known = &[
     leaf("username"),
     leaf("password"),
     leaf("token"),
+    leaf("sink_stall_timeout"),
+    leaf("topic_durability"),
     Key("tls", &[leaf("enabled"), leaf("ca_file"), leaf("domain")]),
 ];
 const CONNECTORS: Known = &[

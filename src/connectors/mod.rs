@@ -91,6 +91,13 @@ pub trait Source: Send + Sync {
         BatchPolicy::default()
     }
 
+    /// Whether a commit destroys the source's own copy of the batch (rows
+    /// deleted or marked, clients told their data is stored): its data then
+    /// survives only as durably as the broker stores it.
+    fn destructive(&self) -> bool {
+        false
+    }
+
     /// Tells the source which instance it runs as; called once, before `open`.
     fn attach(&mut self, _context: ConnectorContext) {}
 

@@ -395,6 +395,14 @@ impl Runtime {
                 let producer = self
                     .connect(slot, shutdown, || self.bus.producer(&target))
                     .await?;
+                if source.destructive() && producer.created_volatile_topic() {
+                    warn!(
+                        connector_key = %config.key, stream = %target.stream, topic = %target.topic,
+                        "this source removes what it delivered from its origin, and the topic it just \
+                         created acknowledges messages before they are on disk: a broker crash can \
+                         lose them; set [iggy] topic_durability = \"persisted\""
+                    );
+                }
                 routes.push(Route {
                     producer,
                     schema: stream.schema.clone(),
@@ -460,6 +468,8 @@ impl Runtime {
                         group: stream.consumer_group.clone(),
                         batch_length: stream.batch_length,
                         poll_interval: stream.poll_interval,
+                        connector_key: config.key.clone(),
+                        degraded: slot.degraded.clone(),
                     };
                     let consumer = self
                         .connect(slot, shutdown, || self.bus.consumer(&spec))

@@ -23,13 +23,25 @@ impl IggyBus {
 impl Bus for IggyBus {
     async fn producer(&self, target: &ProducerTarget) -> Result<Box<dyn Producer>, BusError> {
         let client = self.settings.connect().await?;
-        let producer = IggyProducer::open(client, target, self.settings.request_timeout).await?;
+        let producer = IggyProducer::open(
+            client,
+            target,
+            self.settings.request_timeout,
+            self.settings.topic_durability,
+        )
+        .await?;
         Ok(Box::new(producer))
     }
 
     async fn consumer(&self, spec: &ConsumerSpec) -> Result<Box<dyn Consumer>, BusError> {
         let client = self.settings.connect().await?;
-        let consumer = IggyBusConsumer::open(client, spec, self.settings.request_timeout).await?;
+        let consumer = IggyBusConsumer::open(
+            client,
+            spec,
+            self.settings.request_timeout,
+            self.settings.stall_timeout,
+        )
+        .await?;
         Ok(Box::new(consumer))
     }
 }

@@ -11,9 +11,11 @@ use iggy::prelude::{
 };
 use secrecy::{ExposeSecret, SecretString};
 
-use crate::config::runtime::IggyConfig;
+use crate::config::runtime::{IggyConfig, TopicDurability};
 use crate::iggy::BusError;
 use crate::iggy::tls::TlsSettings;
+
+const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Bounds the handshake that explains a failed TLS connect.
 const TLS_DIAGNOSIS_TIMEOUT: Duration = Duration::from_secs(5);
@@ -27,6 +29,11 @@ pub struct ConnectionSettings {
     /// Bounds every request, so a stalled broker turns into an error the engine
     /// can count and retry instead of a send that never returns.
     pub request_timeout: Duration,
+    /// How long a sink may go without storing an offset while its topic has
+    /// messages past them before it counts as stalled (`[iggy] sink_stall_timeout`).
+    pub stall_timeout: Duration,
+    /// The durability of the topics producers create (`[iggy] topic_durability`).
+    pub topic_durability: TopicDurability,
 }
 
 #[derive(Clone)]
@@ -74,7 +81,9 @@ impl ConnectionSettings {
             address: config.address.clone(),
             credentials,
             tls: TlsSettings::from_config(&config.tls, &config.address)?,
-            request_timeout: Duration::from_secs(10),
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            stall_timeout: config.sink_stall_timeout,
+            topic_durability: config.topic_durability,
         })
     }
 
@@ -87,7 +96,9 @@ impl ConnectionSettings {
                 password: SecretString::from(password),
             },
             tls: None,
-            request_timeout: Duration::from_secs(10),
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            stall_timeout: IggyConfig::default().sink_stall_timeout,
+            topic_durability: TopicDurability::default(),
         }
     }
 

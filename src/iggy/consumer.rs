@@ -7,16 +7,32 @@
 //! engine commits a batch before it polls again; if a commit fails, the next
 //! poll reads the batch again (at-least-once). `poll_interval` is waited only
 //! after a poll that found nothing, so a busy topic is read back to back.
+//!
+//! A watcher task beside the consumer measures the group's lag (messages past
+//! its stored offsets, per partition, exported as `iggy_connector_lag`). When
+//! there is lag and no offset was stored for the stall timeout, the sink is
+//! reported degraded. If the consumer's own polls come back empty meanwhile,
+//! the lag sits on partitions other members hold without committing: after a
+//! broker restart those are ghosts, members whose sessions died with the
+//! server (the server replays their journaled joins, and the client signs in
+//! again under a new id), which nothing ever evicts. The consumer then
+//! rebuilds the group: reads its stored offsets, deletes and recreates it,
+//! joins and stores them again. Live members join the new group on their next
+//! request; a stored offset that could not be restored only causes redelivery.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use iggy::prelude::{
     Client, Consumer as IggyConsumerId, ConsumerGroupClient, ConsumerOffsetClient, Identifier,
-    IggyClient, IggyError, MessageClient, PollingStrategy,
+    IggyClient, IggyError, MessageClient, PollingStrategy, TopicClient,
 };
+use tokio::task::JoinHandle;
 use tracing::{info, warn};
+
+use crate::connectors::Degraded;
 
 use crate::iggy::headers;
 use crate::iggy::{BusError, ConsumedBatch, Consumer, ConsumerSpec};
@@ -38,6 +54,35 @@ pub struct IggyBusConsumer {
     idle_wait: Duration,
     request_timeout: Duration,
     joined: bool,
+    progress: Arc<Progress>,
+    stall_timeout: Duration,
+    last_rebuild: Option<Instant>,
+    watcher: JoinHandle<()>,
+}
+
+/// Shared by the consumer (which stores offsets) and its watcher.
+struct Progress {
+    /// When the consumer last stored an offset (or opened, or rebuilt).
+    last_store: Mutex<Instant>,
+    /// The watcher saw lag and no store for the stall timeout.
+    stalled: AtomicBool,
+}
+
+impl Progress {
+    fn stored(&self) {
+        *self
+            .last_store
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Instant::now();
+        self.stalled.store(false, Ordering::Relaxed);
+    }
+
+    fn idle(&self) -> Duration {
+        self.last_store
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .elapsed()
+    }
 }
 
 impl IggyBusConsumer {
@@ -46,6 +91,7 @@ impl IggyBusConsumer {
         client: Arc<IggyClient>,
         spec: &ConsumerSpec,
         request_timeout: Duration,
+        stall_timeout: Duration,
     ) -> Result<Self, BusError> {
         let identifier = |name: &str| {
             Identifier::named(name).map_err(|error| BusError::Setup {
@@ -55,20 +101,132 @@ impl IggyBusConsumer {
             })
         };
         let group = identifier(&spec.group)?;
+        let stream = identifier(&spec.stream)?;
+        let topic = identifier(&spec.topic)?;
+        let name = format!("{} on {}/{}", spec.group, spec.stream, spec.topic);
+        let progress = Arc::new(Progress {
+            last_store: Mutex::new(Instant::now()),
+            stalled: AtomicBool::new(false),
+        });
+        let consumer_id = IggyConsumerId::group(group.clone());
+        let watcher = Watcher {
+            client: Arc::clone(&client),
+            stream: stream.clone(),
+            topic: topic.clone(),
+            consumer: consumer_id.clone(),
+            labels: [
+                spec.connector_key.clone(),
+                spec.stream.clone(),
+                spec.topic.clone(),
+            ],
+            name: name.clone(),
+            degraded: spec.degraded.clone(),
+            progress: Arc::clone(&progress),
+            stall_timeout,
+            request_timeout,
+        };
         let mut consumer = Self {
-            stream: identifier(&spec.stream)?,
-            topic: identifier(&spec.topic)?,
-            consumer: IggyConsumerId::group(group.clone()),
+            stream,
+            topic,
+            consumer: consumer_id,
             group,
             client,
-            name: format!("{} on {}/{}", spec.group, spec.stream, spec.topic),
+            name,
             batch_length: spec.batch_length.max(1),
             idle_wait: spec.poll_interval.max(MIN_IDLE_WAIT),
             request_timeout,
             joined: false,
+            progress,
+            stall_timeout,
+            last_rebuild: None,
+            watcher: tokio::spawn(watcher.run()),
         };
         consumer.join().await?;
         Ok(consumer)
+    }
+
+    /// The group's stored offset per partition (partitions without one are
+    /// left out).
+    async fn stored_offsets(&self) -> Result<Vec<(u32, u64)>, BusError> {
+        let partitions = partitions(
+            &self.client,
+            &self.stream,
+            &self.topic,
+            self.request_timeout,
+        )
+        .await?;
+        let mut offsets = Vec::new();
+        for (partition_id, _) in partitions {
+            if let Some(stored) = stored_offset(
+                &self.client,
+                &self.consumer,
+                &self.stream,
+                &self.topic,
+                partition_id,
+                self.request_timeout,
+            )
+            .await?
+            {
+                offsets.push((partition_id, stored));
+            }
+        }
+        Ok(offsets)
+    }
+
+    /// Deletes and recreates the group, keeping its stored offsets, so members
+    /// that hold partitions without ever committing (ghosts of sessions a
+    /// broker restart ended) are gone. See the module documentation.
+    async fn rebuild(&mut self) -> Result<(), BusError> {
+        self.last_rebuild = Some(Instant::now());
+        let offsets = self.stored_offsets().await?;
+        warn!(
+            consumer_group = %self.name,
+            stall_timeout = ?self.stall_timeout,
+            "messages wait past the group's stored offsets on partitions this member does not \
+             hold, and nothing was stored for the stall timeout; rebuilding the consumer group \
+             with its offsets (a broker restart leaves members behind that never commit)"
+        );
+        match self
+            .timed(
+                self.client
+                    .delete_consumer_group(&self.stream, &self.topic, &self.group),
+            )
+            .await?
+        {
+            Ok(()) | Err(IggyError::ConsumerGroupIdNotFound(..)) => {}
+            Err(IggyError::ConsumerGroupNameNotFound(..)) => {}
+            Err(error) => {
+                return Err(BusError::Poll(format!(
+                    "{}: cannot delete the stalled consumer group: {error}",
+                    self.name
+                )));
+            }
+        }
+        self.joined = false;
+        self.join().await?;
+        for (partition_id, offset) in offsets {
+            let stored = self.store(partition_id, offset).await?;
+            if let Err(error) = stored {
+                // Another member owns it already: it reads the partition
+                // again from the start (at-least-once).
+                warn!(consumer_group = %self.name, partition_id, offset, %error, "cannot restore the stored offset of the rebuilt consumer group");
+            }
+        }
+        self.progress.stored();
+        info!(consumer_group = %self.name, "consumer group rebuilt");
+        Ok(())
+    }
+
+    /// After an empty poll: rebuild the group when the watcher saw a stall
+    /// (at most once per stall timeout).
+    async fn recover_if_stalled(&mut self) -> Result<(), BusError> {
+        let due = self
+            .last_rebuild
+            .is_none_or(|at| at.elapsed() >= self.stall_timeout);
+        if due && self.progress.stalled.load(Ordering::Relaxed) {
+            self.rebuild().await?;
+        }
+        Ok(())
     }
 
     /// Creates the group when missing and joins it. A missing stream or topic is
@@ -112,6 +270,22 @@ impl IggyBusConsumer {
         Ok(())
     }
 
+    /// Stores the group's offset of a partition (the outer error: no answer).
+    async fn store(
+        &self,
+        partition_id: u32,
+        offset: u64,
+    ) -> Result<Result<(), IggyError>, BusError> {
+        self.timed(self.client.store_consumer_offset(
+            &self.consumer,
+            &self.stream,
+            &self.topic,
+            Some(partition_id),
+            offset,
+        ))
+        .await
+    }
+
     async fn timed<T>(&self, request: impl Future<Output = T>) -> Result<T, BusError> {
         tokio::time::timeout(self.request_timeout, request)
             .await
@@ -149,7 +323,11 @@ impl Consumer for IggyBusConsumer {
                 Ok(polled) => polled,
                 // Not a member any more (a reconnect starts a new session, the
                 // group was recreated): join again and poll.
-                Err(IggyError::ConsumerGroupMemberNotFound(..)) => {
+                Err(
+                    IggyError::ConsumerGroupMemberNotFound(..)
+                    | IggyError::ConsumerGroupIdNotFound(..)
+                    | IggyError::ConsumerGroupNameNotFound(..),
+                ) => {
                     warn!(consumer_group = %self.name, "no longer a member of the consumer group; joining again");
                     self.joined = false;
                     continue;
@@ -163,6 +341,9 @@ impl Consumer for IggyBusConsumer {
                 }
             };
             if polled.messages.is_empty() {
+                if let Err(error) = self.recover_if_stalled().await {
+                    warn!(consumer_group = %self.name, %error, "cannot rebuild the stalled consumer group");
+                }
                 tokio::time::sleep(self.idle_wait).await;
                 continue;
             }
@@ -194,15 +375,12 @@ impl Consumer for IggyBusConsumer {
 
     async fn commit(&mut self, partition_id: u32, offset: u64) -> Result<(), BusError> {
         let stored = self
-            .timed(self.client.store_consumer_offset(
-                &self.consumer,
-                &self.stream,
-                &self.topic,
-                Some(partition_id),
-                offset,
-            ))
+            .store(partition_id, offset)
             .await
             .map_err(|error| BusError::Commit(error.to_string()))?;
+        if stored.is_ok() {
+            self.progress.stored();
+        }
         stored.map_err(|error| {
             if matches!(error, IggyError::ResourceNotFound(_)) {
                 // A store by a connection that is no longer a member: join again
@@ -230,7 +408,157 @@ impl Consumer for IggyBusConsumer {
         } else {
             Ok(())
         };
+        self.watcher.abort();
         let _ = self.client.shutdown().await;
         left
     }
+}
+
+impl Drop for IggyBusConsumer {
+    fn drop(&mut self) {
+        self.watcher.abort();
+    }
+}
+
+/// Measures the group's lag every few seconds, exports it and reports a stall.
+struct Watcher {
+    client: Arc<IggyClient>,
+    stream: Identifier,
+    topic: Identifier,
+    consumer: IggyConsumerId,
+    /// connector key, stream, topic.
+    labels: [String; 3],
+    name: String,
+    degraded: Degraded,
+    progress: Arc<Progress>,
+    stall_timeout: Duration,
+    request_timeout: Duration,
+}
+
+impl Watcher {
+    async fn run(self) {
+        let interval =
+            (self.stall_timeout / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
+        // The reason this watcher set, so it clears only its own.
+        let mut reported: Option<String> = None;
+        loop {
+            tokio::time::sleep(interval).await;
+            // An unreachable broker is reported by the engine's own retries.
+            let Ok(lags) = self.lags().await else {
+                continue;
+            };
+            let [key, stream, topic] = &self.labels;
+            for &(partition_id, lag) in &lags {
+                metrics::gauge!(
+                    "iggy_connector_lag",
+                    "connector_key" => key.clone(),
+                    "stream" => stream.clone(),
+                    "topic" => topic.clone(),
+                    "partition" => partition_id.to_string(),
+                )
+                .set(lag as f64);
+            }
+            let total: u64 = lags.iter().map(|(_, lag)| lag).sum();
+            let idle = self.progress.idle();
+            if total > 0 && idle >= self.stall_timeout {
+                self.progress.stalled.store(true, Ordering::Relaxed);
+                let per_partition = lags
+                    .iter()
+                    .filter(|(_, lag)| *lag > 0)
+                    .map(|(partition_id, lag)| format!("partition {partition_id}: {lag}"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let reason = format!(
+                    "consumer group {} stored no offset for {}s while {total} messages wait past its \
+                     stored offsets (lag {per_partition})",
+                    self.name,
+                    idle.as_secs()
+                );
+                if reported.is_none() {
+                    warn!(consumer_group = %self.name, lag = total, "{reason}");
+                }
+                self.degraded.set(reason.clone());
+                reported = Some(reason);
+            } else if let Some(ours) = reported.take() {
+                self.progress.stalled.store(false, Ordering::Relaxed);
+                if self.degraded.reason().as_deref() == Some(ours.as_str()) {
+                    self.degraded.clear();
+                }
+                info!(consumer_group = %self.name, "the consumer group makes progress again");
+            }
+        }
+    }
+
+    /// Messages past the group's stored offset, per partition.
+    async fn lags(&self) -> Result<Vec<(u32, u64)>, BusError> {
+        let timeout = self.request_timeout;
+        let mut lags = Vec::new();
+        for (partition_id, end) in
+            partitions(&self.client, &self.stream, &self.topic, timeout).await?
+        {
+            let lag = match end {
+                None => 0,
+                Some(current) => {
+                    let stored = stored_offset(
+                        &self.client,
+                        &self.consumer,
+                        &self.stream,
+                        &self.topic,
+                        partition_id,
+                        timeout,
+                    )
+                    .await?;
+                    match stored {
+                        Some(stored) => current.saturating_sub(stored),
+                        None => current + 1,
+                    }
+                }
+            };
+            lags.push((partition_id, lag));
+        }
+        Ok(lags)
+    }
+}
+
+/// Every partition of the topic with its last offset (`None` when empty).
+async fn partitions(
+    client: &IggyClient,
+    stream: &Identifier,
+    topic: &Identifier,
+    timeout: Duration,
+) -> Result<Vec<(u32, Option<u64>)>, BusError> {
+    let details = tokio::time::timeout(timeout, client.get_topic(stream, topic))
+        .await
+        .map_err(|_| BusError::Unavailable("reading the topic timed out".into()))?
+        .map_err(|error| BusError::Unavailable(format!("cannot read the topic: {error}")))?;
+    Ok(details
+        .map(|details| {
+            details
+                .partitions
+                .iter()
+                .map(|partition| {
+                    let end = (partition.messages_count > 0).then_some(partition.current_offset);
+                    (partition.id, end)
+                })
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+async fn stored_offset(
+    client: &IggyClient,
+    consumer: &IggyConsumerId,
+    stream: &Identifier,
+    topic: &Identifier,
+    partition_id: u32,
+    timeout: Duration,
+) -> Result<Option<u64>, BusError> {
+    let info = tokio::time::timeout(
+        timeout,
+        client.get_consumer_offset(consumer, stream, topic, Some(partition_id)),
+    )
+    .await
+    .map_err(|_| BusError::Unavailable("reading a stored offset timed out".into()))?
+    .map_err(|error| BusError::Unavailable(format!("cannot read a stored offset: {error}")))?;
+    Ok(info.map(|info| info.stored_offset))
 }

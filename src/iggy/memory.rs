@@ -457,6 +457,8 @@ mod tests {
                 group: "g".into(),
                 batch_length: 100,
                 poll_interval: Duration::from_millis(1),
+                connector_key: "k".into(),
+                degraded: Default::default(),
             })
             .await
             .unwrap();

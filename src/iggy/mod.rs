@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::connectors::Degraded;
 use crate::message::{ConsumedMessage, OutgoingMessage};
 
 pub use bus::IggyBus;
@@ -45,6 +46,12 @@ pub trait Producer: Send + Sync {
         let _ = message;
         Ok(())
     }
+
+    /// Whether this producer created its topic with a durability that
+    /// acknowledges messages before they are on disk.
+    fn created_volatile_topic(&self) -> bool {
+        false
+    }
 }
 
 /// Reads one topic through a consumer group. Offsets move only on `commit`.
@@ -75,7 +82,7 @@ pub struct ProducerTarget {
 }
 
 /// What a sink's consumer reads.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct ConsumerSpec {
     pub stream: String,
     pub topic: String,
@@ -85,6 +92,11 @@ pub struct ConsumerSpec {
     /// How long to wait after a poll that found nothing (at least 1 ms). A
     /// busy topic is polled again as soon as the previous batch is committed.
     pub poll_interval: Duration,
+    /// The sink this consumer feeds: its lag gauge is labelled with the key,
+    /// and a stall (messages past the stored offsets, none stored for the
+    /// stall timeout) is reported through its degraded flag.
+    pub connector_key: String,
+    pub degraded: Degraded,
 }
 
 /// Messages of one partition, in offset order.

@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use iggy::prelude::{
-    Client, Identifier, IggyClient, IggyError, IggyMessage, IggyMessageHeader, IggyTimestamp,
-    MessageClient, Partitioning, StreamClient, TopicClient, TopicCreateOptions,
+    Client, Durability, Identifier, IggyClient, IggyError, IggyMessage, IggyMessageHeader,
+    IggyTimestamp, MessageClient, Partitioning, StreamClient, TopicClient, TopicCreateOptions,
 };
 use tracing::info;
 
+use crate::config::runtime::TopicDurability;
 use crate::iggy::headers;
 use crate::iggy::{BusError, Producer, ProducerTarget};
 use crate::message::OutgoingMessage;
@@ -25,6 +26,7 @@ pub struct IggyProducer {
     target: String,
     batch_length: usize,
     request_timeout: Duration,
+    created_volatile_topic: bool,
 }
 
 impl IggyProducer {
@@ -34,6 +36,7 @@ impl IggyProducer {
         client: Arc<IggyClient>,
         target: &ProducerTarget,
         request_timeout: Duration,
+        durability: TopicDurability,
     ) -> Result<Self, BusError> {
         let stream = identifier(&target.stream, target)?;
         let topic = identifier(&target.topic, target)?;
@@ -72,9 +75,14 @@ impl IggyProducer {
             .map_err(timed("reading the topic"))?
             .map_err(|error| unavailable("cannot read topic", error))?
             .is_some();
+        let mut created_volatile_topic = false;
         if !topic_exists {
             let options = TopicCreateOptions {
                 partitions_count: Some(target.partitions),
+                durability: match durability {
+                    TopicDurability::Replicated => Durability::Replicated,
+                    TopicDurability::Persisted => Durability::Persisted,
+                },
                 ..TopicCreateOptions::default()
             };
             match tokio::time::timeout(
@@ -85,7 +93,8 @@ impl IggyProducer {
             .map_err(timed("creating the topic"))?
             {
                 Ok(_) => {
-                    info!(stream = %target.stream, topic = %target.topic, partitions = target.partitions, "created topic")
+                    created_volatile_topic = durability != TopicDurability::Persisted;
+                    info!(stream = %target.stream, topic = %target.topic, partitions = target.partitions, ?durability, "created topic")
                 }
                 Err(IggyError::TopicNameAlreadyExists(..)) => {}
                 Err(error) => return Err(refused("the topic", target, &error)),
@@ -98,6 +107,7 @@ impl IggyProducer {
             target: format!("{}/{}", target.stream, target.topic),
             batch_length: target.batch_length.max(1) as usize,
             request_timeout,
+            created_volatile_topic,
         })
     }
 }
@@ -137,6 +147,10 @@ impl Producer for IggyProducer {
             }
         }
         Ok(())
+    }
+
+    fn created_volatile_topic(&self) -> bool {
+        self.created_volatile_topic
     }
 
     fn check(&self, message: &OutgoingMessage) -> Result<(), String> {

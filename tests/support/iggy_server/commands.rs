@@ -11,17 +11,17 @@ use super::wire::{self, LoginBody, Reply, decode};
 use bytes::{Bytes, BytesMut};
 use iggy_binary_protocol::WireName;
 use iggy_binary_protocol::codes::{
-    CREATE_CONSUMER_GROUP_CODE, CREATE_STREAM_CODE, CREATE_TOPIC_CODE, DELETE_CONSUMER_OFFSET_CODE,
-    GET_CLUSTER_METADATA_CODE, GET_CONSUMER_GROUP_CODE, GET_CONSUMER_OFFSET_CODE, GET_STREAM_CODE,
-    GET_TOPIC_CODE, JOIN_CONSUMER_GROUP_CODE, LEAVE_CONSUMER_GROUP_CODE, LOGOUT_USER_CODE,
-    PING_CODE, POLL_MESSAGES_CODE, SEND_MESSAGES_CODE, STORE_CONSUMER_OFFSET_CODE,
-    SYNC_CONSUMER_GROUP_CODE,
+    CREATE_CONSUMER_GROUP_CODE, CREATE_STREAM_CODE, CREATE_TOPIC_CODE, DELETE_CONSUMER_GROUP_CODE,
+    DELETE_CONSUMER_OFFSET_CODE, GET_CLUSTER_METADATA_CODE, GET_CONSUMER_GROUP_CODE,
+    GET_CONSUMER_OFFSET_CODE, GET_STREAM_CODE, GET_TOPIC_CODE, JOIN_CONSUMER_GROUP_CODE,
+    LEAVE_CONSUMER_GROUP_CODE, LOGOUT_USER_CODE, PING_CODE, POLL_MESSAGES_CODE, SEND_MESSAGES_CODE,
+    STORE_CONSUMER_OFFSET_CODE, SYNC_CONSUMER_GROUP_CODE,
 };
 use iggy_binary_protocol::consensus::{EvictionReason, Operation, RequestHeader};
 use iggy_binary_protocol::dispatch::lookup_command;
 use iggy_binary_protocol::requests::consumer_groups::{
-    CreateConsumerGroupRequest, GetConsumerGroupRequest, JoinConsumerGroupRequest,
-    LeaveConsumerGroupRequest, SyncConsumerGroupRequest,
+    CreateConsumerGroupRequest, DeleteConsumerGroupRequest, GetConsumerGroupRequest,
+    JoinConsumerGroupRequest, LeaveConsumerGroupRequest, SyncConsumerGroupRequest,
 };
 use iggy_binary_protocol::requests::streams::{CreateStreamRequest, GetStreamRequest};
 use iggy_binary_protocol::requests::topics::{CreateTopicRequest, GetTopicRequest};
@@ -155,6 +155,7 @@ fn route(
         CREATE_TOPIC_CODE => decode(&body).map(|request| create_topic(state, &request)),
         GET_CONSUMER_GROUP_CODE => decode(&body).map(|request| get_group(state, &request)),
         CREATE_CONSUMER_GROUP_CODE => decode(&body).map(|request| create_group(state, &request)),
+        DELETE_CONSUMER_GROUP_CODE => decode(&body).map(|request| delete_group(state, &request)),
         JOIN_CONSUMER_GROUP_CODE => {
             decode(&body).map(|request| join_group(state, client, &request))
         }
@@ -289,6 +290,16 @@ fn create_topic(state: &mut State, request: &CreateTopicRequest) -> Reply {
         return Reply::rejected(status::INVALID_PARTITIONS_COUNT).at_op(op);
     }
     let topic = stream.create_topic(name, request.partitions_count);
+    topic.options = request
+        .options
+        .iter()
+        .map(|entry| {
+            (
+                String::from_utf8_lossy(entry.key).into_owned(),
+                String::from_utf8_lossy(entry.value).into_owned(),
+            )
+        })
+        .collect();
     let mut reply = Reply::committed(&topic.response()).at_op(op);
     reply.operation = Some(Operation::CreateTopicWithAssignments);
     reply
@@ -322,6 +333,22 @@ fn create_group(state: &mut State, request: &CreateConsumerGroupRequest) -> Repl
         return Reply::rejected(status::CONSUMER_GROUP_ALREADY_EXISTS).at_op(op);
     }
     Reply::committed(&topic.create_group(name).details()).at_op(op)
+}
+
+/// Deletes a group with its members and stored offsets.
+fn delete_group(state: &mut State, request: &DeleteConsumerGroupRequest) -> Reply {
+    let op = state.next_metadata_op();
+    let topic = match state.topic_mut(&request.stream_id, &request.topic_id) {
+        Ok(topic) => topic,
+        Err(missing) => return Reply::rejected(missing_status(missing)).at_op(op),
+    };
+    match topic.group_index(&request.group_id) {
+        Some(index) => {
+            topic.groups.remove(index);
+            Reply::committed_empty().at_op(op)
+        }
+        None => Reply::rejected(status::CONSUMER_GROUP_NOT_FOUND).at_op(op),
+    }
 }
 
 /// Resolves a group, handing over revocations whose timeout ran out first.

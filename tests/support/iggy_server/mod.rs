@@ -21,11 +21,11 @@
 //! | 39 | logout | leaves every group |
 //! | 12 | cluster.metadata | exactly one node, so the client stays on its single-node path |
 //! | 200 / 202 | stream get / create | |
-//! | 300 / 302 | topic get / create | partition count as requested, 0-based ids, real-server defaults; option keys are accepted and ignored |
+//! | 300 / 302 | topic get / create | partition count as requested, 0-based ids, real-server defaults; options are recorded ([`IggyTestServer::topic_option`]) and otherwise ignored |
 //! | 101 | message.send | frame and batch checksums verified; the batch is stamped (partition, base offset, server timestamp, checksum) and stored as received |
 //! | 100 | message.poll | strategies offset, timestamp, first, last, next; `auto_commit`; records are sliced when a range starts or ends inside a stored batch |
 //! | 120 / 121 / 122 | consumer offset get / store / delete | stores may move backwards; 4100 past the end |
-//! | 600 / 602 / 604 / 605 / 606 | consumer group get / create / join / leave / sync | round-robin assignment, generation counter, re-sync sentinel, cooperative revocation |
+//! | 600 / 602 / 603 / 604 / 605 / 606 | consumer group get / create / delete / join / leave / sync | round-robin assignment, generation counter, re-sync sentinel, cooperative revocation |
 //!
 //! Unknown codes are answered with status 3 (`InvalidCommand`), as is every
 //! known code not listed above, including 109 `message.fetch`, which the
@@ -44,7 +44,10 @@
 //! - Sessions are never evicted (no `SessionTooLow` on a repeated client id,
 //!   no heartbeat timeout) and replicated requests are not deduplicated.
 //! - A client leaves its groups as soon as its last connection closes (the
-//!   real server drops members through its session lifecycle).
+//!   real server drops members through its session lifecycle), except when
+//!   [`IggyTestServer::restart`] or an outage closes it: like the real server
+//!   replaying its journal, the member stays, a ghost owning its partitions
+//!   until the group is deleted.
 //! - A cooperative revocation is handed over inside the covering offset
 //!   store, not asynchronously within about a second.
 //! - Cosmetic header fields (op numbering, cluster id, server version,
@@ -234,8 +237,9 @@ impl IggyTestServer {
     }
 
     /// A simulated broker restart: closes every connection and the listener,
-    /// keeps all data (messages, offsets, groups; members leave as their
-    /// connections close), and listens again on the same port.
+    /// keeps all data (messages, offsets, groups and their members, which
+    /// stay as ghosts: clients sign in again with new ids), and listens again
+    /// on the same port.
     pub fn restart(&mut self) {
         self.begin_outage();
         self.end_outage();
@@ -330,6 +334,18 @@ impl IggyTestServer {
                 .get(partition_id as usize)
                 .copied()
                 .flatten()
+        })
+        .flatten()
+    }
+
+    /// The value (as text) of an option the topic was created with.
+    pub fn topic_option(&self, stream: &str, topic: &str, key: &str) -> Option<String> {
+        self.with_topic(stream, topic, |topic| {
+            topic
+                .options
+                .iter()
+                .find(|(name, _)| name == key)
+                .map(|(_, value)| value.clone())
         })
         .flatten()
     }

@@ -108,7 +108,9 @@ async fn run(
                 }
                 Some(Control::StopListening(ack)) => {
                     listener = None;
+                    shared.state().restarting = true;
                     close_all(&kill, &mut connections).await;
+                    shared.state().restarting = false;
                     let _ = ack.send(());
                 }
                 Some(Control::Listen(std_listener, ack)) => {

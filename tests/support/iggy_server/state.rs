@@ -100,6 +100,11 @@ pub(crate) struct Topic {
     created_at: u64,
     pub(crate) partitions: Vec<Partition>,
     pub(crate) groups: Vec<Group>,
+    /// Group ids are never reused, so a recreated group starts without the
+    /// deleted one's offsets (as on the real server).
+    next_group_id: u32,
+    /// The options the topic was created with (key, value as text).
+    pub(crate) options: Vec<(String, String)>,
     pub(crate) consumer_offsets: HashMap<(ConsumerKey, u32), u64>,
 }
 
@@ -115,7 +120,8 @@ impl Topic {
     }
 
     pub(crate) fn create_group(&mut self, name: &str) -> &mut Group {
-        let id = to_u32(self.groups.len());
+        let id = self.next_group_id;
+        self.next_group_id += 1;
         self.groups
             .push(Group::new(id, name.to_owned(), self.partitions.len()));
         self.groups.last_mut().expect("just pushed")
@@ -188,6 +194,8 @@ impl Stream {
                 })
                 .collect(),
             groups: Vec::new(),
+            next_group_id: 0,
+            options: Vec::new(),
             consumer_offsets: HashMap::new(),
         });
         self.topics.last_mut().expect("just pushed")
@@ -223,6 +231,9 @@ pub(crate) struct State {
     /// Open connections per bound client id.
     clients: HashMap<u128, usize>,
     pub(crate) open_connections: usize,
+    /// Set while a restart closes the connections: their clients stay group
+    /// members (see [`State::release_client`]).
+    pub(crate) restarting: bool,
 }
 
 impl State {
@@ -235,6 +246,7 @@ impl State {
             request_counts: HashMap::new(),
             clients: HashMap::new(),
             open_connections: 0,
+            restarting: false,
         }
     }
 
@@ -316,6 +328,14 @@ impl State {
     /// A connection bound to `client` went away. When it was the client's
     /// last connection, the client leaves every group it had joined, which
     /// is how a disconnect frees its partitions for the other members.
+    ///
+    /// Not during a restart: the real server journals every join but removes
+    /// a disconnected member through a `Logout` it commits after the
+    /// connection closed, which a stopping server never commits. Replaying the
+    /// journal at start brings the member back, bound to a session no client
+    /// will present again (the client signs in with a new id), and nothing
+    /// ever evicts it (the heartbeat check only looks at open connections).
+    /// Such a ghost keeps its partitions until the group is deleted.
     pub(crate) fn release_client(&mut self, client: u128) {
         let Some(count) = self.clients.get_mut(&client) else {
             return;
@@ -325,7 +345,9 @@ impl State {
             return;
         }
         self.clients.remove(&client);
-        self.remove_memberships(client);
+        if !self.restarting {
+            self.remove_memberships(client);
+        }
     }
 
     /// Drops `client` from every group (logout, disconnect).

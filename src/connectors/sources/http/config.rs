@@ -68,6 +68,25 @@ pub struct HttpSourceConfig {
     #[serde(default = "default_unhealthy_after", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub unhealthy_after: Duration,
+    /// A client must send a request's complete headers within this time (also
+    /// the time an idle keep-alive connection may wait for its next request).
+    #[serde(
+        default = "default_header_read_timeout",
+        with = "crate::config::duration"
+    )]
+    #[schemars(with = "crate::config::duration::Text")]
+    pub header_read_timeout: Duration,
+    /// A connection on which nothing was read or written for this long while a
+    /// request is under way (a stalled body) is closed. At least
+    /// `request_timeout` plus a second is used, so a durable request waiting
+    /// for its commit is not.
+    #[serde(default = "default_idle_timeout", with = "crate::config::duration")]
+    #[schemars(with = "crate::config::duration::Text")]
+    pub idle_timeout: Duration,
+    /// Most open connections; one more is answered 503 `too_many_connections`
+    /// and closed.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
 }
 
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
@@ -137,17 +156,23 @@ impl HttpSourceConfig {
             ("max_message_bytes", self.max_message_bytes),
             ("max_json_depth", self.max_json_depth),
             ("max_waiting_messages", self.max_waiting_messages),
+            ("max_connections", self.max_connections),
         ];
         for (field, value) in positive {
             if value == 0 {
                 return Err(PluginConfigError::new(field, "expected a positive number"));
             }
         }
-        if self.request_timeout.is_zero() {
-            return Err(PluginConfigError::new(
-                "request_timeout",
-                "expected a positive duration",
-            ));
+        for (field, value) in [
+            ("request_timeout", self.request_timeout),
+            ("header_read_timeout", self.header_read_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(PluginConfigError::new(
+                    field,
+                    "expected a positive duration",
+                ));
+            }
         }
         let headers = std::iter::once(("idempotency_header".to_owned(), &self.idempotency_header))
             .chain(
@@ -165,6 +190,12 @@ impl HttpSourceConfig {
             }
         }
         Ok(())
+    }
+
+    /// The idle timeout the listener applies (see `idle_timeout`).
+    pub fn effective_idle_timeout(&self) -> Duration {
+        self.idle_timeout
+            .max(self.request_timeout + Duration::from_secs(1))
     }
 
     /// `Retry-After` in whole seconds, rounded up.
@@ -240,6 +271,18 @@ fn default_health_path() -> String {
 
 fn default_unhealthy_after() -> Duration {
     Duration::from_secs(10)
+}
+
+fn default_header_read_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+fn default_idle_timeout() -> Duration {
+    Duration::from_secs(60)
+}
+
+fn default_max_connections() -> usize {
+    1024
 }
 
 #[cfg(test)]

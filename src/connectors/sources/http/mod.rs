@@ -23,6 +23,7 @@
 mod body;
 mod config;
 mod inbox;
+mod listener;
 mod server;
 
 use std::net::SocketAddr;
@@ -30,8 +31,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use axum_server::Handle;
 use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::connectors::{SourceEntry, schema_of};
@@ -69,7 +70,7 @@ pub struct HttpSource {
 
 struct Server {
     address: SocketAddr,
-    stop: CancellationToken,
+    stop: Handle<SocketAddr>,
     task: JoinHandle<()>,
 }
 
@@ -116,9 +117,28 @@ impl Source for HttpSource {
             self.inbox.clone(),
             self.key.clone(),
         ));
-        let stop = CancellationToken::new();
-        let serve = axum::serve(listener, server::router(shared))
-            .with_graceful_shutdown(stop.clone().cancelled_owned());
+        let listener = listener.into_std().map_err(|error| {
+            ConnectorError::fatal(format!("cannot use the listener on {address}: {error}"))
+        })?;
+        let acceptor = listener::LimitedAcceptor::new(
+            self.key.clone(),
+            self.config.max_connections,
+            self.config.effective_idle_timeout(),
+            self.config.retry_after_secs(),
+        );
+        let stop = Handle::new();
+        let mut server = axum_server::from_tcp(listener)
+            .map_err(|error| {
+                ConnectorError::fatal(format!("cannot use the listener on {address}: {error}"))
+            })?
+            .acceptor(acceptor)
+            .handle(stop.clone())
+            .first_request_timeout(self.config.header_read_timeout);
+        server
+            .http_builder()
+            .http1()
+            .header_read_timeout(self.config.header_read_timeout);
+        let serve = server.serve(server::router(shared).into_make_service());
         let key = self.key.clone();
         let task = tokio::spawn(async move {
             if let Err(error) = serve.await {
@@ -166,6 +186,11 @@ impl Source for HttpSource {
         BatchPolicy::never_stop()
     }
 
+    /// A durable ack tells the client its data is stored; it will not send it again.
+    fn destructive(&self) -> bool {
+        self.config.ack == AckMode::Durable
+    }
+
     fn attach(&mut self, context: ConnectorContext) {
         self.key = context.key;
     }
@@ -178,9 +203,10 @@ impl Source for HttpSource {
         let Some(server) = self.server.take() else {
             return Ok(());
         };
-        server.stop.cancel();
+        // Connections still open after the grace period are closed.
+        server.stop.graceful_shutdown(Some(CLOSE_TIMEOUT));
         let mut task = server.task;
-        if tokio::time::timeout(CLOSE_TIMEOUT, &mut task)
+        if tokio::time::timeout(CLOSE_TIMEOUT * 2, &mut task)
             .await
             .is_err()
         {
@@ -198,7 +224,7 @@ impl Drop for HttpSource {
     fn drop(&mut self) {
         if let Some(server) = self.server.take() {
             self.inbox.close();
-            server.stop.cancel();
+            server.stop.shutdown();
         }
     }
 }

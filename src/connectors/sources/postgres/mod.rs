@@ -454,6 +454,11 @@ impl Source for PostgresSource {
         Ok(())
     }
 
+    /// Deleting or marking consumed rows leaves their only copy in Iggy.
+    fn destructive(&self) -> bool {
+        !matches!(self.config.consume(), Consume::Cursor)
+    }
+
     async fn close(&mut self) -> Result<(), ConnectorError> {
         self.lock_staged().clear();
         if let Some(pool) = self.pool.take() {
