@@ -15,7 +15,7 @@ use std::hint::black_box;
 
 use bytes::Bytes;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use iggy_connect::engine::codec::Schema;
+use iggy_connect::codec::Schema;
 use iggy_connect::message::Payload;
 use serde_json::{Value, json};
 
@@ -191,7 +191,7 @@ fn encode(criterion: &mut Criterion) {
 
 #[cfg(all(feature = "schema-avro", feature = "schema-proto"))]
 fn schema_codecs(criterion: &mut Criterion) {
-    use iggy_connect::engine::codec::{SchemaName, SchemaOptions};
+    use iggy_connect::codec::{SchemaName, SchemaOptions};
     const ROW_AVRO: &str = r#"{"type":"record","name":"Row","fields":[
         {"name":"id","type":"long"},{"name":"uuid","type":"string"},
         {"name":"email","type":"string"},{"name":"first_name","type":"string"},

@@ -22,12 +22,12 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use iggy_connect::codec::Schema;
 use iggy_connect::config::{ConnectorConfig, KindConfig, OnError, SinkStream, SourceStream};
 use iggy_connect::connectors::{
     BuildError, ConnectorError, ConnectorKind, Registry, Sink, SinkError, Source, SourceBatch,
 };
 use iggy_connect::engine::Runtime;
-use iggy_connect::engine::codec::Schema;
 use iggy_connect::engine::runtime::{ConnectorFactory, RuntimeOptions};
 use iggy_connect::iggy::{Bus, MemoryBus, ProducerTarget};
 use iggy_connect::message::{OutgoingMessage, Payload, SinkMessage, SourceRecord, TopicRef};

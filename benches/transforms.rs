@@ -5,8 +5,8 @@
 use std::hint::black_box;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use iggy_connect::engine::transforms::TransformChain;
 use iggy_connect::message::Payload;
+use iggy_connect::transforms::TransformChain;
 use serde_json::{Value, json};
 
 fn record() -> Value {

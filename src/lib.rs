@@ -6,10 +6,13 @@
 pub mod api;
 pub mod cli;
 pub mod clock;
+pub mod codec;
 pub mod config;
 pub mod connectors;
+pub mod delivery;
 pub mod engine;
 pub mod iggy;
 pub mod logging;
 pub mod message;
 pub mod state;
+pub mod transforms;

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use iggy_connect::codec::Schema;
 use iggy_connect::config::{ConnectorConfig, DeadLetterTarget, KindConfig, OnError, SinkStream};
 use iggy_connect::connectors::ConnectorKind;
-use iggy_connect::engine::codec::Schema;
 use iggy_connect::engine::{Runtime, Status, StopReason};
 use iggy_connect::iggy::{Bus, MemoryBus, ProducerTarget};
 use iggy_connect::message::{HeaderValue, OutgoingMessage};

@@ -18,10 +18,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use iggy_connect::codec::{Schema, avro};
 use iggy_connect::config::env::EnvVars;
 use iggy_connect::config::{ConnectorConfig, KindConfig, parse_connector_file};
 use iggy_connect::connectors::ConnectorKind;
-use iggy_connect::engine::codec::{Schema, avro};
 use iggy_connect::engine::{Runtime, Status};
 use iggy_connect::iggy::{Bus, MemoryBus, ProducerTarget};
 use iggy_connect::message::{OutgoingMessage, Payload};

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use super::{EXIT_CONFIG, Signals};
+use crate::codec::Schema;
 use crate::config::connector::{
     DEFAULT_BATCH_LENGTH, DEFAULT_LINGER_TIME, DEFAULT_POLL_INTERVAL, parse_connector_file,
     toml_to_json,
@@ -21,7 +22,6 @@ use crate::config::{ConnectorConfig, KindConfig, OnError, SinkStream, SourceStre
 use crate::connectors::{
     BatchPolicy, BuildError, ConnectorContext, ConnectorError, ConnectorKind, Source, SourceBatch,
 };
-use crate::engine::codec::Schema;
 use crate::engine::runtime::{ConnectorFactory, RegistryFactory, RuntimeOptions};
 use crate::engine::{Runtime, Status};
 use crate::iggy::MemoryBus;

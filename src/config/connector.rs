@@ -12,14 +12,15 @@ use crate::config::reader::{Reader, describe};
 use crate::config::streams::{read_sink_streams, read_source_streams};
 use crate::config::{ConfigIssue, ConfigIssues, env};
 
+use crate::codec::Schema;
 pub use crate::config::connector_dir::load_connector_dir;
 pub use crate::config::streams::{
     DEFAULT_BATCH_LENGTH, DEFAULT_LINGER_TIME, DEFAULT_POLL_INTERVAL,
 };
 use crate::connectors::registry::{BuildError, Registry, RegistryError, connector_name_from_path};
 use crate::connectors::{BatchPolicy, ConnectorKind};
-use crate::engine::codec::Schema;
-use crate::engine::transforms::TransformChain;
+pub use crate::delivery::OnError;
+use crate::transforms::TransformChain;
 
 /// One connector, parsed and checked.
 #[derive(Debug, Clone, PartialEq)]
@@ -88,33 +89,6 @@ pub struct SinkStream {
 pub struct DeadLetterTarget {
     pub stream: String,
     pub topic: String,
-}
-
-/// What a sink does with a message its backend refuses for good.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OnError {
-    /// Stop the sink (status `error`, reason `rejected`); offsets stay put.
-    #[default]
-    Stop,
-    /// Count the message and move on.
-    Skip,
-    /// Send it to the dead-letter topic with headers saying why, then move on.
-    Dlq,
-}
-
-impl std::str::FromStr for OnError {
-    type Err = String;
-
-    fn from_str(value: &str) -> Result<Self, Self::Err> {
-        match value {
-            "stop" => Ok(OnError::Stop),
-            "skip" => Ok(OnError::Skip),
-            "dlq" => Ok(OnError::Dlq),
-            other => Err(format!(
-                "expected \"stop\", \"skip\" or \"dlq\", found \"{other}\""
-            )),
-        }
-    }
 }
 
 impl ConnectorConfig {

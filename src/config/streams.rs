@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use toml::{Table, Value};
 
+use crate::codec::{Schema, SchemaName, SchemaOptions};
 use crate::config::connector::{SinkStream, SourceStream};
 use crate::config::reader::{Reader, describe};
-use crate::engine::codec::{Schema, SchemaName, SchemaOptions};
 
 pub const DEFAULT_BATCH_LENGTH: u32 = 1000;
 pub const DEFAULT_LINGER_TIME: Duration = Duration::from_millis(5);

@@ -4,14 +4,12 @@
 //! docs/ARCHITECTURE.md; the engine tests name the rule each one proves.
 
 pub mod backoff;
-pub mod codec;
 pub mod dead_letter;
 pub mod metrics;
 pub mod runtime;
 pub mod sink;
 pub mod source;
 pub mod status;
-pub mod transforms;
 
 use std::any::Any;
 use std::future::Future;

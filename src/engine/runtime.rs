@@ -18,11 +18,11 @@ use crate::engine::metrics::ConnectorMetrics;
 use crate::engine::sink::{SinkContext, SinkPipeline, TopicReader};
 use crate::engine::source::{Route, SourcePipeline};
 use crate::engine::status::{StatusCell, StatusSnapshot, StopReason};
-use crate::engine::transforms::TransformChain;
 use crate::engine::{Shutdown, catch_panic};
 use crate::iggy::{Bus, BusError, ConsumerSpec, Producer, ProducerTarget};
 use crate::message::TopicRef;
 use crate::state::StateStore;
+use crate::transforms::TransformChain;
 
 pub struct Runtime {
     bus: Arc<dyn Bus>,

@@ -11,17 +11,17 @@ use std::time::Instant;
 use futures::stream::{FuturesUnordered, StreamExt};
 use tracing::{debug, error, info, warn};
 
-use crate::config::OnError;
+use crate::codec::Schema;
 use crate::connectors::{Rejection, Sink, SinkError};
+use crate::delivery::OnError;
 use crate::engine::backoff::Backoff;
-use crate::engine::codec::Schema;
 use crate::engine::metrics::{ConnectorMetrics, ErrorStage, Stage};
 use crate::engine::source::Ended;
 use crate::engine::status::{StatusCell, StopReason};
-use crate::engine::transforms::{TransformChain, Verdict};
 use crate::engine::{BENCHMARK_TARGET, Shutdown, catch_panic, dead_letter};
 use crate::iggy::{ConsumedBatch, Consumer, Producer};
 use crate::message::{ConsumedMessage, OutgoingMessage, Payload, SinkMessage, TopicRef};
+use crate::transforms::{TransformChain, Verdict};
 
 /// One topic a sink reads, through its own consumer.
 pub struct TopicReader {

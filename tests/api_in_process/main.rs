@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use iggy_connect::api::{ApiServer, ApiSetupError, ApiState, metrics};
+use iggy_connect::codec::Schema;
 use iggy_connect::config::env::EnvVars;
 use iggy_connect::config::runtime::HttpConfig;
 use iggy_connect::config::{
@@ -23,7 +24,6 @@ use iggy_connect::config::{
 };
 use iggy_connect::connectors::{ConnectorKind, Registry, encode_state};
 use iggy_connect::engine::backoff::Backoff;
-use iggy_connect::engine::codec::Schema;
 use iggy_connect::engine::runtime::{Runtime, RuntimeOptions};
 use iggy_connect::iggy::MemoryBus;
 use iggy_connect::state::{MemoryStateStore, StateStore, StoredState};

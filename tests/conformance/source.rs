@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use iggy_connect::codec::Schema;
 use iggy_connect::config::{ConnectorConfig, KindConfig, SourceStream};
 use iggy_connect::connectors::{BuildError, ConnectorKind, PluginConfigError, Registry, Source};
-use iggy_connect::engine::codec::Schema;
 use iggy_connect::engine::runtime::{ConnectorFactory, RuntimeOptions};
 use iggy_connect::engine::{Runtime, Status, StopReason};
 use iggy_connect::iggy::MemoryBus;

@@ -15,16 +15,16 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tracing::{Level, debug, enabled, error, info, warn};
 
+use crate::codec::Schema;
 use crate::connectors::{BatchPolicy, Source, SourceBatch};
 use crate::engine::backoff::Backoff;
-use crate::engine::codec::Schema;
 use crate::engine::metrics::{ConnectorMetrics, ErrorStage, Stage};
 use crate::engine::status::{StatusCell, StopReason};
-use crate::engine::transforms::{TransformChain, Verdict};
 use crate::engine::{BENCHMARK_TARGET, Shutdown, catch_panic, dead_letter};
 use crate::iggy::Producer;
 use crate::message::{OutgoingMessage, Payload, SourceRecord};
 use crate::state::{StateStore, StoredState};
+use crate::transforms::{TransformChain, Verdict};
 
 mod pipelined;
 

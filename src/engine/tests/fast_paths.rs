@@ -11,8 +11,8 @@ use super::scripted::{
     self, GROUP, STREAM, ScriptedFactory, ScriptedSource, SinkControl, Step, TOPIC,
 };
 use super::{FAST, Harness, state_bytes, wait_for};
-use crate::config::OnError;
 use crate::connectors::{BatchPolicy, ConnectorKind};
+use crate::delivery::OnError;
 use crate::engine::runtime::{Runtime, RuntimeOptions};
 use crate::iggy::MemoryBus;
 use crate::message::Payload;

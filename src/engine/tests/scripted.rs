@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::codec::Schema;
 use crate::config::connector::{DEFAULT_BATCH_LENGTH, DEFAULT_LINGER_TIME};
 use crate::config::{ConnectorConfig, KindConfig, OnError, SinkStream, SourceStream};
 use crate::connectors::registry::RegistryError;
@@ -15,7 +16,6 @@ use crate::connectors::{
     BatchPolicy, BuildError, ConnectorError, ConnectorKind, Rejection, Sink, SinkError, Source,
     SourceBatch,
 };
-use crate::engine::codec::Schema;
 use crate::engine::runtime::ConnectorFactory;
 use crate::message::{Payload, SinkMessage, SourceRecord, TopicRef};
 

@@ -23,7 +23,7 @@ use std::fmt;
 
 use serde::de::DeserializeOwned;
 
-use crate::engine::codec::SchemaName;
+use crate::codec::SchemaName;
 use crate::message::Payload;
 
 pub use add_fields::AddFields;

@@ -13,9 +13,9 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::engine::transforms::field_value::{FieldValue, Now, set_field};
-use crate::engine::transforms::{FieldError, Transform, TransformError, Verdict};
 use crate::message::Payload;
+use crate::transforms::field_value::{FieldValue, Now, set_field};
+use crate::transforms::{FieldError, Transform, TransformError, Verdict};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -79,8 +79,8 @@ impl Transform for UpdateFields {
 mod tests {
     use serde_json::json;
 
-    use crate::engine::transforms::tests::{build_error, chain, run};
     use crate::message::Payload;
+    use crate::transforms::tests::{build_error, chain, run};
 
     #[test]
     fn given_each_condition_when_applied_should_update_only_where_it_holds() {

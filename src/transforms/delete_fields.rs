@@ -9,8 +9,8 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::engine::transforms::{FieldError, Transform, TransformError, Verdict};
 use crate::message::Payload;
+use crate::transforms::{FieldError, Transform, TransformError, Verdict};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -51,8 +51,8 @@ impl Transform for DeleteFields {
 mod tests {
     use serde_json::json;
 
-    use crate::engine::transforms::tests::{build_error, chain, run};
     use crate::message::Payload;
+    use crate::transforms::tests::{build_error, chain, run};
 
     #[test]
     fn given_listed_keys_when_applied_should_remove_them_and_keep_order() {

@@ -20,9 +20,9 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::engine::transforms::pattern::{FieldPattern, PatternConfig, compile_all};
-use crate::engine::transforms::{FieldError, Transform, TransformError, Verdict};
 use crate::message::Payload;
+use crate::transforms::pattern::{FieldPattern, PatternConfig, compile_all};
+use crate::transforms::{FieldError, Transform, TransformError, Verdict};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -103,14 +103,11 @@ impl Transform for FilterMessages {
 mod tests {
     use serde_json::json;
 
-    use crate::engine::transforms::Verdict;
-    use crate::engine::transforms::tests::{build_error, chain};
     use crate::message::Payload;
+    use crate::transforms::Verdict;
+    use crate::transforms::tests::{build_error, chain};
 
-    fn verdict(
-        chain: &crate::engine::transforms::TransformChain,
-        value: serde_json::Value,
-    ) -> Verdict {
+    fn verdict(chain: &crate::transforms::TransformChain, value: serde_json::Value) -> Verdict {
         chain.apply(&mut Payload::Json(value)).unwrap()
     }
 

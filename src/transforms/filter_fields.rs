@@ -15,9 +15,9 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::engine::transforms::pattern::{FieldPattern, KeySet, PatternConfig, compile_all};
-use crate::engine::transforms::{FieldError, Transform, TransformError, Verdict};
 use crate::message::Payload;
+use crate::transforms::pattern::{FieldPattern, KeySet, PatternConfig, compile_all};
+use crate::transforms::{FieldError, Transform, TransformError, Verdict};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -76,8 +76,8 @@ impl Transform for FilterFields {
 mod tests {
     use serde_json::json;
 
-    use crate::engine::transforms::tests::{build_error, chain, run};
     use crate::message::Payload;
+    use crate::transforms::tests::{build_error, chain, run};
 
     #[test]
     fn given_keep_fields_and_patterns_when_including_should_keep_only_matches() {
@@ -120,7 +120,7 @@ mod tests {
         assert_eq!(run(&nothing, json!({"a": 1})), json!({"a": 1}));
     }
 
-    fn chain_with_nothing() -> crate::engine::transforms::TransformChain {
+    fn chain_with_nothing() -> crate::transforms::TransformChain {
         chain("filter_fields", json!({"include_matching": true}))
     }
 

@@ -3,8 +3,8 @@
 
 use serde_json::{Value, json};
 
-use crate::engine::transforms::{TransformChain, TransformConfigError, Verdict};
 use crate::message::Payload;
+use crate::transforms::{TransformChain, TransformConfigError, Verdict};
 
 /// A chain of one transform; panics on a bad config.
 pub(crate) fn chain(kind: &str, config: Value) -> TransformChain {

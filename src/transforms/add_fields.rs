@@ -15,9 +15,9 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::engine::transforms::field_value::{FieldValue, Now, set_field};
-use crate::engine::transforms::{FieldError, Transform, TransformError, Verdict};
 use crate::message::Payload;
+use crate::transforms::field_value::{FieldValue, Now, set_field};
+use crate::transforms::{FieldError, Transform, TransformError, Verdict};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -63,8 +63,8 @@ impl Transform for AddFields {
 mod tests {
     use serde_json::json;
 
-    use crate::engine::transforms::tests::{build_error, chain, run};
     use crate::message::Payload;
+    use crate::transforms::tests::{build_error, chain, run};
 
     #[test]
     fn given_static_and_computed_fields_when_applied_should_write_them() {

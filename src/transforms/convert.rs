@@ -27,9 +27,9 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::engine::codec::{Schema, SchemaName, SchemaOptions};
-use crate::engine::transforms::{FieldError, Transform, TransformError, Verdict};
+use crate::codec::{Schema, SchemaName, SchemaOptions};
 use crate::message::Payload;
+use crate::transforms::{FieldError, Transform, TransformError, Verdict};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -208,7 +208,7 @@ impl Transform for Convert {
 #[cfg(all(test, feature = "schema-avro", feature = "schema-proto"))]
 mod tests {
     use super::*;
-    use crate::engine::transforms::TransformChain;
+    use crate::transforms::TransformChain;
 
     const USER: &str = r#"{"type":"record","name":"U","fields":[{"name":"id","type":"long"},{"name":"name","type":"string"}]}"#;
 

@@ -8,7 +8,7 @@ use regex::Regex;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use crate::engine::transforms::FieldError;
+use crate::transforms::FieldError;
 
 /// `{ key_pattern = {...}, value_pattern = {...} }`; a part left out matches
 /// anything.

@@ -11,8 +11,8 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::engine::transforms::{FieldError, Transform, TransformError, Verdict};
 use crate::message::Payload;
+use crate::transforms::{FieldError, Transform, TransformError, Verdict};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -56,8 +56,8 @@ impl Transform for UnwrapEnvelope {
 mod tests {
     use serde_json::json;
 
-    use crate::engine::transforms::tests::{build_error, chain, run};
     use crate::message::Payload;
+    use crate::transforms::tests::{build_error, chain, run};
 
     #[test]
     fn given_envelope_when_applied_should_promote_the_field() {
