@@ -288,7 +288,7 @@ fn apply_connector_field(table: &mut Table, field: &str, value: &str) {
             return;
         };
         let kind = match stream_field {
-            "TOPICS" => Kind::List,
+            "TOPICS" | "PROTO_INCLUDE_PATHS" => Kind::List,
             "BATCH_LENGTH" | "PARTITIONS" => Kind::Int,
             _ => Kind::Str,
         };
@@ -421,5 +421,35 @@ mod tests {
         assert_eq!(table["enabled"], Value::Boolean(false));
         assert_eq!(table["streams"][0]["topics"].as_array().unwrap().len(), 2);
         assert_eq!(table["plugin_config"]["batch_size"], Value::Integer(50));
+    }
+
+    #[test]
+    fn given_schema_overrides_when_applied_should_set_registry_password_and_include_paths() {
+        let mut table: Table = toml::from_str(
+            "type = \"source\"\nkey = \"rnd\"\n[[streams]]\nstream = \"s\"\ntopic = \"t\"\nschema = \"avro\"\n",
+        )
+        .unwrap();
+        apply_connector_overrides(
+            &mut table,
+            &vars(&[
+                (
+                    "IGGY_CONNECTORS_SOURCE_RND_STREAMS_0_SCHEMA_REGISTRY_PASSWORD",
+                    "s3cret",
+                ),
+                (
+                    "IGGY_CONNECTORS_SOURCE_RND_STREAMS_0_PROTO_INCLUDE_PATHS",
+                    "[a, b]",
+                ),
+            ]),
+        );
+        let stream = &table["streams"][0];
+        assert_eq!(stream["schema_registry_password"].as_str(), Some("s3cret"));
+        let include_paths: Vec<&str> = stream["proto_include_paths"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        assert_eq!(include_paths, ["a", "b"]);
     }
 }
