@@ -458,7 +458,7 @@ async fn run_serves_every_endpoint_with_counters_that_match_the_messages_moved()
             "sink benchmark event lacks {field}: {sink_event}"
         );
     }
-    assert_eq!(sink_event["span"]["connector_key"], sink.as_str());
+    assert_eq!(sink_event["connector_key"], sink.as_str());
 
     // Stop and start through the API.
     assert_eq!(

@@ -45,6 +45,9 @@ pub struct Ticket(u64);
 pub enum Withdrawn {
     /// It was still waiting: its messages will never be delivered.
     Removed,
+    /// It was waiting again after a rewind: removed, but the discarded batch
+    /// it was in may have reached Iggy, so its messages may be delivered.
+    RemovedAfterSend,
     /// It was already taken into a batch: its messages may be delivered.
     TooLate,
 }
@@ -90,6 +93,8 @@ struct Submission {
     /// `None` for requests already answered (`ack = "accepted"`).
     reply: Option<oneshot::Sender<Outcome>>,
     arrived_at: Instant,
+    /// It was in a batch that was discarded after a NACK (and queued again).
+    rewound: bool,
 }
 
 struct InFlight {
@@ -148,6 +153,7 @@ impl Inbox {
             records,
             reply,
             arrived_at: now,
+            rewound: false,
         });
         drop(state);
         self.arrived.notify_one();
@@ -164,13 +170,17 @@ impl Inbox {
         else {
             return Withdrawn::TooLate;
         };
+        let mut withdrawn = Withdrawn::Removed;
         if let Some(submission) = state.waiting.remove(position) {
             state.waiting_messages -= submission.records.len();
+            if submission.rewound {
+                withdrawn = Withdrawn::RemovedAfterSend;
+            }
         }
         if state.waiting.is_empty() && state.in_flight.is_empty() {
             state.stalled_since = None;
         }
-        Withdrawn::Removed
+        withdrawn
     }
 
     /// Waits for requests, lets the first one linger up to `linger_time` for
@@ -241,7 +251,8 @@ impl Inbox {
         let in_flight = std::mem::take(&mut state.in_flight);
         let mut requeued = 0;
         for batch in in_flight.into_iter().rev() {
-            for submission in batch.submissions.into_iter().rev() {
+            for mut submission in batch.submissions.into_iter().rev() {
+                submission.rewound = true;
                 state.waiting_messages += submission.records.len();
                 state.waiting.push_front(submission);
                 requeued += 1;
@@ -403,6 +414,17 @@ mod tests {
         let ticket = inbox.submit(records(1), None).unwrap();
         inbox.next_batch().await;
         assert_eq!(inbox.withdraw(ticket), Withdrawn::TooLate);
+    }
+
+    /// A request whose batch was discarded may already be in Iggy: giving up
+    /// on it must not say it was never delivered.
+    #[tokio::test]
+    async fn given_a_rewound_request_when_withdrawn_should_say_it_may_be_delivered() {
+        let inbox = inbox(1, 100);
+        let ticket = inbox.submit(records(1), None).unwrap();
+        inbox.next_batch().await;
+        inbox.rewind();
+        assert_eq!(inbox.withdraw(ticket), Withdrawn::RemovedAfterSend);
     }
 
     /// S1 (rewind): the requests of discarded batches go back to the front of

@@ -209,13 +209,13 @@ async fn wait_for_commit(shared: &Shared, records: Vec<SourceRecord>) -> Respons
             match (withdrawn, outcome.try_recv()) {
                 (Withdrawn::TooLate, Ok(outcome)) => outcome,
                 (withdrawn, _) => {
-                    let maybe_delivered = withdrawn == Withdrawn::TooLate;
+                    let maybe_delivered = withdrawn != Withdrawn::Removed;
                     debug!(connector_key = %shared.key, messages = count, maybe_delivered, "request timed out waiting for the broker");
                     return unavailable(
                         shared,
                         "timeout",
                         if maybe_delivered {
-                            "the messages are in a batch the broker has not acknowledged yet; they may still be delivered, so a retry may duplicate them"
+                            "the messages were in a batch the broker has not acknowledged; they may have been or may still be delivered, so a retry may duplicate them"
                         } else {
                             "the broker did not take the messages in time; they were not delivered, retry later"
                         },
