@@ -648,3 +648,77 @@ fn a_postgres_connection_string_of_another_scheme_is_a_configuration_error() {
         "the connection string is a secret: {report}"
     );
 }
+
+/// A loopback port nothing listens on: bound, read, released.
+#[cfg(all(feature = "postgres-source", feature = "postgres-sink"))]
+fn refused_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+#[cfg(all(feature = "postgres-source", feature = "postgres-sink"))]
+#[test]
+fn a_refused_postgres_connection_names_the_cause_and_the_address() {
+    let port = refused_port();
+    let url = format!("postgres://app@127.0.0.1:{port}/app");
+    let source_side = [
+        "--source".to_owned(),
+        "postgres".into(),
+        "--sink".into(),
+        "stdout".into(),
+        "--set".into(),
+        format!("source.connection_string={url}"),
+        "--set".into(),
+        "source.tables=[\"events\"]".into(),
+    ];
+    let sink_side = [
+        "--source".to_owned(),
+        "random".into(),
+        "--sink".into(),
+        "postgres".into(),
+        "--set".into(),
+        format!("sink.connection_string={url}"),
+        "--set".into(),
+        "sink.target_table=events".into(),
+    ];
+    for args in [source_side, sink_side] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_iggy-connect"))
+            .arg("pipe")
+            .args(&args)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (sender, lines) = std::sync::mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if sender.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let mut seen = Vec::new();
+        let found = loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) if line.to_lowercase().contains("connection refused") => break Some(line),
+                Ok(line) => seen.push(line),
+                Err(_) => break None,
+            }
+        };
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let report = seen.join("\n");
+        let line = found.unwrap_or_else(|| panic!("{args:?}: no `connection refused` in {report}"));
+        assert!(line.contains(&format!("127.0.0.1:{port}")), "{line}");
+        for noise in ["pool timed out", "reading the catalog", " at line "] {
+            assert!(
+                !report.contains(noise) && !line.contains(noise),
+                "{noise}: {report}\n{line}"
+            );
+        }
+    }
+}

@@ -384,3 +384,33 @@ async fn a_missing_table_without_auto_create_fails_the_start_naming_it() {
     );
     pipeline.runtime.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_existing_table_whose_columns_do_not_fit_fails_the_start_before_any_message() {
+    let pool = connect(&database_url()).await;
+    // Upstream's layout without the metadata columns the default writes; with
+    // and without auto_create_table (CREATE TABLE IF NOT EXISTS keeps it).
+    for extra in ["", "auto_create_table = true\n"] {
+        let table = unique("sink_misfit");
+        execute(
+            &pool,
+            &format!("CREATE TABLE {table} (id DECIMAL(39, 0) PRIMARY KEY, payload JSONB)"),
+        )
+        .await;
+        let pipeline = Pipeline::start("json", "stop", &plugin_config(&table, extra)).await;
+        // No message is produced: only a check at open can stop the sink.
+        wait_for("the sink to fail at open", WAIT, || async {
+            pipeline.view().status.status == Status::Error
+        })
+        .await;
+        let message = pipeline.view().status.last_error.unwrap().message;
+        assert!(
+            message.contains(&table)
+                && message.contains("does not fit")
+                && message.contains("iggy_offset"),
+            "{extra}: {message}"
+        );
+        assert!(!message.contains(" at line "), "{message}");
+        pipeline.runtime.shutdown().await;
+    }
+}

@@ -396,3 +396,103 @@ async fn a_missing_table_stops_the_source_with_an_error_naming_it() {
     );
     pipeline.runtime.shutdown().await;
 }
+
+/// Runs the real binary's `pipe` until it exits (killed after `WAIT`):
+/// (exit code, stdout lines, stderr).
+fn pipe(args: &[String]) -> (Option<i32>, Vec<String>, String) {
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_iggy-connect"))
+        .arg("pipe")
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut text = String::new();
+        stdout.read_to_string(&mut text).map(|_| text)
+    });
+    let err = std::thread::spawn(move || {
+        let mut text = String::new();
+        stderr.read_to_string(&mut text).map(|_| text)
+    });
+    let deadline = std::time::Instant::now() + WAIT;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            break child.wait().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = out.join().unwrap().unwrap();
+    let err = err.join().unwrap().unwrap();
+    (status.code(), out.lines().map(str::to_owned).collect(), err)
+}
+
+#[tokio::test]
+async fn pipe_with_stop_when_caught_up_exports_every_row_and_ends_by_itself() {
+    let pool = connect(&database_url()).await;
+    // Cursor mode keeps several batches in flight; delete and mark mode one.
+    for mode in ["", "delete_after_read=true", "processed_column=done"] {
+        let table = unique("src_export");
+        create_rows(
+            &pool,
+            &table,
+            ", done BOOLEAN NOT NULL DEFAULT FALSE",
+            2_500,
+        )
+        .await;
+        let mut args: Vec<String> = [
+            "--source",
+            "postgres",
+            "--sink",
+            "stdout",
+            "--set",
+            "sink.print_payload=true",
+            "--set",
+            "source.stop_when_caught_up=true",
+            "--set",
+            "source.batch_size=300",
+            // A long interval: only the end of the export can end the run in time.
+            "--set",
+            "source.poll_interval=1h",
+        ]
+        .map(str::to_owned)
+        .into();
+        args.push("--set".into());
+        args.push(format!("source.connection_string={}", database_url()));
+        args.push("--set".into());
+        args.push(format!("source.tables=[\"{table}\"]"));
+        if !mode.is_empty() {
+            args.push("--set".into());
+            args.push(format!("source.{mode}"));
+        }
+        let (code, lines, report) = pipe(&args);
+        assert_eq!(code, Some(0), "{mode}: {report}");
+        let ids: Vec<i64> = lines
+            .iter()
+            .map(|line| {
+                let record: Value = serde_json::from_str(line).unwrap();
+                record["data"]["id"].as_i64().unwrap()
+            })
+            .collect();
+        assert_each_once(&ids, 1..=2_500);
+        let left = match mode {
+            "" => 2_500,
+            _ => 0,
+        };
+        let remaining = count(
+            &pool,
+            &format!("SELECT count(*) FROM {table} WHERE NOT done"),
+        )
+        .await;
+        assert_eq!(remaining, left, "{mode}");
+    }
+}

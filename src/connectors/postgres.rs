@@ -5,7 +5,12 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use secrecy::{ExposeSecret, SecretString};
+use sqlx::ConnectOptions;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+
+/// How long one direct connection attempt may take when a pool timeout is
+/// explained by it.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Checks a `connection_string` without connecting: a `postgres://` or
 /// `postgresql://` URL that parses (sqlx also takes other schemes and
@@ -38,6 +43,58 @@ pub(crate) fn lazy_pool(
         .max_connections(max_connections)
         .acquire_timeout(acquire_timeout)
         .connect_lazy_with(options))
+}
+
+/// A database error as users read it: the server's message with its detail
+/// and hint, without the server's source line (`at line 334`) that sqlx adds.
+pub(crate) fn describe(error: &sqlx::Error) -> String {
+    match error {
+        sqlx::Error::Database(database) => {
+            let mut text = database.message().to_owned();
+            if let Some(postgres) = database.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+                for (label, part) in [("detail", postgres.detail()), ("hint", postgres.hint())] {
+                    if let Some(part) = part {
+                        text.push_str(&format!(" ({label}: {part})"));
+                    }
+                }
+            }
+            text
+        }
+        sqlx::Error::Io(io) => io.to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// Replaces a pool timeout by why connecting fails: sqlx's pool retries its
+/// connection attempts silently and reports only that it timed out, so one
+/// direct attempt finds the cause (`connection refused`, a bad password),
+/// named with the server's host and port. Other errors pass unchanged, and so
+/// does a timeout while the server accepts connections (the pool is busy).
+pub(crate) async fn with_connect_cause(pool: &PgPool, error: sqlx::Error) -> sqlx::Error {
+    if !matches!(error, sqlx::Error::PoolTimedOut) {
+        return error;
+    }
+    let options = pool.connect_options();
+    let target = format!("{}:{}", options.get_host(), options.get_port());
+    let io = |kind: std::io::ErrorKind, cause: String| {
+        sqlx::Error::Io(std::io::Error::new(
+            kind,
+            format!("cannot connect to {target}: {cause}"),
+        ))
+    };
+    match tokio::time::timeout(PROBE_TIMEOUT, options.connect()).await {
+        Ok(Ok(connection)) => {
+            drop(connection);
+            error
+        }
+        Ok(Err(sqlx::Error::Io(cause))) => io(cause.kind(), cause.to_string()),
+        Ok(Err(cause @ sqlx::Error::Database(_))) => cause,
+        Ok(Err(cause)) => io(std::io::ErrorKind::Other, describe(&cause)),
+        Err(_) => io(
+            std::io::ErrorKind::TimedOut,
+            format!("no answer within {PROBE_TIMEOUT:?}"),
+        ),
+    }
 }
 
 /// Errors worth retrying: the connection, the server's availability, conflicts
@@ -105,6 +162,27 @@ mod tests {
         }
         let bad_port = SecretString::from("postgres://user@host:notaport/db");
         assert!(check_connection_string(&bad_port).is_err());
+    }
+
+    #[tokio::test]
+    async fn given_a_refused_port_when_the_pool_times_out_should_name_the_address_and_the_cause() {
+        let port = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap().port()
+        };
+        let url = SecretString::from(format!("postgres://app@127.0.0.1:{port}/app"));
+        let pool = lazy_pool(&url, 1, Duration::from_millis(300)).unwrap();
+        let error = pool.acquire().await.unwrap_err();
+        // What sqlx's pool says by itself.
+        assert!(matches!(error, sqlx::Error::PoolTimedOut), "{error}");
+        let explained = with_connect_cause(&pool, error).await;
+        let text = describe(&explained);
+        assert!(
+            text.contains(&format!("127.0.0.1:{port}"))
+                && text.to_lowercase().contains("connection refused"),
+            "{text}"
+        );
+        assert!(is_transient(&explained));
     }
 
     #[test]

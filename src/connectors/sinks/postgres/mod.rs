@@ -32,7 +32,7 @@ pub use config::{PayloadFormat, PostgresSinkConfig, table_sql};
 pub use insert::Layout;
 pub use numeric::PgU128;
 
-use crate::connectors::postgres::{is_transient, lazy_pool};
+use crate::connectors::postgres::{describe, is_transient, lazy_pool, with_connect_cause};
 use crate::connectors::{SinkEntry, schema_of};
 use crate::connectors::{ConnectorError, Rejection, Sink, SinkError, parse_plugin_config};
 use crate::message::{SinkMessage, TopicRef};
@@ -68,19 +68,30 @@ pub struct PostgresSink {
 
 #[derive(Debug, thiserror::Error)]
 pub enum PostgresSinkError {
-    #[error("invalid connection_string: {0}")]
+    #[error("invalid connection_string: {}", describe(.0))]
     ConnectionString(#[source] sqlx::Error),
+    #[error("{}", describe(.0))]
+    Connect(#[source] sqlx::Error),
     #[error(
         "target table {0} does not exist; create it (see the README for upstream's layout) or set auto_create_table = true"
     )]
     MissingTable(String),
-    #[error("cannot prepare target table {table}: {source}")]
+    #[error("cannot prepare target table {table}: {}", describe(.source))]
     Prepare {
         table: String,
         #[source]
         source: sqlx::Error,
     },
-    #[error("writing to {table} failed: {source}")]
+    #[error(
+        "target table {table} does not fit the sink's settings (include_metadata, include_checksum, include_origin_timestamp, payload_format; see the README for upstream's layout): {}",
+        describe(.source)
+    )]
+    Columns {
+        table: String,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error("writing to {table} failed: {}", describe(.source))]
     Write {
         table: String,
         #[source]
@@ -97,7 +108,9 @@ pub enum PostgresSinkError {
 impl PostgresSinkError {
     fn is_transient(&self) -> bool {
         match self {
-            Self::Prepare { source, .. } | Self::Write { source, .. } => is_transient(source),
+            Self::Prepare { source, .. }
+            | Self::Write { source, .. }
+            | Self::Connect(source) => is_transient(source),
             Self::Unattributed(_) => true,
             _ => false,
         }
@@ -146,33 +159,64 @@ impl PostgresSink {
         self.pool.as_ref().ok_or(PostgresSinkError::NotOpen)
     }
 
-    /// Creates the table (auto_create_table) or checks that it exists.
+    /// Creates the table (auto_create_table) or checks that it exists, then
+    /// checks that its columns take what the sink writes.
     async fn prepare(&self) -> Result<(), PostgresSinkError> {
         if self.ready.load(Ordering::SeqCst) {
             return Ok(());
         }
         let pool = self.pool()?;
-        let prepare_error = |source| PostgresSinkError::Prepare {
-            table: self.table.clone(),
-            source,
-        };
-        if self.config.auto_create_table {
+        let exists = if self.config.auto_create_table {
             sqlx::query(AssertSqlSafe(self.layout.create_sql(&self.table)))
                 .execute(pool)
                 .await
-                .map_err(prepare_error)?;
+                .map(|_| true)
         } else {
-            let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+            sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
                 .bind(&self.table)
                 .fetch_one(pool)
                 .await
-                .map_err(prepare_error)?;
-            if !exists {
-                return Err(PostgresSinkError::MissingTable(self.table.clone()));
+        };
+        match exists {
+            Ok(true) => {}
+            Ok(false) => return Err(PostgresSinkError::MissingTable(self.table.clone())),
+            Err(error) => {
+                return Err(PostgresSinkError::Prepare {
+                    table: self.table.clone(),
+                    source: with_connect_cause(pool, error).await,
+                });
             }
         }
+        self.check_columns(pool).await?;
         self.ready.store(true, Ordering::SeqCst);
         Ok(())
+    }
+
+    /// Runs the sink's INSERT with no rows: the server checks every column
+    /// it names and the type of every value, and `ON CONFLICT (id)` needs a
+    /// unique `id`, so a table that does not fit fails here, before anything
+    /// is consumed, instead of on the first batch.
+    async fn check_columns(&self, pool: &PgPool) -> Result<(), PostgresSinkError> {
+        let topic = TopicRef {
+            stream: String::new(),
+            topic: String::new(),
+        };
+        let (empty, _) = Batch::encode(&[], self.config.payload_format);
+        let checked = match pool.acquire().await {
+            Ok(mut connection) => self.insert(&mut connection, &topic, &empty, 0..0).await,
+            Err(error) => Err(with_connect_cause(pool, error).await),
+        };
+        match checked {
+            Ok(_) => Ok(()),
+            Err(source) if is_transient(&source) => Err(PostgresSinkError::Prepare {
+                table: self.table.clone(),
+                source,
+            }),
+            Err(source) => Err(PostgresSinkError::Columns {
+                table: self.table.clone(),
+                source,
+            }),
+        }
     }
 
     /// Inserts `range` of the batch in one statement; returns the rows written
@@ -278,7 +322,7 @@ impl PostgresSink {
                         .map_err(write_error)?;
                     refused.push(Rejection {
                         index,
-                        reason: format!("{} refused the row: {error}", self.table),
+                        reason: format!("{} refused the row: {}", self.table, describe(&error)),
                     });
                 }
                 Err(error) => return Err(write_error(error)),
@@ -308,7 +352,13 @@ impl Sink for PostgresSink {
             Ok(Err(error)) => {
                 warn!(%error, "postgres sink cannot reach the database yet; writes will retry")
             }
-            Err(_) => warn!("postgres sink cannot reach the database yet; writes will retry"),
+            Err(_) => {
+                let cause = with_connect_cause(self.pool()?, sqlx::Error::PoolTimedOut).await;
+                if !is_transient(&cause) {
+                    return Err(PostgresSinkError::Connect(cause).into());
+                }
+                warn!(error = %describe(&cause), "postgres sink cannot reach the database yet; writes will retry")
+            }
         }
         info!(table = %self.table, payload_format = ?self.config.payload_format, "postgres sink open");
         Ok(())
@@ -339,10 +389,10 @@ impl Sink for PostgresSink {
                 }
                 return Err(SinkError::Rejected(refused));
             }
-            Err(source) => {
+            Err(error) => {
                 return Err(PostgresSinkError::Write {
                     table: self.table.clone(),
-                    source,
+                    source: with_connect_cause(self.pool()?, error).await,
                 }
                 .into());
             }

@@ -60,6 +60,10 @@ pub struct PostgresSourceConfig {
     /// Log every poll at info level.
     #[serde(default)]
     pub verbose_logging: bool,
+    /// Finish once a poll finds nothing new in any table (an export that ends
+    /// by itself, e.g. under `pipe`); by default the source polls forever.
+    #[serde(default)]
+    pub stop_when_caught_up: bool,
     /// Upstream's in-connector retry knobs: accepted for compatibility; the
     /// engine retries failed polls and commits with its own capped backoff.
     pub max_retries: Option<u32>,

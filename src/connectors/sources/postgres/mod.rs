@@ -30,7 +30,7 @@ use tracing::{debug, info, warn};
 pub use config::{Consume, Mode, PayloadFormat, PostgresSourceConfig};
 pub use record::{message_id, to_snake_case};
 
-use crate::connectors::postgres::{is_transient, lazy_pool};
+use crate::connectors::postgres::{describe, is_transient, lazy_pool, with_connect_cause};
 use crate::connectors::{SourceEntry, schema_of};
 use crate::connectors::{
     ConnectorError, Source, SourceBatch, decode_state, encode_state, parse_plugin_config,
@@ -93,21 +93,21 @@ struct Staged {
 
 #[derive(Debug, thiserror::Error)]
 pub enum PostgresSourceError {
-    #[error("invalid connection_string: {0}")]
+    #[error("invalid connection_string: {}", describe(.0))]
     ConnectionString(#[source] sqlx::Error),
-    #[error("reading the catalog of table {table} failed: {source}")]
+    #[error("cannot read the columns of table {table}: {}", describe(.source))]
     Catalog {
         table: String,
         #[source]
         source: sqlx::Error,
     },
-    #[error("polling table {table} failed: {source}")]
+    #[error("polling table {table} failed: {}", describe(.source))]
     Poll {
         table: String,
         #[source]
         source: sqlx::Error,
     },
-    #[error("applying the committed batch to table {table} failed: {source}")]
+    #[error("applying the committed batch to table {table} failed: {}", describe(.source))]
     Consume {
         table: String,
         #[source]
@@ -117,6 +117,8 @@ pub enum PostgresSourceError {
     Plan(#[from] PlanError),
     #[error(transparent)]
     Row(#[from] RowError),
+    #[error("{}", describe(.0))]
+    Connect(#[source] sqlx::Error),
     #[error("the source is not open")]
     NotOpen,
 }
@@ -165,14 +167,16 @@ impl PostgresSource {
         let mut plans = Vec::with_capacity(self.config.tables.len());
         for table in &self.config.tables {
             let quoted = query::quote_qualified(table).unwrap_or_default();
-            let catalog: Vec<CatalogColumn> = sqlx::query(CATALOG_SQL)
-                .bind(quoted)
-                .fetch_all(pool)
-                .await
-                .map_err(|source| PostgresSourceError::Catalog {
-                    table: table.clone(),
-                    source,
-                })?
+            let rows = match sqlx::query(CATALOG_SQL).bind(quoted).fetch_all(pool).await {
+                Ok(rows) => rows,
+                Err(error) => {
+                    return Err(PostgresSourceError::Catalog {
+                        table: table.clone(),
+                        source: with_connect_cause(pool, error).await,
+                    });
+                }
+            };
+            let catalog: Vec<CatalogColumn> = rows
                 .iter()
                 .map(|row| {
                     Ok(CatalogColumn {
@@ -252,13 +256,13 @@ impl PostgresSource {
                 }
             }
         };
-        query
-            .fetch_all(pool)
-            .await
-            .map_err(|source| PostgresSourceError::Poll {
+        match query.fetch_all(pool).await {
+            Ok(rows) => Ok(rows),
+            Err(error) => Err(PostgresSourceError::Poll {
                 table: plan.name.clone(),
-                source,
-            })
+                source: with_connect_cause(pool, error).await,
+            }),
+        }
     }
 
     fn lock_committed(&self) -> MutexGuard<'_, PostgresState> {
@@ -295,7 +299,14 @@ impl PostgresSource {
         };
         // One transaction: a failed commit leaves every row as it was, and the
         // engine's retry applies the whole batch again.
-        let mut transaction = pool.begin().await.map_err(consume_error(first_table))?;
+        let mut transaction = match pool.begin().await {
+            Ok(transaction) => transaction,
+            Err(error) => {
+                return Err(consume_error(first_table)(
+                    with_connect_cause(pool, error).await,
+                ));
+            }
+        };
         for (table, sql, keys) in consume {
             if keys.is_empty() {
                 continue;
@@ -342,7 +353,11 @@ impl Source for PostgresSource {
                 warn!(%error, "postgres source cannot reach the database yet; polls will retry");
             }
             Err(_) => {
-                warn!("postgres source cannot reach the database yet; polls will retry");
+                let cause = with_connect_cause(self.pool()?, sqlx::Error::PoolTimedOut).await;
+                if !is_transient(&cause) {
+                    return Err(ConnectorError::fatal(PostgresSourceError::Connect(cause)));
+                }
+                warn!(error = %describe(&cause), "postgres source cannot reach the database yet; polls will retry");
             }
         }
         info!(tables = ?self.config.tables, mode = ?self.config.consume(), "postgres source open");
@@ -350,7 +365,7 @@ impl Source for PostgresSource {
     }
 
     async fn poll(&self) -> Result<SourceBatch, ConnectorError> {
-        if self.caught_up.load(Ordering::SeqCst) {
+        if self.caught_up.load(Ordering::SeqCst) && !self.config.stop_when_caught_up {
             tokio::time::sleep(self.config.poll_interval).await;
         }
         let plans = self.plans().await?;
@@ -400,7 +415,16 @@ impl Source for PostgresSource {
                 state: next,
                 consume: Arc::new(Vec::new()),
             });
-            return Ok(SourceBatch::default());
+            // Every table is caught up past the batches in flight; the engine
+            // ends the source once those (and this empty one) are committed,
+            // and a NACK meanwhile rewinds and polls again.
+            if self.config.stop_when_caught_up {
+                info!(tables = ?self.config.tables, "postgres source caught up with every table; finishing");
+            }
+            return Ok(SourceBatch {
+                finished: self.config.stop_when_caught_up,
+                ..SourceBatch::default()
+            });
         }
         next.processed_rows += records.len() as u64;
         let state = encode_state(&next)?;
