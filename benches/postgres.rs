@@ -11,6 +11,10 @@
 //! - `iggy_to_postgres_sink_jsonb` / `_bytea`: a filled topic -> table;
 //! - `postgres_to_iggy_to_postgres`: both connectors in one runtime, measured
 //!   at the sink;
+//! - `insert_select_reference`: an in-database `INSERT INTO dst SELECT ...
+//!   FROM src` of the chain's source rows, as the source's `DatabaseRecord`
+//!   JSON, into the sink's table layout: the reference of
+//!   `postgres_to_iggy_to_postgres` (issue 15: the chain at >= 50% of it);
 //! - `copy_reference`: plain `COPY` of the same rows into a table, 1000 per
 //!   statement: what PostgreSQL itself takes, the sink's upper bound;
 //! - `insert_unnest` / `insert_copy_staging`: the sink's UNNEST insert called
@@ -44,6 +48,7 @@ const CASES: &[&str] = &[
     "iggy_to_postgres_sink_jsonb",
     "iggy_to_postgres_sink_bytea",
     "postgres_to_iggy_to_postgres",
+    "insert_select_reference",
     "copy_reference",
     "insert_unnest",
     "insert_copy_staging",
@@ -79,6 +84,7 @@ async fn run(case: String) {
             iggy_to_sink(case, &url, &pool, &name, rows, "bytea", "raw").await
         }
         "postgres_to_iggy_to_postgres" => chain(case, &url, &pool, &name, rows).await,
+        "insert_select_reference" => insert_select_reference(case, &pool, &name, rows).await,
         "copy_reference" => copy_reference(case, &pool, &name, rows).await,
         "insert_unnest" => insert_unnest(case, &url, &pool, &name, rows).await,
         "insert_copy_staging" => insert_copy_staging(case, &pool, &name, rows).await,
@@ -297,6 +303,62 @@ async fn chain(case: &str, url: &str, pool: &PgPool, name: &str, rows: u64) {
     .print();
     let client = iggy.settings().connect().await.expect("connect");
     raw::drop_stream(&client, name).await;
+    execute(pool, format!("DROP TABLE {source_table}")).await;
+    execute(pool, format!("DROP TABLE {sink_table}")).await;
+}
+
+/// The chain's work done inside PostgreSQL: the same source rows, turned into
+/// the source's `DatabaseRecord` document, inserted into the table the sink
+/// creates (upstream's layout, `payload_format = "json"`, every optional
+/// column, as `Layout::create_sql`) by one `INSERT ... SELECT` per 1000 rows,
+/// each its own transaction as a sink batch is. No Iggy, no client: the
+/// chain's upper bound on this machine.
+async fn insert_select_reference(case: &str, pool: &PgPool, name: &str, rows: u64) {
+    let (source_table, sink_table) = (format!("{name}_src"), format!("{name}_dst"));
+    create_source_table(pool, &source_table, rows).await;
+    execute(pool, format!("DROP TABLE IF EXISTS {sink_table}")).await;
+    execute(
+        pool,
+        format!(
+            "CREATE TABLE {sink_table} (id DECIMAL(39, 0) PRIMARY KEY, iggy_offset BIGINT, \
+             iggy_timestamp TIMESTAMP WITH TIME ZONE, iggy_stream TEXT, iggy_topic TEXT, \
+             iggy_partition_id INTEGER, iggy_checksum BIGINT, \
+             iggy_origin_timestamp TIMESTAMP WITH TIME ZONE, payload JSONB, \
+             created_at TIMESTAMP WITH TIME ZONE DEFAULT NOW())"
+        ),
+    )
+    .await;
+    let mut durations = Vec::new();
+    let started = Instant::now();
+    for start in (0..rows).step_by(BATCH as usize) {
+        let batch_started = Instant::now();
+        execute(
+            pool,
+            format!(
+                "INSERT INTO {sink_table} (id, iggy_offset, iggy_timestamp, iggy_stream, iggy_topic, \
+                 iggy_partition_id, iggy_checksum, iggy_origin_timestamp, payload) \
+                 SELECT src.id, src.id - 1, now(), '{name}', '{TOPIC}', 0, 0, now(), \
+                 ('{{\"table_name\":\"{source_table}\",\"operation_type\":\"SELECT\",\"timestamp\":' \
+                 || to_json(now()::text)::text || ',\"data\":' || row_to_json(src)::text \
+                 || ',\"old_data\":null}}')::jsonb \
+                 FROM {source_table} AS src WHERE src.id > {start} AND src.id <= {end} \
+                 ON CONFLICT (id) DO NOTHING",
+                end = start + BATCH
+            ),
+        )
+        .await;
+        durations.push(batch_started.elapsed());
+    }
+    let elapsed = started.elapsed();
+    assert_eq!(count(pool, &sink_table).await, rows, "every row copied");
+    Report {
+        name: case,
+        messages: rows,
+        elapsed,
+        latencies: Latencies::from_durations(&durations),
+        extra: Vec::new(),
+    }
+    .print();
     execute(pool, format!("DROP TABLE {source_table}")).await;
     execute(pool, format!("DROP TABLE {sink_table}")).await;
 }
