@@ -45,10 +45,9 @@ pub struct Ticket(u64);
 pub enum Withdrawn {
     /// It was still waiting: its messages will never be delivered.
     Removed,
-    /// It was waiting again after a rewind: removed, but the discarded batch
-    /// it was in may have reached Iggy, so its messages may be delivered.
-    RemovedAfterSend,
-    /// It was already taken into a batch: its messages may be delivered.
+    /// It was already taken into a batch (one in flight, or one discarded
+    /// after a NACK whose send may have landed, queued again): its messages
+    /// may be delivered, and stay queued.
     TooLate,
 }
 
@@ -170,17 +169,16 @@ impl Inbox {
         else {
             return Withdrawn::TooLate;
         };
-        let mut withdrawn = Withdrawn::Removed;
+        if state.waiting[position].rewound {
+            return Withdrawn::TooLate;
+        }
         if let Some(submission) = state.waiting.remove(position) {
             state.waiting_messages -= submission.records.len();
-            if submission.rewound {
-                withdrawn = Withdrawn::RemovedAfterSend;
-            }
         }
         if state.waiting.is_empty() && state.in_flight.is_empty() {
             state.stalled_since = None;
         }
-        withdrawn
+        Withdrawn::Removed
     }
 
     /// Waits for requests, lets the first one linger up to `linger_time` for
@@ -417,14 +415,15 @@ mod tests {
     }
 
     /// A request whose batch was discarded may already be in Iggy: giving up
-    /// on it must not say it was never delivered.
+    /// on it must not say it was never delivered, and it stays queued.
     #[tokio::test]
     async fn given_a_rewound_request_when_withdrawn_should_say_it_may_be_delivered() {
         let inbox = inbox(1, 100);
         let ticket = inbox.submit(records(1), None).unwrap();
         inbox.next_batch().await;
         inbox.rewind();
-        assert_eq!(inbox.withdraw(ticket), Withdrawn::RemovedAfterSend);
+        assert_eq!(inbox.withdraw(ticket), Withdrawn::TooLate);
+        assert_eq!(inbox.next_batch().await.len(), 1);
     }
 
     /// S1 (rewind): the requests of discarded batches go back to the front of

@@ -209,7 +209,7 @@ async fn wait_for_commit(shared: &Shared, records: Vec<SourceRecord>) -> Respons
             match (withdrawn, outcome.try_recv()) {
                 (Withdrawn::TooLate, Ok(outcome)) => outcome,
                 (withdrawn, _) => {
-                    let maybe_delivered = withdrawn != Withdrawn::Removed;
+                    let maybe_delivered = withdrawn == Withdrawn::TooLate;
                     debug!(connector_key = %shared.key, messages = count, maybe_delivered, "request timed out waiting for the broker");
                     return unavailable(
                         shared,
