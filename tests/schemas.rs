@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use iggy_connect::codec::{Schema, avro};
@@ -31,6 +31,7 @@ use serde_json::Value;
 mod support;
 
 use support::schema_registry::SchemaRegistryServer;
+use support::wait::wait_for;
 
 /// The fixtures, written once per test into its own directory.
 struct Fixtures {
@@ -235,21 +236,7 @@ async fn a_sink_on_an_avro_stream_gets_the_decoded_records_and_counts_and_skips_
             fixtures.path("user.avsc")
         ),
     );
-    let runtime = Runtime::new(
-        Arc::new(bus.clone()),
-        Arc::new(MemoryStateStore::new()),
-        Duration::from_secs(5),
-    );
-    runtime.add(config).unwrap();
-    runtime.start_enabled().await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !bus.is_drained("avro_stream", "t", "g") {
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for the sink to commit"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let runtime = run_sink_until_drained(&bus, config, "avro_stream").await;
     let view = runtime.view(ConnectorKind::Sink, "schema_sink").unwrap();
     assert_eq!(view.metrics.consumed.get(), 4);
     assert_eq!(view.metrics.processed.get(), 3);
@@ -548,21 +535,7 @@ async fn a_sink_on_a_registry_stream_skips_per_message_what_the_registry_refuses
         "registry_stream",
         &registry_fields(&fixtures, "user.avsc", &server, "s3cret"),
     );
-    let runtime = Runtime::new(
-        Arc::new(bus.clone()),
-        Arc::new(MemoryStateStore::new()),
-        Duration::from_secs(5),
-    );
-    runtime.add(config).unwrap();
-    runtime.start_enabled().await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !bus.is_drained("registry_stream", "t", "g") {
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for the sink to commit"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let runtime = run_sink_until_drained(&bus, config, "registry_stream").await;
     let view = runtime.view(ConnectorKind::Sink, "schema_sink").unwrap();
     assert_eq!(view.metrics.processed.get(), 3);
     assert_eq!(view.metrics.skipped.get(), 1);
@@ -584,4 +557,24 @@ async fn a_registry_with_wrong_credentials_fails_the_message_with_the_status() {
             .await
             .unwrap();
     assert!(error.to_string().contains("401"), "{error}");
+}
+
+/// Runs a sink on the bus until its group has committed everything in `stream`.
+async fn run_sink_until_drained(
+    bus: &MemoryBus,
+    config: ConnectorConfig,
+    stream: &str,
+) -> Arc<Runtime> {
+    let runtime = Runtime::new(
+        Arc::new(bus.clone()),
+        Arc::new(MemoryStateStore::new()),
+        Duration::from_secs(5),
+    );
+    runtime.add(config).unwrap();
+    runtime.start_enabled().await;
+    wait_for("the sink to commit", Duration::from_secs(30), || {
+        bus.is_drained(stream, "t", "g")
+    })
+    .await;
+    runtime
 }
