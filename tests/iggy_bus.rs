@@ -175,16 +175,20 @@ async fn a_broker_refusing_sends_for_a_while_loses_and_duplicates_nothing() {
     assert!(exactly_once(&seqs_in_topic(&server, "outage"), 300));
 }
 
+const LIMIT_RUN: u64 = 20_000;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_refusing_sends_past_the_limit_stops_the_source_and_a_restart_resumes() {
     let server = IggyTestServer::start();
     let dir = Dir::new();
     let runtime = runtime(&server, &dir.path("state"));
+    // Enough messages that the source is still producing when the refusal
+    // starts (about 1 ms a poll): a short run could complete before it.
     runtime
         .add(random_source(
             "rnd",
             "limit",
-            400,
+            LIMIT_RUN,
             "max_consecutive_nacks = 2",
         ))
         .unwrap();
@@ -212,7 +216,7 @@ async fn a_broker_refusing_sends_past_the_limit_stops_the_source_and_a_restart_r
         .wait_until_stopped(ConnectorKind::Source, "rnd")
         .await
         .unwrap();
-    assert!(exactly_once(&seqs_in_topic(&server, "limit"), 400));
+    assert!(exactly_once(&seqs_in_topic(&server, "limit"), LIMIT_RUN));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
