@@ -210,13 +210,17 @@ async fn a_broker_refusing_sends_for_a_while_is_retried_within_the_nack_limit_an
     );
 }
 
+/// Long enough that the source is still producing when the broker starts
+/// refusing (a short run can complete first).
+const PAST_LIMIT_RUN: u64 = 10_000;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_refusing_sends_past_the_limit_stops_the_source_visibly_and_a_restart_loses_nothing()
  {
     let server = IggyTestServer::start();
     let workspace = Workspace::with_api(&server.address().to_string(), "");
     let running =
-        run_random_into_out(&server, &workspace, 2000, "max_consecutive_nacks = 3", 300).await;
+        run_random_into_out(&server, &workspace, PAST_LIMIT_RUN, "max_consecutive_nacks = 3", 300).await;
     server.faults().refuse_sends_until_cleared();
     let deadline = Instant::now() + LONG;
     loop {
@@ -248,12 +252,12 @@ async fn a_broker_refusing_sends_past_the_limit_stops_the_source_visibly_and_a_r
     // The broker is back; a restart resumes from the committed state.
     server.faults().clear();
     let running = workspace.run();
-    wait_for("all 2000 in the topic", LONG, || {
-        topic(&server).len() == 2000
+    wait_for("all records in the topic", LONG, || {
+        topic(&server).len() as u64 == PAST_LIMIT_RUN
     })
     .await;
-    wait_for("all 2000 at the sink", LONG, || {
-        sink_output(&workspace, "out").len() == 2000
+    wait_for("all records at the sink", LONG, || {
+        sink_output(&workspace, "out").len() as u64 == PAST_LIMIT_RUN
     })
     .await;
     let (health, body) = api_get(&workspace, 2, "/health").await;
@@ -261,9 +265,9 @@ async fn a_broker_refusing_sends_past_the_limit_stops_the_source_visibly_and_a_r
     stop(running, &workspace);
 
     let (in_topic, at_sink) = (topic(&server), sink_output(&workspace, "out"));
-    report("refused_sends_past_limit", 2000, &in_topic, &at_sink);
+    report("refused_sends_past_limit", PAST_LIMIT_RUN, &in_topic, &at_sink);
     assert_eq!(duplicates(&in_topic), 0);
-    assert!(missing(&at_sink, 2000).is_empty());
+    assert!(missing(&at_sink, PAST_LIMIT_RUN).is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
