@@ -1,9 +1,11 @@
 //! JSON decode and encode per message: serde_json (what the engine uses) against
 //! simd-json, on a `random` source record (`small`, one long string), a database
 //! row (`row`, mixed column types) and a nested order (`large`, 5 KiB).
-//! `cargo bench --bench codec`. `schema_codecs` puts the Avro and Protocol
-//! Buffers stream schemas (features `schema-avro`, `schema-proto`) next to JSON
-//! on the row: `cargo bench --features full --bench codec -- schema_codecs`.
+//! `cargo bench --bench codec`. `schema_codecs` puts the Avro, Protocol
+//! Buffers and FlatBuffers stream schemas (features `schema-avro`,
+//! `schema-proto`, `schema-flatbuffer`; FlatBuffers needs `flatc` on the PATH
+//! to compile its schema) next to JSON on the row:
+//! `cargo bench --features full --bench codec -- schema_codecs`.
 //!
 //! The engine's `Payload::Json` holds a `serde_json::Value`; simd-json is
 //! measured both producing that same type (what switching would cost us) and
@@ -233,30 +235,64 @@ fn schema_codecs(criterion: &mut Criterion) {
     // Without the null: protobuf's JSON leaves an unset field out.
     value.as_object_mut().unwrap().shift_remove("deleted_at");
     let payload = Payload::Json(value);
+    let mut schemas = vec![("json", Schema::Json), ("avro", avro), ("proto", proto)];
+    schemas.extend(flatbuffer_row(dir.path()).map(|schema| ("flat_buffer", schema)));
     let mut decode_group = criterion.benchmark_group("schema_codecs_decode");
-    for (name, schema) in [
-        ("json", Schema::Json),
-        ("avro", avro.clone()),
-        ("proto", proto.clone()),
-    ] {
+    for (name, schema) in &schemas {
         let bytes = schema.encode(&payload).unwrap();
         decode_group.throughput(Throughput::Bytes(bytes.len() as u64));
-        decode_group.bench_with_input(BenchmarkId::new(name, "row"), &bytes, |bench, bytes| {
+        decode_group.bench_with_input(BenchmarkId::new(*name, "row"), &bytes, |bench, bytes| {
             bench.iter(|| schema.decode(black_box(bytes.clone())).unwrap())
         });
     }
     decode_group.finish();
     let mut encode_group = criterion.benchmark_group("schema_codecs_encode");
-    for (name, schema) in [("json", Schema::Json), ("avro", avro), ("proto", proto)] {
-        encode_group.bench_with_input(BenchmarkId::new(name, "row"), &payload, |bench, payload| {
-            bench.iter(|| schema.encode(black_box(payload)).unwrap())
-        });
+    for (name, schema) in &schemas {
+        encode_group.bench_with_input(
+            BenchmarkId::new(*name, "row"),
+            &payload,
+            |bench, payload| bench.iter(|| schema.encode(black_box(payload)).unwrap()),
+        );
     }
     encode_group.finish();
 }
 
 #[cfg(not(all(feature = "schema-avro", feature = "schema-proto")))]
 fn schema_codecs(_: &mut Criterion) {}
+
+/// The row as a FlatBuffers table, compiled by `flatc`; `None` (with a note)
+/// when flatc is not installed.
+#[cfg(all(feature = "schema-avro", feature = "schema-proto"))]
+fn flatbuffer_row(dir: &std::path::Path) -> Option<Schema> {
+    #[cfg(feature = "schema-flatbuffer")]
+    {
+        use iggy_connect::codec::{SchemaName, SchemaOptions};
+        const ROW_FBS: &str = "table Row { id: long; uuid: string; email: string;\n\
+            first_name: string; last_name: string; age: int; balance: double; active: bool;\n\
+            deleted_at: string; created_at: string; updated_at: string; country: string;\n\
+            city: string; zip: string; score: double; visits: long; plan: string;\n\
+            tags: [string]; bio: string; }\nroot_type Row;\n";
+        std::fs::write(dir.join("row.fbs"), ROW_FBS).unwrap();
+        let compiled = std::process::Command::new("flatc")
+            .args(["-b", "--schema", "row.fbs"])
+            .current_dir(dir)
+            .status();
+        if !compiled.is_ok_and(|status| status.success()) {
+            eprintln!("schema_codecs: flatc is not installed; flat_buffer left out");
+            return None;
+        }
+        let options = SchemaOptions {
+            flatbuffer_schema_path: Some(dir.join("row.bfbs").to_string_lossy().into_owned()),
+            ..SchemaOptions::default()
+        };
+        Some(Schema::load(SchemaName::FlatBuffer, &options).unwrap())
+    }
+    #[cfg(not(feature = "schema-flatbuffer"))]
+    {
+        let _ = dir;
+        None
+    }
+}
 
 criterion_group!(benches, decode, encode, schema_codecs);
 criterion_main!(benches);

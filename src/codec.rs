@@ -1,8 +1,8 @@
 //! Stream schemas: how a payload becomes the bytes stored in Iggy (sources) and
 //! how stored bytes become a payload again (sinks). Names follow upstream's
-//! `schema` values. `avro` (feature `schema-avro`) and `proto` (feature
-//! `schema-proto`) carry the schema their stream config names; see
-//! [`avro`] and [`proto`].
+//! `schema` values. `avro` (feature `schema-avro`), `proto` (feature
+//! `schema-proto`) and `flat_buffer` (feature `schema-flatbuffer`) carry the
+//! schema their stream config names; see [`avro`], [`proto`] and [`flatbuffer`].
 //!
 //! JSON is parsed once into the `serde_json::Value` that transforms change in
 //! place, and serialized once. serde_json stays over simd-json
@@ -14,6 +14,8 @@
 
 #[cfg(feature = "schema-avro")]
 pub mod avro;
+#[cfg(feature = "schema-flatbuffer")]
+pub mod flatbuffer;
 #[cfg(feature = "schema-proto")]
 pub mod proto;
 #[cfg(feature = "schema-registry")]
@@ -38,6 +40,8 @@ pub enum Schema {
     Avro(avro::AvroCodec),
     #[cfg(feature = "schema-proto")]
     Proto(proto::ProtoCodec),
+    #[cfg(feature = "schema-flatbuffer")]
+    FlatBuffer(flatbuffer::FlatBufferCodec),
 }
 
 /// A `schema` value as written in a config, before the schema it names is loaded.
@@ -60,6 +64,9 @@ pub struct SchemaOptions {
     pub proto_descriptor_set: Option<String>,
     pub proto_message_type: Option<String>,
     pub proto_include_paths: Vec<String>,
+    /// A FlatBuffers binary schema (`.bfbs`) and the table a buffer's root is.
+    pub flatbuffer_schema_path: Option<String>,
+    pub flatbuffer_root_table_name: Option<String>,
     /// A Confluent-compatible schema registry for an `avro` stream.
     pub schema_registry_url: Option<String>,
     /// The subject a source registers its schema under; `{topic}-value` when unset.
@@ -71,13 +78,15 @@ pub struct SchemaOptions {
 
 impl SchemaOptions {
     /// The stream config fields these options are read from.
-    pub const FIELDS: [&'static str; 11] = [
+    pub const FIELDS: [&'static str; 13] = [
         "avro_schema_json",
         "avro_schema_path",
         "proto_schema_path",
         "proto_descriptor_set",
         "proto_message_type",
         "proto_include_paths",
+        "flatbuffer_schema_path",
+        "flatbuffer_root_table_name",
         "schema_registry_url",
         "schema_registry_subject",
         "schema_registry_username",
@@ -112,6 +121,8 @@ pub enum CodecError {
     InvalidAvro(String),
     #[error("payload does not match the protobuf message type: {0}")]
     InvalidProto(String),
+    #[error("payload does not match the FlatBuffers table: {0}")]
+    InvalidFlatBuffer(String),
     #[error("{0}")]
     Registry(String),
 }
@@ -125,11 +136,7 @@ impl Schema {
             SchemaName::Text => Ok(Schema::Text),
             SchemaName::Avro => load_avro(options),
             SchemaName::Proto => load_proto(options),
-            SchemaName::FlatBuffer => Err(SchemaConfigError::new(
-                "schema",
-                "schema \"flat_buffer\" is not supported by iggy-connect; use raw to carry \
-                 FlatBuffers bytes as they are",
-            )),
+            SchemaName::FlatBuffer => load_flatbuffer(options),
         }
     }
 
@@ -168,6 +175,8 @@ impl Schema {
             (Schema::Avro(codec), payload) => codec.encode(payload),
             #[cfg(feature = "schema-proto")]
             (Schema::Proto(codec), payload) => codec.encode(payload),
+            #[cfg(feature = "schema-flatbuffer")]
+            (Schema::FlatBuffer(codec), payload) => codec.encode(payload),
         }
     }
 
@@ -205,6 +214,8 @@ impl Schema {
             Schema::Avro(codec) => codec.decode(&bytes),
             #[cfg(feature = "schema-proto")]
             Schema::Proto(codec) => codec.decode(&bytes),
+            #[cfg(feature = "schema-flatbuffer")]
+            Schema::FlatBuffer(codec) => codec.decode(&bytes),
         }
     }
 
@@ -218,6 +229,8 @@ impl Schema {
             Schema::Avro(_) => SchemaName::Avro,
             #[cfg(feature = "schema-proto")]
             Schema::Proto(_) => SchemaName::Proto,
+            #[cfg(feature = "schema-flatbuffer")]
+            Schema::FlatBuffer(_) => SchemaName::FlatBuffer,
         }
     }
 }
@@ -360,7 +373,39 @@ fn load_proto(_: &SchemaOptions) -> Result<Schema, SchemaConfigError> {
     Err(not_built("proto", "schema-proto"))
 }
 
-#[cfg(not(all(feature = "schema-avro", feature = "schema-proto")))]
+#[cfg(feature = "schema-flatbuffer")]
+fn load_flatbuffer(options: &SchemaOptions) -> Result<Schema, SchemaConfigError> {
+    let Some(path) = &options.flatbuffer_schema_path else {
+        return Err(SchemaConfigError::new(
+            "flatbuffer_schema_path",
+            "schema \"flat_buffer\" needs its table type: set flatbuffer_schema_path (a binary \
+             schema, written by `flatc -b --schema FILE.fbs`) and, when the buffers' root is \
+             not the schema's root_type, flatbuffer_root_table_name",
+        ));
+    };
+    let root_table = options.flatbuffer_root_table_name.as_deref();
+    flatbuffer::FlatBufferCodec::load(std::path::Path::new(path), root_table)
+        .map(Schema::FlatBuffer)
+        .map_err(|message| {
+            let field = if message.contains("is not defined") {
+                "flatbuffer_root_table_name"
+            } else {
+                "flatbuffer_schema_path"
+            };
+            SchemaConfigError::new(field, message)
+        })
+}
+
+#[cfg(not(feature = "schema-flatbuffer"))]
+fn load_flatbuffer(_: &SchemaOptions) -> Result<Schema, SchemaConfigError> {
+    Err(not_built("flat_buffer", "schema-flatbuffer"))
+}
+
+#[cfg(not(all(
+    feature = "schema-avro",
+    feature = "schema-proto",
+    feature = "schema-flatbuffer"
+)))]
 fn not_built(schema: &str, feature: &str) -> SchemaConfigError {
     SchemaConfigError::new(
         "schema",
@@ -542,7 +587,7 @@ mod tests {
     #[test]
     fn given_schemas_that_need_options_when_parsed_alone_should_say_what_is_missing() {
         let error = "flat_buffer".parse::<Schema>().unwrap_err();
-        assert!(error.contains("not supported"), "{error}");
+        assert!(error.contains("flatbuffer_schema_path"), "{error}");
         let error = "avro".parse::<Schema>().unwrap_err();
         assert!(error.contains("avro_schema_json"), "{error}");
         let error = "proto".parse::<Schema>().unwrap_err();

@@ -1,12 +1,14 @@
-//! Avro and Protocol Buffers stream schemas against independent encoders:
-//! fastavro and Google's protobuf runtime (Python, from PyPI, prepared by
-//! `scripts/py-fixtures`, which `scripts/test` runs) write the fixtures; we
-//! decode them, encode the same values back to the same bytes, and run a sink
-//! over them with a bad payload in the middle.
+//! Avro, Protocol Buffers and FlatBuffers stream schemas against independent
+//! encoders: fastavro and Google's protobuf runtime (Python, from PyPI,
+//! prepared by `scripts/py-fixtures`, which `scripts/test` runs) and `flatc`
+//! (Debian's flatbuffers-compiler, which `scripts/test` installs) write the
+//! fixtures; we decode them, encode the same values back, and run a sink over
+//! them with a bad payload in the middle.
 
 #![cfg(all(
     feature = "schema-avro",
     feature = "schema-proto",
+    feature = "schema-flatbuffer",
     feature = "schema-registry",
     feature = "stdout-sink",
     feature = "random-source"
@@ -15,6 +17,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -26,6 +29,7 @@ use iggy_connect::engine::{Runtime, Status};
 use iggy_connect::iggy::{Bus, MemoryBus, ProducerTarget};
 use iggy_connect::message::{OutgoingMessage, Payload};
 use iggy_connect::state::MemoryStateStore;
+use iggy_connect::transforms::TransformChain;
 use serde_json::Value;
 
 mod support;
@@ -175,6 +179,8 @@ fn schemas_that_cannot_be_loaded_are_config_errors_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();
     let proto = dir.path().join("a.proto");
     std::fs::write(&proto, "syntax = \"proto3\";\nmessage A { int32 x = 1; }\n").unwrap();
+    let flatc = Flatc::new();
+    let fbs = flatc.dir.path().join("order.fbs");
     let cases = [
         ("schema = \"avro\"", "streams[0].avro_schema_json"),
         (
@@ -199,7 +205,26 @@ fn schemas_that_cannot_be_loaded_are_config_errors_naming_the_field() {
             ),
             "streams[0].proto_message_type",
         ),
-        ("schema = \"flat_buffer\"", "streams[0].schema"),
+        (
+            "schema = \"flat_buffer\"",
+            "streams[0].flatbuffer_schema_path",
+        ),
+        (
+            &*format!("schema = \"flat_buffer\"\nflatbuffer_schema_path = {fbs:?}"),
+            "streams[0].flatbuffer_schema_path",
+        ),
+        (
+            &*format!("schema = \"flat_buffer\"\nflatbuffer_schema_path = {proto:?}"),
+            "streams[0].flatbuffer_schema_path",
+        ),
+        (
+            &*format!(
+                "schema = \"flat_buffer\"\nflatbuffer_schema_path = {:?}\n\
+                 flatbuffer_root_table_name = \"Nope\"",
+                flatc.bfbs()
+            ),
+            "streams[0].flatbuffer_root_table_name",
+        ),
     ];
     for (fields, field) in cases {
         let text = format!(
@@ -577,4 +602,274 @@ async fn run_sink_until_drained(
     })
     .await;
     runtime
+}
+
+/// `flatc` (Debian's flatbuffers-compiler): the independent FlatBuffers
+/// encoder and decoder, with tests/fixtures/schemas/order.fbs compiled to a
+/// binary schema in a directory of the test's own.
+struct Flatc {
+    dir: tempfile::TempDir,
+    files: AtomicUsize,
+}
+
+impl Flatc {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let fbs = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/schemas/order.fbs");
+        std::fs::copy(fbs, dir.path().join("order.fbs")).unwrap();
+        let flatc = Self {
+            dir,
+            files: AtomicUsize::new(0),
+        };
+        flatc.run(&["-b", "--schema", "order.fbs"]);
+        flatc
+    }
+
+    fn bfbs(&self) -> PathBuf {
+        self.dir.path().join("order.bfbs")
+    }
+
+    fn run(&self, args: &[&str]) {
+        let output = Command::new("flatc")
+            .args(args)
+            .current_dir(self.dir.path())
+            .output()
+            .expect("flatc runs (scripts/test installs Debian's flatbuffers-compiler)");
+        assert!(
+            output.status.success(),
+            "flatc {args:?}: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    fn name(&self) -> String {
+        format!("f{}", self.files.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// The buffer flatc writes for `value` (root `shop.v1.Order`).
+    fn write(&self, value: &Value) -> Vec<u8> {
+        let name = self.name();
+        std::fs::write(
+            self.dir.path().join(format!("{name}.json")),
+            value.to_string(),
+        )
+        .unwrap();
+        self.run(&["-b", "order.fbs", &format!("{name}.json")]);
+        std::fs::read(self.dir.path().join(format!("{name}.bin"))).unwrap()
+    }
+
+    /// What flatc prints for a buffer whose root is `root_type`.
+    fn read(&self, bytes: &[u8], root_type: &str) -> Value {
+        let name = self.name();
+        std::fs::write(self.dir.path().join(format!("{name}.bin")), bytes).unwrap();
+        let binary = format!("{name}.bin");
+        self.run(&[
+            "--json",
+            "--strict-json",
+            "--defaults-json",
+            "--raw-binary",
+            "--root-type",
+            root_type,
+            "order.fbs",
+            "--",
+            &binary,
+        ]);
+        let text = std::fs::read_to_string(self.dir.path().join(format!("{name}.json"))).unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
+
+    fn schema(&self, root_table: Option<&str>) -> Schema {
+        let root = root_table
+            .map(|name| format!("\nflatbuffer_root_table_name = \"{name}\""))
+            .unwrap_or_default();
+        stream_schema(&format!(
+            "schema = \"flat_buffer\"\nflatbuffer_schema_path = {:?}{root}",
+            self.bfbs()
+        ))
+    }
+}
+
+/// Orders without structs (which the encoder refuses), from empty to every
+/// other kind of field.
+fn flatbuffer_orders() -> Vec<Value> {
+    vec![
+        serde_json::json!({}),
+        serde_json::json!({"id": 5, "customer": "c", "color": "Blue", "paid": true}),
+        serde_json::json!({"id": -9_007_199_254_740_993_i64, "big": u64::MAX, "total": -0.25,
+            "ratio": 3.5, "discount": 0, "scores": [-32768, 0, 32767],
+            "tags": ["x", "", "ü"], "lines": [{"sku": "a", "quantity": 4_294_967_295_u32}, {}],
+            "extra_type": "Coupon", "extra": {"code": "SAVE", "percent": 255}}),
+        serde_json::json!({"extra_type": "Gift", "extra": {"note": "hi"}, "lines": [],
+            "color": "Red", "discount": -7}),
+    ]
+}
+
+#[test]
+fn flatbuffers_written_by_flatc_decode_to_what_flatc_prints_for_them() {
+    let flatc = Flatc::new();
+    let schema = flatc.schema(None);
+    let mut orders = flatbuffer_orders();
+    orders.push(serde_json::json!({"pos": {"x": 1.5, "y": -2.0},
+        "points": [{"x": 0.1, "y": 2}, {"x": -3, "y": 4}], "id": 1,
+        "span": {"bounds": [-1, 2_147_483_647], "open": true}}));
+    for order in orders {
+        let bytes = flatc.write(&order);
+        let printed = flatc.read(&bytes, "shop.v1.Order");
+        let decoded = schema.decode(Bytes::from(bytes)).unwrap();
+        assert_eq!(decoded, Payload::Json(printed), "{order}");
+    }
+}
+
+#[test]
+fn json_encoded_as_flatbuffers_reads_back_in_flatc_as_the_record_flatc_would_write() {
+    let flatc = Flatc::new();
+    let schema = flatc.schema(None);
+    for order in flatbuffer_orders() {
+        let expected = flatc.read(&flatc.write(&order), "shop.v1.Order");
+        let encoded = schema.encode(&Payload::Json(order.clone())).unwrap();
+        assert_eq!(&encoded[4..8], b"ORDR", "the schema's file identifier");
+        assert_eq!(flatc.read(&encoded, "shop.v1.Order"), expected, "{order}");
+        assert_eq!(schema.decode(encoded).unwrap(), Payload::Json(expected));
+    }
+}
+
+#[test]
+fn flatbuffers_that_do_not_fit_the_schema_fail_the_message_without_a_panic() {
+    let flatc = Flatc::new();
+    let schema = flatc.schema(None);
+    let full = flatc.write(
+        &serde_json::json!({"id": 3, "customer": "cust", "tags": ["a", "b"],
+        "lines": [{"sku": "s", "quantity": 2}], "scores": [1, 2], "pos": {"x": 1, "y": 2},
+        "extra_type": "Coupon", "extra": {"code": "c"}}),
+    );
+    // Every prefix and every single corrupted byte: an answer, never a panic;
+    // short prefixes cannot hold the root's offsets.
+    for len in 0..full.len() {
+        let result = schema.decode(Bytes::copy_from_slice(&full[..len]));
+        if len < 8 {
+            assert!(result.is_err(), "{len} bytes decoded");
+        }
+    }
+    let mut refused = 0;
+    for at in 0..full.len() {
+        let mut bytes = full.clone();
+        bytes[at] ^= 0xff;
+        refused += usize::from(schema.decode(Bytes::from(bytes)).is_err());
+    }
+    assert!(refused > 0, "no corrupted byte was noticed");
+    // A vector claiming four billion strings in a small buffer.
+    let tags = flatc.write(&serde_json::json!({"tags": ["a"]}));
+    // The vector (one offset, 4, to the string next to it), then the string.
+    let length_at = tags
+        .windows(13)
+        .position(|window| window == b"\x01\0\0\0\x04\0\0\0\x01\0\0\0a")
+        .expect("the tags vector");
+    let mut huge = tags.clone();
+    huge[length_at..length_at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+    let error = schema.decode(Bytes::from(huge)).unwrap_err().to_string();
+    assert!(error.contains("runs past the end"), "{error}");
+
+    let refusals = [
+        (
+            serde_json::json!({"pos": {"x": 1, "y": 2}}),
+            "struct shop.v1.Vec2",
+        ),
+        (serde_json::json!({"nope": 1}), "no field \"nope\""),
+        (
+            serde_json::json!({"lines": [{"quantity": -1}]}),
+            "out of its range",
+        ),
+        (serde_json::json!({"color": "Purple"}), "Order.color"),
+        (
+            serde_json::json!({"extra": {"note": "n"}}),
+            "needs extra_type",
+        ),
+        (
+            serde_json::json!({"extra_type": "Coupon", "extra": {}}),
+            "required field",
+        ),
+        (serde_json::json!([1]), "expected an object"),
+    ];
+    for (value, expected) in refusals {
+        let error = schema
+            .encode(&Payload::Json(value.clone()))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains(expected), "{value}: {error}");
+    }
+}
+
+#[tokio::test]
+async fn a_sink_on_a_flat_buffer_stream_counts_and_skips_a_buffer_that_does_not_fit() {
+    let flatc = Flatc::new();
+    let buffers: Vec<Vec<u8>> = flatbuffer_orders()
+        .iter()
+        .map(|order| flatc.write(order))
+        .collect();
+    let bus = MemoryBus::new();
+    let mut payloads: Vec<&[u8]> = buffers.iter().map(Vec::as_slice).collect();
+    payloads.insert(1, &buffers[2][..6]);
+    put(&bus, "fb_stream", &payloads).await;
+    let config = parse_sink(
+        "fb_sink.toml",
+        "fb_stream",
+        &format!(
+            "schema = \"flat_buffer\"\nflatbuffer_schema_path = {:?}",
+            flatc.bfbs()
+        ),
+    );
+    let runtime = run_sink_until_drained(&bus, config, "fb_stream").await;
+    let view = runtime.view(ConnectorKind::Sink, "schema_sink").unwrap();
+    assert_eq!(view.metrics.consumed.get(), 5);
+    assert_eq!(view.metrics.processed.get(), 4);
+    assert_eq!(view.metrics.errors.get(), 1);
+    assert_eq!(view.metrics.skipped.get(), 1);
+    assert_eq!(view.status.status, Status::Running);
+    runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_source_on_a_flat_buffer_stream_stores_buffers_that_flatc_reads_back() {
+    let flatc = Flatc::new();
+    let stream_fields = format!(
+        "schema = \"flat_buffer\"\nflatbuffer_schema_path = {:?}\n\
+         flatbuffer_root_table_name = \"Record\"",
+        flatc.bfbs()
+    );
+    let stored = run_random_source("fb_src", &stream_fields).await;
+    let records: Vec<Value> = stored
+        .iter()
+        .map(|payload| flatc.read(payload, "shop.v1.Record"))
+        .collect();
+    assert_random_records(&records, |record| record["seq"].as_u64());
+}
+
+#[test]
+fn flat_buffer_convert_encodes_and_decodes_inside_the_transform_chain() {
+    let flatc = Flatc::new();
+    let chain = |settings: Value| {
+        let mut settings = settings;
+        settings["enabled"] = true.into();
+        TransformChain::build(&[("flat_buffer_convert".to_owned(), settings)]).unwrap()
+    };
+    let bfbs = flatc.bfbs();
+    let encode = chain(serde_json::json!({"source_format": "json",
+        "target_format": "flat_buffer", "schema_path": bfbs, "root_table_name": "shop.v1.Line",
+        "field_mappings": {"item": "sku"}}));
+    let decode = chain(
+        serde_json::json!({"schema_path": bfbs, "root_table_name": "Line",
+        "target_format": "text"}),
+    );
+    let mut payload = Payload::Json(serde_json::json!({"item": "a", "quantity": 3}));
+    encode.apply(&mut payload).unwrap();
+    let Payload::Raw(bytes) = &payload else {
+        panic!("{payload:?}")
+    };
+    assert_eq!(
+        flatc.read(bytes, "shop.v1.Line"),
+        serde_json::json!({"sku": "a", "quantity": 3})
+    );
+    decode.apply(&mut payload).unwrap();
+    assert_eq!(payload, Payload::Text(r#"{"sku":"a","quantity":3}"#.into()));
 }

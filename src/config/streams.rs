@@ -173,6 +173,8 @@ fn read_schema(reader: &mut Reader, topic: Option<&str>) -> Option<Schema> {
         proto_include_paths: reader
             .string_list("proto_include_paths")
             .unwrap_or_default(),
+        flatbuffer_schema_path: reader.optional_string("flatbuffer_schema_path"),
+        flatbuffer_root_table_name: reader.optional_string("flatbuffer_root_table_name"),
         schema_registry_url: reader.optional_string("schema_registry_url"),
         schema_registry_subject: reader
             .optional_string("schema_registry_subject")

@@ -1,7 +1,9 @@
-//! `avro_convert` and `proto_convert`: turn a payload between JSON and Avro or
-//! Protocol Buffers bytes inside the transform chain, for a stream whose own
-//! schema is `raw` (or `json`/`text`, for the decoding direction on a sink).
-//! Upstream's fields, every one optional here:
+//! `avro_convert`, `proto_convert` and `flat_buffer_convert`: turn a payload
+//! between JSON and Avro, Protocol Buffers or FlatBuffers bytes inside the
+//! transform chain, for a stream whose own schema is `raw` (or `json`/`text`,
+//! for the decoding direction on a sink).
+//! Upstream's fields, every one optional here (`text` is JSON text on either
+//! side, for every format):
 //!
 //! ```toml
 //! [transforms.avro_convert]
@@ -13,8 +15,9 @@
 //! ```
 //!
 //! `proto_convert` takes `schema_path` (a `.proto` file, compiled at run time)
-//! or `descriptor_set`, with `message_type` and `include_paths`. `flat_buffer_convert`
-//! is refused with a message: there is no FlatBuffers support.
+//! or `descriptor_set`, with `message_type` and `include_paths`.
+//! `flat_buffer_convert` takes `schema_path` (a binary schema, `.bfbs`) and
+//! `root_table_name` (the schema's `root_type` when unset).
 //!
 //! Decoding takes the bytes of a raw or text payload; encoding takes JSON (a
 //! value or JSON text) and gives raw bytes. A payload that does not fit fails
@@ -40,6 +43,7 @@ pub struct ConvertConfig {
     pub schema_json: Option<String>,
     pub message_type: Option<String>,
     pub descriptor_set: Option<String>,
+    pub root_table_name: Option<String>,
     #[serde(default)]
     pub include_paths: Vec<String>,
     #[serde(default)]
@@ -111,6 +115,11 @@ impl Convert {
                 avro_schema_path: config.schema_path,
                 ..SchemaOptions::default()
             },
+            SchemaName::FlatBuffer => SchemaOptions {
+                flatbuffer_schema_path: config.schema_path,
+                flatbuffer_root_table_name: config.root_table_name,
+                ..SchemaOptions::default()
+            },
             _ => SchemaOptions {
                 proto_schema_path: config.schema_path,
                 proto_descriptor_set: config.descriptor_set,
@@ -120,11 +129,12 @@ impl Convert {
             },
         };
         let codec = Schema::load(schema, &options).map_err(|error| {
-            // The stream fields' names, without their `avro_`/`proto_` prefix.
+            // The stream fields' names, without their `avro_`/`proto_`/`flatbuffer_` prefix.
             let field = error
                 .field
                 .strip_prefix("avro_")
                 .or_else(|| error.field.strip_prefix("proto_"))
+                .or_else(|| error.field.strip_prefix("flatbuffer_"))
                 .unwrap_or("source_format");
             FieldError::new(field, error.message)
         })?;
@@ -281,7 +291,7 @@ mod tests {
                 serde_json::json!({"schema_path": "/nonexistent.proto", "message_type": "M"}),
                 "schema_path",
             ),
-            ("flat_buffer_convert", serde_json::json!({}), ""),
+            ("flat_buffer_convert", serde_json::json!({}), "schema_path"),
         ];
         for (kind, mut settings, field) in cases {
             settings["enabled"] = true.into();

@@ -187,11 +187,12 @@ fn build_kind(kind: &str, settings: &serde_json::Value) -> Result<Box<dyn Transf
         "proto_convert" => {
             convert::Convert::build("proto_convert", SchemaName::Proto, parse(settings)?).map(boxed)
         }
-        "flat_buffer_convert" => Err(FieldError::new(
-            "",
-            "transform \"flat_buffer_convert\" is not supported by iggy-connect: there is no \
-             FlatBuffers support",
-        )),
+        "flat_buffer_convert" => convert::Convert::build(
+            "flat_buffer_convert",
+            SchemaName::FlatBuffer,
+            parse(settings)?,
+        )
+        .map(boxed),
         other => Err(FieldError::new(
             "",
             format!(

@@ -141,8 +141,6 @@ fn given_unknown_type_or_bad_enabled_when_built_should_say_so() {
     let error = build_error("rename_fields", json!({"enabled": true}));
     assert_eq!(error.field, "");
     assert!(error.message.contains("add_fields"), "{}", error.message);
-    let error = build_error("flat_buffer_convert", json!({"enabled": true}));
-    assert!(error.message.contains("not supported"), "{}", error.message);
     let error = build_error("delete_fields", json!({"enabled": "yes"}));
     assert_eq!(error.field, "enabled");
     let error = build_error("delete_fields", Value::Bool(true));
