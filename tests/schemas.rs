@@ -584,6 +584,42 @@ async fn a_registry_with_wrong_credentials_fails_the_message_with_the_status() {
     assert!(error.to_string().contains("401"), "{error}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_over_tls_is_trusted_through_its_ca_file_and_refused_without_it() {
+    let fixtures = Fixtures::write();
+    let generated = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let cert_pem = generated.cert.pem();
+    let server = SchemaRegistryServer::start_tls(
+        Some(("reader", "s3cret")),
+        &cert_pem,
+        &generated.signing_key.serialize_pem(),
+    )
+    .await;
+    let ca_file = fixtures.path("registry-ca.pem");
+    std::fs::write(&ca_file, &cert_pem).unwrap();
+    let v1 = std::fs::read_to_string(fixtures.path("user.avsc")).unwrap();
+    let id = server.register("users-value", &v1);
+    let (value, datum) = fixtures.rows("avro.jsonl")[0].clone();
+    let fields = registry_fields(&fixtures, "user.avsc", &server, "s3cret");
+    let trusted = stream_schema(&format!("{fields}\nschema_registry_ca_file = {ca_file:?}"));
+    let untrusted = stream_schema(&fields);
+    let framed = Bytes::from(framed(id, &datum));
+    let (decoded, refused) = tokio::spawn(async move {
+        (
+            trusted.decode(framed.clone()).unwrap(),
+            untrusted.decode(framed).unwrap_err(),
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(decoded, Payload::Json(value));
+    assert!(
+        refused.to_string().to_lowercase().contains("certificate"),
+        "{refused}"
+    );
+    assert_eq!(count(&server, &format!("GET /schemas/ids/{id}")), 1);
+}
+
 /// Runs a sink on the bus until its group has committed everything in `stream`.
 async fn run_sink_until_drained(
     bus: &MemoryBus,

@@ -39,16 +39,7 @@ pub struct SchemaRegistryServer {
 impl SchemaRegistryServer {
     /// Starts the server; with `credentials`, every request needs them as basic auth.
     pub async fn start(credentials: Option<(&str, &str)>) -> Self {
-        let shared = Shared {
-            registry: Arc::default(),
-            credentials: credentials.map(|(user, password)| (user.to_owned(), password.to_owned())),
-        };
-        let app = Router::new()
-            .route("/schemas/ids/{id}", get(schema_by_id))
-            .route("/subjects", get(subjects))
-            .route("/subjects/{subject}/versions", get(versions).post(register))
-            .route("/subjects/{subject}/versions/{version}", get(version))
-            .with_state(shared.clone());
+        let (shared, app) = Self::app(credentials);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address: SocketAddr = listener.local_addr().unwrap();
         let task = tokio::spawn(async move {
@@ -59,6 +50,49 @@ impl SchemaRegistryServer {
             shared,
             task,
         }
+    }
+
+    /// The same over HTTPS, presenting `cert_pem` for `localhost`.
+    pub async fn start_tls(
+        credentials: Option<(&str, &str)>,
+        cert_pem: &str,
+        key_pem: &str,
+    ) -> Self {
+        let (shared, app) = Self::app(credentials);
+        let config = axum_server::tls_rustls::RustlsConfig::from_pem(
+            cert_pem.as_bytes().to_vec(),
+            key_pem.as_bytes().to_vec(),
+        )
+        .await
+        .expect("a usable certificate");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let task = tokio::spawn(async move {
+            axum_server::from_tcp_rustls(listener, config)
+                .expect("a listening socket")
+                .serve(app.into_make_service())
+                .await
+                .unwrap();
+        });
+        Self {
+            url: format!("https://localhost:{port}"),
+            shared,
+            task,
+        }
+    }
+
+    fn app(credentials: Option<(&str, &str)>) -> (Shared, Router) {
+        let shared = Shared {
+            registry: Arc::default(),
+            credentials: credentials.map(|(user, password)| (user.to_owned(), password.to_owned())),
+        };
+        let app = Router::new()
+            .route("/schemas/ids/{id}", get(schema_by_id))
+            .route("/subjects", get(subjects))
+            .route("/subjects/{subject}/versions", get(versions).post(register))
+            .route("/subjects/{subject}/versions/{version}", get(version))
+            .with_state(shared.clone());
+        (shared, app)
     }
 
     /// Registers `schema` under `subject` as a client would; returns its id.
