@@ -445,7 +445,8 @@ impl FromStr for SchemaName {
             "text" => Ok(SchemaName::Text),
             "avro" => Ok(SchemaName::Avro),
             "proto" => Ok(SchemaName::Proto),
-            "flat_buffer" => Ok(SchemaName::FlatBuffer),
+            // Upstream's serde name, and the spelling its docs also use.
+            "flat_buffer" | "flatbuffer" => Ok(SchemaName::FlatBuffer),
             other => Err(format!(
                 "expected one of json, raw, text, avro, proto, flat_buffer; found \"{other}\""
             )),

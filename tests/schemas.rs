@@ -745,6 +745,14 @@ fn flatbuffer_orders() -> Vec<Value> {
 fn flatbuffers_written_by_flatc_decode_to_what_flatc_prints_for_them() {
     let flatc = Flatc::new();
     let schema = flatc.schema(None);
+    // Upstream's docs also spell the schema without the underscore.
+    assert_eq!(
+        stream_schema(&format!(
+            "schema = \"flatbuffer\"\nflatbuffer_schema_path = {:?}",
+            flatc.bfbs()
+        )),
+        schema
+    );
     let mut orders = flatbuffer_orders();
     orders.push(serde_json::json!({"pos": {"x": 1.5, "y": -2.0},
         "points": [{"x": 0.1, "y": 2}, {"x": -3, "y": 4}], "id": 1,
@@ -895,7 +903,7 @@ fn flat_buffer_convert_encodes_and_decodes_inside_the_transform_chain() {
         "field_mappings": {"item": "sku"}}));
     let decode = chain(
         serde_json::json!({"schema_path": bfbs, "root_table_name": "Line",
-        "target_format": "text"}),
+        "source_format": "flatbuffer", "target_format": "text"}),
     );
     let mut payload = Payload::Json(serde_json::json!({"item": "a", "quantity": 3}));
     encode.apply(&mut payload).unwrap();

@@ -43,6 +43,7 @@ pub const TRANSFORM_TYPES: &[&str] = &[
     "unwrap_envelope",
     "avro_convert",
     "proto_convert",
+    "flat_buffer_convert",
 ];
 
 /// One transform. Built once per connector from its config and shared read-only
@@ -187,7 +188,8 @@ fn build_kind(kind: &str, settings: &serde_json::Value) -> Result<Box<dyn Transf
         "proto_convert" => {
             convert::Convert::build("proto_convert", SchemaName::Proto, parse(settings)?).map(boxed)
         }
-        "flat_buffer_convert" => convert::Convert::build(
+        // Upstream's serde name, and the spelling its docs also use.
+        "flat_buffer_convert" | "flatbuffer_convert" => convert::Convert::build(
             "flat_buffer_convert",
             SchemaName::FlatBuffer,
             parse(settings)?,
