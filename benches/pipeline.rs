@@ -49,7 +49,11 @@ const CASES: &[&str] = &[
     "random_to_iggy_polls_of_10000",
     "random_to_iggy_in_flight_1",
     "random_to_iggy_in_flight_2",
+    "random_to_iggy_in_flight_4",
     "random_to_iggy_in_flight_8",
+    "random_to_iggy_in_flight_16",
+    "random_to_iggy_in_flight_32",
+    "random_to_iggy_in_flight_64",
     "iggy_to_stdout",
     "random_iggy_stdout",
 ];

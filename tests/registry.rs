@@ -188,6 +188,13 @@ fn describe_prints_every_documented_field_of_every_connector() {
         let output = iggy_connect(dir.path(), &["describe", &info.kind.to_string(), info.name]);
         assert!(output.status.success(), "{:?}", output);
         let text = stdout(&output);
+        assert_eq!(
+            text.contains("`max_in_flight` (1-64, default "),
+            info.kind == ConnectorKind::Source,
+            "{} {}: max_in_flight in describe:\n{text}",
+            info.kind,
+            info.name
+        );
         for field in &fields {
             assert!(
                 !field.description.is_empty(),
@@ -282,6 +289,17 @@ fn describe_json_schema_is_a_json_schema_that_the_example_satisfies_and_a_typo_d
             !validate(&schema, &schema, &missing, "").is_empty(),
             "{kind} {name}: no streams passes"
         );
+        if info.kind == ConnectorKind::Source {
+            let mut in_flight = file.clone();
+            for (count, fits) in [(1, true), (64, true), (0, false), (65, false)] {
+                in_flight["max_in_flight"] = Value::from(count);
+                assert_eq!(
+                    validate(&schema, &schema, &in_flight, "").is_empty(),
+                    fits,
+                    "{kind} {name}: max_in_flight = {count}"
+                );
+            }
+        }
     }
 }
 
@@ -393,6 +411,13 @@ fn validate(root: &Value, schema: &Value, value: &Value, at: &str) -> Vec<String
     ) && number < minimum
     {
         fail(format!("{number} is below {minimum}"));
+    }
+    if let (Some(maximum), Some(number)) = (
+        schema.get("maximum").and_then(Value::as_f64),
+        value.as_f64(),
+    ) && number > maximum
+    {
+        fail(format!("{number} is above {maximum}"));
     }
     for keyword in ["anyOf", "oneOf"] {
         if let Some(Value::Array(options)) = schema.get(keyword) {

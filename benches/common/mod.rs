@@ -238,7 +238,22 @@ impl Stages {
             let latencies = self.stage(key, stage);
             (latencies.batches() > 0).then(|| (name, format!("{:.3}", latencies.ms(0.5))))
         })
+        .chain(self.state_saves(key))
         .collect()
+    }
+
+    /// How many state saves a source made and their mean: with several
+    /// batches in flight one save may cover several (group commit), and the
+    /// mean shows the slow fsyncs a median hides.
+    fn state_saves(&self, key: &str) -> Vec<(&'static str, String)> {
+        let saves = self.stage(key, "state_save");
+        if saves.batches() == 0 {
+            return Vec::new();
+        }
+        vec![
+            ("state_saves", saves.batches().to_string()),
+            ("state_save_mean_ms", format!("{:.3}", saves.mean_ms())),
+        ]
     }
 }
 
@@ -295,6 +310,14 @@ impl Latencies {
 
     pub fn batches(&self) -> usize {
         self.0.len()
+    }
+
+    /// The mean in milliseconds; 0 without samples.
+    pub fn mean_ms(&self) -> f64 {
+        if self.0.is_empty() {
+            return 0.0;
+        }
+        self.0.iter().sum::<f64>() / self.0.len() as f64 * 1000.0
     }
 
     /// The `quantile` (0..=1) in milliseconds, nearest rank; 0 without samples.

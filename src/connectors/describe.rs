@@ -5,6 +5,7 @@
 
 use serde_json::{Map, Value, json};
 
+use crate::config::connector::{DEFAULT_MAX_IN_FLIGHT, MAX_IN_FLIGHT};
 use crate::connectors::ConnectorKind;
 use crate::connectors::registry::ConnectorInfo;
 
@@ -186,6 +187,13 @@ pub fn fields_table(info: &ConnectorInfo) -> String {
             &field.description,
         );
     }
+    if info.kind == ConnectorKind::Source {
+        out.push_str(&format!(
+            "\nTop level of the file: `max_in_flight` (1-{MAX_IN_FLIGHT}, default {DEFAULT_MAX_IN_FLIGHT}), \
+             the batches polled and not yet committed, capped by what the source supports; \
+             after a crash at most that many batches are sent again.\n"
+        ));
+    }
     out.push_str(&format!(
         "\n`iggy-connect describe {} {} --example` prints a complete connector file.\n",
         info.kind, info.name
@@ -298,10 +306,22 @@ pub fn file_schema(info: &ConnectorInfo) -> Value {
         json!({"type": "object", "required": ["stream", "topic"], "properties": {"stream": {"type": "string"}, "topic": {"type": "string"}}}),
     );
     match info.kind {
-        ConnectorKind::Source => properties.insert(
-            "max_consecutive_nacks".into(),
-            json!({"anyOf": [{"type": "integer", "minimum": 0}, {"const": "none"}]}),
-        ),
+        ConnectorKind::Source => {
+            properties.insert(
+                "max_in_flight".into(),
+                json!({
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": MAX_IN_FLIGHT,
+                    "default": DEFAULT_MAX_IN_FLIGHT,
+                    "description": "batches polled and not yet committed, at most (capped by what the source supports); after a crash at most this many batches are sent again",
+                }),
+            );
+            properties.insert(
+                "max_consecutive_nacks".into(),
+                json!({"anyOf": [{"type": "integer", "minimum": 0}, {"const": "none"}]}),
+            )
+        }
         ConnectorKind::Sink => properties.insert(
             "on_error".into(),
             json!({"enum": ["stop", "skip", "dlq"], "default": "stop"}),
