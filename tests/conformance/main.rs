@@ -143,6 +143,24 @@ source_conformance!(
 );
 #[cfg(feature = "http-source")]
 source_conformance!(http_source, "http", fixtures::http_source::Backend::new());
+#[cfg(feature = "elasticsearch-source")]
+source_conformance!(
+    elasticsearch_source,
+    "elasticsearch",
+    fixtures::elasticsearch_source::Backend::new(
+        fixtures::elasticsearch_server::Flavor::Elasticsearch8
+    )
+    .await
+);
+#[cfg(feature = "elasticsearch-source")]
+source_conformance!(
+    opensearch_source,
+    "elasticsearch",
+    fixtures::elasticsearch_source::Backend::new(
+        fixtures::elasticsearch_server::Flavor::OpenSearch2
+    )
+    .await
+);
 #[cfg(feature = "stdout-sink")]
 sink_conformance!(
     stdout_sink,
@@ -174,6 +192,8 @@ const COVERED_SOURCES: &[&str] = &[
     "postgres",
     #[cfg(feature = "http-source")]
     "http",
+    #[cfg(feature = "elasticsearch-source")]
+    "elasticsearch",
 ];
 const COVERED_SINKS: &[&str] = &[
     #[cfg(feature = "stdout-sink")]

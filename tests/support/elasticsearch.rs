@@ -272,6 +272,11 @@ impl SearchServer {
             .collect()
     }
 
+    /// Every open point in time expires now.
+    pub fn expire_pits(&self) {
+        self.lock().pits.clear();
+    }
+
     pub fn open_pits(&self) -> usize {
         self.lock().pits.len()
     }

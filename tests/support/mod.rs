@@ -3,7 +3,7 @@
 
 pub mod accounting;
 pub mod binary;
-#[cfg(feature = "elasticsearch-sink")]
+#[cfg(any(feature = "elasticsearch-sink", feature = "elasticsearch-source"))]
 pub mod elasticsearch;
 pub mod gunzip;
 pub mod http_server;

@@ -9,6 +9,7 @@ use secrecy::SecretString;
 use serde::Deserialize;
 
 use crate::connectors::PluginConfigError;
+use crate::connectors::kit::http::Auth;
 
 use super::template::IndexTemplate;
 
@@ -109,21 +110,15 @@ fn default_max_retry_delay() -> Duration {
 
 impl ElasticsearchSinkConfig {
     /// Checks the fields, naming the offending one; the URL and index template.
-    pub fn validate(&self) -> Result<(reqwest::Url, IndexTemplate), PluginConfigError> {
-        let url = base_url(&self.url)?;
+    pub fn validate(&self) -> Result<(reqwest::Url, IndexTemplate, Auth), PluginConfigError> {
+        let url = crate::connectors::elasticsearch::base_url(&self.url)?;
+        let auth = crate::connectors::elasticsearch::auth(
+            self.api_key.as_ref(),
+            self.username.as_ref(),
+            self.password.as_ref(),
+        )?;
         let template = IndexTemplate::parse(&self.index)
             .map_err(|reason| PluginConfigError::new("index", reason))?;
-        if self.username.is_some() != self.password.is_some() {
-            let missing = if self.username.is_none() {
-                "username"
-            } else {
-                "password"
-            };
-            return Err(PluginConfigError::new(
-                missing,
-                "username and password go together (basic auth)",
-            ));
-        }
         if self.batch_size == 0 {
             return Err(PluginConfigError::new("batch_size", "expected at least 1"));
         }
@@ -147,30 +142,8 @@ impl ElasticsearchSinkConfig {
                 "expected a pipeline id, found an empty string",
             ));
         }
-        Ok((url, template))
+        Ok((url, template, auth))
     }
-}
-
-/// The cluster's base URL, with a trailing `/` so paths join under it.
-pub fn base_url(text: &str) -> Result<reqwest::Url, PluginConfigError> {
-    let mut url = reqwest::Url::parse(text)
-        .map_err(|error| PluginConfigError::new("url", format!("not a valid URL: {error}")))?;
-    if !matches!(url.scheme(), "http" | "https") {
-        return Err(PluginConfigError::new(
-            "url",
-            format!(
-                "expected an http or https URL, found scheme \"{}\"",
-                url.scheme()
-            ),
-        ));
-    }
-    if !url.path().ends_with('/') {
-        let path = format!("{}/", url.path());
-        url.set_path(&path);
-    }
-    url.set_query(None);
-    url.set_fragment(None);
-    Ok(url)
 }
 
 #[cfg(test)]
@@ -224,11 +197,5 @@ mod tests {
         ] {
             assert_eq!(parse(config).unwrap_err().field, field);
         }
-    }
-
-    #[test]
-    fn given_a_url_with_a_path_when_parsed_should_join_under_it() {
-        let url = base_url("https://h:9243/es?x=1").unwrap();
-        assert_eq!(url.join("_bulk").unwrap().as_str(), "https://h:9243/es/_bulk");
     }
 }

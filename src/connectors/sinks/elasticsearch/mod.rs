@@ -26,7 +26,6 @@ use std::time::{Duration, Instant, SystemTime};
 use async_trait::async_trait;
 use bytes::Bytes;
 use reqwest::header::{CONTENT_TYPE, HeaderValue};
-use secrecy::ExposeSecret;
 use serde::Deserialize;
 use serde_json::Value;
 use tracing::{info, warn};
@@ -34,7 +33,7 @@ use tracing::{info, warn};
 use crate::connectors::kit::backoff::Backoff;
 use crate::connectors::kit::batch::{Body, Framing, Limits, Push};
 use crate::connectors::kit::http::{
-    self, Auth, ClientOptions, HttpClient, StatusClass, classify, error_chain,
+    self, ClientOptions, HttpClient, StatusClass, classify, error_chain,
 };
 use crate::connectors::{
     ConnectorContext, ConnectorError, PluginConfigError, Rejection, Sink, SinkEntry, SinkError,
@@ -129,24 +128,13 @@ struct BulkItem {
 
 impl ElasticsearchSink {
     pub fn new(config: ElasticsearchSinkConfig) -> Result<Self, PluginConfigError> {
-        let (base, template) = config.validate()?;
+        let (base, template, auth) = config.validate()?;
         let mut bulk_url = base
             .join("_bulk")
             .map_err(|error| PluginConfigError::new("url", error.to_string()))?;
         if let Some(pipeline) = &config.pipeline {
             bulk_url.query_pairs_mut().append_pair("pipeline", pipeline);
         }
-        let auth = match (&config.api_key, &config.username, &config.password) {
-            (Some(key), _, _) => Auth::Header {
-                name: "authorization".into(),
-                value: format!("ApiKey {}", key.expose_secret()).into(),
-            },
-            (None, Some(username), Some(password)) => Auth::Basic {
-                username: username.clone(),
-                password: password.clone(),
-            },
-            _ => Auth::None,
-        };
         let client_options = ClientOptions {
             timeout: Duration::from_secs(config.timeout_seconds),
             ca_file: config.tls_ca_file.clone(),
