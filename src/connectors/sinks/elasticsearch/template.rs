@@ -23,8 +23,16 @@ impl IndexTemplate {
         while let Some(c) = chars.next() {
             match c {
                 '{' => {
-                    let name: String = chars.by_ref().take_while(|c| *c != '}').collect();
-                    if name.is_empty() || name.contains('{') {
+                    let mut name = String::new();
+                    let mut closed = false;
+                    for c in chars.by_ref() {
+                        if c == '}' {
+                            closed = true;
+                            break;
+                        }
+                        name.push(c);
+                    }
+                    if !closed || name.is_empty() || name.contains('{') {
                         return Err(format!(
                             "\"{template}\": expected a field name between {{ and }}"
                         ));
@@ -202,7 +210,7 @@ mod tests {
 
     #[test]
     fn given_bad_templates_when_parsed_should_say_why() {
-        for bad in ["", "Logs", "_x", "a{", "a{}", "a}", "a%q", "a b"] {
+        for bad in ["", "Logs", "_x", "a{", "a{b", "a{}", "a}", "a%q", "a b"] {
             assert!(IndexTemplate::parse(bad).is_err(), "{bad}");
         }
         assert_eq!(IndexTemplate::parse("plain").unwrap().fixed(), Some("plain"));
