@@ -2,6 +2,8 @@
 //! one module per connector under `sources/` and `sinks/`.
 
 pub mod describe;
+#[cfg(any(feature = "elasticsearch-source", feature = "elasticsearch-sink"))]
+mod elasticsearch;
 pub mod entry;
 pub mod kit;
 #[cfg(any(feature = "postgres-source", feature = "postgres-sink"))]
@@ -15,12 +17,14 @@ registry::register_connectors! {
         random => "random-source",
         postgres => "postgres-source",
         http => "http-source",
+        elasticsearch => "elasticsearch-source",
     }
     sinks {
         stdout => "stdout-sink",
         faulty => "faulty-sink",
         postgres => "postgres-sink",
         http => "http-sink",
+        elasticsearch => "elasticsearch-sink",
     }
 }
 

@@ -143,6 +143,24 @@ source_conformance!(
 );
 #[cfg(feature = "http-source")]
 source_conformance!(http_source, "http", fixtures::http_source::Backend::new());
+#[cfg(feature = "elasticsearch-source")]
+source_conformance!(
+    elasticsearch_source,
+    "elasticsearch",
+    fixtures::elasticsearch_source::Backend::new(
+        fixtures::elasticsearch_server::Flavor::Elasticsearch8
+    )
+    .await
+);
+#[cfg(feature = "elasticsearch-source")]
+source_conformance!(
+    opensearch_source,
+    "elasticsearch",
+    fixtures::elasticsearch_source::Backend::new(
+        fixtures::elasticsearch_server::Flavor::OpenSearch2
+    )
+    .await
+);
 #[cfg(feature = "stdout-sink")]
 sink_conformance!(
     stdout_sink,
@@ -159,6 +177,12 @@ sink_conformance!(
 );
 #[cfg(feature = "http-sink")]
 sink_conformance!(http_sink, "http", fixtures::http_sink::Backend::new().await);
+#[cfg(feature = "elasticsearch-sink")]
+sink_conformance!(
+    elasticsearch_sink,
+    "elasticsearch",
+    fixtures::elasticsearch_sink::Backend::new().await
+);
 
 /// The connectors the lines above cover, by kind and name.
 const COVERED_SOURCES: &[&str] = &[
@@ -168,6 +192,8 @@ const COVERED_SOURCES: &[&str] = &[
     "postgres",
     #[cfg(feature = "http-source")]
     "http",
+    #[cfg(feature = "elasticsearch-source")]
+    "elasticsearch",
 ];
 const COVERED_SINKS: &[&str] = &[
     #[cfg(feature = "stdout-sink")]
@@ -178,6 +204,8 @@ const COVERED_SINKS: &[&str] = &[
     "postgres",
     #[cfg(feature = "http-sink")]
     "http",
+    #[cfg(feature = "elasticsearch-sink")]
+    "elasticsearch",
 ];
 
 #[test]
