@@ -15,6 +15,7 @@ use crate::connectors::{
 };
 use crate::engine::backoff::Backoff;
 use crate::engine::metrics::ConnectorMetrics;
+use crate::engine::retry::{Attempt, Until, retry};
 use crate::engine::sink::{SinkContext, SinkPipeline, TopicReader};
 use crate::engine::source::{Route, SourcePipeline};
 use crate::engine::status::{StatusCell, StatusSnapshot, StopReason};
@@ -547,30 +548,30 @@ impl Runtime {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, BusError>>,
     {
-        let mut failures = 0;
-        loop {
-            let result = tokio::select! {
-                biased;
-                () = shutdown.requested() => return Err(SetupError::Shutdown),
-                result = call() => result,
-            };
-            match result {
-                Ok(value) => return Ok(value),
-                Err(BusError::Unavailable(message)) => {
-                    failures += 1;
-                    let delay = self.options.sink_backoff.delay(failures);
-                    warn!(connector_key = %slot.key, attempt = failures, retry_in_ms = delay.as_millis() as u64, %message, "bus unreachable, retrying");
-                    slot.status
-                        .record_error(format!("bus unreachable: {message}"));
-                    tokio::select! {
-                        biased;
-                        () = shutdown.requested() => return Err(SetupError::Shutdown),
-                        () = tokio::time::sleep(delay) => {}
+        retry(
+            self.options.sink_backoff,
+            shutdown,
+            Until::StopRequested,
+            || {
+                let call = call();
+                async move {
+                    match call.await {
+                        Ok(value) => Attempt::Done(value),
+                        Err(BusError::Unavailable(message)) => Attempt::Failed(message),
+                        Err(other) => Attempt::Stop(SetupError::Failed(other.to_string())),
                     }
                 }
-                Err(other) => return Err(SetupError::Failed(other.to_string())),
-            }
-        }
+            },
+            |failure| {
+                let message = failure.error;
+                warn!(connector_key = %slot.key, attempt = failure.attempt, retry_in_ms = failure.delay.as_millis() as u64, %message, "bus unreachable, retrying");
+                slot.status
+                    .record_error(format!("bus unreachable: {message}"));
+                Ok(())
+            },
+        )
+        .await
+        .map_err(|gave_up| gave_up.or(|| SetupError::Shutdown))
     }
 
     fn slot(&self, kind: ConnectorKind, key: &str) -> Result<Arc<Slot>, RuntimeError> {

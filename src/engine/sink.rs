@@ -16,6 +16,7 @@ use crate::connectors::{Rejection, Sink, SinkError};
 use crate::delivery::OnError;
 use crate::engine::backoff::Backoff;
 use crate::engine::metrics::{ConnectorMetrics, ErrorStage, Stage};
+use crate::engine::retry::{Attempt, Until, retry, retry_with};
 use crate::engine::source::Ended;
 use crate::engine::status::{StatusCell, StopReason};
 use crate::engine::{BENCHMARK_TARGET, Shutdown, catch_panic, dead_letter};
@@ -125,37 +126,45 @@ impl SinkPipeline {
 
 impl TopicLoop<'_> {
     async fn run(&self, reader: &mut TopicReader) -> Ended {
-        let pipeline = self.pipeline;
-        let mut poll_failures = 0;
         loop {
-            let polled = tokio::select! {
-                biased;
-                () = self.shutdown.requested() => return Ended::Shutdown,
-                polled = reader.consumer.poll() => polled,
-            };
-            let batch = match polled {
+            let batch = match self.poll(reader).await {
                 Ok(batch) => batch,
-                Err(error) => {
-                    poll_failures += 1;
-                    pipeline.metrics.error(ErrorStage::Poll, 1);
-                    let message = format!("poll of {} failed: {error}", reader.topic);
-                    warn!(connector_key = %pipeline.key, attempt = poll_failures, %message, "retrying poll");
-                    pipeline.status.record_error(message);
-                    if !self
-                        .shutdown
-                        .pause(pipeline.backoff.delay(poll_failures))
-                        .await
-                    {
-                        return Ended::Shutdown;
-                    }
-                    continue;
-                }
+                Err(ended) => return ended,
             };
-            poll_failures = 0;
             if let Err(ended) = self.handle(reader, batch).await {
                 return ended;
             }
         }
+    }
+
+    /// Waits for the next batch, retrying failed polls until a stop is requested.
+    async fn poll(&self, reader: &mut TopicReader) -> Result<ConsumedBatch, Ended> {
+        let pipeline = self.pipeline;
+        let TopicReader {
+            topic, consumer, ..
+        } = reader;
+        retry_with(
+            pipeline.backoff,
+            &self.shutdown,
+            Until::StopRequested,
+            consumer,
+            |consumer| async move {
+                let outcome = match consumer.poll().await {
+                    Ok(batch) => Attempt::Done(batch),
+                    Err(error) => Attempt::Failed(error),
+                };
+                (consumer, outcome)
+            },
+            |failure| {
+                pipeline.metrics.error(ErrorStage::Poll, 1);
+                let message = format!("poll of {topic} failed: {}", failure.error);
+                warn!(connector_key = %pipeline.key, attempt = failure.attempt, %message, "retrying poll");
+                pipeline.status.record_error(message);
+                Ok(())
+            },
+        )
+        .await
+        .map_err(|gave_up| gave_up.or(|| Ended::Shutdown))
     }
 
     /// Writes one polled batch and commits its offsets. `Err` ends the loop
@@ -340,54 +349,63 @@ impl TopicLoop<'_> {
         dead: &mut Vec<OutgoingMessage>,
     ) -> Result<(), Ended> {
         let pipeline = self.pipeline;
-        let give_up = self.shutdown.grace_expired();
-        tokio::pin!(give_up);
-        let mut failures = 0;
-        while !messages.is_empty() {
-            let started = Instant::now();
-            let written = tokio::select! {
-                biased;
-                () = &mut give_up => return Err(self.abandon()),
-                written = catch_panic(pipeline.sink.write(topic, messages)) => written,
-            };
-            let error = match written {
-                Err(panic) => return Err(Ended::Stopped(StopReason::Panic, panic)),
-                Ok(Ok(())) => {
-                    pipeline
-                        .metrics
-                        .record_duration(Stage::Write, started.elapsed());
-                    pipeline.metrics.processed.add(messages.len() as u64);
-                    return Ok(());
-                }
-                Ok(Err(error)) => error,
-            };
-            pipeline.metrics.error(ErrorStage::Write, 1);
-            match error {
-                SinkError::Transient(error) => {
-                    failures += 1;
-                    let message = format!("write to {topic} failed: {error}");
-                    let delay = pipeline.backoff.delay(failures);
-                    warn!(connector_key = %pipeline.key, attempt = failures, retry_in_ms = delay.as_millis() as u64, %message, "retrying the same batch");
-                    pipeline.status.record_error(message);
-                    pipeline.metrics.retries.add(1);
-                    tokio::select! {
-                        biased;
-                        () = &mut give_up => return Err(self.abandon()),
-                        () = tokio::time::sleep(delay) => {}
-                    }
-                }
-                SinkError::Fatal(error) => {
-                    return Err(Ended::Stopped(
-                        StopReason::Fatal,
-                        format!("write to {topic} failed: {error}"),
-                    ));
-                }
-                SinkError::Rejected(rejections) => {
-                    self.reject(topic, messages, rejections, dead)?
-                }
-            }
+        retry_with(
+            pipeline.backoff,
+            &self.shutdown,
+            Until::GraceExpired,
+            (messages, dead),
+            |(messages, dead)| async move {
+                let outcome = self.write_once(topic, messages, dead).await;
+                ((messages, dead), outcome)
+            },
+            |failure| {
+                let message = format!("write to {topic} failed: {}", failure.error);
+                warn!(connector_key = %pipeline.key, attempt = failure.attempt, retry_in_ms = failure.delay.as_millis() as u64, %message, "retrying the same batch");
+                pipeline.status.record_error(message);
+                pipeline.metrics.retries.add(1);
+                Ok(())
+            },
+        )
+        .await
+        .map_err(|gave_up| gave_up.or(|| self.abandon()))
+    }
+
+    /// One write of what is left of the batch.
+    async fn write_once(
+        &self,
+        topic: &TopicRef,
+        messages: &mut Vec<SinkMessage>,
+        dead: &mut Vec<OutgoingMessage>,
+    ) -> Attempt<(), crate::connectors::BoxError, Ended> {
+        let pipeline = self.pipeline;
+        if messages.is_empty() {
+            return Attempt::Done(());
         }
-        Ok(())
+        let started = Instant::now();
+        let error = match catch_panic(pipeline.sink.write(topic, messages)).await {
+            Err(panic) => return Attempt::Stop(Ended::Stopped(StopReason::Panic, panic)),
+            Ok(Ok(())) => {
+                pipeline
+                    .metrics
+                    .record_duration(Stage::Write, started.elapsed());
+                pipeline.metrics.processed.add(messages.len() as u64);
+                return Attempt::Done(());
+            }
+            Ok(Err(error)) => error,
+        };
+        pipeline.metrics.error(ErrorStage::Write, 1);
+        match error {
+            SinkError::Transient(error) => Attempt::Failed(error),
+            SinkError::Fatal(error) => Attempt::Stop(Ended::Stopped(
+                StopReason::Fatal,
+                format!("write to {topic} failed: {error}"),
+            )),
+            SinkError::Rejected(rejections) => match self.reject(topic, messages, rejections, dead)
+            {
+                Ok(()) => Attempt::Again,
+                Err(ended) => Attempt::Stop(ended),
+            },
+        }
     }
 
     /// Applies `on_error` to rejected messages and removes them from the batch.
@@ -456,34 +474,26 @@ impl TopicLoop<'_> {
         let (false, Some(producer)) = (dead.is_empty(), &pipeline.dead_letter) else {
             return Ok(());
         };
-        let give_up = self.shutdown.grace_expired();
-        tokio::pin!(give_up);
-        let mut failures = 0;
-        loop {
-            let sent = tokio::select! {
-                biased;
-                () = &mut give_up => return Err(self.abandon()),
-                sent = producer.send(dead) => sent,
-            };
-            match sent {
-                Ok(()) => {
-                    pipeline.metrics.dead_lettered.add(dead.len() as u64);
-                    return Ok(());
-                }
-                Err(error) => {
-                    failures += 1;
-                    pipeline.metrics.error(ErrorStage::DeadLetter, 1);
-                    let message = format!("send to the dead-letter topic failed: {error}");
-                    warn!(connector_key = %pipeline.key, attempt = failures, %message);
-                    pipeline.status.record_error(message);
-                    tokio::select! {
-                        biased;
-                        () = &mut give_up => return Err(self.abandon()),
-                        () = tokio::time::sleep(pipeline.backoff.delay(failures)) => {}
-                    }
-                }
-            }
-        }
+        retry(
+            pipeline.backoff,
+            &self.shutdown,
+            Until::GraceExpired,
+            async || match producer.send(dead).await {
+                Ok(()) => Attempt::Done(()),
+                Err(error) => Attempt::<_, _, Ended>::Failed(error),
+            },
+            |failure| {
+                pipeline.metrics.error(ErrorStage::DeadLetter, 1);
+                let message = format!("send to the dead-letter topic failed: {}", failure.error);
+                warn!(connector_key = %pipeline.key, attempt = failure.attempt, %message);
+                pipeline.status.record_error(message);
+                Ok(())
+            },
+        )
+        .await
+        .map_err(|gave_up| gave_up.or(|| self.abandon()))?;
+        pipeline.metrics.dead_lettered.add(dead.len() as u64);
+        Ok(())
     }
 
     fn abandon(&self) -> Ended {
