@@ -18,7 +18,7 @@ use support::accounting::{
 };
 use support::binary::{Running, Workspace};
 use support::iggy_server::IggyTestServer;
-use support::wait::wait_for;
+use support::wait::{Check, eventually, try_eventually, wait_for};
 
 const STREAM: &str = "faults";
 const TOPIC: &str = "events";
@@ -228,19 +228,17 @@ async fn a_broker_refusing_sends_past_the_limit_stops_the_source_visibly_and_a_r
     )
     .await;
     server.faults().refuse_sends_until_cleared();
-    let deadline = Instant::now() + LONG;
-    loop {
+    let source = try_eventually("the source to stop", LONG, || async {
         let (_, source) = api_get(&workspace, 1, "/sources/rnd").await;
         if source["status"] == "error" {
-            assert_eq!(source["stop_reason"], "nack_limit", "{source}");
-            break;
+            Check::Ready(source)
+        } else {
+            Check::Pending(source.to_string())
         }
-        assert!(
-            Instant::now() < deadline,
-            "the source never stopped: {source}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await
+    .unwrap_or_else(|message| panic!("{message}"));
+    assert_eq!(source["stop_reason"], "nack_limit", "{source}");
     let (health, body) = api_get(&workspace, 1, "/health").await;
     assert_eq!(health, 503, "{body}");
     assert!(body.to_string().contains("nack_limit"), "{body}");
@@ -306,11 +304,10 @@ async fn a_failing_state_save_keeps_the_batch_unacknowledged_and_the_pipeline_re
             }
         }
     }
-    let deadline = Instant::now() + LONG;
-    while nacks(&workspace).await < 2.0 {
-        assert!(Instant::now() < deadline, "no failed save");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually("a failed save", LONG, async || {
+        nacks(&workspace).await >= 2.0
+    })
+    .await;
     let (state_before, topic_before) = (committed(&workspace).await.unwrap_or(0), topic(&server));
     let sent_unsaved = topic_before.len() as u64;
     assert!(
@@ -434,19 +431,11 @@ async fn a_sink_failing_for_a_while_keeps_its_offsets_then_writes_everything() {
         topic(&server).len() == 1000
     })
     .await;
-    let deadline = Instant::now() + LONG;
-    while metric(
-        &workspace,
-        1,
-        "iggy_connector_retries_total",
-        &[("connector_key", "out")],
-    )
-    .await
-        < 3.0
-    {
-        assert!(Instant::now() < deadline, "the sink never retried");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually("the sink to retry", LONG, async || {
+        let labels = [("connector_key", "out")];
+        metric(&workspace, 1, "iggy_connector_retries_total", &labels).await >= 3.0
+    })
+    .await;
     assert_eq!(
         server.stored_offset(STREAM, TOPIC, SINK_GROUP, 0),
         None,
@@ -530,14 +519,17 @@ async fn a_message_the_sink_refuses_for_good_is_handled_by_on_error_stop_skip_an
     let dead_record: Value = serde_json::from_slice(&dead.payload).unwrap();
     assert_eq!(dead_record["seq"], 13);
 
-    let deadline = Instant::now() + LONG;
-    let stopped = loop {
+    // Not stopped by the deadline: the asserts below say how it stands.
+    let _ = try_eventually("the sink to stop", LONG, || async {
         let (_, sink) = api_get(&workspace, 1, "/sinks/stop").await;
-        if sink["status"] == "error" || Instant::now() > deadline {
-            break sink;
+        if sink["status"] == "error" {
+            Check::Ready(())
+        } else {
+            Check::Pending(sink.to_string())
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    })
+    .await;
+    let (_, stopped) = api_get(&workspace, 1, "/sinks/stop").await;
     assert_eq!(stopped["status"], "error", "{stopped}");
     assert_eq!(stopped["stop_reason"], "rejected", "{stopped}");
     let written_by_stop = sink_output(&workspace, "stop");

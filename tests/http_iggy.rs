@@ -18,7 +18,7 @@ use iggy_connect::iggy::{ConnectionSettings, IggyBus};
 use iggy_connect::state::FileStateStore;
 use serde_json::{Value, json};
 use support::iggy_server::IggyTestServer;
-use support::wait::wait_for;
+use support::wait::{Check, try_eventually, wait_for};
 
 const LONG: Duration = Duration::from_secs(30);
 
@@ -103,18 +103,15 @@ async fn a_200_from_the_source_means_iggy_has_the_message_and_the_sink_delivers_
     runtime.start_enabled().await;
     let client = reqwest::Client::new();
     let url = format!("http://{source_address}/messages");
-    let deadline = tokio::time::Instant::now() + LONG;
-    let first = loop {
-        // Refused until the source's `open` has bound the port.
-        if let Ok(response) = client.post(&url).json(&json!({"n": 0})).send().await {
-            break response;
+    // Refused until the source's `open` has bound the port.
+    let first = try_eventually("the source to listen", LONG, || async {
+        match client.post(&url).json(&json!({"n": 0})).send().await {
+            Ok(response) => Check::Ready(response),
+            Err(error) => Check::Pending(error.to_string()),
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the source never listened"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    })
+    .await
+    .unwrap_or_else(|message| panic!("{message}"));
     assert_eq!(first.status(), 200);
     assert_eq!(
         server.message_count("hooks", "events"),

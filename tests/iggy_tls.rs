@@ -20,7 +20,7 @@ use iggy_connect::state::FileStateStore;
 use support::accounting::{Seen, seqs_in_file, seqs_in_topic};
 use support::binary::Workspace;
 use support::iggy_server::{IggyTestServer, ServerConfig};
-use support::wait::{wait_for, wait_until};
+use support::wait::{Check, try_eventually, wait_for, wait_until};
 
 const LONG: Duration = Duration::from_secs(30);
 const STREAM: &str = "tls_stream";
@@ -332,19 +332,16 @@ async fn run_with_tls_against_a_plain_server_reports_it_as_last_error_keeps_serv
     .await;
     let url = format!("{}/sources/rnd", workspace.api_urls()[0]);
     let client = reqwest::Client::new();
-    let deadline = std::time::Instant::now() + LONG;
-    let message = loop {
+    let message = try_eventually("a last_error", LONG, || async {
         let details: serde_json::Value =
             client.get(&url).send().await.unwrap().json().await.unwrap();
-        if let Some(message) = details["last_error"]["message"].as_str() {
-            break message.to_owned();
+        match details["last_error"]["message"].as_str() {
+            Some(message) => Check::Ready(message.to_owned()),
+            None => Check::Pending(details.to_string()),
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no last_error: {details}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    })
+    .await
+    .unwrap_or_else(|message| panic!("{message}"));
     assert!(
         message.contains("closed the connection during the TLS handshake"),
         "{message}"

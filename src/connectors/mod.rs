@@ -133,6 +133,15 @@ pub trait Sink: Send + Sync {
         false
     }
 
+    /// Whether the sink can write the next batch of a topic while the
+    /// previous one is still being written (its writes do not depend on each
+    /// other's order). Then the engine keeps two writes per topic in flight;
+    /// offsets are still committed in poll order. Otherwise batches are
+    /// written one at a time (the next one polled meanwhile).
+    fn writes_concurrently(&self) -> bool {
+        false
+    }
+
     async fn close(&mut self) -> Result<(), ConnectorError>;
 }
 

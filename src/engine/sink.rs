@@ -1,14 +1,18 @@
 //! The sink pipeline: consume -> decode -> transform -> write -> commit offsets.
 //!
-//! Offsets move only after `write` succeeded for the batch. Transient write
+//! The next batch is polled while the current one is written (rule K5), and
+//! offsets move only after `write` succeeded for the batch and for every
+//! batch polled before it. Transient write
 //! errors retry the same batch with capped backoff; messages the backend refuses
 //! go through the sink's `on_error` policy; a message that does not decode under
 //! its schema is counted and skipped (or dead-lettered), never failing the batch.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use futures::stream::{FuturesUnordered, StreamExt};
+use futures::future::BoxFuture;
+use futures::stream::{FuturesOrdered, FuturesUnordered, StreamExt};
 use tracing::{debug, error, info, warn};
 
 use crate::codec::Schema;
@@ -16,10 +20,11 @@ use crate::connectors::{Rejection, Sink, SinkError};
 use crate::delivery::OnError;
 use crate::engine::backoff::Backoff;
 use crate::engine::metrics::{ConnectorMetrics, ErrorStage, Stage};
+use crate::engine::retry::{Attempt, Until, retry, retry_with};
 use crate::engine::source::Ended;
 use crate::engine::status::{StatusCell, StopReason};
 use crate::engine::{BENCHMARK_TARGET, Shutdown, catch_panic, dead_letter};
-use crate::iggy::{ConsumedBatch, Consumer, Producer};
+use crate::iggy::{BusError, ConsumedBatch, Consumer, Producer};
 use crate::message::{ConsumedMessage, OutgoingMessage, Payload, SinkMessage, TopicRef};
 use crate::transforms::{TransformChain, Verdict};
 
@@ -49,6 +54,49 @@ pub struct SinkContext {
     pub verbose: bool,
     /// Emit upstream's per-batch `benchmark` event.
     pub benchmark: bool,
+}
+
+/// Writes in flight per topic for a sink that writes concurrently.
+const CONCURRENT_WRITES: usize = 2;
+
+/// A prefetch: the poll that runs while batches are written, holding the
+/// consumer until it returns it.
+type PrefetchFuture<'a> = BoxFuture<
+    'a,
+    (
+        &'a mut Box<dyn Consumer>,
+        Result<Option<ConsumedBatch>, BusError>,
+    ),
+>;
+
+/// A polled batch, decoded and transformed, on its way to the sink.
+struct Prepared {
+    partition_id: u32,
+    last_offset: u64,
+    consumed: usize,
+    messages: Vec<SinkMessage>,
+    dead: Vec<OutgoingMessage>,
+    started: Instant,
+    decoded: Duration,
+}
+
+/// A batch the sink stored (written or set aside), ready to commit.
+struct Delivered {
+    partition_id: u32,
+    last_offset: u64,
+    consumed: usize,
+    processed: usize,
+    started: Instant,
+    decoded: Duration,
+    written: Duration,
+}
+
+/// Awaits the future if there is one; otherwise never completes.
+async fn next<T>(future: &mut Option<BoxFuture<'_, T>>) -> T {
+    match future {
+        Some(future) => future.await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Runs one topic's loop; shares the sink and its settings with the others.
@@ -124,61 +172,212 @@ impl SinkPipeline {
 }
 
 impl TopicLoop<'_> {
+    /// Rule K5 (docs/ARCHITECTURE.md): while batches are being written the
+    /// next one is polled (one poll at a time, never cancelled), so it is
+    /// ready when the write ends; a sink that writes concurrently also gets
+    /// the next write started. Writes finish in poll order and each commit
+    /// follows its own write, so no commit passes a write that has not
+    /// succeeded; the consumer commits only between polls.
     async fn run(&self, reader: &mut TopicReader) -> Ended {
-        let pipeline = self.pipeline;
-        let mut poll_failures = 0;
-        loop {
-            let polled = tokio::select! {
-                biased;
-                () = self.shutdown.requested() => return Ended::Shutdown,
-                polled = reader.consumer.poll() => polled,
-            };
-            let batch = match polled {
-                Ok(batch) => batch,
-                Err(error) => {
-                    poll_failures += 1;
-                    pipeline.metrics.error(ErrorStage::Poll, 1);
-                    let message = format!("poll of {} failed: {error}", reader.topic);
-                    warn!(connector_key = %pipeline.key, attempt = poll_failures, %message, "retrying poll");
-                    pipeline.status.record_error(message);
-                    if !self
-                        .shutdown
-                        .pause(pipeline.backoff.delay(poll_failures))
-                        .await
-                    {
-                        return Ended::Shutdown;
-                    }
-                    continue;
+        let TopicReader {
+            topic,
+            schema,
+            consumer,
+        } = reader;
+        let (topic, schema) = (&*topic, &*schema);
+        let writes = if self.pipeline.sink.writes_concurrently() {
+            CONCURRENT_WRITES
+        } else {
+            1
+        };
+        let mut in_flight = FuturesOrdered::new();
+        // Written, waiting for the consumer to be free to commit them.
+        let mut written: VecDeque<Delivered> = VecDeque::new();
+        let mut prefetched: Option<ConsumedBatch> = None;
+        // The consumer is either idle here or lent to the running prefetch.
+        let mut idle: Option<&mut Box<dyn Consumer>> = Some(consumer);
+        let mut polling: Option<PrefetchFuture<'_>> = None;
+        // The last prefetch found nothing: none again until a write ends.
+        let mut found_nothing = false;
+        let ended = loop {
+            if let Some(consumer) = idle.as_deref_mut() {
+                while let Some(delivered) = written.pop_front() {
+                    self.commit(topic, consumer.as_mut(), delivered).await;
                 }
-            };
-            poll_failures = 0;
-            if let Err(ended) = self.handle(reader, batch).await {
-                return ended;
             }
+            let stopping = self.shutdown.is_requested();
+            while !stopping && in_flight.len() < writes {
+                let Some(batch) = prefetched.take() else {
+                    break;
+                };
+                if let Some(prepared) = self.prepare_batch(topic, schema, batch) {
+                    in_flight.push_back(self.deliver(topic, prepared));
+                }
+            }
+            if in_flight.is_empty() && polling.is_none() && written.is_empty() {
+                if stopping {
+                    break Ended::Shutdown;
+                }
+                if prefetched.is_none()
+                    && let Some(consumer) = idle.as_deref_mut()
+                {
+                    // Nothing in flight: wait for the next batch (a stop
+                    // request ends the wait).
+                    match self.poll(topic, consumer.as_mut()).await {
+                        Ok(batch) => prefetched = Some(batch),
+                        Err(ended) => break ended,
+                    }
+                }
+                continue;
+            }
+            if !stopping
+                && !found_nothing
+                && prefetched.is_none()
+                && !in_flight.is_empty()
+                && let Some(consumer) = idle.take()
+            {
+                polling = Some(Box::pin(async move {
+                    let polled = consumer.poll_available().await;
+                    (consumer, polled)
+                }));
+            }
+            tokio::select! {
+                biased;
+                Some(delivered) = in_flight.next() => match delivered {
+                    Ok(delivered) => {
+                        found_nothing = false;
+                        written.push_back(delivered);
+                    }
+                    Err(ended) => break ended,
+                },
+                (consumer, polled) = next(&mut polling) => {
+                    polling = None;
+                    idle = Some(consumer);
+                    match polled {
+                        Ok(Some(batch)) => prefetched = Some(batch),
+                        Ok(None) => found_nothing = true,
+                        Err(error) => {
+                            found_nothing = true;
+                            self.poll_failed(topic, 0, &error);
+                        }
+                    }
+                }
+                () = self.shutdown.requested(), if !stopping => {}
+            }
+        };
+        // The consumer is closed next: let a prefetch in progress finish
+        // (one request) rather than cut it off mid-request.
+        if let Some(polling) = polling {
+            let _ = polling.await;
         }
+        ended
     }
 
-    /// Writes one polled batch and commits its offsets. `Err` ends the loop
-    /// without committing.
-    async fn handle(&self, reader: &mut TopicReader, batch: ConsumedBatch) -> Result<(), Ended> {
+    /// Waits for the next batch, retrying failed polls until a stop is requested.
+    async fn poll(
+        &self,
+        topic: &TopicRef,
+        consumer: &mut dyn Consumer,
+    ) -> Result<ConsumedBatch, Ended> {
+        retry_with(
+            self.pipeline.backoff,
+            &self.shutdown,
+            Until::StopRequested,
+            consumer,
+            |consumer| async move {
+                let outcome = match consumer.poll().await {
+                    Ok(batch) => Attempt::Done(batch),
+                    Err(error) => Attempt::Failed(error),
+                };
+                (consumer, outcome)
+            },
+            |failure| {
+                self.poll_failed(topic, failure.attempt, &failure.error);
+                Ok(())
+            },
+        )
+        .await
+        .map_err(|gave_up| gave_up.or(|| Ended::Shutdown))
+    }
+
+    /// Reports a failed poll (`attempt` 0: a prefetch, not retried itself).
+    fn poll_failed(&self, topic: &TopicRef, attempt: u32, error: &BusError) {
         let pipeline = self.pipeline;
+        pipeline.metrics.error(ErrorStage::Poll, 1);
+        let message = format!("poll of {topic} failed: {error}");
+        warn!(connector_key = %pipeline.key, attempt, %message, "retrying poll");
+        pipeline.status.record_error(message);
+    }
+
+    /// Decodes and transforms a polled batch; `None` for an empty one.
+    fn prepare_batch(
+        &self,
+        topic: &TopicRef,
+        schema: &Schema,
+        batch: ConsumedBatch,
+    ) -> Option<Prepared> {
         let started = Instant::now();
-        let Some(last_offset) = batch.last_offset() else {
-            return Ok(());
-        };
-        let partition_id = batch.partition_id;
-        let count = batch.messages.len();
-        pipeline.metrics.consumed.add(count as u64);
+        let last_offset = batch.last_offset()?;
+        let consumed = batch.messages.len();
+        self.pipeline.metrics.consumed.add(consumed as u64);
         let mut dead = Vec::new();
-        let mut messages = self.prepare(reader, batch.messages, &mut dead);
+        let messages = self.prepare(topic, schema, batch.messages, &mut dead);
         let decoded = started.elapsed();
-        pipeline.metrics.record_duration(Stage::Decode, decoded);
+        self.pipeline
+            .metrics
+            .record_duration(Stage::Decode, decoded);
+        Some(Prepared {
+            partition_id: batch.partition_id,
+            last_offset,
+            consumed,
+            messages,
+            dead,
+            started,
+            decoded,
+        })
+    }
+
+    /// Writes one batch and dead-letters what was set aside. `Err` ends the
+    /// loop without committing it or anything polled after it.
+    async fn deliver(&self, topic: &TopicRef, prepared: Prepared) -> Result<Delivered, Ended> {
+        let Prepared {
+            partition_id,
+            last_offset,
+            consumed,
+            mut messages,
+            mut dead,
+            started,
+            decoded,
+        } = prepared;
         let writing = Instant::now();
-        self.write(&reader.topic, &mut messages, &mut dead).await?;
+        self.write(topic, &mut messages, &mut dead).await?;
         let written = writing.elapsed();
         self.send_dead_letters(&dead).await?;
+        Ok(Delivered {
+            partition_id,
+            last_offset,
+            consumed,
+            processed: messages.len(),
+            started,
+            decoded,
+            written,
+        })
+    }
+
+    /// Commits a delivered batch's offsets and reports it.
+    async fn commit(&self, topic: &TopicRef, consumer: &mut dyn Consumer, delivered: Delivered) {
+        let pipeline = self.pipeline;
+        let Delivered {
+            partition_id,
+            last_offset,
+            consumed: count,
+            processed,
+            started,
+            decoded,
+            written,
+        } = delivered;
         let committing = Instant::now();
-        let committed = reader.consumer.commit(partition_id, last_offset).await;
+        let committed = consumer.commit(partition_id, last_offset).await;
         pipeline
             .metrics
             .record_duration(Stage::Commit, committing.elapsed());
@@ -186,7 +385,7 @@ impl TopicLoop<'_> {
             // The batch is written; a later commit covers it, or it is redelivered
             // (at-least-once).
             pipeline.metrics.error(ErrorStage::OffsetCommit, 1);
-            let message = format!("offset commit on {} failed: {error}", reader.topic);
+            let message = format!("offset commit on {topic} failed: {error}");
             warn!(connector_key = %pipeline.key, partition_id, offset = last_offset, %message);
             pipeline.status.record_error(message);
         }
@@ -200,12 +399,12 @@ impl TopicLoop<'_> {
                 target: BENCHMARK_TARGET,
                 connector_type = "sink",
                 connector_key = %pipeline.key,
-                stream = %reader.topic.stream,
-                topic = %reader.topic.topic,
+                stream = %topic.stream,
+                topic = %topic.topic,
                 partition_id,
                 current_offset = last_offset,
                 batch_size = count,
-                processed_count = messages.len(),
+                processed_count = processed,
                 decode_us = decoded.as_micros() as u64,
                 prepare_us = prepared.as_micros() as u64,
                 ffi_us = written.as_micros() as u64,
@@ -215,18 +414,18 @@ impl TopicLoop<'_> {
         }
         let elapsed_us = total.as_micros() as u64;
         if pipeline.verbose {
-            info!(connector_key = %pipeline.key, topic = %reader.topic, partition_id, offset = last_offset, consumed = count, written = messages.len(), elapsed_us, "batch written");
+            info!(connector_key = %pipeline.key, %topic, partition_id, offset = last_offset, consumed = count, written = processed, elapsed_us, "batch written");
         } else {
-            debug!(connector_key = %pipeline.key, topic = %reader.topic, partition_id, offset = last_offset, consumed = count, written = messages.len(), elapsed_us, "batch written");
+            debug!(connector_key = %pipeline.key, %topic, partition_id, offset = last_offset, consumed = count, written = processed, elapsed_us, "batch written");
         }
-        Ok(())
     }
 
     /// Decodes and transforms a polled batch. Messages that fail are counted and
     /// queued for the dead-letter topic (with `on_error = "dlq"`) or skipped.
     fn prepare(
         &self,
-        reader: &TopicReader,
+        topic: &TopicRef,
+        schema: &Schema,
         consumed: Vec<ConsumedMessage>,
         dead: &mut Vec<OutgoingMessage>,
     ) -> Vec<SinkMessage> {
@@ -246,7 +445,7 @@ impl TopicLoop<'_> {
                 headers,
                 payload,
             } = message;
-            let decoded = match self.decode_and_transform(reader, &payload, keep_json_text) {
+            let decoded = match self.decode_and_transform(schema, &payload, keep_json_text) {
                 Ok(Some(decoded)) => decoded,
                 Ok(None) => {
                     pipeline.metrics.filtered.add(1);
@@ -254,8 +453,8 @@ impl TopicLoop<'_> {
                 }
                 Err((stage, error)) => {
                     let origin = dead_letter::Origin {
-                        stream: &reader.topic.stream,
-                        topic: &reader.topic.topic,
+                        stream: &topic.stream,
+                        topic: &topic.topic,
                         partition_id,
                         offset,
                     };
@@ -281,14 +480,14 @@ impl TopicLoop<'_> {
     /// when a transform drops it.
     fn decode_and_transform(
         &self,
-        reader: &TopicReader,
+        schema: &Schema,
         payload: &bytes::Bytes,
         keep_json_text: bool,
     ) -> Result<Option<Payload>, (ErrorStage, String)> {
         let decoded = if keep_json_text {
-            reader.schema.decode_keeping_json_text(payload.clone())
+            schema.decode_keeping_json_text(payload.clone())
         } else {
-            reader.schema.decode(payload.clone())
+            schema.decode(payload.clone())
         };
         let mut decoded = decoded.map_err(|error| (ErrorStage::Decode, error.to_string()))?;
         let transforms = &self.pipeline.transforms;
@@ -340,54 +539,63 @@ impl TopicLoop<'_> {
         dead: &mut Vec<OutgoingMessage>,
     ) -> Result<(), Ended> {
         let pipeline = self.pipeline;
-        let give_up = self.shutdown.grace_expired();
-        tokio::pin!(give_up);
-        let mut failures = 0;
-        while !messages.is_empty() {
-            let started = Instant::now();
-            let written = tokio::select! {
-                biased;
-                () = &mut give_up => return Err(self.abandon()),
-                written = catch_panic(pipeline.sink.write(topic, messages)) => written,
-            };
-            let error = match written {
-                Err(panic) => return Err(Ended::Stopped(StopReason::Panic, panic)),
-                Ok(Ok(())) => {
-                    pipeline
-                        .metrics
-                        .record_duration(Stage::Write, started.elapsed());
-                    pipeline.metrics.processed.add(messages.len() as u64);
-                    return Ok(());
-                }
-                Ok(Err(error)) => error,
-            };
-            pipeline.metrics.error(ErrorStage::Write, 1);
-            match error {
-                SinkError::Transient(error) => {
-                    failures += 1;
-                    let message = format!("write to {topic} failed: {error}");
-                    let delay = pipeline.backoff.delay(failures);
-                    warn!(connector_key = %pipeline.key, attempt = failures, retry_in_ms = delay.as_millis() as u64, %message, "retrying the same batch");
-                    pipeline.status.record_error(message);
-                    pipeline.metrics.retries.add(1);
-                    tokio::select! {
-                        biased;
-                        () = &mut give_up => return Err(self.abandon()),
-                        () = tokio::time::sleep(delay) => {}
-                    }
-                }
-                SinkError::Fatal(error) => {
-                    return Err(Ended::Stopped(
-                        StopReason::Fatal,
-                        format!("write to {topic} failed: {error}"),
-                    ));
-                }
-                SinkError::Rejected(rejections) => {
-                    self.reject(topic, messages, rejections, dead)?
-                }
-            }
+        retry_with(
+            pipeline.backoff,
+            &self.shutdown,
+            Until::GraceExpired,
+            (messages, dead),
+            |(messages, dead)| async move {
+                let outcome = self.write_once(topic, messages, dead).await;
+                ((messages, dead), outcome)
+            },
+            |failure| {
+                let message = format!("write to {topic} failed: {}", failure.error);
+                warn!(connector_key = %pipeline.key, attempt = failure.attempt, retry_in_ms = failure.delay.as_millis() as u64, %message, "retrying the same batch");
+                pipeline.status.record_error(message);
+                pipeline.metrics.retries.add(1);
+                Ok(())
+            },
+        )
+        .await
+        .map_err(|gave_up| gave_up.or(|| self.abandon()))
+    }
+
+    /// One write of what is left of the batch.
+    async fn write_once(
+        &self,
+        topic: &TopicRef,
+        messages: &mut Vec<SinkMessage>,
+        dead: &mut Vec<OutgoingMessage>,
+    ) -> Attempt<(), crate::connectors::BoxError, Ended> {
+        let pipeline = self.pipeline;
+        if messages.is_empty() {
+            return Attempt::Done(());
         }
-        Ok(())
+        let started = Instant::now();
+        let error = match catch_panic(pipeline.sink.write(topic, messages)).await {
+            Err(panic) => return Attempt::Stop(Ended::Stopped(StopReason::Panic, panic)),
+            Ok(Ok(())) => {
+                pipeline
+                    .metrics
+                    .record_duration(Stage::Write, started.elapsed());
+                pipeline.metrics.processed.add(messages.len() as u64);
+                return Attempt::Done(());
+            }
+            Ok(Err(error)) => error,
+        };
+        pipeline.metrics.error(ErrorStage::Write, 1);
+        match error {
+            SinkError::Transient(error) => Attempt::Failed(error),
+            SinkError::Fatal(error) => Attempt::Stop(Ended::Stopped(
+                StopReason::Fatal,
+                format!("write to {topic} failed: {error}"),
+            )),
+            SinkError::Rejected(rejections) => match self.reject(topic, messages, rejections, dead)
+            {
+                Ok(()) => Attempt::Again,
+                Err(ended) => Attempt::Stop(ended),
+            },
+        }
     }
 
     /// Applies `on_error` to rejected messages and removes them from the batch.
@@ -456,34 +664,26 @@ impl TopicLoop<'_> {
         let (false, Some(producer)) = (dead.is_empty(), &pipeline.dead_letter) else {
             return Ok(());
         };
-        let give_up = self.shutdown.grace_expired();
-        tokio::pin!(give_up);
-        let mut failures = 0;
-        loop {
-            let sent = tokio::select! {
-                biased;
-                () = &mut give_up => return Err(self.abandon()),
-                sent = producer.send(dead) => sent,
-            };
-            match sent {
-                Ok(()) => {
-                    pipeline.metrics.dead_lettered.add(dead.len() as u64);
-                    return Ok(());
-                }
-                Err(error) => {
-                    failures += 1;
-                    pipeline.metrics.error(ErrorStage::DeadLetter, 1);
-                    let message = format!("send to the dead-letter topic failed: {error}");
-                    warn!(connector_key = %pipeline.key, attempt = failures, %message);
-                    pipeline.status.record_error(message);
-                    tokio::select! {
-                        biased;
-                        () = &mut give_up => return Err(self.abandon()),
-                        () = tokio::time::sleep(pipeline.backoff.delay(failures)) => {}
-                    }
-                }
-            }
-        }
+        retry(
+            pipeline.backoff,
+            &self.shutdown,
+            Until::GraceExpired,
+            async || match producer.send(dead).await {
+                Ok(()) => Attempt::Done(()),
+                Err(error) => Attempt::<_, _, Ended>::Failed(error),
+            },
+            |failure| {
+                pipeline.metrics.error(ErrorStage::DeadLetter, 1);
+                let message = format!("send to the dead-letter topic failed: {}", failure.error);
+                warn!(connector_key = %pipeline.key, attempt = failure.attempt, %message);
+                pipeline.status.record_error(message);
+                Ok(())
+            },
+        )
+        .await
+        .map_err(|gave_up| gave_up.or(|| self.abandon()))?;
+        pipeline.metrics.dead_lettered.add(dead.len() as u64);
+        Ok(())
     }
 
     fn abandon(&self) -> Ended {

@@ -2,11 +2,16 @@
 //! and stores offsets only when the engine commits them.
 //!
 //! Polls go straight to the client's group poll (the client picks one of the
-//! member's partitions and re-syncs the assignment after a rebalance) with the
-//! `next` strategy, so every poll reads after the group's stored offset. The
-//! engine commits a batch before it polls again; if a commit fails, the next
-//! poll reads the batch again (at-least-once). `poll_interval` is waited only
-//! after a poll that found nothing, so a busy topic is read back to back.
+//! member's partitions and re-syncs the assignment after a rebalance). A
+//! partition this member has polled since it joined is read from its own
+//! position, just after the last message polled, so the engine can poll the
+//! next batch while the previous one is still being written (committed or
+//! not); any other partition is read with the `next` strategy, after the
+//! group's stored offset. Joining again (a new session, a rebuilt group)
+//! forgets the positions, and a failed commit forgets its partition's: the
+//! next poll there reads after the stored offset again (at-least-once).
+//! `poll_interval` is waited only after a poll that found nothing, so a busy
+//! topic is read back to back.
 //!
 //! A watcher task beside the consumer measures the group's lag (messages past
 //! its stored offsets, per partition, exported as `iggy_connector_lag`). When
@@ -20,6 +25,7 @@
 //! joins and stores them again. Live members join the new group on their next
 //! request; a stored offset that could not be restored only causes redelivery.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -54,6 +60,8 @@ pub struct IggyBusConsumer {
     idle_wait: Duration,
     request_timeout: Duration,
     joined: bool,
+    /// Per partition, the offset after the last message polled since joining.
+    positions: HashMap<u32, u64>,
     progress: Arc<Progress>,
     stall_timeout: Duration,
     last_rebuild: Option<Instant>,
@@ -136,6 +144,7 @@ impl IggyBusConsumer {
             idle_wait: spec.poll_interval.max(MIN_IDLE_WAIT),
             request_timeout,
             joined: false,
+            positions: HashMap::new(),
             progress,
             stall_timeout,
             last_rebuild: None,
@@ -267,6 +276,8 @@ impl IggyBusConsumer {
         .await?
         .map_err(|error| unavailable("join", error))?;
         self.joined = true;
+        // A new membership starts from the stored offsets.
+        self.positions.clear();
         Ok(())
     }
 
@@ -302,18 +313,35 @@ impl IggyBusConsumer {
 impl Consumer for IggyBusConsumer {
     async fn poll(&mut self) -> Result<ConsumedBatch, BusError> {
         loop {
+            if let Some(batch) = self.poll_available().await? {
+                return Ok(batch);
+            }
+            if let Err(error) = self.recover_if_stalled().await {
+                warn!(consumer_group = %self.name, %error, "cannot rebuild the stalled consumer group");
+            }
+            tokio::time::sleep(self.idle_wait).await;
+        }
+    }
+
+    async fn poll_available(&mut self) -> Result<Option<ConsumedBatch>, BusError> {
+        loop {
             if !self.joined {
                 self.join()
                     .await
                     .map_err(|error| BusError::Poll(error.to_string()))?;
             }
+            let positions = &self.positions;
+            let strategy_for = |partition_id: u32| match positions.get(&partition_id) {
+                Some(&next) => PollingStrategy::offset(next),
+                None => PollingStrategy::next(),
+            };
             let polled = self
-                .timed(self.client.poll_messages(
+                .timed(self.client.poll_messages_with_strategy_for(
                     &self.stream,
                     &self.topic,
                     None,
                     &self.consumer,
-                    &PollingStrategy::next(),
+                    &strategy_for,
                     self.batch_length,
                     false,
                 ))
@@ -340,14 +368,11 @@ impl Consumer for IggyBusConsumer {
                     )));
                 }
             };
-            if polled.messages.is_empty() {
-                if let Err(error) = self.recover_if_stalled().await {
-                    warn!(consumer_group = %self.name, %error, "cannot rebuild the stalled consumer group");
-                }
-                tokio::time::sleep(self.idle_wait).await;
-                continue;
-            }
+            let Some(last) = polled.messages.last() else {
+                return Ok(None);
+            };
             let partition_id = polled.partition_id;
+            self.positions.insert(partition_id, last.header.offset + 1);
             let messages = polled
                 .messages
                 .into_iter()
@@ -366,10 +391,10 @@ impl Consumer for IggyBusConsumer {
                     }
                 })
                 .collect();
-            return Ok(ConsumedBatch {
+            return Ok(Some(ConsumedBatch {
                 partition_id,
                 messages,
-            });
+            }));
         }
     }
 
@@ -380,6 +405,9 @@ impl Consumer for IggyBusConsumer {
             .map_err(|error| BusError::Commit(error.to_string()))?;
         if stored.is_ok() {
             self.progress.stored();
+        } else {
+            // Read the partition again from what the group has stored.
+            self.positions.remove(&partition_id);
         }
         stored.map_err(|error| {
             if matches!(error, IggyError::ResourceNotFound(_)) {

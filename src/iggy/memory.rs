@@ -31,6 +31,10 @@ struct Shared {
     /// Every send waits this long (milliseconds) before it is stored.
     send_delay_ms: AtomicU64,
     sends: AtomicU64,
+    /// Batches consumers were handed.
+    polled: AtomicU64,
+    /// Every offset commit, in order: (group, partition, offset).
+    commits: Mutex<Vec<(String, u32, u64)>>,
     /// `Some`: trim committed messages and hold producers at this many retained.
     capacity: Option<usize>,
 }
@@ -163,6 +167,20 @@ impl MemoryBus {
     }
 
     /// Send requests that were accepted so far.
+    /// How many batches consumers were handed so far.
+    pub fn batches_polled(&self) -> u64 {
+        self.inner.polled.load(Ordering::SeqCst)
+    }
+
+    /// The offsets `group` committed, in commit order: (partition, offset).
+    pub fn commit_log(&self, group: &str) -> Vec<(u32, u64)> {
+        lock(&self.inner.commits)
+            .iter()
+            .filter(|(committer, ..)| committer == group)
+            .map(|&(_, partition, offset)| (partition, offset))
+            .collect()
+    }
+
     pub fn accepted_sends(&self) -> u64 {
         self.inner.sends.load(Ordering::SeqCst)
     }
@@ -358,6 +376,7 @@ impl MemoryConsumer {
                     .collect();
                 self.positions[partition] = end;
                 self.next_partition = partition + 1;
+                self.shared.polled.fetch_add(1, Ordering::SeqCst);
                 return Some(ConsumedBatch {
                     partition_id: partition as u32,
                     messages,
@@ -382,12 +401,17 @@ impl Consumer for MemoryConsumer {
         }
     }
 
+    async fn poll_available(&mut self) -> Result<Option<ConsumedBatch>, BusError> {
+        Ok(self.take_available())
+    }
+
     async fn commit(&mut self, partition_id: u32, offset: u64) -> Result<(), BusError> {
         if take_one(&self.shared.refuse_commits) {
             return Err(BusError::Commit(
                 "the in-memory bus was told to refuse this commit".into(),
             ));
         }
+        lock(&self.shared.commits).push((self.group.clone(), partition_id, offset));
         let mut state = lock(&self.topic.state);
         state
             .committed

@@ -58,8 +58,13 @@ pub trait Producer: Send + Sync {
 #[async_trait]
 pub trait Consumer: Send {
     /// Waits for the next non-empty batch (messages of one partition, in offset
-    /// order). Cancel-safe.
+    /// order), read after the last batch polled, committed or not. Cancel-safe.
     async fn poll(&mut self) -> Result<ConsumedBatch, BusError>;
+
+    /// One poll that does not wait for messages: the next batch if one is
+    /// there now, `None` otherwise. Bounded by one request, so the sink
+    /// engine can prefetch while it writes and still commit soon after.
+    async fn poll_available(&mut self) -> Result<Option<ConsumedBatch>, BusError>;
 
     /// Stores `offset` (the last message handled) as the group's position in
     /// `partition_id`.

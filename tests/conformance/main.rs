@@ -18,6 +18,9 @@ mod reference;
 mod self_tests;
 mod sink;
 mod source;
+#[path = "../support/wait.rs"]
+#[allow(dead_code)]
+mod wait;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 

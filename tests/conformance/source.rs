@@ -16,6 +16,7 @@ use iggy_connect::iggy::MemoryBus;
 use iggy_connect::state::{FileStateStore, StateStore, StoredState};
 use serde_json::Value;
 
+use crate::wait::{Check, try_eventually};
 use crate::{Outcome, ensure, unique};
 
 /// How long a check waits for records before failing.
@@ -344,43 +345,49 @@ async fn deliver(
     wanted: &[String],
     commit: bool,
 ) -> Result<Delivered, String> {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    let mut delivered = Delivered {
+    let delivered = std::sync::Mutex::new(Delivered {
         keys: Vec::new(),
         state: None,
-    };
-    loop {
-        let batch = tokio::time::timeout_at(deadline, source.poll())
-            .await
-            .map_err(|_| {
-                format!(
-                    "wanted {wanted:?} within {DEADLINE:?}, got {:?}",
-                    delivered.keys
-                )
-            })?
-            .map_err(|error| format!("poll: {error}"))?;
-        delivered.keys.extend(
-            batch
-                .records
-                .iter()
-                .map(|record| backend.key(&record.payload.to_bytes())),
-        );
-        if batch.state.is_some() {
-            delivered.state = batch.state;
-        }
-        if !commit && !delivered.keys.is_empty() {
-            return Ok(delivered);
-        }
-        if commit && !batch.records.is_empty() {
-            source
-                .commit()
-                .await
-                .map_err(|error| format!("commit: {error}"))?;
-        }
-        if wanted.iter().all(|key| delivered.keys.contains(key)) {
-            return Ok(delivered);
-        }
-    }
+    });
+    try_eventually(
+        &format!("the source to produce {wanted:?}"),
+        DEADLINE,
+        || async {
+            let batch = match source.poll().await {
+                Ok(batch) => batch,
+                Err(error) => return Check::Failed(format!("poll: {error}")),
+            };
+            let progress = {
+                let mut delivered = delivered.lock().unwrap();
+                delivered.keys.extend(
+                    batch
+                        .records
+                        .iter()
+                        .map(|record| backend.key(&record.payload.to_bytes())),
+                );
+                if batch.state.is_some() {
+                    delivered.state = batch.state;
+                }
+                if !commit && !delivered.keys.is_empty() {
+                    return Check::Ready(());
+                }
+                if wanted.iter().all(|key| delivered.keys.contains(key)) {
+                    None
+                } else {
+                    Some(format!("got {:?}", delivered.keys))
+                }
+            };
+            if commit
+                && !batch.records.is_empty()
+                && let Err(error) = source.commit().await
+            {
+                return Check::Failed(format!("commit: {error}"));
+            }
+            progress.map_or(Check::Ready(()), Check::Pending)
+        },
+    )
+    .await?;
+    Ok(delivered.into_inner().unwrap())
 }
 
 async fn close(source: &mut dyn Source) -> Outcome {
@@ -470,36 +477,32 @@ async fn wait_for_keys(
     wanted: &[String],
     before: usize,
 ) -> Outcome {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
+    try_eventually(&format!("{wanted:?} in the topic"), DEADLINE, || async {
         let keys = bus_keys(bus, backend);
         if keys.len() > before && wanted.iter().all(|key| keys.contains(key)) {
-            return Ok(());
+            Check::Ready(())
+        } else {
+            Check::Pending(format!("found {keys:?}"))
         }
-        if tokio::time::Instant::now() >= deadline {
-            return Err(format!("wanted {wanted:?} in the topic, found {keys:?}"));
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    })
+    .await
 }
 
 /// Waits until the source runs or has stopped.
 async fn wait_until_settled(runtime: &Runtime, key: &str) -> Outcome {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        let status = runtime
-            .view(ConnectorKind::Source, key)
-            .map_err(|error| error.to_string())?
-            .status;
-        if matches!(
-            status.status,
-            Status::Running | Status::Stopped | Status::Error
-        ) {
-            return Ok(());
+    try_eventually("the source to run or stop", DEADLINE, || async {
+        match runtime.view(ConnectorKind::Source, key) {
+            Err(error) => Check::Failed(error.to_string()),
+            Ok(view)
+                if matches!(
+                    view.status.status,
+                    Status::Running | Status::Stopped | Status::Error
+                ) =>
+            {
+                Check::Ready(())
+            }
+            Ok(view) => Check::Pending(format!("{:?}", view.status)),
         }
-        if tokio::time::Instant::now() >= deadline {
-            return Err(format!("the source neither ran nor stopped: {status:?}"));
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    })
+    .await
 }

@@ -16,9 +16,10 @@ use bytes::Bytes;
 use tracing::{Level, debug, enabled, error, info, warn};
 
 use crate::codec::Schema;
-use crate::connectors::{BatchPolicy, Source, SourceBatch};
+use crate::connectors::{BatchPolicy, ConnectorError, Source, SourceBatch};
 use crate::engine::backoff::Backoff;
 use crate::engine::metrics::{ConnectorMetrics, ErrorStage, Stage};
+use crate::engine::retry::{Attempt, Failure, Until, retry, retry_with};
 use crate::engine::status::{StatusCell, StopReason};
 use crate::engine::{BENCHMARK_TARGET, Shutdown, catch_panic, dead_letter};
 use crate::iggy::Producer;
@@ -76,6 +77,15 @@ pub enum Ended {
 struct Timings {
     iggy_send: Duration,
     state_save: Option<Duration>,
+}
+
+/// What of a batch's delivery already succeeded, so a retry repeats only the rest.
+struct Progress {
+    /// Per group: sent and acknowledged.
+    sent: Vec<bool>,
+    /// The state is staged (written, not yet published).
+    staged: bool,
+    saved: bool,
 }
 
 /// Why one delivery attempt failed.
@@ -138,34 +148,15 @@ impl SourcePipeline {
     /// Polls the next batch, retrying transient failures with backoff. `Err`
     /// ends the pipeline (a stop request, a fatal error or a panic).
     async fn poll_next(&self) -> Result<SourceBatch, Ended> {
-        let mut poll_failures = 0;
-        loop {
-            let polled = tokio::select! {
-                biased;
-                () = self.shutdown.requested() => return Err(Ended::Shutdown),
-                polled = catch_panic(self.source.poll()) => polled,
-            };
-            match polled {
-                Err(panic) => return Err(Ended::Stopped(StopReason::Panic, panic)),
-                Ok(Err(error)) if error.is_transient() => {
-                    poll_failures += 1;
-                    self.metrics.error(ErrorStage::Poll, 1);
-                    let message = format!("poll failed: {error}");
-                    warn!(connector_key = %self.key, attempt = poll_failures, %message, "retrying poll");
-                    self.status.record_error(message);
-                    if !self.shutdown.pause(self.backoff.delay(poll_failures)).await {
-                        return Err(Ended::Shutdown);
-                    }
-                }
-                Ok(Err(error)) => {
-                    return Err(Ended::Stopped(
-                        StopReason::Fatal,
-                        format!("poll failed: {error}"),
-                    ));
-                }
-                Ok(Ok(batch)) => return Ok(batch),
-            }
-        }
+        retry(
+            self.backoff,
+            &self.shutdown,
+            Until::StopRequested,
+            || async { call_attempt("poll", catch_panic(self.source.poll()).await) },
+            |failure| self.retrying(ErrorStage::Poll, "poll", failure),
+        )
+        .await
+        .map_err(|gave_up| gave_up.or(|| Ended::Shutdown))
     }
 
     /// Delivers one batch and commits it. `Err` ends the pipeline.
@@ -383,45 +374,46 @@ impl SourcePipeline {
         state: Option<&StoredState>,
         timings: &mut Timings,
     ) -> Result<(), Ended> {
-        let mut sent = vec![false; groups.len()];
-        let mut saved = state.is_none();
-        let mut staged = false;
-        let mut nacks = 0;
-        let give_up = self.shutdown.grace_expired();
-        tokio::pin!(give_up);
-        loop {
-            let attempt = tokio::select! {
-                biased;
-                () = &mut give_up => return Err(self.abandon()),
-                attempt = self.attempt(groups, &mut sent, state, (&mut staged, &mut saved), timings) => attempt,
-            };
-            let Err(nack) = attempt else {
-                return Ok(());
-            };
-            nacks += 1;
-            self.metrics.nacks.add(1);
-            self.metrics.error(nack.stage, 1);
-            self.status.record_error(nack.message.clone());
-            if let Some(limit) = self.policy.max_consecutive_nacks
-                && nacks >= limit
-            {
-                return Err(Ended::Stopped(
-                    StopReason::NackLimit,
-                    format!(
-                        "batch NACKed {nacks} times in a row (max_consecutive_nacks = {limit}); last: {}",
-                        nack.message
-                    ),
-                ));
-            }
-            let delay = self.backoff.delay(nacks);
-            warn!(connector_key = %self.key, nacks, retry_in_ms = delay.as_millis() as u64, error = %nack.message, "batch NACKed, retrying the same batch");
-            self.metrics.retries.add(1);
-            tokio::select! {
-                biased;
-                () = &mut give_up => return Err(self.abandon()),
-                () = tokio::time::sleep(delay) => {}
-            }
-        }
+        let progress = Progress {
+            sent: vec![false; groups.len()],
+            staged: false,
+            saved: state.is_none(),
+        };
+        retry_with(
+            self.backoff,
+            &self.shutdown,
+            Until::GraceExpired,
+            (progress, timings),
+            |(mut progress, timings)| async move {
+                let outcome = match self.attempt(groups, state, &mut progress, timings).await {
+                    Ok(()) => Attempt::Done(()),
+                    Err(nack) => Attempt::Failed(nack),
+                };
+                ((progress, timings), outcome)
+            },
+            |failure| {
+                let (nacks, nack) = (failure.attempt, failure.error);
+                self.metrics.nacks.add(1);
+                self.metrics.error(nack.stage, 1);
+                self.status.record_error(nack.message.clone());
+                if let Some(limit) = self.policy.max_consecutive_nacks
+                    && nacks >= limit
+                {
+                    return Err(Ended::Stopped(
+                        StopReason::NackLimit,
+                        format!(
+                            "batch NACKed {nacks} times in a row (max_consecutive_nacks = {limit}); last: {}",
+                            nack.message
+                        ),
+                    ));
+                }
+                warn!(connector_key = %self.key, nacks, retry_in_ms = failure.delay.as_millis() as u64, error = %nack.message, "batch NACKed, retrying the same batch");
+                self.metrics.retries.add(1);
+                Ok(())
+            },
+        )
+        .await
+        .map_err(|gave_up| gave_up.or(|| self.abandon()))
     }
 
     /// Sends what is not sent yet and saves the state. The state is staged
@@ -430,11 +422,15 @@ impl SourcePipeline {
     async fn attempt(
         &self,
         groups: &[Vec<OutgoingMessage>],
-        sent: &mut [bool],
         state: Option<&StoredState>,
-        (staged, saved): (&mut bool, &mut bool),
+        progress: &mut Progress,
         timings: &mut Timings,
     ) -> Result<(), Nack> {
+        let Progress {
+            sent,
+            staged,
+            saved,
+        } = progress;
         let stage = async {
             match state {
                 Some(state) if !*saved && !*staged => {
@@ -510,41 +506,50 @@ impl SourcePipeline {
 
     /// Tells the source the batch is durable, retrying transient failures.
     async fn commit(&self) -> Result<(), Ended> {
-        let mut failures = 0;
-        let give_up = self.shutdown.grace_expired();
-        tokio::pin!(give_up);
-        loop {
-            let committed = tokio::select! {
-                biased;
-                () = &mut give_up => return Err(self.abandon()),
-                committed = catch_panic(self.source.commit()) => committed,
-            };
-            let error = match committed {
-                Ok(Ok(())) => return Ok(()),
-                Err(panic) => return Err(Ended::Stopped(StopReason::Panic, panic)),
-                Ok(Err(error)) if !error.is_transient() => {
-                    return Err(Ended::Stopped(
-                        StopReason::Fatal,
-                        format!("commit failed: {error}"),
-                    ));
-                }
-                Ok(Err(error)) => error,
-            };
-            failures += 1;
-            self.metrics.error(ErrorStage::Commit, 1);
-            let message = format!("commit failed: {error}");
-            warn!(connector_key = %self.key, attempt = failures, %message, "retrying commit");
-            self.status.record_error(message);
-            tokio::select! {
-                biased;
-                () = &mut give_up => return Err(self.abandon()),
-                () = tokio::time::sleep(self.backoff.delay(failures)) => {}
-            }
-        }
+        retry(
+            self.backoff,
+            &self.shutdown,
+            Until::GraceExpired,
+            || async { call_attempt("commit", catch_panic(self.source.commit()).await) },
+            |failure| self.retrying(ErrorStage::Commit, "commit", failure),
+        )
+        .await
+        .map_err(|gave_up| gave_up.or(|| self.abandon()))
+    }
+
+    /// Reports a failed `poll` or `commit` that is retried.
+    fn retrying(
+        &self,
+        stage: ErrorStage,
+        what: &str,
+        failure: Failure<ConnectorError>,
+    ) -> Result<(), Ended> {
+        self.metrics.error(stage, 1);
+        let message = format!("{what} failed: {}", failure.error);
+        warn!(connector_key = %self.key, attempt = failure.attempt, %message, "retrying {what}");
+        self.status.record_error(message);
+        Ok(())
     }
 
     fn abandon(&self) -> Ended {
         warn!(connector_key = %self.key, "stop requested and the grace period ran out; the batch in flight stays uncommitted and will be read again");
         Ended::Shutdown
+    }
+}
+
+/// A source call's outcome as a retry attempt: transient errors are retried;
+/// fatal errors and panics stop the pipeline.
+fn call_attempt<T>(
+    what: &str,
+    called: Result<Result<T, ConnectorError>, String>,
+) -> Attempt<T, ConnectorError, Ended> {
+    match called {
+        Ok(Ok(value)) => Attempt::Done(value),
+        Ok(Err(error)) if error.is_transient() => Attempt::Failed(error),
+        Ok(Err(error)) => Attempt::Stop(Ended::Stopped(
+            StopReason::Fatal,
+            format!("{what} failed: {error}"),
+        )),
+        Err(panic) => Attempt::Stop(Ended::Stopped(StopReason::Panic, panic)),
     }
 }

@@ -3,6 +3,7 @@
 
 mod fast_paths;
 mod pipelined;
+mod prefetch;
 mod scripted;
 #[path = "../../../tests/support/wait.rs"]
 #[allow(dead_code)]

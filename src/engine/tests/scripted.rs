@@ -178,24 +178,38 @@ pub struct SinkControl {
     pub panic_next: std::sync::atomic::AtomicBool,
     /// What `Sink::accepts_json_bytes` answers.
     pub accepts_json_bytes: std::sync::atomic::AtomicBool,
+    /// What `Sink::writes_concurrently` answers.
+    pub concurrent: std::sync::atomic::AtomicBool,
+    /// While set, every write waits before doing anything.
+    pub hold: std::sync::atomic::AtomicBool,
+    /// Writes running now, and the most that ever ran at once.
+    pub in_write: AtomicUsize,
+    pub most_in_write: AtomicUsize,
+    /// A write of a batch holding this number fails transiently while
+    /// `failing_number_left` is above 0 (counting down).
+    pub failing_number: Mutex<Option<u64>>,
+    pub failing_number_left: AtomicU32,
 }
 
 impl SinkControl {
     pub fn written_numbers(&self) -> Vec<u64> {
-        self.written
-            .lock()
-            .unwrap()
-            .iter()
-            .filter_map(|message| match &message.payload {
-                Payload::Json(value) => value.get("n").and_then(serde_json::Value::as_u64),
-                Payload::JsonBytes(bytes) => serde_json::from_slice::<serde_json::Value>(bytes)
-                    .ok()?
-                    .get("n")?
-                    .as_u64(),
-                _ => None,
-            })
-            .collect()
+        numbers(&self.written.lock().unwrap())
     }
+}
+
+/// The `"n"` of each message that has one.
+fn numbers(messages: &[SinkMessage]) -> Vec<u64> {
+    messages
+        .iter()
+        .filter_map(|message| match &message.payload {
+            Payload::Json(value) => value.get("n").and_then(serde_json::Value::as_u64),
+            Payload::JsonBytes(bytes) => serde_json::from_slice::<serde_json::Value>(bytes)
+                .ok()?
+                .get("n")?
+                .as_u64(),
+            _ => None,
+        })
+        .collect()
 }
 
 pub struct ControlledSink(pub Arc<SinkControl>);
@@ -210,9 +224,47 @@ impl Sink for ControlledSink {
         self.0.accepts_json_bytes.load(Ordering::SeqCst)
     }
 
-    async fn write(&self, _topic: &TopicRef, messages: &[SinkMessage]) -> Result<(), SinkError> {
+    fn writes_concurrently(&self) -> bool {
+        self.0.concurrent.load(Ordering::SeqCst)
+    }
+
+    async fn write(&self, topic: &TopicRef, messages: &[SinkMessage]) -> Result<(), SinkError> {
+        let control = &self.0;
+        let running = control.in_write.fetch_add(1, Ordering::SeqCst) + 1;
+        control.most_in_write.fetch_max(running, Ordering::SeqCst);
+        while control.hold.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let written = self.write_now(topic, messages).await;
+        control.in_write.fetch_sub(1, Ordering::SeqCst);
+        written
+    }
+
+    async fn close(&mut self) -> Result<(), ConnectorError> {
+        Ok(())
+    }
+}
+
+impl ControlledSink {
+    async fn write_now(
+        &self,
+        _topic: &TopicRef,
+        messages: &[SinkMessage],
+    ) -> Result<(), SinkError> {
         let control = &self.0;
         control.writes.fetch_add(1, Ordering::SeqCst);
+        let failing_number = *control.failing_number.lock().unwrap();
+        if let Some(number) = failing_number
+            && numbers(messages).contains(&number)
+            && control
+                .failing_number_left
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                    left.checked_sub(1)
+                })
+                .is_ok()
+        {
+            return Err(SinkError::transient("scripted failure of one batch"));
+        }
         if control.panic_next.swap(false, Ordering::SeqCst) {
             panic!("scripted sink panic");
         }
@@ -240,10 +292,6 @@ impl Sink for ControlledSink {
             }
         }
         control.written.lock().unwrap().extend_from_slice(messages);
-        Ok(())
-    }
-
-    async fn close(&mut self) -> Result<(), ConnectorError> {
         Ok(())
     }
 }

@@ -1,0 +1,137 @@
+//! One configured connector and its task: starting it in its own task,
+//! stopping it within the shutdown timeout, and what the CLI and the API see
+//! of it.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, error, info_span, warn};
+
+use super::Runtime;
+use super::setup::{Prepared, SetupError};
+use crate::config::ConnectorConfig;
+use crate::connectors::{ConnectorContext, ConnectorKind, Degraded};
+use crate::engine::Shutdown;
+use crate::engine::metrics::ConnectorMetrics;
+use crate::engine::status::{StatusCell, StatusSnapshot, StopReason};
+
+/// One configured connector, running or not.
+pub(super) struct Slot {
+    pub(super) kind: ConnectorKind,
+    pub(super) key: String,
+    pub(super) config: RwLock<Arc<ConnectorConfig>>,
+    pub(super) status: Arc<StatusCell>,
+    pub(super) metrics: Arc<ConnectorMetrics>,
+    /// Set by the running connector while it cannot make progress.
+    pub(super) degraded: Degraded,
+    pub(super) task: tokio::sync::Mutex<Option<Task>>,
+}
+
+pub(super) struct Task {
+    shutdown: Shutdown,
+    pub(super) handle: JoinHandle<()>,
+}
+
+/// What the CLI and the API see of a connector.
+#[derive(Debug, Clone)]
+pub struct ConnectorView {
+    pub config: Arc<ConnectorConfig>,
+    pub status: StatusSnapshot,
+    pub metrics: Arc<ConnectorMetrics>,
+    /// Why the running connector says it is degraded, if it does.
+    pub degraded: Option<String>,
+}
+
+impl Runtime {
+    pub(super) async fn start_slot(self: &Arc<Self>, slot: &Arc<Slot>) {
+        let mut task = slot.task.lock().await;
+        if task
+            .as_ref()
+            .is_some_and(|running| !running.handle.is_finished())
+        {
+            return;
+        }
+        slot.status.set_starting();
+        let shutdown = Shutdown::new(CancellationToken::new(), self.options.shutdown_timeout);
+        let runtime = self.clone();
+        let running_slot = slot.clone();
+        let task_shutdown = shutdown.clone();
+        // Every line the connector and its pipeline log carries its key and type.
+        let span = info_span!("connector", connector_key = %slot.key, connector_type = %slot.kind);
+        let handle = tokio::spawn(
+            async move { runtime.run_slot(&running_slot, task_shutdown).await }.instrument(span),
+        );
+        *task = Some(Task { shutdown, handle });
+    }
+
+    pub(super) async fn stop_slot(&self, slot: &Slot) {
+        let mut task = slot.task.lock().await;
+        let Some(mut running) = task.take() else {
+            return;
+        };
+        if running.handle.is_finished() {
+            return;
+        }
+        slot.status.set_stopping();
+        running.shutdown.request();
+        // The pipeline itself gives up after the grace period; the margin covers
+        // closing the connector.
+        let limit = self.options.shutdown_timeout + Duration::from_secs(5);
+        if tokio::time::timeout(limit, &mut running.handle)
+            .await
+            .is_err()
+        {
+            warn!(connector_key = %slot.key, "connector did not stop in time; aborting its task");
+            running.handle.abort();
+            slot.status.set_stopped();
+        }
+    }
+
+    async fn run_slot(&self, slot: &Slot, shutdown: Shutdown) {
+        let config = slot.config();
+        let prepared = self.prepare(slot, &config, &shutdown).await;
+        match prepared {
+            Ok(Prepared::Source(pipeline)) => {
+                pipeline.run().await;
+            }
+            Ok(Prepared::Sink(pipeline)) => {
+                pipeline.run().await;
+            }
+            Err(SetupError::Shutdown) => slot.status.set_stopped(),
+            Err(error) => {
+                let message = error.to_string();
+                error!(connector_key = %slot.key, connector_type = %slot.kind, %message, "connector failed to start");
+                slot.status.set_stopped_by(StopReason::StartFailed, message);
+            }
+        }
+    }
+}
+
+impl Slot {
+    pub(super) fn config(&self) -> Arc<ConnectorConfig> {
+        self.config
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    pub(super) fn view(&self) -> ConnectorView {
+        ConnectorView {
+            config: self.config(),
+            status: self.status.snapshot(),
+            metrics: self.metrics.clone(),
+            degraded: self.degraded.reason(),
+        }
+    }
+
+    /// A fresh instance starts not degraded.
+    pub(super) fn context(&self) -> ConnectorContext {
+        self.degraded.clear();
+        ConnectorContext {
+            key: self.key.clone(),
+            degraded: self.degraded.clone(),
+        }
+    }
+}
