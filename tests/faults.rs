@@ -219,8 +219,14 @@ async fn a_broker_refusing_sends_past_the_limit_stops_the_source_visibly_and_a_r
  {
     let server = IggyTestServer::start();
     let workspace = Workspace::with_api(&server.address().to_string(), "");
-    let running =
-        run_random_into_out(&server, &workspace, PAST_LIMIT_RUN, "max_consecutive_nacks = 3", 300).await;
+    let running = run_random_into_out(
+        &server,
+        &workspace,
+        PAST_LIMIT_RUN,
+        "max_consecutive_nacks = 3",
+        300,
+    )
+    .await;
     server.faults().refuse_sends_until_cleared();
     let deadline = Instant::now() + LONG;
     loop {
@@ -265,7 +271,12 @@ async fn a_broker_refusing_sends_past_the_limit_stops_the_source_visibly_and_a_r
     stop(running, &workspace);
 
     let (in_topic, at_sink) = (topic(&server), sink_output(&workspace, "out"));
-    report("refused_sends_past_limit", PAST_LIMIT_RUN, &in_topic, &at_sink);
+    report(
+        "refused_sends_past_limit",
+        PAST_LIMIT_RUN,
+        &in_topic,
+        &at_sink,
+    );
     assert_eq!(duplicates(&in_topic), 0);
     assert!(missing(&at_sink, PAST_LIMIT_RUN).is_empty());
 }

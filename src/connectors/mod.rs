@@ -21,6 +21,7 @@ registry::register_connectors! {
         faulty => "faulty-sink",
         postgres => "postgres-sink",
         http => "http-sink",
+        clickhouse => "clickhouse-sink",
     }
 }
 

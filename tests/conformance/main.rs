@@ -159,6 +159,12 @@ sink_conformance!(
 );
 #[cfg(feature = "http-sink")]
 sink_conformance!(http_sink, "http", fixtures::http_sink::Backend::new().await);
+#[cfg(feature = "clickhouse-sink")]
+sink_conformance!(
+    clickhouse_sink,
+    "clickhouse",
+    fixtures::clickhouse_sink::Backend::new().await
+);
 
 /// The connectors the lines above cover, by kind and name.
 const COVERED_SOURCES: &[&str] = &[
@@ -178,6 +184,8 @@ const COVERED_SINKS: &[&str] = &[
     "postgres",
     #[cfg(feature = "http-sink")]
     "http",
+    #[cfg(feature = "clickhouse-sink")]
+    "clickhouse",
 ];
 
 #[test]

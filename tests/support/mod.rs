@@ -3,6 +3,8 @@
 
 pub mod accounting;
 pub mod binary;
+pub mod clickhouse;
+pub mod clickhouse_http;
 pub mod gunzip;
 pub mod http_server;
 pub mod iggy_server;
