@@ -22,6 +22,7 @@ registry::register_connectors! {
         postgres => "postgres-sink",
         http => "http-sink",
         clickhouse => "clickhouse-sink",
+        influxdb => "influxdb-sink",
     }
 }
 

@@ -165,6 +165,12 @@ sink_conformance!(
     "clickhouse",
     fixtures::clickhouse_sink::Backend::new().await
 );
+#[cfg(feature = "influxdb-sink")]
+sink_conformance!(
+    influxdb_sink,
+    "influxdb",
+    fixtures::influxdb_sink::Backend::new().await
+);
 
 /// The connectors the lines above cover, by kind and name.
 const COVERED_SOURCES: &[&str] = &[
@@ -186,6 +192,8 @@ const COVERED_SINKS: &[&str] = &[
     "http",
     #[cfg(feature = "clickhouse-sink")]
     "clickhouse",
+    #[cfg(feature = "influxdb-sink")]
+    "influxdb",
 ];
 
 #[test]

@@ -8,6 +8,8 @@ pub mod clickhouse_http;
 pub mod gunzip;
 pub mod http_server;
 pub mod iggy_server;
+pub mod influxdb;
+pub mod influxdb_http;
 pub mod prometheus;
 #[cfg(feature = "schema-registry")]
 pub mod schema_registry;
