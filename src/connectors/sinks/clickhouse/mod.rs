@@ -43,7 +43,7 @@ use bytes::Bytes;
 use tracing::{debug, info, warn};
 
 use crate::connectors::kit::backoff::Backoff;
-use crate::connectors::kit::http::{Auth, ClientOptions, HttpClient, error_chain};
+use crate::connectors::kit::http::{self, Auth, ClientOptions, HttpClient, error_chain};
 use crate::connectors::{
     ConnectorContext, ConnectorError, PluginConfigError, Rejection, Sink, SinkEntry, SinkError,
     parse_plugin_config, schema_of,
@@ -203,7 +203,7 @@ impl ClickHouseSink {
             .get("x-clickhouse-exception-code")
             .and_then(|value| value.to_str().ok())
             .and_then(|value| value.trim().parse().ok());
-        let text = read_text(response).await;
+        let text = http::read_text(response, MAX_RESPONSE_BYTES).await;
         if (200..300).contains(&status) && code.is_none() {
             return Ok(text);
         }
@@ -597,16 +597,6 @@ fn parse_columns(text: &str) -> Result<Vec<Column>, ConnectorError> {
     Ok(columns)
 }
 
-async fn read_text(mut response: reqwest::Response) -> String {
-    let mut body = Vec::new();
-    while body.len() < MAX_RESPONSE_BYTES {
-        match response.chunk().await {
-            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
-            Ok(None) | Err(_) => break,
-        }
-    }
-    String::from_utf8_lossy(&body).into_owned()
-}
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex

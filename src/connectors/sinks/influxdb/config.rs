@@ -31,7 +31,8 @@ pub struct InfluxDbSinkConfig {
     /// v1: password of `username`; a secret.
     #[schemars(with = "Option<String>")]
     pub password: Option<SecretString>,
-    /// v2 and v3: the API token; a secret.
+    /// v2 and v3: the API token; v1 (1.8 and later): `user:password`, sent
+    /// as `Token ...` instead of `username`/`password`. A secret.
     #[schemars(with = "Option<String>")]
     pub token: Option<SecretString>,
     /// Measurement every point goes to.

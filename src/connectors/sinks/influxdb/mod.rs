@@ -49,7 +49,7 @@ pub const ENTRY: SinkEntry = SinkEntry {
     feature: "influxdb-sink",
     description: "writes messages as line-protocol points to InfluxDB 1.x, 2.x or 3.x",
     secret_fields: &["token", "password"],
-    sample_config: "version = \"v2\"\nurl = \"http://localhost:8086\"\norg = \"iggy\"\nbucket = \"events\"\ntoken = \"secret-token\"\nmeasurement = \"iggy_messages\"\nprecision = \"us\"\n",
+    sample_config: "version = \"v1\"\nurl = \"http://localhost:8086\"\ndb = \"events\"\nusername = \"iggy\"\npassword = \"secret\"\n# InfluxDB 1.8+: `Token user:password` instead of username/password\ntoken = \"iggy:secret\"\nmeasurement = \"iggy_messages\"\nprecision = \"us\"\n",
     config_schema: schema_of::<InfluxDbSinkConfig>,
     build: |config| Ok(Box::new(InfluxDbSink::new(parse_plugin_config(config)?)?)),
 };
@@ -117,7 +117,22 @@ impl InfluxDbSink {
     }
 
     fn auth(&self) -> Auth {
+        let token = || {
+            SecretString::from(
+                self.config
+                    .token
+                    .as_ref()
+                    .map(|token| token.expose_secret())
+                    .unwrap_or(""),
+            )
+        };
+        let token_header = |scheme: &str| Auth::Header {
+            name: "Authorization".into(),
+            value: SecretString::from(format!("{scheme} {}", token().expose_secret())),
+        };
         match self.config.version {
+            // 1.8 and later take `Token user:password` too; it wins when set.
+            Version::V1 if self.config.token.is_some() => token_header("Token"),
             Version::V1 => match &self.config.username {
                 Some(username) => Auth::Basic {
                     username: username.clone(),
@@ -129,23 +144,8 @@ impl InfluxDbSink {
                 },
                 None => Auth::None,
             },
-            Version::V2 => Auth::Header {
-                name: "Authorization".into(),
-                value: SecretString::from(format!(
-                    "Token {}",
-                    self.config
-                        .token
-                        .as_ref()
-                        .map(|token| token.expose_secret())
-                        .unwrap_or("")
-                )),
-            },
-            Version::V3 => self
-                .config
-                .token
-                .clone()
-                .map(Auth::Bearer)
-                .unwrap_or(Auth::None),
+            Version::V2 => token_header("Token"),
+            Version::V3 => Auth::Bearer(token()),
         }
     }
 
@@ -290,7 +290,7 @@ impl InfluxDbSink {
         };
         let status = response.status().as_u16();
         let retry_after = http::retry_after(response.headers(), SystemTime::now());
-        let text = read_text(response).await;
+        let text = http::read_text(response, MAX_RESPONSE_BYTES).await;
         if (200..300).contains(&status) {
             return Attempt::Done(Outcome::Written);
         }
@@ -421,7 +421,7 @@ impl InfluxDbSink {
             .await
             .map_err(|error| ConnectorError::transient(self.transport_error(error)))?;
         let status = response.status().as_u16();
-        let text = read_text(response).await;
+        let text = http::read_text(response, MAX_RESPONSE_BYTES).await;
         if status == 401 || status == 403 {
             return Err(ConnectorError::fatal(format!(
                 "{} (check plugin_config.username/password)",
@@ -523,16 +523,6 @@ fn answer_reason(url: &str, status: u16, text: &str) -> String {
     }
 }
 
-async fn read_text(mut response: reqwest::Response) -> String {
-    let mut body = Vec::new();
-    while body.len() < MAX_RESPONSE_BYTES {
-        match response.chunk().await {
-            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
-            Ok(None) | Err(_) => break,
-        }
-    }
-    String::from_utf8_lossy(&body).into_owned()
-}
 
 #[async_trait]
 impl Sink for InfluxDbSink {
