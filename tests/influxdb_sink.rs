@@ -346,3 +346,27 @@ async fn upstreams_example_file_runs_against_the_v2_test_server() {
     assert_eq!(server.points().len(), 6);
     runtime.shutdown().await;
 }
+
+#[tokio::test]
+async fn after_threshold_failures_the_breaker_fails_writes_without_calling_the_server() {
+    let server = InfluxHttp::start("t0ken").await;
+    let sink = open(v2(
+        &server,
+        json!({"max_retries": 0, "circuit_breaker_threshold": 2, "circuit_breaker_cool_down": "1h"}),
+    ))
+    .await;
+    server.fail_next(&[Fault::Unavailable, Fault::Unavailable]);
+    for _ in 0..2 {
+        assert!(matches!(
+            sink.write(&topic(), &json_batch(1)).await,
+            Err(SinkError::Transient(_))
+        ));
+    }
+    let sent = server.requests().len();
+    let error = sink.write(&topic(), &json_batch(1)).await.unwrap_err();
+    assert!(
+        error.to_string().contains("circuit breaker open"),
+        "{error}"
+    );
+    assert_eq!(server.requests().len(), sent, "no request while open");
+}
