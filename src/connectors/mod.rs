@@ -25,6 +25,8 @@ registry::register_connectors! {
         postgres => "postgres-sink",
         http => "http-sink",
         elasticsearch => "elasticsearch-sink",
+        clickhouse => "clickhouse-sink",
+        influxdb => "influxdb-sink",
     }
 }
 

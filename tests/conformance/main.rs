@@ -186,6 +186,18 @@ sink_conformance!(
     "elasticsearch",
     fixtures::elasticsearch_sink::Backend::new().await
 );
+#[cfg(feature = "clickhouse-sink")]
+sink_conformance!(
+    clickhouse_sink,
+    "clickhouse",
+    fixtures::clickhouse_sink::Backend::new().await
+);
+#[cfg(feature = "influxdb-sink")]
+sink_conformance!(
+    influxdb_sink,
+    "influxdb",
+    fixtures::influxdb_sink::Backend::new().await
+);
 
 /// The connectors the lines above cover, by kind and name.
 const COVERED_SOURCES: &[&str] = &[
@@ -209,6 +221,10 @@ const COVERED_SINKS: &[&str] = &[
     "http",
     #[cfg(feature = "elasticsearch-sink")]
     "elasticsearch",
+    #[cfg(feature = "clickhouse-sink")]
+    "clickhouse",
+    #[cfg(feature = "influxdb-sink")]
+    "influxdb",
 ];
 
 #[test]

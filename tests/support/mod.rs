@@ -5,9 +5,13 @@ pub mod accounting;
 pub mod binary;
 #[cfg(any(feature = "elasticsearch-sink", feature = "elasticsearch-source"))]
 pub mod elasticsearch;
+pub mod clickhouse;
+pub mod clickhouse_http;
 pub mod gunzip;
 pub mod http_server;
 pub mod iggy_server;
+pub mod influxdb;
+pub mod influxdb_http;
 pub mod prometheus;
 #[cfg(feature = "schema-registry")]
 pub mod schema_registry;

@@ -245,6 +245,19 @@ fn read_ca_file(path: &PathBuf) -> Result<Vec<reqwest::Certificate>, ClientError
     Ok(certificates)
 }
 
+/// Up to `limit` bytes of a response body as text (lossy UTF-8), reading
+/// the rest of a short body so the connection goes back to the pool.
+pub async fn read_text(mut response: reqwest::Response, limit: usize) -> String {
+    let mut body = Vec::new();
+    while body.len() < limit {
+        match response.chunk().await {
+            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    String::from_utf8_lossy(&body).into_owned()
+}
+
 /// An error with its causes ("connection refused" hides under "error sending request").
 pub fn error_chain(error: &dyn std::error::Error) -> String {
     let mut message = error.to_string();

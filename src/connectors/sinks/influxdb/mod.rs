@@ -1,0 +1,674 @@
+//! `influxdb` sink: writes one point per message in line protocol to
+//! InfluxDB 1.x (`version = "v1"`, `/write`), 2.x (`v2`, `/api/v2/write`) or
+//! 3.x (`v3`, `/api/v3/write_lp`).
+//!
+//! Points are idempotent: a point is its series (measurement and tags, the
+//! message's offset among them) plus its timestamp (the message's), so a
+//! replayed message overwrites itself with the same fields.
+//!
+//! Delivery: `write` returns `Ok` once every request of the batch got a 2xx.
+//! Connection errors, timeouts, 408, 429 and 5xx are retried up to
+//! `max_retries` times per request (after the `Retry-After` asked for), then
+//! the batch fails as transient and the engine retries it; after
+//! `circuit_breaker_threshold` consecutive failures the breaker opens and the
+//! sink reports itself degraded. 401/403 and a missing database or bucket
+//! are fatal. A 4xx refusal is read for the lines it names (v1's quoted
+//! lines, v2's `line N`, v3's `line_number`): those messages are rejected by
+//! index for `on_error`, and the engine writes the rest again, which only
+//! overwrites points already written. A refusal naming no line is split in
+//! halves until the refused points stand alone.
+
+mod config;
+mod line;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use async_trait::async_trait;
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use bytes::Bytes;
+use secrecy::{ExposeSecret, SecretString};
+use tracing::{debug, info, warn};
+
+use crate::connectors::kit::backoff::Backoff;
+use crate::connectors::kit::breaker::{CircuitBreaker, Transition};
+use crate::connectors::kit::http::{
+    self, Auth, ClientOptions, HttpClient, StatusClass, classify, error_chain,
+};
+use crate::connectors::{
+    ConnectorContext, ConnectorError, Degraded, PluginConfigError, Rejection, Sink, SinkEntry,
+    SinkError, parse_plugin_config, schema_of,
+};
+use crate::message::{Payload, SinkMessage, TopicRef};
+
+pub use config::{InfluxDbSinkConfig, PayloadFormat, Precision, Version};
+
+pub const ENTRY: SinkEntry = SinkEntry {
+    name: "influxdb",
+    feature: "influxdb-sink",
+    description: "writes messages as line-protocol points to InfluxDB 1.x, 2.x or 3.x",
+    secret_fields: &["token", "password"],
+    sample_config: "version = \"v1\"\nurl = \"http://localhost:8086\"\ndb = \"events\"\nusername = \"iggy\"\npassword = \"secret\"\n# InfluxDB 1.8+: `Token user:password` instead of username/password\ntoken = \"iggy:secret\"\nmeasurement = \"iggy_messages\"\nprecision = \"us\"\n",
+    config_schema: schema_of::<InfluxDbSinkConfig>,
+    build: |config| Ok(Box::new(InfluxDbSink::new(parse_plugin_config(config)?)?)),
+};
+
+const MAX_RESPONSE_BYTES: usize = 64 * 1024;
+
+pub struct InfluxDbSink {
+    config: InfluxDbSinkConfig,
+    write_url: reqwest::Url,
+    base_url: reqwest::Url,
+    display_url: String,
+    retry: Backoff,
+    client: Option<HttpClient>,
+    breaker: CircuitBreaker,
+    key: String,
+    degraded: Degraded,
+    is_degraded: AtomicBool,
+}
+
+/// One message as a point.
+struct Point {
+    index: usize,
+    text: String,
+    /// Physical lines it takes (a text payload may hold line breaks).
+    lines: usize,
+}
+
+/// How one request ended, after its retries.
+enum Outcome {
+    Written,
+    /// A 4xx naming what it refuses (possibly nothing).
+    Refused(line::Refused, String),
+    Transient(String),
+    Fatal(String),
+}
+
+impl InfluxDbSink {
+    pub fn new(config: InfluxDbSinkConfig) -> Result<Self, PluginConfigError> {
+        let write_url = config.validate()?;
+        let mut base_url = write_url.clone();
+        base_url.set_query(None);
+        base_url.set_path("/");
+        let display_url = format!("{}{}", base_url.as_str().trim_end_matches('/'), write_url.path());
+        let retry = Backoff {
+            initial: config.retry_delay,
+            max: config.retry_max_delay,
+            multiplier: 2.0,
+        };
+        let breaker = CircuitBreaker::new(
+            config.circuit_breaker_threshold,
+            config.circuit_breaker_cool_down,
+        );
+        Ok(Self {
+            write_url,
+            base_url,
+            display_url,
+            retry,
+            client: None,
+            breaker,
+            key: "influxdb".into(),
+            degraded: Degraded::default(),
+            is_degraded: AtomicBool::new(false),
+            config,
+        })
+    }
+
+    fn auth(&self) -> Auth {
+        let token = || {
+            SecretString::from(
+                self.config
+                    .token
+                    .as_ref()
+                    .map(|token| token.expose_secret())
+                    .unwrap_or(""),
+            )
+        };
+        let token_header = |scheme: &str| Auth::Header {
+            name: "Authorization".into(),
+            value: SecretString::from(format!("{scheme} {}", token().expose_secret())),
+        };
+        match self.config.version {
+            // 1.8 and later take `Token user:password` too; it wins when set.
+            Version::V1 if self.config.token.is_some() => token_header("Token"),
+            Version::V1 => match &self.config.username {
+                Some(username) => Auth::Basic {
+                    username: username.clone(),
+                    password: self
+                        .config
+                        .password
+                        .clone()
+                        .unwrap_or_else(|| SecretString::from("")),
+                },
+                None => Auth::None,
+            },
+            Version::V2 => token_header("Token"),
+            Version::V3 => Auth::Bearer(token()),
+        }
+    }
+
+    fn credentials_field(&self) -> &'static str {
+        match self.config.version {
+            Version::V1 => "username/password",
+            Version::V2 | Version::V3 => "token",
+        }
+    }
+
+    fn target_field(&self) -> &'static str {
+        match self.config.version {
+            Version::V1 | Version::V3 => "db",
+            Version::V2 => "org/bucket",
+        }
+    }
+
+    /// The message as one line-protocol point.
+    fn encode(&self, topic: &TopicRef, message: &SinkMessage) -> Result<String, String> {
+        let config = &self.config;
+        let signed = config.version == Version::V1;
+        let mut out = String::with_capacity(128);
+        line::measurement(&mut out, &config.measurement);
+        if config.include_metadata && config.include_stream_tag {
+            out.push_str(",stream=");
+            line::tag(&mut out, &topic.stream)?;
+        }
+        if config.include_metadata && config.include_topic_tag {
+            out.push_str(",topic=");
+            line::tag(&mut out, &topic.topic)?;
+        }
+        if config.include_metadata && config.include_partition_tag {
+            out.push_str(&format!(",partition={}", message.partition_id));
+        }
+        // Always a tag: two messages of one timestamp stay two points.
+        out.push_str(&format!(",offset={}", message.offset));
+        out.push_str(&format!(" message_id=\"{}\"", message.id));
+        if config.include_metadata && !config.include_stream_tag {
+            out.push_str(",iggy_stream=");
+            line::string_field(&mut out, &topic.stream);
+        }
+        if config.include_metadata && !config.include_topic_tag {
+            out.push_str(",iggy_topic=");
+            line::string_field(&mut out, &topic.topic);
+        }
+        if config.include_metadata && !config.include_partition_tag {
+            out.push_str(",iggy_partition=");
+            line::unsigned_field(&mut out, u64::from(message.partition_id), signed);
+        }
+        if config.include_checksum {
+            out.push_str(",iggy_checksum=");
+            line::unsigned_field(&mut out, message.checksum, signed);
+        }
+        if config.include_origin_timestamp {
+            out.push_str(",iggy_origin_timestamp=");
+            line::unsigned_field(&mut out, message.origin_timestamp, signed);
+        }
+        match config.payload_format {
+            PayloadFormat::Json => {
+                out.push_str(",payload_json=");
+                line::string_field(&mut out, &compact_json(&message.payload)?);
+            }
+            PayloadFormat::Text => {
+                let bytes = message.payload.to_bytes();
+                let text = std::str::from_utf8(&bytes)
+                    .map_err(|_| "the payload is not UTF-8 (payload_format text)".to_owned())?;
+                out.push_str(",payload_text=");
+                line::string_field(&mut out, text);
+            }
+            PayloadFormat::Base64 => {
+                out.push_str(",payload_base64=\"");
+                STANDARD.encode_string(message.payload.to_bytes(), &mut out);
+                out.push('"');
+            }
+        }
+        let micros = if message.timestamp == 0 {
+            SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|since| since.as_micros() as u64)
+                .unwrap_or_default()
+        } else {
+            message.timestamp
+        };
+        out.push_str(&format!(" {}", config.precision.from_micros(micros)));
+        Ok(out)
+    }
+
+    /// Sends one body, retrying transient failures.
+    async fn send(&self, client: &HttpClient, body: Bytes, points: usize) -> Outcome {
+        let mut retries = 0;
+        loop {
+            if !self.breaker.allow() {
+                return Outcome::Transient(format!(
+                    "circuit breaker open: not calling {} for up to {} after {} consecutive failures",
+                    self.display_url,
+                    humantime::format_duration(self.config.circuit_breaker_cool_down),
+                    self.config.circuit_breaker_threshold
+                ));
+            }
+            let started = Instant::now();
+            let (reason, retry_after) = match self.attempt(client, body.clone()).await {
+                Attempt::Done(outcome) => {
+                    self.on_success();
+                    if self.config.verbose_logging {
+                        debug!(connector_key = %self.key, url = %self.display_url, points, bytes = body.len(), elapsed_ms = started.elapsed().as_millis() as u64, "InfluxDB write");
+                    }
+                    return outcome;
+                }
+                Attempt::Retry {
+                    reason,
+                    retry_after,
+                } => (reason, retry_after),
+            };
+            self.on_failure(&reason);
+            retries += 1;
+            if retries > self.config.max_retries {
+                return Outcome::Transient(format!(
+                    "{reason} (gave up after {retries} attempts; the batch will be retried)"
+                ));
+            }
+            let delay = retry_after
+                .map(|wait| wait.min(self.config.retry_max_delay))
+                .unwrap_or_else(|| self.retry.delay(retries));
+            warn!(connector_key = %self.key, url = %self.display_url, retry = retries, max_retries = self.config.max_retries, retry_in_ms = delay.as_millis() as u64, error = %reason, "InfluxDB write failed, retrying");
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    async fn attempt(&self, client: &HttpClient, body: Bytes) -> Attempt {
+        let response = match client
+            .request(reqwest::Method::POST, self.write_url.clone(), body)
+            .send()
+            .await
+        {
+            Ok(response) => response,
+            Err(error) => {
+                return Attempt::Retry {
+                    reason: self.transport_error(error),
+                    retry_after: None,
+                };
+            }
+        };
+        let status = response.status().as_u16();
+        let retry_after = http::retry_after(response.headers(), SystemTime::now());
+        let text = http::read_text(response, MAX_RESPONSE_BYTES).await;
+        if (200..300).contains(&status) {
+            return Attempt::Done(Outcome::Written);
+        }
+        let reason = answer_reason(&self.display_url, status, &text);
+        Attempt::Done(match status {
+            401 | 403 => Outcome::Fatal(format!(
+                "{reason} (check plugin_config.{})",
+                self.credentials_field()
+            )),
+            404 => Outcome::Fatal(format!(
+                "{reason} (check plugin_config.{}: it must exist)",
+                self.target_field()
+            )),
+            _ if classify(status) == StatusClass::Transient => {
+                return Attempt::Retry {
+                    reason,
+                    retry_after,
+                };
+            }
+            _ => Outcome::Refused(line::refused(&text), reason),
+        })
+    }
+
+    fn transport_error(&self, error: reqwest::Error) -> String {
+        let error = error.without_url();
+        if error.is_timeout() {
+            format!(
+                "request to {} timed out after {}",
+                self.display_url,
+                humantime::format_duration(self.config.timeout)
+            )
+        } else {
+            format!("request to {} failed: {}", self.display_url, error_chain(&error))
+        }
+    }
+
+    /// Writes `points` in requests of `batch_size`, isolating what is refused.
+    async fn write_points(
+        &self,
+        client: &HttpClient,
+        points: Vec<Point>,
+    ) -> Result<Vec<Rejection>, SinkError> {
+        let size = self.config.batch_size as usize;
+        let mut parts: Vec<Vec<Point>> = Vec::new();
+        let mut points = points.into_iter().peekable();
+        while points.peek().is_some() {
+            parts.push(points.by_ref().take(size).collect());
+        }
+        parts.reverse();
+        let mut rejected = Vec::new();
+        while let Some(mut part) = parts.pop() {
+            let body = part
+                .iter()
+                .map(|point| point.text.as_str())
+                .collect::<Vec<_>>()
+                .join("\n");
+            let (refused, reason) = match self.send(client, Bytes::from(body), part.len()).await {
+                Outcome::Written => continue,
+                Outcome::Transient(reason) => return Err(SinkError::transient(reason)),
+                Outcome::Fatal(reason) => return Err(SinkError::fatal(reason)),
+                Outcome::Refused(refused, reason) => (refused, reason),
+            };
+            let named = named_points(&part, &refused);
+            if !named.is_empty() {
+                // The rest is written again by the engine (points overwrite).
+                rejected.extend(named.into_iter().map(|position| Rejection {
+                    index: part[position].index,
+                    reason: reason.clone(),
+                }));
+            } else if part.len() == 1 {
+                rejected.push(Rejection {
+                    index: part[0].index,
+                    reason,
+                });
+            } else {
+                let second = part.split_off(part.len() / 2);
+                parts.push(second);
+                parts.push(part);
+            }
+        }
+        Ok(rejected)
+    }
+
+    /// Health check at open, retried up to `max_open_retries`.
+    async fn check_health(&self, client: &HttpClient) -> Result<(), ConnectorError> {
+        let path = match self.config.version {
+            Version::V1 => "ping",
+            Version::V2 | Version::V3 => "health",
+        };
+        let url = self
+            .base_url
+            .join(path)
+            .map_err(|error| ConnectorError::fatal(error.to_string()))?;
+        let backoff = Backoff {
+            initial: self.config.retry_delay,
+            max: self.config.open_retry_max_delay,
+            multiplier: 2.0,
+        };
+        let mut attempt = 0;
+        loop {
+            let problem = match client.empty(reqwest::Method::GET, url.clone()).send().await {
+                Ok(response) if response.status().is_success() => return Ok(()),
+                Ok(response) => format!("{url} answered {}", response.status().as_u16()),
+                Err(error) => self.transport_error(error),
+            };
+            attempt += 1;
+            if attempt > self.config.max_open_retries {
+                return Err(ConnectorError::transient(format!(
+                    "health check failed {attempt} times: {problem}"
+                )));
+            }
+            let delay = backoff.delay(attempt);
+            warn!(connector_key = %self.key, retry = attempt, retry_in_ms = delay.as_millis() as u64, error = %problem, "InfluxDB health check failed, retrying");
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// v1: the credentials work and the database exists.
+    async fn check_v1_database(&self, client: &HttpClient) -> Result<(), ConnectorError> {
+        let mut url = self
+            .base_url
+            .join("query")
+            .map_err(|error| ConnectorError::fatal(error.to_string()))?;
+        url.query_pairs_mut().append_pair("q", "SHOW DATABASES");
+        let response = client
+            .empty(reqwest::Method::GET, url)
+            .send()
+            .await
+            .map_err(|error| ConnectorError::transient(self.transport_error(error)))?;
+        let status = response.status().as_u16();
+        let text = http::read_text(response, MAX_RESPONSE_BYTES).await;
+        if status == 401 || status == 403 {
+            return Err(ConnectorError::fatal(format!(
+                "{} (check plugin_config.username/password)",
+                answer_reason(&self.display_url, status, &text)
+            )));
+        }
+        if !(200..300).contains(&status) {
+            return Err(ConnectorError::transient(answer_reason(
+                &self.display_url,
+                status,
+                &text,
+            )));
+        }
+        let db = self.config.db.clone().unwrap_or_default();
+        let answer: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+        let exists = answer["results"][0]["series"][0]["values"]
+            .as_array()
+            .is_some_and(|rows| rows.iter().any(|row| row[0].as_str() == Some(db.as_str())));
+        if !exists {
+            return Err(ConnectorError::fatal(format!(
+                "the database {db:?} does not exist on {} (plugin_config.db): create it first (CREATE DATABASE \"{db}\")",
+                self.display_url
+            )));
+        }
+        Ok(())
+    }
+
+    fn on_success(&self) {
+        if self.breaker.record_success() == Some(Transition::Closed) {
+            info!(connector_key = %self.key, url = %self.display_url, "circuit breaker closed: InfluxDB answers again");
+        }
+        if self.is_degraded.swap(false, Ordering::Relaxed) {
+            self.degraded.clear();
+        }
+    }
+
+    fn on_failure(&self, reason: &str) {
+        if self.breaker.record_failure() == Some(Transition::Opened) {
+            let message = format!(
+                "circuit breaker open after {} consecutive failures (cool-down {}); last: {reason}",
+                self.config.circuit_breaker_threshold,
+                humantime::format_duration(self.config.circuit_breaker_cool_down)
+            );
+            warn!(connector_key = %self.key, url = %self.display_url, "{message}");
+            self.degraded.set(message);
+            self.is_degraded.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+enum Attempt {
+    Done(Outcome),
+    Retry {
+        reason: String,
+        retry_after: Option<Duration>,
+    },
+}
+
+/// Positions in `part` of the points a refusal names, by physical line
+/// number or by the text of the line.
+fn named_points(part: &[Point], refused: &line::Refused) -> Vec<usize> {
+    let mut named = Vec::new();
+    let mut first_line = 1;
+    for (position, point) in part.iter().enumerate() {
+        let last_line = first_line + point.lines - 1;
+        let by_number = refused
+            .lines
+            .iter()
+            .any(|line| (first_line..=last_line).contains(line));
+        let by_text = refused.texts.contains(&point.text);
+        if by_number || by_text {
+            named.push(position);
+        }
+        first_line = last_line + 1;
+    }
+    named
+}
+
+/// The payload as compact JSON on one line.
+fn compact_json(payload: &Payload) -> Result<String, String> {
+    match payload {
+        Payload::Json(value) => serde_json::to_string(value).map_err(|error| error.to_string()),
+        other => {
+            let bytes = other.to_bytes();
+            let value: serde_json::Value = serde_json::from_slice(&bytes)
+                .map_err(|error| format!("the payload is not JSON (payload_format json): {error}"))?;
+            serde_json::to_string(&value).map_err(|error| error.to_string())
+        }
+    }
+}
+
+fn answer_reason(url: &str, status: u16, text: &str) -> String {
+    let text: String = text.chars().take(300).collect();
+    let text = text.trim();
+    if text.is_empty() {
+        format!("{url} answered {status}")
+    } else {
+        format!("{url} answered {status}: {text}")
+    }
+}
+
+
+#[async_trait]
+impl Sink for InfluxDbSink {
+    fn accepts_json_bytes(&self) -> bool {
+        true
+    }
+
+    fn attach(&mut self, context: ConnectorContext) {
+        self.key = context.key;
+        self.degraded = context.degraded;
+    }
+
+    async fn open(&mut self) -> Result<(), ConnectorError> {
+        let options = ClientOptions {
+            timeout: self.config.timeout,
+            auth: self.auth(),
+            ..ClientOptions::default()
+        };
+        let client =
+            HttpClient::new(&options).map_err(|error| ConnectorError::fatal(error.to_string()))?;
+        self.check_health(&client).await?;
+        if self.config.version == Version::V1 {
+            self.check_v1_database(&client).await?;
+        }
+        info!(connector_key = %self.key, url = %self.display_url, version = self.config.version_name(), measurement = %self.config.measurement, "influxdb sink open");
+        self.client = Some(client);
+        Ok(())
+    }
+
+    async fn write(&self, topic: &TopicRef, messages: &[SinkMessage]) -> Result<(), SinkError> {
+        let client = self
+            .client
+            .as_ref()
+            .ok_or_else(|| SinkError::fatal("the influxdb sink was not opened"))?;
+        let mut points = Vec::with_capacity(messages.len());
+        let mut refused = Vec::new();
+        for (index, message) in messages.iter().enumerate() {
+            match self.encode(topic, message) {
+                Ok(text) => points.push(Point {
+                    index,
+                    lines: text.matches('\n').count() + 1,
+                    text,
+                }),
+                Err(reason) => refused.push(Rejection { index, reason }),
+            }
+        }
+        // Nothing sent: the engine writes the rest again without these.
+        if !refused.is_empty() {
+            return Err(SinkError::Rejected(refused));
+        }
+        let rejected = self.write_points(client, points).await?;
+        if rejected.is_empty() {
+            Ok(())
+        } else {
+            Err(SinkError::Rejected(rejected))
+        }
+    }
+
+    async fn close(&mut self) -> Result<(), ConnectorError> {
+        self.client = None;
+        self.degraded.clear();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sink(extra: serde_json::Value) -> InfluxDbSink {
+        let mut config = serde_json::json!({"url": "http://127.0.0.1:1", "org": "o", "bucket": "b", "token": "t"});
+        config
+            .as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        InfluxDbSink::new(parse_plugin_config(&config).unwrap()).unwrap()
+    }
+
+    fn message(payload: Payload) -> SinkMessage {
+        SinkMessage {
+            id: 42,
+            offset: 7,
+            partition_id: 3,
+            timestamp: 1_700_000_000_123_456,
+            origin_timestamp: 1_700_000_000_000_000,
+            checksum: 99,
+            headers: Vec::new(),
+            payload,
+        }
+    }
+
+    fn topic() -> TopicRef {
+        TopicRef {
+            stream: "my stream".into(),
+            topic: "t,1".into(),
+        }
+    }
+
+    #[test]
+    fn given_a_message_when_encoded_should_write_upstreams_point() {
+        let line = sink(serde_json::json!({}))
+            .encode(&topic(), &message(Payload::Json(serde_json::json!({"a": "x y"}))))
+            .unwrap();
+        assert_eq!(
+            line,
+            r#"iggy_messages,stream=my\ stream,topic=t\,1,partition=3,offset=7 message_id="42",iggy_checksum=99u,iggy_origin_timestamp=1700000000000000u,payload_json="{\"a\":\"x y\"}" 1700000000123456"#
+        );
+    }
+
+    #[test]
+    fn given_fields_instead_of_tags_and_other_formats_when_encoded_should_follow_the_flags() {
+        let sink = sink(serde_json::json!({
+            "include_stream_tag": false, "include_topic_tag": false, "include_partition_tag": false,
+            "include_checksum": false, "include_origin_timestamp": false,
+            "payload_format": "base64", "precision": "ms"
+        }));
+        let line = sink
+            .encode(&topic(), &message(Payload::Raw(Bytes::from_static(b"\x00\x01"))))
+            .unwrap();
+        assert_eq!(
+            line,
+            r#"iggy_messages,offset=7 message_id="42",iggy_stream="my stream",iggy_topic="t,1",iggy_partition=3u,payload_base64="AAE=" 1700000000123"#
+        );
+        let error = self::sink(serde_json::json!({}))
+            .encode(&topic(), &message(Payload::Text("not json".into())))
+            .unwrap_err();
+        assert!(error.contains("not JSON"), "{error}");
+        let v1 = self::sink(serde_json::json!({"version": "v1", "db": "d", "include_partition_tag": false}))
+            .encode(&topic(), &message(Payload::Json(serde_json::json!(1))))
+            .unwrap();
+        assert!(
+            v1.contains(",iggy_partition=3i,iggy_checksum=99i,iggy_origin_timestamp=1700000000000000i,"),
+            "1.x has no unsigned integers: {v1}"
+        );
+    }
+
+    #[test]
+    fn given_multi_line_points_when_a_line_is_named_should_find_its_message() {
+        let part = [
+            Point { index: 0, text: "a".into(), lines: 1 },
+            Point { index: 1, text: "b\nc".into(), lines: 2 },
+            Point { index: 2, text: "d".into(), lines: 1 },
+        ];
+        let by_number = line::Refused { lines: vec![3, 4], texts: Vec::new() };
+        assert_eq!(named_points(&part, &by_number), vec![1, 2]);
+        let by_text = line::Refused { lines: Vec::new(), texts: vec!["a".into()] };
+        assert_eq!(named_points(&part, &by_text), vec![0]);
+    }
+}

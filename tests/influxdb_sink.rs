@@ -1,0 +1,372 @@
+//! The influxdb sink against a real InfluxDB 1.6 (Debian's, one server per
+//! test from `support::influxdb`) for `version = "v1"`, and against the
+//! protocol test server of `support::influxdb_http` for v2 and v3.
+
+mod support;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use iggy_connect::config::env::EnvVars;
+use iggy_connect::config::parse_connector_file;
+use iggy_connect::connectors::{Registry, Sink, SinkError};
+use iggy_connect::engine::Runtime;
+use iggy_connect::iggy::{Bus, MemoryBus, ProducerTarget};
+use iggy_connect::message::{OutgoingMessage, Payload, SinkMessage, TopicRef};
+use iggy_connect::state::MemoryStateStore;
+use serde_json::{Value, json};
+use support::influxdb::InfluxDb;
+use support::influxdb_http::{Fault, InfluxHttp};
+use support::wait::eventually;
+
+fn build(config: Value) -> Box<dyn Sink> {
+    let entry = Registry::sinks()
+        .iter()
+        .find(|entry| entry.name == "influxdb")
+        .unwrap();
+    (entry.build)(&config).unwrap()
+}
+
+async fn open(config: Value) -> Box<dyn Sink> {
+    let mut sink = build(config);
+    sink.open().await.unwrap();
+    sink
+}
+
+fn topic() -> TopicRef {
+    TopicRef {
+        stream: "s".into(),
+        topic: "t".into(),
+    }
+}
+
+fn message(offset: u64, payload: Payload) -> SinkMessage {
+    SinkMessage {
+        id: u128::from(offset) + 100,
+        offset,
+        partition_id: 1,
+        timestamp: 1_700_000_000_000_000 + offset,
+        origin_timestamp: 1_700_000_000_000_000,
+        checksum: offset,
+        headers: Vec::new(),
+        payload,
+    }
+}
+
+fn json_batch(count: u64) -> Vec<SinkMessage> {
+    (0..count)
+        .map(|n| message(n, Payload::Json(json!({"n": n}))))
+        .collect()
+}
+
+fn rejected_indexes(error: SinkError) -> Vec<usize> {
+    match error {
+        SinkError::Rejected(rejections) => {
+            let mut indexes: Vec<usize> = rejections.iter().map(|r| r.index).collect();
+            indexes.sort();
+            indexes
+        }
+        other => panic!("expected Rejected, got {other}"),
+    }
+}
+
+fn without(batch: &[SinkMessage], rejected: &[usize]) -> Vec<SinkMessage> {
+    batch
+        .iter()
+        .enumerate()
+        .filter(|(index, _)| !rejected.contains(index))
+        .map(|(_, message)| message.clone())
+        .collect()
+}
+
+fn merged(mut config: Value, extra: Value) -> Value {
+    config
+        .as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    config
+}
+
+async fn v1_server() -> InfluxDb {
+    let server = InfluxDb::start();
+    server.query("", "CREATE DATABASE db1").await;
+    server
+}
+
+fn v1(server: &InfluxDb, extra: Value) -> Value {
+    merged(
+        json!({"version": "v1", "url": server.url(), "db": "db1", "retry_delay": "1ms", "max_retries": 0, "max_open_retries": 0}),
+        extra,
+    )
+}
+
+#[tokio::test]
+async fn v1_points_carry_upstreams_tags_and_fields_and_the_escaping_round_trips() {
+    let server = v1_server().await;
+    let sink = open(v1(
+        &server,
+        json!({"measurement": "odd name,x=1", "payload_format": "text"}),
+    ))
+    .await;
+    let awkward = TopicRef {
+        stream: "a stream,with=signs".into(),
+        topic: "t\\1".into(),
+    };
+    let text = "say \"hi\" \\ then, = a\nsecond line";
+    sink.write(&awkward, &[message(5, Payload::Text(text.into()))])
+        .await
+        .unwrap();
+    let rows = server.rows("db1", r#"SELECT * FROM "odd name,x=1""#).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let row = &rows[0];
+    assert_eq!(row["stream"], json!("a stream,with=signs"));
+    assert_eq!(row["topic"], json!("t\\1"));
+    assert_eq!(row["partition"], json!("1"));
+    assert_eq!(row["offset"], json!("5"));
+    assert_eq!(row["message_id"], json!("105"));
+    assert_eq!(row["payload_text"], json!(text));
+    assert_eq!(row["iggy_checksum"], json!(5));
+    assert_eq!(row["time"], json!(1_700_000_000_000_005u64));
+}
+
+#[tokio::test]
+async fn v1_a_replayed_batch_overwrites_its_points() {
+    let server = v1_server().await;
+    let sink = open(v1(&server, json!({"batch_size": 3}))).await;
+    let batch = json_batch(7);
+    sink.write(&topic(), &batch).await.unwrap();
+    sink.write(&topic(), &batch).await.unwrap();
+    let rows = server
+        .rows("db1", "SELECT payload_json FROM iggy_messages")
+        .await;
+    let payloads: Vec<Value> = rows.iter().map(|row| row["payload_json"].clone()).collect();
+    assert_eq!(payloads.len(), 7, "{payloads:?}");
+    assert_eq!(payloads[3], json!("{\"n\":3}"));
+}
+
+#[tokio::test]
+async fn v1_a_partial_write_rejects_the_refused_line_by_index_and_keeps_the_rest() {
+    let server = v1_server().await;
+    let sink = open(v1(&server, json!({}))).await;
+    let mut batch = json_batch(5);
+    // Past 2262 in nanoseconds: InfluxDB refuses the point ("time outside range").
+    batch[1].timestamp = 9_999_999_999_999_999;
+    batch[3].timestamp = 9_999_999_999_999_998;
+    let rejected = rejected_indexes(sink.write(&topic(), &batch).await.unwrap_err());
+    assert_eq!(rejected, vec![1, 3]);
+    sink.write(&topic(), &without(&batch, &rejected))
+        .await
+        .unwrap();
+    let offsets: Vec<Value> = server
+        .rows("db1", "SELECT payload_json, \"offset\" FROM iggy_messages")
+        .await
+        .iter()
+        .map(|row| row["offset"].clone())
+        .collect();
+    assert_eq!(offsets, vec![json!("0"), json!("2"), json!("4")]);
+}
+
+#[tokio::test]
+async fn v1_a_refusal_naming_no_line_is_split_until_each_refused_point_stands_alone() {
+    let server = v1_server().await;
+    // payload_json as an integer: every string payload_json conflicts, and
+    // 1.6 answers a bare "field type conflict" (field types are per shard:
+    // the point shares the shard of the batch).
+    server
+        .write(
+            "db1",
+            "iggy_messages,offset=999 payload_json=1i 1700000000000000",
+        )
+        .await;
+    let sink = open(v1(&server, json!({}))).await;
+    let batch = json_batch(4);
+    let rejected = rejected_indexes(sink.write(&topic(), &batch).await.unwrap_err());
+    assert_eq!(rejected, vec![0, 1, 2, 3]);
+}
+
+#[tokio::test]
+async fn v1_open_is_fatal_naming_db_when_the_database_is_missing() {
+    let server = v1_server().await;
+    let mut sink = build(v1(&server, json!({"db": "absent"})));
+    let error = sink.open().await.unwrap_err();
+    assert!(!error.is_transient());
+    assert!(error.to_string().contains("plugin_config.db"), "{error}");
+}
+
+#[tokio::test]
+async fn v1_a_payload_that_is_not_json_is_rejected_before_anything_is_sent() {
+    let server = v1_server().await;
+    let sink = open(v1(&server, json!({}))).await;
+    let batch = vec![
+        message(0, Payload::Json(json!({"ok": true}))),
+        message(1, Payload::Text("{not json".into())),
+    ];
+    assert_eq!(
+        rejected_indexes(sink.write(&topic(), &batch).await.unwrap_err()),
+        vec![1]
+    );
+    assert!(
+        server
+            .rows("db1", "SELECT * FROM iggy_messages")
+            .await
+            .is_empty()
+    );
+}
+
+fn v2(server: &InfluxHttp, extra: Value) -> Value {
+    merged(
+        json!({"url": server.url, "org": "iggy", "bucket": "events", "token": "t0ken",
+               "retry_delay": "1ms", "max_retries": 1, "max_open_retries": 0}),
+        extra,
+    )
+}
+
+#[tokio::test]
+async fn v2_writes_with_token_auth_and_a_refused_line_is_rejected_by_index() {
+    let server = InfluxHttp::start("t0ken").await;
+    let sink = open(v2(&server, json!({"precision": "ns"}))).await;
+    let mut batch = json_batch(4);
+    batch[2].payload = Payload::Json(json!({"poison": true}));
+    let rejected = rejected_indexes(sink.write(&topic(), &batch).await.unwrap_err());
+    assert_eq!(rejected, vec![2]);
+    assert!(server.points().is_empty(), "v2 refuses the whole request");
+    sink.write(&topic(), &without(&batch, &rejected))
+        .await
+        .unwrap();
+    let points = server.points();
+    assert_eq!(points.len(), 3, "{points:?}");
+    assert!(points[0].ends_with(" 1700000000000000000"), "{}", points[0]);
+    let request = &server.requests()[0];
+    assert_eq!(
+        (
+            request["org"].as_str(),
+            request["bucket"].as_str(),
+            request["precision"].as_str()
+        ),
+        ("iggy", "events", "ns")
+    );
+}
+
+#[tokio::test]
+async fn v3_a_partial_write_rejects_the_listed_lines_and_uses_bearer_auth() {
+    let server = InfluxHttp::start("t0ken").await;
+    let sink = open(merged(
+        v2(&server, json!({})),
+        json!({"version": "v3", "db": "events", "org": null, "bucket": null}),
+    ))
+    .await;
+    let mut batch = json_batch(3);
+    batch[0].payload = Payload::Json(json!({"poison": 1}));
+    let rejected = rejected_indexes(sink.write(&topic(), &batch).await.unwrap_err());
+    assert_eq!(rejected, vec![0]);
+    assert_eq!(server.points().len(), 2, "v3 writes the rest");
+    sink.write(&topic(), &without(&batch, &rejected))
+        .await
+        .unwrap();
+    assert_eq!(server.points().len(), 2, "the rewrite overwrites");
+    assert_eq!(server.requests()[0]["precision"], "microsecond");
+}
+
+#[tokio::test]
+async fn v2_a_503_is_retried_and_throttling_past_max_retries_is_transient() {
+    let server = InfluxHttp::start("t0ken").await;
+    server.fail_next(&[Fault::Unavailable]);
+    let sink = open(v2(&server, json!({}))).await;
+    sink.write(&topic(), &json_batch(2)).await.unwrap();
+    assert_eq!(server.points().len(), 2);
+    server.fail_next(&[Fault::TooManyRequests, Fault::TooManyRequests]);
+    let error = sink.write(&topic(), &json_batch(2)).await.unwrap_err();
+    assert!(matches!(error, SinkError::Transient(_)), "{error}");
+}
+
+#[tokio::test]
+async fn v2_a_wrong_token_is_fatal_naming_the_field() {
+    let server = InfluxHttp::start("t0ken").await;
+    let sink = open(v2(&server, json!({"token": "wrong"}))).await;
+    let error = sink.write(&topic(), &json_batch(1)).await.unwrap_err();
+    let SinkError::Fatal(error) = error else {
+        panic!("expected fatal, got {error}");
+    };
+    assert!(error.to_string().contains("plugin_config.token"), "{error}");
+}
+
+/// Upstream's example file (v2), unchanged but for its URL, run by the
+/// runtime against the v2 protocol test server holding its token.
+#[tokio::test]
+async fn upstreams_example_file_runs_against_the_v2_test_server() {
+    let server = InfluxHttp::start("replace-with-token").await;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .map(|dir| dir.join("shared/reference/upstream-configs/influxdb_sink.toml"))
+        .find(|path| path.exists())
+        .expect("upstream's influxdb_sink.toml");
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("http://localhost:8086", &server.url);
+    let (config, _) = parse_connector_file(&path, &text, &EnvVars::from_pairs([])).unwrap();
+    let bus = MemoryBus::new();
+    for topic in ["users", "orders"] {
+        let producer = bus
+            .producer(&ProducerTarget {
+                stream: "user_events".into(),
+                topic: topic.into(),
+                partitions: 1,
+                batch_length: 1000,
+                linger_time: Duration::ZERO,
+            })
+            .await
+            .unwrap();
+        let messages: Vec<OutgoingMessage> = (1..=3)
+            .map(|id| OutgoingMessage {
+                id: Some(id),
+                headers: Vec::new(),
+                payload: Bytes::from(serde_json::to_vec(&json!({"id": id as u64})).unwrap()),
+            })
+            .collect();
+        producer.send(&messages).await.unwrap();
+    }
+    let runtime = Runtime::new(
+        Arc::new(bus.clone()),
+        Arc::new(MemoryStateStore::new()),
+        Duration::from_secs(2),
+    );
+    runtime.add(config).unwrap();
+    runtime.start_enabled().await;
+    eventually(
+        "both topics are committed",
+        Duration::from_secs(30),
+        async || {
+            bus.is_drained("user_events", "users", "influxdb_sink")
+                && bus.is_drained("user_events", "orders", "influxdb_sink")
+        },
+    )
+    .await;
+    assert_eq!(server.points().len(), 6);
+    runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn after_threshold_failures_the_breaker_fails_writes_without_calling_the_server() {
+    let server = InfluxHttp::start("t0ken").await;
+    let sink = open(v2(
+        &server,
+        json!({"max_retries": 0, "circuit_breaker_threshold": 2, "circuit_breaker_cool_down": "1h"}),
+    ))
+    .await;
+    server.fail_next(&[Fault::Unavailable, Fault::Unavailable]);
+    for _ in 0..2 {
+        assert!(matches!(
+            sink.write(&topic(), &json_batch(1)).await,
+            Err(SinkError::Transient(_))
+        ));
+    }
+    let sent = server.requests().len();
+    let error = sink.write(&topic(), &json_batch(1)).await.unwrap_err();
+    assert!(
+        error.to_string().contains("circuit breaker open"),
+        "{error}"
+    );
+    assert_eq!(server.requests().len(), sent, "no request while open");
+}
