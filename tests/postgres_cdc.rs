@@ -748,3 +748,56 @@ async fn a_batch_saved_but_not_acknowledged_to_the_slot_is_not_produced_again() 
     assert_eq!(ids, [16, 17, 18]);
     drop_slot(&pool, &slot).await;
 }
+
+/// Changes to tables outside the publication hold the slot back; an idle
+/// source writes a heartbeat so its slot moves on and the WAL is released.
+#[tokio::test]
+async fn an_idle_source_lets_its_slot_move_past_other_tables_wal() {
+    let pool = connect(&database_url()).await;
+    let (table, other) = (unique("cdc_idle"), unique("cdc_busy"));
+    execute(
+        &pool,
+        &format!("CREATE TABLE {table} (id BIGINT PRIMARY KEY); CREATE TABLE {other} (id BIGINT, body TEXT)"),
+    )
+    .await;
+    let key = unique("cdc_idle");
+    let slot = slot_of(&key);
+    let pipeline = Pipeline::start(
+        &key,
+        &cdc_config(
+            &[&table],
+            "snapshot = \"never\"\nslot_lag_warning = 2097152",
+        ),
+        MemoryBus::new(),
+        Arc::new(MemoryStateStore::new()),
+    )
+    .await;
+    wait_for("the slot", WAIT, || async {
+        confirmed_flush(&pool, &slot).await.is_some()
+    })
+    .await;
+    execute(
+        &pool,
+        &format!(
+            "INSERT INTO {other} SELECT n, repeat('x', 200) FROM generate_series(1, 20000) AS n"
+        ),
+    )
+    .await;
+    let written: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let written = iggy_connect::connectors::sources::postgres::parse_lsn(&written).unwrap();
+    wait_for("the slot to pass the other table's WAL", WAIT, || async {
+        confirmed_flush(&pool, &slot)
+            .await
+            .is_some_and(|lsn| lsn >= written)
+    })
+    .await;
+    pipeline.runtime.shutdown().await;
+    assert!(
+        pipeline.payloads().is_empty(),
+        "nothing of the other table is produced"
+    );
+    drop_slot(&pool, &slot).await;
+}

@@ -50,6 +50,12 @@ pub use pgoutput::{format_lsn, parse_lsn};
 const OPEN_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 /// Slot lag is read at most this often.
 const LAG_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// The prefix of the logical messages an idle source writes so its slot can
+/// move past WAL that holds nothing for it.
+const HEARTBEAT_PREFIX: &str = "iggy-connect-heartbeat";
+/// An idle source writes a heartbeat once its slot retains this much WAL (or
+/// half of `slot_lag_warning`, whichever is less).
+const HEARTBEAT_LAG: u64 = 16 << 20;
 /// Microseconds between 1970-01-01 and PostgreSQL's epoch, 2000-01-01.
 const POSTGRES_EPOCH_MICROS: i64 = 946_684_800_000_000;
 
@@ -159,6 +165,8 @@ pub struct CdcSource {
     advanced: AtomicU64,
     caught_up: AtomicBool,
     lag_checked: Mutex<Option<Instant>>,
+    /// The slot's lag as last read, in bytes.
+    lag: AtomicU64,
 }
 
 impl CdcSource {
@@ -178,6 +186,7 @@ impl CdcSource {
             advanced: AtomicU64::new(0),
             caught_up: AtomicBool::new(false),
             lag_checked: Mutex::new(None),
+            lag: AtomicU64::new(0),
         }
     }
 
@@ -595,7 +604,7 @@ impl CdcSource {
         let publication = quote_identifier(&self.publication_name()?).unwrap_or_default();
         let data: Vec<Vec<u8>> = match sqlx::query_scalar(
             "SELECT data FROM pg_logical_slot_peek_binary_changes($1, NULL, $2, \
-             'proto_version', '1', 'publication_names', $3)",
+             'proto_version', '1', 'publication_names', $3, 'messages', 'true')",
         )
         .bind(&slot)
         .bind(i32::try_from(self.config.batch_size).unwrap_or(i32::MAX))
@@ -682,8 +691,19 @@ impl CdcSource {
                         push_change(&mut transaction, &mut changes, relation, Operation::Truncate, None, None);
                     }
                 }
-                Message::Other(_) => {}
+                Message::Logical {
+                    transactional: false,
+                    lsn,
+                    prefix,
+                } if prefix == HEARTBEAT_PREFIX && transaction.is_none() => {
+                    // Every transaction committed before it was read above.
+                    next.lsn = next.lsn.max(lsn);
+                }
+                Message::Logical { .. } | Message::Other(_) => {}
             }
+        }
+        if data.is_empty() {
+            self.heartbeat(pool).await;
         }
         // A transaction cut off (never with peek, which returns whole ones)
         // is read again next time.
@@ -833,6 +853,28 @@ impl CdcSource {
         Payload::JsonBytes(Bytes::from(out))
     }
 
+    /// Caught up, and the slot still retains WAL (other tables' changes,
+    /// which the publication filters out, hold it back): writes a logical
+    /// message the next peek reads, so `commit` can advance the slot past it.
+    async fn heartbeat(&self, pool: &PgPool) {
+        let threshold = HEARTBEAT_LAG.min(self.config.slot_lag_warning / 2);
+        if self.lag.load(Ordering::SeqCst) <= threshold {
+            return;
+        }
+        // Once per lag reading.
+        self.lag.store(0, Ordering::SeqCst);
+        match sqlx::query("SELECT pg_logical_emit_message(false, $1, '')")
+            .bind(HEARTBEAT_PREFIX)
+            .execute(pool)
+            .await
+        {
+            Ok(_) => debug!(connector_key = %self.key, "wrote a heartbeat for the idle slot"),
+            Err(error) => {
+                debug!(connector_key = %self.key, error = %describe(&error), "cannot write a heartbeat")
+            }
+        }
+    }
+
     /// Reads how much WAL the slot retains: a metric, and degraded past
     /// `slot_lag_warning`. Failures only log: the lag is advisory.
     async fn check_lag(&self) {
@@ -857,6 +899,7 @@ impl CdcSource {
         .await;
         match lag {
             Ok(Some(lag)) => {
+                self.lag.store(lag.max(0) as u64, Ordering::SeqCst);
                 metrics::gauge!("iggy_connector_postgres_slot_lag_bytes", "connector_key" => self.key.clone())
                     .set(lag as f64);
                 if lag as u64 > self.config.slot_lag_warning {

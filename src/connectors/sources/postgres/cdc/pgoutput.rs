@@ -73,7 +73,14 @@ pub enum Message {
     Truncate {
         relations: Vec<u32>,
     },
-    /// Origin, Type, logical Message: nothing to produce.
+    /// A logical decoding message (`pg_logical_emit_message`).
+    Logical {
+        transactional: bool,
+        /// Where the message was written.
+        lsn: u64,
+        prefix: String,
+    },
+    /// Origin, Type: nothing to produce.
     Other(u8),
 }
 
@@ -179,7 +186,19 @@ pub fn decode(bytes: &[u8]) -> Result<Message, DecodeError> {
                 .collect::<Result<Vec<_>, _>>()?;
             Message::Truncate { relations }
         }
-        b'O' | b'Y' | b'M' => Message::Other(tag),
+        b'M' => {
+            let flags = reader.u8()?;
+            let lsn = reader.u64()?;
+            let prefix = reader.string()?;
+            let length = reader.u32()? as usize;
+            reader.take(length)?;
+            Message::Logical {
+                transactional: flags & 1 == 1,
+                lsn,
+                prefix,
+            }
+        }
+        b'O' | b'Y' => Message::Other(tag),
         other => {
             return Err(DecodeError {
                 tag: char::from(other),
@@ -411,6 +430,24 @@ mod tests {
                 relations: vec![1, 2]
             }
         );
+    }
+
+    #[test]
+    fn given_a_logical_message_when_decoded_should_read_its_lsn_and_prefix() {
+        let mut message = vec![b'M', 0];
+        message.extend_from_slice(&99u64.to_be_bytes());
+        message.extend_from_slice(b"iggy\0");
+        message.extend_from_slice(&2u32.to_be_bytes());
+        message.extend_from_slice(b"hi");
+        assert_eq!(
+            decode(&message).unwrap(),
+            Message::Logical {
+                transactional: false,
+                lsn: 99,
+                prefix: "iggy".into()
+            }
+        );
+        assert!(decode(&message[..message.len() - 1]).is_err());
     }
 
     #[test]
