@@ -26,7 +26,8 @@ pub struct PostgresSourceConfig {
     #[serde(default = "default_poll_interval", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub poll_interval: Duration,
-    /// Most rows read per table per poll.
+    /// Most rows read per table per poll (cdc: snapshot rows per batch, or
+    /// decoded messages per read of the slot).
     #[serde(default = "default_batch_size")]
     pub batch_size: u32,
     /// Column that orders the rows; the cursor saved in the state is its last value.
