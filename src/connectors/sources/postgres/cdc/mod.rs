@@ -259,7 +259,9 @@ impl CdcSource {
             self.advance(pool, &slot, saved).await?;
         }
         let mut snapshot = Vec::new();
-        if self.config.snapshot == SnapshotMode::Initial {
+        // Only while a snapshot is to be read: a table without a primary key
+        // is fine once it is done.
+        if self.snapshot_pending(&self.lock_committed().clone()) {
             for table in &self.config.tables {
                 snapshot.push(self.snapshot_plan(pool, table).await?);
             }
