@@ -48,6 +48,8 @@ pub use pgoutput::{format_lsn, parse_lsn};
 
 /// How long `open` waits for the database before leaving the setup to `poll`.
 const OPEN_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a start waits for another session to release the slot's lock.
+const LOCK_WAIT: Duration = Duration::from_secs(5);
 /// Slot lag is read at most this often.
 const LAG_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// The prefix of the logical messages an idle source writes so its slot can
@@ -284,15 +286,24 @@ impl CdcSource {
                 });
             }
         };
-        let locked: bool =
-            sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtextextended($1, 0))")
-                .bind(format!("iggy-connect replication slot {slot}"))
-                .fetch_one(&mut connection)
-                .await
-                .map_err(|source| CdcError::Database {
-                    what: "locking the slot".into(),
-                    source,
-                })?;
+        // A predecessor killed a moment ago may still hold the lock until the
+        // server notices its connection is gone: wait a little for it.
+        let deadline = Instant::now() + LOCK_WAIT;
+        let locked = loop {
+            let locked: bool =
+                sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtextextended($1, 0))")
+                    .bind(format!("iggy-connect replication slot {slot}"))
+                    .fetch_one(&mut connection)
+                    .await
+                    .map_err(|source| CdcError::Database {
+                        what: "locking the slot".into(),
+                        source,
+                    })?;
+            if locked || Instant::now() >= deadline {
+                break locked;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
         if !locked {
             return Err(CdcError::Slot(format!(
                 "slot {slot} is in use by another iggy-connect connector; give each connector its own replication_slot"
