@@ -1,4 +1,5 @@
-//! `postgres` source: polls PostgreSQL tables and produces one record per row.
+//! `postgres` source: polls PostgreSQL tables and produces one record per row;
+//! `mode = "cdc"` (module `cdc`) reads their changes by logical replication.
 //!
 //! At-least-once in every mode: `poll` reads and stages; only `commit` (the
 //! batch is in Iggy and its state is saved) moves the in-memory cursor and
