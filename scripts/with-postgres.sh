@@ -5,7 +5,7 @@
 #
 # Installs PostgreSQL from the distribution's packages when it is missing (as
 # root), creates a fresh cluster in a temporary directory, starts it on a free
-# loopback port, exports IGGY_CONNECT_TEST_POSTGRES_URL for the command, and on
+# loopback port (wal_level = logical, for the CDC tests), exports IGGY_CONNECT_TEST_POSTGRES_URL for the command, and on
 # exit stops the server it started (by its PID) and removes the cluster.
 # initdb refuses to run as root, so as root the server runs as the `postgres`
 # user (or `nobody` when that user does not exist).
@@ -98,7 +98,7 @@ for _ in $(seq 1 20); do
     port_in_use "$PORT" && continue
     if as_pg "$PG_BIN/pg_ctl" --pgdata="$DATA_DIR" --log="$WORK_DIR/server.log" --wait \
         --timeout=60 --silent \
-        -o "-c listen_addresses=127.0.0.1 -c port=$PORT -c unix_socket_directories=$SOCKET_DIR -c max_connections=300" \
+        -o "-c listen_addresses=127.0.0.1 -c port=$PORT -c unix_socket_directories=$SOCKET_DIR -c max_connections=300 -c wal_level=logical -c max_replication_slots=200 -c max_wal_senders=20" \
         start >/dev/null 2>&1; then
         started=yes
         break

@@ -144,6 +144,12 @@ source_conformance!(
     "postgres",
     fixtures::postgres_source::Backend::processed_column().await
 );
+#[cfg(feature = "postgres-source")]
+source_conformance!(
+    postgres_source_cdc,
+    "postgres",
+    fixtures::postgres_cdc_source::Backend::new().await
+);
 #[cfg(feature = "http-source")]
 source_conformance!(http_source, "http", fixtures::http_source::Backend::new());
 #[cfg(feature = "elasticsearch-source")]

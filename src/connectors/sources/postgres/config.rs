@@ -8,25 +8,26 @@ use serde::Deserialize;
 
 use crate::connectors::PluginConfigError;
 
-/// Upstream's `plugin_config` for the postgres source. CDC-only fields are
-/// accepted (so an upstream file parses) but `mode = "cdc"` is refused.
+/// Upstream's `plugin_config` for the postgres source, in polling mode and in
+/// `mode = "cdc"` (logical replication with pgoutput).
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PostgresSourceConfig {
     /// PostgreSQL URL (`postgres://user:password@host:5432/db`); a secret.
     #[schemars(with = "String")]
     pub connection_string: SecretString,
-    /// Only `polling` is supported; `cdc` is refused.
+    /// `polling` (read tables with a query) or `cdc` (logical replication).
     #[serde(default)]
     pub mode: Mode,
-    /// Tables to read, each polled in turn.
+    /// Tables to read, each polled in turn (cdc: the tables captured).
     pub tables: Vec<String>,
     /// Wait between polls once every table is caught up (a poll that filled a
     /// whole batch is followed by the next one at once).
     #[serde(default = "default_poll_interval", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub poll_interval: Duration,
-    /// Most rows read per table per poll.
+    /// Most rows read per table per poll (cdc: snapshot rows per batch, or
+    /// decoded messages per read of the slot).
     #[serde(default = "default_batch_size")]
     pub batch_size: u32,
     /// Column that orders the rows; the cursor saved in the state is its last value.
@@ -69,12 +70,60 @@ pub struct PostgresSourceConfig {
     pub max_retries: Option<u32>,
     /// Upstream's retry delay: accepted, unused (the engine retries).
     pub retry_delay: Option<String>,
-    /// CDC-only upstream fields, accepted and unused in polling mode.
+    /// CDC: the logical replication slot (pgoutput), created when missing.
+    /// Default: `iggy_` + the connector key, so two connectors never share one.
     pub replication_slot: Option<String>,
-    /// CDC only: accepted and unused.
+    /// CDC: which changes to produce, of `INSERT`, `UPDATE`, `DELETE`,
+    /// `TRUNCATE` (default: the first three, as upstream).
     pub capture_operations: Option<Vec<String>>,
-    /// CDC only: accepted and unused.
+    /// CDC: upstream's backend choice (`builtin` or `pg_replicate`); both mean
+    /// pgoutput read through SQL here.
     pub cdc_backend: Option<String>,
+    /// CDC: the publication naming the captured tables, created for `tables`
+    /// when missing (default: the slot's name).
+    pub publication: Option<String>,
+    /// CDC: `initial` produces the tables' rows first (consistent with the
+    /// slot, resumable), `never` only the changes.
+    #[serde(default)]
+    pub snapshot: SnapshotMode,
+    /// CDC: WAL bytes the slot may retain before `/health` says degraded.
+    #[serde(default = "default_slot_lag_warning")]
+    pub slot_lag_warning: u64,
+}
+
+/// Whether a CDC source first produces the rows already in its tables.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SnapshotMode {
+    #[default]
+    Initial,
+    Never,
+}
+
+/// A change kind `capture_operations` can name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    Insert,
+    Update,
+    Delete,
+    Truncate,
+}
+
+impl Operation {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Insert => "INSERT",
+            Self::Update => "UPDATE",
+            Self::Delete => "DELETE",
+            Self::Truncate => "TRUNCATE",
+        }
+    }
+
+    fn parse(text: &str) -> Option<Self> {
+        [Self::Insert, Self::Update, Self::Delete, Self::Truncate]
+            .into_iter()
+            .find(|operation| operation.name().eq_ignore_ascii_case(text.trim()))
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
@@ -116,10 +165,7 @@ impl PostgresSourceConfig {
     pub fn validate(&self) -> Result<(), PluginConfigError> {
         crate::connectors::postgres::check_connection_string(&self.connection_string)?;
         if self.mode == Mode::Cdc {
-            return Err(PluginConfigError::new(
-                "mode",
-                "logical-replication CDC is not implemented yet; use mode = \"polling\"",
-            ));
+            self.validate_cdc()?;
         }
         if self.tables.is_empty() {
             return Err(PluginConfigError::new(
@@ -175,6 +221,68 @@ impl PostgresSourceConfig {
         Ok(())
     }
 
+    fn validate_cdc(&self) -> Result<(), PluginConfigError> {
+        let polling_only = [
+            ("custom_query", self.custom_query.is_some()),
+            ("payload_column", self.payload_column.is_some()),
+            ("delete_after_read", self.delete_after_read),
+            ("processed_column", self.processed_column.is_some()),
+        ];
+        for (field, set) in polling_only {
+            if set {
+                return Err(PluginConfigError::new(
+                    field,
+                    "applies to mode = \"polling\" only; remove it or use polling",
+                ));
+            }
+        }
+        for (field, name) in [
+            ("replication_slot", self.replication_slot.as_deref()),
+            ("publication", self.publication.as_deref()),
+        ] {
+            if let Some(name) = name {
+                let valid = !name.is_empty()
+                    && name.len() <= 63
+                    && name
+                        .bytes()
+                        .all(|byte| byte.is_ascii_lowercase() || byte.is_ascii_digit() || byte == b'_');
+                if !valid {
+                    return Err(PluginConfigError::new(
+                        field,
+                        "expected 1 to 63 lowercase letters, digits or underscores",
+                    ));
+                }
+            }
+        }
+        if let Some(backend) = &self.cdc_backend
+            && !matches!(backend.as_str(), "builtin" | "pg_replicate" | "pgoutput")
+        {
+            return Err(PluginConfigError::new(
+                "cdc_backend",
+                "expected \"builtin\" or \"pg_replicate\" (both read pgoutput)",
+            ));
+        }
+        self.operations().map(drop)
+    }
+
+    /// The change kinds a CDC source produces (`capture_operations`).
+    pub fn operations(&self) -> Result<Vec<Operation>, PluginConfigError> {
+        match &self.capture_operations {
+            None => Ok(vec![Operation::Insert, Operation::Update, Operation::Delete]),
+            Some(names) => names
+                .iter()
+                .map(|name| {
+                    Operation::parse(name).ok_or_else(|| {
+                        PluginConfigError::new(
+                            "capture_operations",
+                            format!("unknown operation {name:?}; expected INSERT, UPDATE, DELETE or TRUNCATE"),
+                        )
+                    })
+                })
+                .collect(),
+        }
+    }
+
     pub fn consume(&self) -> Consume {
         match (&self.processed_column, self.delete_after_read) {
             (_, true) => Consume::Delete,
@@ -207,6 +315,10 @@ fn default_tracking_column() -> String {
 
 fn default_max_connections() -> u32 {
     10
+}
+
+fn default_slot_lag_warning() -> u64 {
+    1 << 30
 }
 
 fn default_true() -> bool {
@@ -260,18 +372,36 @@ mod tests {
     }
 
     #[test]
-    fn given_cdc_mode_when_validated_should_name_the_mode_field() {
-        let error = parse(serde_json::json!({
+    fn given_cdc_mode_when_validated_should_accept_upstream_fields_and_refuse_polling_ones() {
+        let config = parse(serde_json::json!({
             "connection_string": "postgres://localhost/db",
             "mode": "cdc",
             "tables": ["users"],
+            "replication_slot": "iggy_slot",
+            "capture_operations": ["insert", "DELETE"],
+            "cdc_backend": "builtin",
         }))
-        .unwrap_err();
-        assert_eq!(error.field, "mode");
-        assert!(
-            error.message.contains("CDC is not implemented yet"),
-            "{error}"
+        .unwrap();
+        assert_eq!(
+            config.operations().unwrap(),
+            [Operation::Insert, Operation::Delete]
         );
+        assert_eq!(config.snapshot, SnapshotMode::Initial);
+        assert_eq!(config.slot_lag_warning, 1 << 30);
+        for (field, value) in [
+            ("delete_after_read", serde_json::json!(true)),
+            ("replication_slot", serde_json::json!("Bad-Name")),
+            ("capture_operations", serde_json::json!(["MERGE"])),
+            ("cdc_backend", serde_json::json!("debezium")),
+        ] {
+            let mut value_config = serde_json::json!({
+                "connection_string": "postgres://localhost/db",
+                "mode": "cdc",
+                "tables": ["users"],
+            });
+            value_config[field] = value;
+            assert_eq!(parse(value_config).unwrap_err().field, field);
+        }
     }
 
     #[test]

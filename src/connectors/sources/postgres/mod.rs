@@ -1,4 +1,5 @@
-//! `postgres` source: polls PostgreSQL tables and produces one record per row.
+//! `postgres` source: polls PostgreSQL tables and produces one record per row;
+//! `mode = "cdc"` (module `cdc`) reads their changes by logical replication.
 //!
 //! At-least-once in every mode: `poll` reads and stages; only `commit` (the
 //! batch is in Iggy and its state is saved) moves the in-memory cursor and
@@ -10,6 +11,7 @@
 //! (`updated_at`) the table's primary key (or `primary_key_column`) breaks ties,
 //! so rows sharing a tracking value across a batch boundary are all read.
 
+mod cdc;
 mod config;
 mod query;
 mod record;
@@ -27,7 +29,8 @@ use sqlx::{AssertSqlSafe, Row};
 use tokio::sync::OnceCell;
 use tracing::{debug, info, warn};
 
-pub use config::{Consume, Mode, PayloadFormat, PostgresSourceConfig};
+pub use cdc::{CdcSource, CdcState, derived_slot_name, format_lsn, parse_lsn};
+pub use config::{Consume, Mode, PayloadFormat, PostgresSourceConfig, SnapshotMode};
 pub use record::{message_id, to_snake_case};
 
 use crate::connectors::postgres::{describe, is_transient, lazy_pool, with_connect_cause};
@@ -44,14 +47,17 @@ const OPEN_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 pub const ENTRY: SourceEntry = SourceEntry {
     name: "postgres",
     feature: "postgres-source",
-    description: "reads rows of PostgreSQL tables by polling (cursor, delete or mark), at-least-once",
+    description: "reads rows of PostgreSQL tables by polling (cursor, delete or mark) or their changes by logical replication (mode = \"cdc\"), at-least-once",
     secret_fields: &["connection_string"],
     sample_config: "connection_string = \"postgres://app:secret@localhost:5432/app\"\ntables = [\"users\"]\ntracking_column = \"id\"\npoll_interval = \"1s\"\nbatch_size = 1000\n",
     config_schema: schema_of::<PostgresSourceConfig>,
     build: |config| {
         let config: PostgresSourceConfig = parse_plugin_config(config)?;
         config.validate()?;
-        Ok(Box::new(PostgresSource::new(config)))
+        Ok(match config.mode {
+            Mode::Polling => Box::new(PostgresSource::new(config)),
+            Mode::Cdc => Box::new(CdcSource::new(config)),
+        })
     },
 };
 
