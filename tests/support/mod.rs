@@ -3,10 +3,10 @@
 
 pub mod accounting;
 pub mod binary;
-#[cfg(any(feature = "elasticsearch-sink", feature = "elasticsearch-source"))]
-pub mod elasticsearch;
 pub mod clickhouse;
 pub mod clickhouse_http;
+#[cfg(any(feature = "elasticsearch-sink", feature = "elasticsearch-source"))]
+pub mod elasticsearch;
 pub mod gunzip;
 pub mod http_server;
 pub mod iggy_server;
