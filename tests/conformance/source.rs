@@ -355,6 +355,10 @@ async fn deliver(
         || async {
             let batch = match source.poll().await {
                 Ok(batch) => batch,
+                // The engine polls again after a transient error; so does this.
+                Err(error) if error.is_transient() => {
+                    return Check::Pending(format!("poll (transient): {error}"));
+                }
                 Err(error) => return Check::Failed(format!("poll: {error}")),
             };
             let progress = {
