@@ -611,9 +611,20 @@ impl Slot {
     /// A fresh instance starts not degraded.
     fn context(&self) -> ConnectorContext {
         self.degraded.clear();
+        let streams = match &self.config().kind_config {
+            KindConfig::Source { streams, .. } => streams
+                .iter()
+                .map(|entry| TopicRef {
+                    stream: entry.stream.clone(),
+                    topic: entry.topic.clone(),
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
         ConnectorContext {
             key: self.key.clone(),
             degraded: self.degraded.clone(),
+            streams,
         }
     }
 }
