@@ -5,10 +5,11 @@
 //! `next` strategy and never auto-commits. Each member runs in a task that
 //! hands one batch at a time to `poll` and then waits: the remote group's
 //! offset of that batch is stored only in `commit`, that is once our cluster
-//! acknowledged every message and the engine saved the state. A failed store
-//! is retried by the engine's commit retry; a batch never committed (a NACK
-//! the engine gave up on, a stop, a crash) is polled again from the remote
-//! group's offset, so nothing is lost and at most one batch comes twice.
+//! acknowledged every message and the engine saved the state. A store that
+//! still fails after a few attempts (a remote restart can leave the member
+//! without its partition until it joins again) leaves the batch to be polled
+//! again; so does a batch never committed (a NACK the engine gave up on, a
+//! stop, a crash): duplicates of that batch, never loss.
 //!
 //! Message ids and user headers are kept, so a consumer that deduplicates by
 //! id sees each remote message once. Partitioning is ours (the target topic's
@@ -461,18 +462,19 @@ impl Source for IggySource {
             .send(reply)
             .await
             .map_err(|_| ConnectorError::transient("the remote consumer stopped"))?;
-        stored
+        let stored = stored
             .await
-            .map_err(|_| ConnectorError::transient("the remote consumer stopped"))?
-            .map_err(|error| {
-                ConnectorError::transient(format!(
-                    "storing the remote offset {offset} of {remote} partition {partition_id}: {error}"
-                ))
-            })?;
+            .map_err(|_| ConnectorError::transient("the remote consumer stopped"))?;
         self.staged
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .take();
+        if let Err(error) = stored {
+            // The batch is on our cluster: not storing its remote offset
+            // only means it is polled again (duplicates, never loss).
+            warn!(remote = %remote, partition_id, offset, %error, "cannot store the remote offset; the batch will be replicated again");
+            return Ok(());
+        }
         self.committed
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -550,20 +552,35 @@ impl Member {
                     request = requests.recv() => request,
                 };
                 let Some(reply) = request else { break };
-                let stored = self.consumer.commit(partition_id, offset).await;
-                let done = stored.is_ok();
-                if let Err(error) = &stored {
-                    warn!(topic = %self.name, partition_id, offset, %error, "cannot store the remote offset; the engine retries");
-                }
-                let _ = reply.send(stored);
-                if done {
-                    break;
-                }
+                let _ = reply.send(self.store(partition_id, offset).await);
+                break;
             }
         }
         let _ = self.consumer.close().await;
     }
+
+    /// Stores the group's offset, retrying a few times. The batch is durable on
+    /// our cluster already: an offset that cannot be stored only means the
+    /// batch is polled again (a remote restart can leave this member without
+    /// the partition until it joins again).
+    async fn store(&mut self, partition_id: u32, offset: u64) -> Result<(), BusError> {
+        let mut attempt = 1;
+        loop {
+            match self.consumer.commit(partition_id, offset).await {
+                Ok(()) => return Ok(()),
+                Err(error) if attempt >= STORE_ATTEMPTS => return Err(error),
+                Err(error) => {
+                    warn!(topic = %self.name, partition_id, offset, attempt, %error, "cannot store the remote offset; retrying");
+                }
+            }
+            attempt += 1;
+            tokio::time::sleep(self.retry_wait).await;
+        }
+    }
 }
+
+/// Attempts to store a remote offset before the batch is left to be polled again.
+const STORE_ATTEMPTS: u32 = 3;
 
 #[cfg(test)]
 mod tests {
