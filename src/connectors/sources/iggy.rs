@@ -104,6 +104,7 @@ pub struct IggySourceConfig {
 #[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TlsConfig {
+    /// Connect to the remote cluster over TLS.
     #[serde(default)]
     pub enabled: bool,
     /// PEM file of the CA that signed the remote's certificate (required with TLS).
@@ -543,17 +544,12 @@ impl Member {
             }
             // Until the batch is committed (its offset stored) or forgotten
             // (the source dropped it: the next poll reads it again).
-            loop {
-                let request = tokio::select! {
-                    _ = self.stopped.changed() => {
-                        let _ = self.consumer.close().await;
-                        return;
-                    }
-                    request = requests.recv() => request,
-                };
-                let Some(reply) = request else { break };
+            let request = tokio::select! {
+                _ = self.stopped.changed() => break,
+                request = requests.recv() => request,
+            };
+            if let Some(reply) = request {
                 let _ = reply.send(self.store(partition_id, offset).await);
-                break;
             }
         }
         let _ = self.consumer.close().await;
