@@ -18,6 +18,7 @@ registry::register_connectors! {
         postgres => "postgres-source",
         http => "http-source",
         elasticsearch => "elasticsearch-source",
+        iggy => "iggy-source",
     }
     sinks {
         stdout => "stdout-sink",
@@ -155,6 +156,9 @@ pub struct ConnectorContext {
     /// Where the connector says it is running but cannot make progress (an
     /// endpoint it keeps failing on). The runtime shows it with the status.
     pub degraded: Degraded,
+    /// A source's `[[streams]]` targets, in file order (a record's
+    /// `stream_index` indexes them); empty for a sink.
+    pub streams: Vec<TopicRef>,
 }
 
 /// A connector's own report that it is running but degraded, with why. Shared by

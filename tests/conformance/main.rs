@@ -152,6 +152,12 @@ source_conformance!(
 );
 #[cfg(feature = "http-source")]
 source_conformance!(http_source, "http", fixtures::http_source::Backend::new());
+#[cfg(feature = "iggy-source")]
+source_conformance!(
+    iggy_source,
+    "iggy",
+    fixtures::iggy_source::Backend::new().await
+);
 #[cfg(feature = "elasticsearch-source")]
 source_conformance!(
     elasticsearch_source,
@@ -215,6 +221,8 @@ const COVERED_SOURCES: &[&str] = &[
     "http",
     #[cfg(feature = "elasticsearch-source")]
     "elasticsearch",
+    #[cfg(feature = "iggy-source")]
+    "iggy",
 ];
 const COVERED_SINKS: &[&str] = &[
     #[cfg(feature = "stdout-sink")]

@@ -11,11 +11,12 @@ use tracing::{Instrument, error, info_span, warn};
 
 use super::Runtime;
 use super::setup::{Prepared, SetupError};
-use crate::config::ConnectorConfig;
+use crate::config::{ConnectorConfig, KindConfig};
 use crate::connectors::{ConnectorContext, ConnectorKind, Degraded};
 use crate::engine::Shutdown;
 use crate::engine::metrics::ConnectorMetrics;
 use crate::engine::status::{StatusCell, StatusSnapshot, StopReason};
+use crate::message::TopicRef;
 
 /// One configured connector, running or not.
 pub(super) struct Slot {
@@ -129,9 +130,20 @@ impl Slot {
     /// A fresh instance starts not degraded.
     pub(super) fn context(&self) -> ConnectorContext {
         self.degraded.clear();
+        let streams = match &self.config().kind_config {
+            KindConfig::Source { streams, .. } => streams
+                .iter()
+                .map(|entry| TopicRef {
+                    stream: entry.stream.clone(),
+                    topic: entry.topic.clone(),
+                })
+                .collect(),
+            KindConfig::Sink { .. } => Vec::new(),
+        };
         ConnectorContext {
             key: self.key.clone(),
             degraded: self.degraded.clone(),
+            streams,
         }
     }
 }
