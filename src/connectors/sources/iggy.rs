@@ -47,7 +47,9 @@ pub const ENTRY: SourceEntry = SourceEntry {
     feature: "iggy-source",
     description: "replicates topics of another Iggy cluster into ours (consumer group, at-least-once)",
     secret_fields: &["password", "token"],
-    sample_config: "address = \"127.0.0.1:8090\"\nusername = \"iggy\"\npassword = \"iggy\"\ntopics = [\"orders/created\"]\nconsumer_group = \"iggy-connect-replicator\"\n",
+    // Both secrets shown (the token, when set, wins), each holding "secret"
+    // as the redaction tests expect of a sample.
+    sample_config: "address = \"127.0.0.1:8090\"\nusername = \"iggy\"\npassword = \"secret\"\ntoken = \"secret-personal-access-token\"\ntopics = [\"orders/created\"]\nconsumer_group = \"iggy-connect-replicator\"\n",
     config_schema: schema_of::<IggySourceConfig>,
     build: |config| Ok(Box::new(IggySource::new(parse_plugin_config(config)?)?)),
 };
