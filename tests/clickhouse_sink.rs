@@ -12,35 +12,23 @@ use std::time::Duration;
 use bytes::Bytes;
 use iggy_connect::config::env::EnvVars;
 use iggy_connect::config::parse_connector_file;
-use iggy_connect::connectors::{Registry, Sink, SinkError};
+use iggy_connect::connectors::{Sink, SinkError};
 use iggy_connect::engine::Runtime;
 use iggy_connect::iggy::{Bus, MemoryBus, ProducerTarget};
-use iggy_connect::message::{OutgoingMessage, Payload, SinkMessage, TopicRef};
+use iggy_connect::message::{OutgoingMessage, Payload, SinkMessage};
 use iggy_connect::state::MemoryStateStore;
 use serde_json::{Value, json};
 use support::clickhouse::{ClickHouse, Proxy};
 use support::clickhouse_http::{ClickHouseHttp, Fault};
+use support::sinks::{self, topic};
 use support::wait::eventually;
 
 fn build(config: Value) -> Box<dyn Sink> {
-    let entry = Registry::sinks()
-        .iter()
-        .find(|entry| entry.name == "clickhouse")
-        .unwrap();
-    (entry.build)(&config).unwrap()
+    sinks::build("clickhouse", &config)
 }
 
 async fn open(config: Value) -> Box<dyn Sink> {
-    let mut sink = build(config);
-    sink.open().await.unwrap();
-    sink
-}
-
-fn topic() -> TopicRef {
-    TopicRef {
-        stream: "s".into(),
-        topic: "t".into(),
-    }
+    sinks::open("clickhouse", &config).await
 }
 
 fn message(offset: u64, payload: Payload) -> SinkMessage {

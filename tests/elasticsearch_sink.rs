@@ -11,13 +11,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use iggy_connect::codec::Schema;
 use iggy_connect::config::{ConnectorConfig, DeadLetterTarget, KindConfig, OnError, SinkStream};
-use iggy_connect::connectors::{ConnectorKind, Registry, Sink, SinkError};
+use iggy_connect::connectors::{ConnectorKind, Sink, SinkError};
 use iggy_connect::engine::{Runtime, Status};
 use iggy_connect::iggy::{Bus, MemoryBus, ProducerTarget};
-use iggy_connect::message::{HeaderValue, OutgoingMessage, Payload, SinkMessage, TopicRef};
+use iggy_connect::message::{HeaderValue, OutgoingMessage, Payload, SinkMessage};
 use iggy_connect::state::MemoryStateStore;
 use serde_json::{Value, json};
 use support::elasticsearch::{Flavor, SearchServer, ServerAuth};
+use support::sinks::{self, topic};
 use support::wait::eventually;
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -39,24 +40,11 @@ fn config(server: &SearchServer, extra: Value) -> Value {
 }
 
 async fn open(config: &Value) -> Box<dyn Sink> {
-    let mut sink = build(config);
-    sink.open().await.expect("open");
-    sink
+    sinks::open("elasticsearch", config).await
 }
 
 fn build(config: &Value) -> Box<dyn Sink> {
-    let entry = Registry::sinks()
-        .iter()
-        .find(|entry| entry.name == "elasticsearch")
-        .unwrap();
-    (entry.build)(config).expect("a valid config")
-}
-
-fn topic() -> TopicRef {
-    TopicRef {
-        stream: "s".into(),
-        topic: "t".into(),
-    }
+    sinks::build("elasticsearch", config)
 }
 
 fn messages(payloads: Vec<Value>) -> Vec<SinkMessage> {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use iggy_connect::config::env::EnvVars;
 use iggy_connect::config::parse_connector_file;
-use iggy_connect::connectors::{Registry, Sink, SinkError};
+use iggy_connect::connectors::{Sink, SinkError};
 use iggy_connect::engine::Runtime;
 use iggy_connect::iggy::{Bus, MemoryBus, ProducerTarget};
 use iggy_connect::message::{OutgoingMessage, Payload, SinkMessage, TopicRef};
@@ -19,27 +19,15 @@ use iggy_connect::state::MemoryStateStore;
 use serde_json::{Value, json};
 use support::influxdb::InfluxDb;
 use support::influxdb_http::{Fault, InfluxHttp};
+use support::sinks::{self, topic};
 use support::wait::eventually;
 
 fn build(config: Value) -> Box<dyn Sink> {
-    let entry = Registry::sinks()
-        .iter()
-        .find(|entry| entry.name == "influxdb")
-        .unwrap();
-    (entry.build)(&config).unwrap()
+    sinks::build("influxdb", &config)
 }
 
 async fn open(config: Value) -> Box<dyn Sink> {
-    let mut sink = build(config);
-    sink.open().await.unwrap();
-    sink
-}
-
-fn topic() -> TopicRef {
-    TopicRef {
-        stream: "s".into(),
-        topic: "t".into(),
-    }
+    sinks::open("influxdb", &config).await
 }
 
 fn message(offset: u64, payload: Payload) -> SinkMessage {

@@ -15,4 +15,5 @@ pub mod influxdb_http;
 pub mod prometheus;
 #[cfg(feature = "schema-registry")]
 pub mod schema_registry;
+pub mod sinks;
 pub mod wait;
