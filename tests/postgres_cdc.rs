@@ -9,22 +9,15 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use iggy_connect::connectors::{ConnectorKind, Registry, Source};
+use iggy_connect::connectors::{Registry, Source};
 use iggy_connect::engine::{Runtime, Status};
 use iggy_connect::iggy::MemoryBus;
 use iggy_connect::state::{MemoryStateStore, StateStore};
-use postgres_common::{connect, database_url, execute, source_config, unique, wait_for};
+use postgres_common::{Pipeline, connect, database_url, execute, unique, wait_for};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
 const WAIT: Duration = Duration::from_secs(30);
-
-struct Pipeline {
-    runtime: Arc<Runtime>,
-    bus: MemoryBus,
-    key: String,
-    stream: String,
-}
 
 impl Pipeline {
     async fn start(
@@ -33,44 +26,7 @@ impl Pipeline {
         bus: MemoryBus,
         state: Arc<dyn StateStore>,
     ) -> Self {
-        let stream = format!("{key}_stream");
-        let runtime = Runtime::new(Arc::new(bus.clone()), state, Duration::from_secs(5));
-        runtime
-            .add(source_config(
-                key,
-                &stream,
-                "changes",
-                "json",
-                plugin_config,
-            ))
-            .unwrap();
-        runtime.start_enabled().await;
-        Self {
-            runtime,
-            bus,
-            key: key.to_owned(),
-            stream,
-        }
-    }
-
-    fn payloads(&self) -> Vec<Value> {
-        self.bus
-            .messages(&self.stream, "changes")
-            .iter()
-            .map(|message| serde_json::from_slice(&message.payload).unwrap())
-            .collect()
-    }
-
-    async fn wait_for_count(&self, expected: usize) {
-        let what = format!("{expected} messages on {}", self.stream);
-        wait_for(&what, WAIT, || async {
-            self.bus.messages(&self.stream, "changes").len() >= expected
-        })
-        .await;
-    }
-
-    fn view(&self) -> iggy_connect::engine::runtime::ConnectorView {
-        self.runtime.view(ConnectorKind::Source, &self.key).unwrap()
+        Self::launch(key.to_owned(), "changes", "json", plugin_config, bus, state).await
     }
 }
 

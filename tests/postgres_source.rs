@@ -7,22 +7,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use iggy_connect::connectors::ConnectorKind;
-use iggy_connect::engine::{Runtime, Status};
+use iggy_connect::engine::Status;
 use iggy_connect::iggy::MemoryBus;
 use iggy_connect::state::{MemoryStateStore, StateStore};
-use postgres_common::{connect, count, database_url, execute, source_config, unique, wait_for};
+use postgres_common::{Pipeline, connect, count, database_url, execute, unique, wait_for};
 use serde_json::Value;
 use sqlx::PgPool;
 
 const WAIT: Duration = Duration::from_secs(30);
-
-struct Pipeline {
-    runtime: Arc<Runtime>,
-    bus: MemoryBus,
-    key: String,
-    stream: String,
-}
 
 impl Pipeline {
     async fn start(plugin_config: &str, bus: MemoryBus, state: Arc<dyn StateStore>) -> Self {
@@ -37,26 +29,7 @@ impl Pipeline {
         bus: MemoryBus,
         state: Arc<dyn StateStore>,
     ) -> Self {
-        let stream = format!("{key}_stream");
-        let runtime = Runtime::new(Arc::new(bus.clone()), state, Duration::from_secs(5));
-        runtime
-            .add(source_config(&key, &stream, "rows", schema, plugin_config))
-            .unwrap();
-        runtime.start_enabled().await;
-        Self {
-            runtime,
-            bus,
-            key,
-            stream,
-        }
-    }
-
-    fn payloads(&self) -> Vec<Value> {
-        self.bus
-            .messages(&self.stream, "rows")
-            .iter()
-            .map(|message| serde_json::from_slice(&message.payload).unwrap())
-            .collect()
+        Self::launch(key, "rows", schema, plugin_config, bus, state).await
     }
 
     /// `data.id` of every delivered row, in delivery order.
@@ -67,28 +40,12 @@ impl Pipeline {
             .collect()
     }
 
-    async fn wait_for_count(&self, expected: usize) {
-        let what = format!("{expected} messages");
-        wait_for(&what, WAIT, || async {
-            self.bus.messages(&self.stream, "rows").len() >= expected
-        })
-        .await;
-    }
-
     fn status(&self) -> iggy_connect::engine::StatusSnapshot {
-        self.runtime
-            .view(ConnectorKind::Source, &self.key)
-            .unwrap()
-            .status
+        self.view().status
     }
 
     fn nacks(&self) -> u64 {
-        self.runtime
-            .view(ConnectorKind::Source, &self.key)
-            .unwrap()
-            .metrics
-            .nacks
-            .get()
+        self.view().metrics.nacks.get()
     }
 }
 

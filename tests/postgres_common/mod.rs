@@ -14,10 +14,18 @@ mod wait;
 pub use wait::eventually as wait_for;
 
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 use iggy_connect::config::env::EnvVars;
 use iggy_connect::config::{ConnectorConfig, parse_connector_file};
+use iggy_connect::connectors::ConnectorKind;
+use iggy_connect::engine::Runtime;
+use iggy_connect::engine::runtime::ConnectorView;
+use iggy_connect::iggy::MemoryBus;
+use iggy_connect::state::StateStore;
+use serde_json::Value;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
 pub const URL_VARIABLE: &str = "IGGY_CONNECT_TEST_POSTGRES_URL";
@@ -127,5 +135,62 @@ fn parse(text: &str) -> ConnectorConfig {
     ) {
         Ok((config, _)) => config,
         Err(issues) => panic!("bad test config: {issues:?}\n{text}"),
+    }
+}
+
+/// One source connector running on a memory bus, and what it delivered to
+/// its topic.
+pub struct Pipeline {
+    pub runtime: Arc<Runtime>,
+    pub bus: MemoryBus,
+    pub key: String,
+    pub stream: String,
+    topic: &'static str,
+}
+
+impl Pipeline {
+    /// Starts source `key` writing to `topic` of stream `{key}_stream`.
+    pub async fn launch(
+        key: String,
+        topic: &'static str,
+        schema: &str,
+        plugin_config: &str,
+        bus: MemoryBus,
+        state: Arc<dyn StateStore>,
+    ) -> Self {
+        let stream = format!("{key}_stream");
+        let runtime = Runtime::new(Arc::new(bus.clone()), state, Duration::from_secs(5));
+        runtime
+            .add(source_config(&key, &stream, topic, schema, plugin_config))
+            .unwrap();
+        runtime.start_enabled().await;
+        Self {
+            runtime,
+            bus,
+            key,
+            stream,
+            topic,
+        }
+    }
+
+    /// Every delivered payload, as JSON, in delivery order.
+    pub fn payloads(&self) -> Vec<Value> {
+        self.bus
+            .messages(&self.stream, self.topic)
+            .iter()
+            .map(|message| serde_json::from_slice(&message.payload).unwrap())
+            .collect()
+    }
+
+    pub async fn wait_for_count(&self, expected: usize) {
+        let what = format!("{expected} messages on {}", self.stream);
+        wait_for(&what, Duration::from_secs(30), || async {
+            self.bus.messages(&self.stream, self.topic).len() >= expected
+        })
+        .await;
+    }
+
+    pub fn view(&self) -> ConnectorView {
+        self.runtime.view(ConnectorKind::Source, &self.key).unwrap()
     }
 }
