@@ -19,7 +19,12 @@
 //!   statement: what PostgreSQL itself takes, the sink's upper bound;
 //! - `insert_unnest` / `insert_copy_staging`: the sink's UNNEST insert called
 //!   directly, against COPY into a staging table plus `INSERT ... SELECT ...
-//!   ON CONFLICT` (why the sink uses UNNEST).
+//!   ON CONFLICT` (why the sink uses UNNEST);
+//! - `postgres_cdc_snapshot_to_iggy`: `mode = "cdc"`, the initial snapshot of
+//!   a filled table -> Iggy;
+//! - `postgres_cdc_changes_to_iggy`: `mode = "cdc"`, changes already in the
+//!   slot (inserts in 1000-row transactions, then as many updates) -> Iggy:
+//!   the decode rate of the SQL peek route.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -52,6 +57,8 @@ const CASES: &[&str] = &[
     "copy_reference",
     "insert_unnest",
     "insert_copy_staging",
+    "postgres_cdc_snapshot_to_iggy",
+    "postgres_cdc_changes_to_iggy",
 ];
 const BATCH: u64 = 1000;
 const TOPIC: &str = "rows";
@@ -88,6 +95,8 @@ async fn run(case: String) {
         "copy_reference" => copy_reference(case, &pool, &name, rows).await,
         "insert_unnest" => insert_unnest(case, &url, &pool, &name, rows).await,
         "insert_copy_staging" => insert_copy_staging(case, &pool, &name, rows).await,
+        "postgres_cdc_snapshot_to_iggy" => cdc_snapshot(case, &url, &pool, &name, rows).await,
+        "postgres_cdc_changes_to_iggy" => cdc_changes(case, &url, &pool, &name, rows).await,
         other => panic!("unknown case {other}"),
     }
 }
@@ -150,6 +159,16 @@ fn source_config(url: &str, stream: &str, table: &str) -> ConnectorConfig {
          batch_length = {BATCH}\nlinger_time = \"5ms\"\n\n\
          [plugin_config]\nconnection_string = \"{url}\"\ntables = [\"{table}\"]\n\
          batch_size = {BATCH}\npoll_interval = \"10ms\"\n"
+    ))
+}
+
+fn cdc_config(url: &str, stream: &str, table: &str, snapshot: &str) -> ConnectorConfig {
+    connector(&format!(
+        "type = \"source\"\nkey = \"{stream}\"\npath = \"postgres\"\n\n\
+         [[streams]]\nstream = \"{stream}\"\ntopic = \"{TOPIC}\"\nschema = \"json\"\n\
+         batch_length = {BATCH}\nlinger_time = \"5ms\"\n\n\
+         [plugin_config]\nconnection_string = \"{url}\"\nmode = \"cdc\"\ntables = [\"{table}\"]\n\
+         snapshot = \"{snapshot}\"\nbatch_size = {BATCH}\npoll_interval = \"10ms\"\n"
     ))
 }
 
@@ -548,5 +567,129 @@ async fn insert_copy_staging(case: &str, pool: &PgPool, name: &str, rows: u64) {
         extra: Vec::new(),
     }
     .print();
+    execute(pool, format!("DROP TABLE {table}")).await;
+}
+
+/// Runs a CDC source (key = `name`) until it has sent `messages`, timed from
+/// its start; drops its slot and publication afterwards.
+async fn run_cdc(case: &str, iggy: &Iggy, state: &Path, config: ConnectorConfig, messages: u64) {
+    let key = config.key.clone();
+    let stages = Stages::install();
+    let runtime = runtime(iggy, state);
+    runtime.add(config).expect("add cdc source");
+    let started = Instant::now();
+    runtime.start_enabled().await;
+    wait_until("the cdc source to send every change", || {
+        let view = runtime.view(ConnectorKind::Source, &key);
+        view.is_ok_and(|view| view.metrics.sent.get() >= messages)
+    })
+    .await;
+    let elapsed = started.elapsed();
+    runtime.shutdown().await;
+    Report {
+        name: case,
+        messages,
+        elapsed,
+        latencies: stages.latencies(&key),
+        extra: [stages.breakdown(&key), vec![("server", iggy.kind().into())]].concat(),
+    }
+    .print();
+}
+
+async fn slot_count(pool: &PgPool, slot: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1")
+        .bind(slot)
+        .fetch_one(pool)
+        .await
+        .expect("slots")
+}
+
+async fn wait_for_slot(pool: &PgPool, slot: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while slot_count(pool, slot).await == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the cdc source created no slot {slot}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Drops what a CDC source named `name` created: its slot (once the last
+/// peek's session let go of it) and its publication.
+async fn drop_cdc(pool: &PgPool, name: &str) {
+    let slot = iggy_connect::connectors::sources::postgres::derived_slot_name(name).expect("slot");
+    let dropped = "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                   WHERE slot_name = $1 AND NOT active";
+    for _ in 0..100 {
+        sqlx::query(dropped)
+            .bind(&slot)
+            .execute(pool)
+            .await
+            .expect("drop slot");
+        if slot_count(pool, &slot).await == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    execute(pool, format!("DROP PUBLICATION IF EXISTS {slot}")).await;
+}
+
+async fn cdc_snapshot(case: &str, url: &str, pool: &PgPool, name: &str, rows: u64) {
+    let iggy = Iggy::start();
+    let table = format!("{name}_src");
+    create_source_table(pool, &table, rows).await;
+    let state = tempfile::tempdir().expect("state dir");
+    let config = cdc_config(url, name, &table, "initial");
+    run_cdc(case, &iggy, state.path(), config, rows).await;
+    drop_cdc(pool, name).await;
+    let client = raw::topic(&iggy, name, TOPIC).await;
+    raw::drop_stream(&client, name).await;
+    execute(pool, format!("DROP TABLE {table}")).await;
+}
+
+/// `rows` inserts then `rows` updates, committed while the source is stopped
+/// (its slot exists), then read by a fresh start: `2 * rows` changes.
+async fn cdc_changes(case: &str, url: &str, pool: &PgPool, name: &str, rows: u64) {
+    let iggy = Iggy::start();
+    let table = format!("{name}_src");
+    create_source_table(pool, &table, 0).await;
+    let state = tempfile::tempdir().expect("state dir");
+    let config = cdc_config(url, name, &table, "never");
+    let slot = iggy_connect::connectors::sources::postgres::derived_slot_name(name).expect("slot");
+    {
+        let runtime = runtime(&iggy, state.path());
+        runtime.add(config.clone()).expect("add cdc source");
+        runtime.start_enabled().await;
+        wait_for_slot(pool, &slot).await;
+        runtime.shutdown().await;
+    }
+    for start in (0..rows).step_by(BATCH as usize) {
+        execute(
+            pool,
+            format!(
+                "INSERT INTO {table} (kind, amount, body) SELECT 'order', n * 1.25, \
+                 repeat(md5(n::text), 29) FROM generate_series({}, {}) AS n",
+                start + 1,
+                (start + BATCH).min(rows)
+            ),
+        )
+        .await;
+    }
+    for start in (0..rows).step_by(BATCH as usize) {
+        execute(
+            pool,
+            format!(
+                "UPDATE {table} SET amount = amount + 1 WHERE id > {start} AND id <= {}",
+                start + BATCH
+            ),
+        )
+        .await;
+    }
+    execute(pool, "CHECKPOINT".into()).await;
+    run_cdc(case, &iggy, state.path(), config, 2 * rows).await;
+    drop_cdc(pool, name).await;
+    let client = raw::topic(&iggy, name, TOPIC).await;
+    raw::drop_stream(&client, name).await;
     execute(pool, format!("DROP TABLE {table}")).await;
 }
