@@ -173,6 +173,8 @@ async fn run_sink(batches: u64, takes_text: bool) -> Duration {
             id: None,
             headers: Vec::new(),
             payload: payload.clone(),
+            partition: None,
+            origin_timestamp: None,
         })
         .collect();
     for _ in 0..batches {

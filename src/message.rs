@@ -97,6 +97,13 @@ pub struct SourceRecord {
     pub stream_index: usize,
     pub headers: Headers,
     pub payload: Payload,
+    /// The record's partition at its origin (a replicated Iggy message's
+    /// partition): records with the same one go to the same target partition,
+    /// in order. `None`: the target topic's balanced partitioning.
+    pub partition: Option<u32>,
+    /// When the record was produced at its origin, microseconds since the
+    /// epoch; `None`: when it is sent.
+    pub origin_timestamp: Option<u64>,
 }
 
 impl SourceRecord {
@@ -106,6 +113,8 @@ impl SourceRecord {
             stream_index: 0,
             headers: Headers::new(),
             payload,
+            partition: None,
+            origin_timestamp: None,
         }
     }
 
@@ -121,6 +130,23 @@ pub struct OutgoingMessage {
     pub id: Option<u128>,
     pub headers: Headers,
     pub payload: Bytes,
+    /// See [`SourceRecord::partition`].
+    pub partition: Option<u32>,
+    /// See [`SourceRecord::origin_timestamp`].
+    pub origin_timestamp: Option<u64>,
+}
+
+impl OutgoingMessage {
+    /// A message the bus partitions and timestamps itself.
+    pub fn new(id: Option<u128>, headers: Headers, payload: Bytes) -> Self {
+        Self {
+            id,
+            headers,
+            payload,
+            partition: None,
+            origin_timestamp: None,
+        }
+    }
 }
 
 /// A message as the bus delivered it to a sink pipeline, still encoded.

@@ -348,6 +348,8 @@ async fn upstreams_example_file_runs_against_the_server() {
             payload: Bytes::from(
                 serde_json::to_vec(&json!({"id": id as u64, "name": "x", "n": 1})).unwrap(),
             ),
+            partition: None,
+            origin_timestamp: None,
         })
         .collect();
     producer.send(&messages).await.unwrap();

@@ -395,6 +395,8 @@ impl Pipeline {
                 id: Some(index as u128 + 1),
                 headers: Vec::new(),
                 payload: Bytes::from(serde_json::to_vec(payload).unwrap()),
+                partition: None,
+                origin_timestamp: None,
             })
             .collect();
         producer.send(&outgoing).await.unwrap();

@@ -61,6 +61,8 @@ impl Pipeline {
                 id: Some(index as u128 + 1),
                 headers: vec![("source".into(), HeaderValue::String("test".into()))],
                 payload: Bytes::from(serde_json::to_vec(payload).unwrap()),
+                partition: None,
+                origin_timestamp: None,
             })
             .collect();
         producer.send(&messages).await.unwrap();

@@ -13,7 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use iggy::prelude::{
     Client as _, HeaderKey, HeaderValue, Identifier, IggyClient, IggyMessage, MessageClient,
-    Partitioning,
+    PartitionClient, Partitioning,
 };
 use iggy_binary_protocol::codes::SEND_MESSAGES_CODE;
 use iggy_connect::config::ConnectorConfig;
@@ -56,6 +56,16 @@ fn replicator(
     targets: &[(&str, &str)],
     extra: &str,
 ) -> ConnectorConfig {
+    connector(&replicator_toml(remote, topics, targets, extra))
+}
+
+/// [`replicator`]'s connector file.
+fn replicator_toml(
+    remote: &IggyTestServer,
+    topics: &[&str],
+    targets: &[(&str, &str)],
+    extra: &str,
+) -> String {
     let streams: String = targets
         .iter()
         .map(|(stream, topic)| {
@@ -67,12 +77,12 @@ fn replicator(
         .map(|topic| format!("\"{topic}\""))
         .collect::<Vec<_>>()
         .join(", ");
-    connector(&format!(
+    format!(
         "type = \"source\"\nkey = \"replicator\"\npath = \"iggy\"\nmax_consecutive_nacks = 0\n{streams}\
          [plugin_config]\naddress = \"{}\"\ntopics = [{topics}]\nconsumer_group = \"{GROUP}\"\n\
          batch_length = {BATCH}\npoll_interval = \"5ms\"\nstall_timeout = \"1s\"\n{extra}\n",
         remote.address()
-    ))
+    )
 }
 
 async fn client(server: &IggyTestServer) -> IggyClient {
@@ -332,5 +342,153 @@ async fn a_target_without_a_streams_entry_stops_the_start_naming_it() {
         message.contains("a/b goes to a/b") && message.contains("[[streams]]"),
         "{message}"
     );
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_remote_partition_lands_in_order_in_the_same_target_partition_with_its_origin_timestamps()
+ {
+    let (remote, ours) = (IggyTestServer::start(), IggyTestServer::start());
+    remote.create_topic("edge", "readings", 3);
+    ours.create_topic("core", "readings", 3);
+    let producer = client(&remote).await;
+    // Uneven partitions (60, 20 and 40 messages), so that no round robin on
+    // our side could line up with the remote's by chance.
+    let counts = [60u128, 20, 40];
+    for (partition, count) in (0u32..).zip(counts) {
+        let first = 1 + u128::from(partition) * 1000;
+        produce(&producer, "edge", "readings", partition, first..first + count).await;
+    }
+    let state = tempfile::tempdir().unwrap();
+    let runtime = runtime(&ours, state.path());
+    runtime
+        .add(replicator(
+            &remote,
+            &["edge/readings"],
+            &[("core", "readings")],
+            "rename = { \"edge\" = \"core\" }",
+        ))
+        .unwrap();
+    runtime.start_enabled().await;
+    wait_for("every message replicated", LONG, || {
+        ours.messages("core", "readings").len() >= 120
+    })
+    .await;
+    runtime.shutdown().await;
+
+    let origin = remote.messages("edge", "readings");
+    let replicated = ours.messages("core", "readings");
+    assert_eq!(duplicates(&replicated), 0);
+    for (partition, count) in (0u32..).zip(counts) {
+        let remote_partition: Vec<(u128, u64)> = origin
+            .iter()
+            .filter(|message| message.partition_id == partition)
+            .map(|message| (message.id, message.origin_timestamp))
+            .collect();
+        let ours_partition: Vec<(u128, u64)> = replicated
+            .iter()
+            .filter(|message| message.partition_id == partition)
+            .map(|message| (message.id, message.origin_timestamp))
+            .collect();
+        assert_eq!(remote_partition.len() as u128, count);
+        assert_eq!(
+            ours_partition, remote_partition,
+            "partition {partition}: the same messages, in the same order, with the remote's origin timestamps"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_added_to_a_remote_topic_while_it_runs_are_replicated_too() {
+    let (remote, ours) = (IggyTestServer::start(), IggyTestServer::start());
+    remote.create_topic("shop", "orders", 1);
+    let producer = client(&remote).await;
+    produce(&producer, "shop", "orders", 0, 1..31).await;
+    let state = tempfile::tempdir().unwrap();
+    let runtime = runtime(&ours, state.path());
+    // A stall timeout far beyond the waits below, so the stalled-group
+    // rebuild (which joins again) is not what finds the new partitions: the
+    // server reassigns the group when partitions are added, and the client
+    // re-syncs its assignment on every heartbeat (5 s).
+    let config = replicator_toml(
+        &remote,
+        &["shop/orders"],
+        &[("shop", "orders")],
+        "partitioning = \"balanced\"",
+    )
+    .replace("stall_timeout = \"1s\"", "stall_timeout = \"300s\"");
+    runtime.add(connector(&config)).unwrap();
+    runtime.start_enabled().await;
+    wait_for("the first partition replicated", LONG, || {
+        ids(&ours.messages("shop", "orders")) == expected(1..31)
+    })
+    .await;
+    producer
+        .create_partitions(
+            &Identifier::named("shop").unwrap(),
+            &Identifier::named("orders").unwrap(),
+            2,
+        )
+        .await
+        .unwrap();
+    produce(&producer, "shop", "orders", 1, 31..61).await;
+    produce(&producer, "shop", "orders", 2, 61..91).await;
+    produce(&producer, "shop", "orders", 0, 91..101).await;
+    wait_for(
+        "the new partitions replicated",
+        Duration::from_secs(30),
+        || ids(&ours.messages("shop", "orders")) == expected(1..101),
+    )
+    .await;
+    wait_for("their offsets stored on the remote", LONG, || {
+        remote.stored_offset("shop", "orders", GROUP, 1) == Some(29)
+            && remote.stored_offset("shop", "orders", GROUP, 2) == Some(29)
+    })
+    .await;
+    runtime.shutdown().await;
+    assert_eq!(duplicates(&ours.messages("shop", "orders")), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lag_metric_counts_the_messages_waiting_on_the_remote_until_they_are_replicated() {
+    let metrics = iggy_connect::api::metrics::install().unwrap();
+    let lag = || {
+        metrics
+            .render()
+            .lines()
+            .find(|line| {
+                line.starts_with("iggy_connector_lag{")
+                    && line.contains("connector_key=\"replicator\"")
+                    && line.contains("stream=\"fleet\"")
+                    && line.contains("partition=\"0\"")
+            })
+            .and_then(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+    };
+    let (remote, ours) = (IggyTestServer::start(), IggyTestServer::start());
+    remote.create_topic("fleet", "positions", 1);
+    ours.faults().refuse_sends_until_cleared();
+    let producer = client(&remote).await;
+    produce(&producer, "fleet", "positions", 0, 1..41).await;
+    let state = tempfile::tempdir().unwrap();
+    let runtime = runtime(&ours, state.path());
+    runtime
+        .add(replicator(
+            &remote,
+            &["fleet/positions"],
+            &[("fleet", "positions")],
+            "",
+        ))
+        .unwrap();
+    runtime.start_enabled().await;
+    wait_for("the lag of the 40 waiting messages", LONG, || {
+        lag() == Some(40.0)
+    })
+    .await;
+    ours.faults().clear();
+    wait_for("the messages replicated", LONG, || {
+        ids(&ours.messages("fleet", "positions")) == expected(1..41)
+    })
+    .await;
+    wait_for("the lag back to 0", LONG, || lag() == Some(0.0)).await;
     runtime.shutdown().await;
 }

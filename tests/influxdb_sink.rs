@@ -311,6 +311,8 @@ async fn upstreams_example_file_runs_against_the_v2_test_server() {
                 id: Some(id),
                 headers: Vec::new(),
                 payload: Bytes::from(serde_json::to_vec(&json!({"id": id as u64})).unwrap()),
+                partition: None,
+                origin_timestamp: None,
             })
             .collect();
         producer.send(&messages).await.unwrap();

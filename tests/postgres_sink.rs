@@ -77,6 +77,8 @@ impl Pipeline {
                 id: Some(first_id + index as u128),
                 headers: Vec::new(),
                 payload: Bytes::copy_from_slice(payload),
+                partition: None,
+                origin_timestamp: None,
             })
             .collect();
         producer.send(&messages).await.unwrap();

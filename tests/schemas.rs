@@ -288,6 +288,8 @@ async fn put(bus: &MemoryBus, stream: &str, payloads: &[&[u8]]) {
             id: None,
             headers: Vec::new(),
             payload: Bytes::copy_from_slice(payload),
+            partition: None,
+            origin_timestamp: None,
         })
         .collect();
     producer.send(&messages).await.unwrap();

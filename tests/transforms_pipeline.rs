@@ -388,6 +388,8 @@ async fn put(bus: &MemoryBus, stream: &str, topic: &str, payloads: &[&[u8]]) {
             id: None,
             headers: Vec::new(),
             payload: Bytes::copy_from_slice(payload),
+            partition: None,
+            origin_timestamp: None,
         })
         .collect();
     producer.send(&messages).await.unwrap();

@@ -48,9 +48,5 @@ pub fn message(
         );
         set(HEADER_ORIGIN_OFFSET, HeaderValue::UInt(origin.offset));
     }
-    OutgoingMessage {
-        id,
-        headers,
-        payload,
-    }
+    OutgoingMessage::new(id, headers, payload)
 }

@@ -459,6 +459,8 @@ mod tests {
                 id: None,
                 headers: Vec::new(),
                 payload: bytes::Bytes::from(index.to_string()),
+                partition: None,
+                origin_timestamp: None,
             })
             .collect()
     }

@@ -27,6 +27,9 @@ pub struct IggyProducer {
     batch_length: usize,
     request_timeout: Duration,
     created_volatile_topic: bool,
+    /// The topic's partition count when the producer opened: where a message
+    /// that keeps its origin's partition goes (`partition % partitions`).
+    partitions: u32,
 }
 
 impl IggyProducer {
@@ -70,13 +73,15 @@ impl IggyProducer {
                 Err(error) => return Err(refused("the stream", target, &error)),
             }
         }
-        let topic_exists = tokio::time::timeout(request_timeout, client.get_topic(&stream, &topic))
+        let existing = tokio::time::timeout(request_timeout, client.get_topic(&stream, &topic))
             .await
             .map_err(timed("reading the topic"))?
-            .map_err(|error| unavailable("cannot read topic", error))?
-            .is_some();
+            .map_err(|error| unavailable("cannot read topic", error))?;
+        let mut partitions = existing
+            .as_ref()
+            .map_or(target.partitions, |details| details.partitions_count);
         let mut created_volatile_topic = false;
-        if !topic_exists {
+        if existing.is_none() {
             let options = TopicCreateOptions {
                 partitions_count: Some(target.partitions),
                 durability: match durability {
@@ -96,7 +101,15 @@ impl IggyProducer {
                     created_volatile_topic = durability != TopicDurability::Persisted;
                     info!(stream = %target.stream, topic = %target.topic, partitions = target.partitions, ?durability, "created topic")
                 }
-                Err(IggyError::TopicNameAlreadyExists(..)) => {}
+                Err(IggyError::TopicNameAlreadyExists(..)) => {
+                    // Another instance created it: ask for its partitions.
+                    if let Ok(Ok(Some(details))) =
+                        tokio::time::timeout(request_timeout, client.get_topic(&stream, &topic))
+                            .await
+                    {
+                        partitions = details.partitions_count;
+                    }
+                }
                 Err(error) => return Err(refused("the topic", target, &error)),
             }
         }
@@ -108,14 +121,16 @@ impl IggyProducer {
             batch_length: target.batch_length.max(1) as usize,
             request_timeout,
             created_volatile_topic,
+            partitions: partitions.max(1),
         })
     }
-}
 
-#[async_trait]
-impl Producer for IggyProducer {
-    async fn send(&self, messages: &[OutgoingMessage]) -> Result<(), BusError> {
-        let partitioning = Partitioning::balanced();
+    /// Sends `messages` with one partitioning, in requests of `batch_length`.
+    async fn send_to(
+        &self,
+        partitioning: &Partitioning,
+        messages: &[OutgoingMessage],
+    ) -> Result<(), BusError> {
         for chunk in messages.chunks(self.batch_length) {
             let origin_timestamp = IggyTimestamp::now().as_micros();
             let mut batch = chunk
@@ -126,7 +141,7 @@ impl Producer for IggyProducer {
             let sent = tokio::time::timeout(
                 self.request_timeout,
                 self.client
-                    .send_messages(&self.stream, &self.topic, &partitioning, &mut batch),
+                    .send_messages(&self.stream, &self.topic, partitioning, &mut batch),
             )
             .await;
             match sent {
@@ -145,6 +160,23 @@ impl Producer for IggyProducer {
                     )));
                 }
             }
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Producer for IggyProducer {
+    async fn send(&self, messages: &[OutgoingMessage]) -> Result<(), BusError> {
+        // Messages that keep their origin's partition go, a run of one
+        // partition at a time, to the partition it maps to; the rest are
+        // balanced.
+        for run in messages.chunk_by(|a, b| a.partition == b.partition) {
+            let partitioning = match run.first().and_then(|message| message.partition) {
+                Some(partition) => Partitioning::partition_id(partition % self.partitions),
+                None => Partitioning::balanced(),
+            };
+            self.send_to(&partitioning, run).await?;
         }
         Ok(())
     }
@@ -189,6 +221,7 @@ fn to_iggy_message(
     message: &OutgoingMessage,
     origin_timestamp: u64,
 ) -> Result<IggyMessage, String> {
+    let origin_timestamp = message.origin_timestamp.unwrap_or(origin_timestamp);
     if message.headers.is_empty() && !message.payload.is_empty() {
         return Ok(IggyMessage {
             header: IggyMessageHeader {
@@ -206,12 +239,14 @@ fn to_iggy_message(
         });
     }
     let user_headers = headers::to_iggy(&message.headers)?;
-    IggyMessage::builder()
+    let mut built = IggyMessage::builder()
         .maybe_id(message.id)
         .payload(message.payload.clone())
         .maybe_user_headers(user_headers)
         .build()
-        .map_err(|error| format!("invalid message: {error}"))
+        .map_err(|error| format!("invalid message: {error}"))?;
+    built.header.origin_timestamp = origin_timestamp;
+    Ok(built)
 }
 
 fn identifier(name: &str, target: &ProducerTarget) -> Result<Identifier, BusError> {

@@ -11,12 +11,13 @@
 //! again; so does a batch never committed (a NACK the engine gave up on, a
 //! stop, a crash): duplicates of that batch, never loss.
 //!
-//! Message ids and user headers are kept, so a consumer that deduplicates by
-//! id sees each remote message once. Partitioning is ours (the target topic's
-//! balanced partitioning), not the remote's: order holds within a remote
-//! partition only when the target topic has one partition. Origin timestamps
-//! are the time our cluster received the message; the remote's timestamps are
-//! not carried over.
+//! Message ids, user headers and origin timestamps are kept, so a consumer
+//! that deduplicates by id sees each remote message once. With `partitioning
+//! = "remote"` (the default) a message goes to the target partition with its
+//! remote partition's id (modulo the target's partition count), so every
+//! remote partition's order holds; `"balanced"` spreads them instead.
+//! Partitions added to a remote topic are read too: the server reassigns the
+//! group and the client re-syncs its assignment on its heartbeat.
 //!
 //! `max_in_flight` is 1: the group's `next` position moves only when an
 //! offset is stored, so a second batch polled before the first is committed
@@ -100,6 +101,21 @@ pub struct IggySourceConfig {
     #[serde(default = "default_stall_timeout", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub stall_timeout: Duration,
+    /// `remote`: each message goes to the target partition with its remote
+    /// partition's id (modulo the target topic's partition count: give it as
+    /// many partitions to keep them one to one), so a remote partition's
+    /// order holds; `balanced`: the target topic's balanced partitioning.
+    #[serde(default)]
+    pub partitioning: PartitionMapping,
+}
+
+/// Where replicated messages go on our cluster.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PartitionMapping {
+    #[default]
+    Remote,
+    Balanced,
 }
 
 /// TLS to the remote cluster.
@@ -408,6 +424,8 @@ impl Source for IggySource {
         let Some(offset) = batch.last_offset() else {
             return Ok(SourceBatch::default());
         };
+        let partition =
+            (self.config.partitioning == PartitionMapping::Remote).then_some(partition_id);
         let records = batch
             .messages
             .into_iter()
@@ -416,6 +434,8 @@ impl Source for IggySource {
                 stream_index,
                 headers: message.headers,
                 payload: Payload::Raw(message.payload),
+                partition,
+                origin_timestamp: Some(message.origin_timestamp),
             })
             .collect();
         let mut state = self

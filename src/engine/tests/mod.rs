@@ -129,6 +129,8 @@ impl Harness {
                 id: None,
                 headers: Vec::new(),
                 payload: Bytes::copy_from_slice(payload),
+                partition: None,
+                origin_timestamp: None,
             })
             .collect();
         producer.send(&messages).await.unwrap();

@@ -11,11 +11,11 @@ use super::wire::{self, LoginBody, Reply, decode};
 use bytes::{Bytes, BytesMut};
 use iggy_binary_protocol::WireName;
 use iggy_binary_protocol::codes::{
-    CREATE_CONSUMER_GROUP_CODE, CREATE_STREAM_CODE, CREATE_TOPIC_CODE, DELETE_CONSUMER_GROUP_CODE,
-    DELETE_CONSUMER_OFFSET_CODE, GET_CLUSTER_METADATA_CODE, GET_CONSUMER_GROUP_CODE,
-    GET_CONSUMER_OFFSET_CODE, GET_STREAM_CODE, GET_TOPIC_CODE, JOIN_CONSUMER_GROUP_CODE,
-    LEAVE_CONSUMER_GROUP_CODE, LOGOUT_USER_CODE, PING_CODE, POLL_MESSAGES_CODE, SEND_MESSAGES_CODE,
-    STORE_CONSUMER_OFFSET_CODE, SYNC_CONSUMER_GROUP_CODE,
+    CREATE_CONSUMER_GROUP_CODE, CREATE_PARTITIONS_CODE, CREATE_STREAM_CODE, CREATE_TOPIC_CODE,
+    DELETE_CONSUMER_GROUP_CODE, DELETE_CONSUMER_OFFSET_CODE, GET_CLUSTER_METADATA_CODE,
+    GET_CONSUMER_GROUP_CODE, GET_CONSUMER_OFFSET_CODE, GET_STREAM_CODE, GET_TOPIC_CODE,
+    JOIN_CONSUMER_GROUP_CODE, LEAVE_CONSUMER_GROUP_CODE, LOGOUT_USER_CODE, PING_CODE,
+    POLL_MESSAGES_CODE, SEND_MESSAGES_CODE, STORE_CONSUMER_OFFSET_CODE, SYNC_CONSUMER_GROUP_CODE,
 };
 use iggy_binary_protocol::consensus::{EvictionReason, Operation, RequestHeader};
 use iggy_binary_protocol::dispatch::lookup_command;
@@ -23,6 +23,7 @@ use iggy_binary_protocol::requests::consumer_groups::{
     CreateConsumerGroupRequest, DeleteConsumerGroupRequest, GetConsumerGroupRequest,
     JoinConsumerGroupRequest, LeaveConsumerGroupRequest, SyncConsumerGroupRequest,
 };
+use iggy_binary_protocol::requests::partitions::CreatePartitionsRequest;
 use iggy_binary_protocol::requests::streams::{CreateStreamRequest, GetStreamRequest};
 use iggy_binary_protocol::requests::topics::{CreateTopicRequest, GetTopicRequest};
 use iggy_binary_protocol::responses::consumer_groups::SyncConsumerGroupResponse;
@@ -153,6 +154,7 @@ fn route(
         CREATE_STREAM_CODE => decode(&body).map(|request| create_stream(state, &request)),
         GET_TOPIC_CODE => decode(&body).map(|request| get_topic(state, &request)),
         CREATE_TOPIC_CODE => decode(&body).map(|request| create_topic(state, &request)),
+        CREATE_PARTITIONS_CODE => decode(&body).map(|request| create_partitions(state, &request)),
         GET_CONSUMER_GROUP_CODE => decode(&body).map(|request| get_group(state, &request)),
         CREATE_CONSUMER_GROUP_CODE => decode(&body).map(|request| create_group(state, &request)),
         DELETE_CONSUMER_GROUP_CODE => decode(&body).map(|request| delete_group(state, &request)),
@@ -302,6 +304,22 @@ fn create_topic(state: &mut State, request: &CreateTopicRequest) -> Reply {
         .collect();
     let mut reply = Reply::committed(&topic.response()).at_op(op);
     reply.operation = Some(Operation::CreateTopicWithAssignments);
+    reply
+}
+
+/// Adds partitions to a topic; its groups rebalance onto them.
+fn create_partitions(state: &mut State, request: &CreatePartitionsRequest) -> Reply {
+    let op = state.next_metadata_op();
+    if request.partitions_count == 0 || request.partitions_count > MAX_PARTITIONS_PER_REQUEST {
+        return Reply::rejected(status::INVALID_PARTITIONS_COUNT).at_op(op);
+    }
+    let topic = match state.topic_mut(&request.stream_id, &request.topic_id) {
+        Ok(topic) => topic,
+        Err(missing) => return Reply::rejected(missing_status(missing)).at_op(op),
+    };
+    topic.add_partitions(request.partitions_count);
+    let mut reply = Reply::committed_empty().at_op(op);
+    reply.operation = Some(Operation::CreatePartitionsWithAssignments);
     reply
 }
 

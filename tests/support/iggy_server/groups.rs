@@ -60,6 +60,17 @@ impl Group {
         }
     }
 
+    /// The topic grew by `count` partitions: they join the round robin.
+    pub(crate) fn add_partitions(&mut self, count: usize) {
+        for _ in 0..count {
+            self.owners.push(None);
+            self.pending.push(None);
+            self.served.push(None);
+            self.offsets.push(None);
+        }
+        self.rebalance();
+    }
+
     pub(crate) fn members_count(&self) -> usize {
         self.members.len()
     }

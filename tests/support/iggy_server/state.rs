@@ -119,6 +119,23 @@ impl Topic {
         self.groups.iter().find(|group| group.name == name)
     }
 
+    /// Appends `count` partitions; every group rebalances to take them in,
+    /// as the real server reassigns its groups on a partition-count change.
+    pub(crate) fn add_partitions(&mut self, count: u32) {
+        let created_at = now_micros();
+        let first = to_u32(self.partitions.len());
+        self.partitions
+            .extend((first..first + count).map(|id| Partition {
+                id,
+                created_at,
+                log: Log::default(),
+                op: 0,
+            }));
+        for group in &mut self.groups {
+            group.add_partitions(count as usize);
+        }
+    }
+
     pub(crate) fn create_group(&mut self, name: &str) -> &mut Group {
         let id = self.next_group_id;
         self.next_group_id += 1;

@@ -287,6 +287,8 @@ fn records(
             stream_index,
             headers: user_headers.clone(),
             payload,
+            partition: None,
+            origin_timestamp: None,
         })
         .collect()
 }
