@@ -19,6 +19,7 @@ registry::register_connectors! {
         http => "http-source",
         elasticsearch => "elasticsearch-source",
         iggy => "iggy-source",
+        influxdb => "influxdb-source",
     }
     sinks {
         stdout => "stdout-sink",
@@ -28,6 +29,7 @@ registry::register_connectors! {
         elasticsearch => "elasticsearch-sink",
         clickhouse => "clickhouse-sink",
         influxdb => "influxdb-sink",
+        doris => "doris-sink",
     }
 }
 

@@ -176,6 +176,12 @@ source_conformance!(
     )
     .await
 );
+#[cfg(feature = "influxdb-source")]
+source_conformance!(
+    influxdb_source,
+    "influxdb",
+    fixtures::influxdb_source::Backend::new().await
+);
 #[cfg(feature = "stdout-sink")]
 sink_conformance!(
     stdout_sink,
@@ -223,6 +229,8 @@ const COVERED_SOURCES: &[&str] = &[
     "elasticsearch",
     #[cfg(feature = "iggy-source")]
     "iggy",
+    #[cfg(feature = "influxdb-source")]
+    "influxdb",
 ];
 const COVERED_SINKS: &[&str] = &[
     #[cfg(feature = "stdout-sink")]
