@@ -216,6 +216,12 @@ sink_conformance!(
     "influxdb",
     fixtures::influxdb_sink::Backend::new().await
 );
+#[cfg(feature = "doris-sink")]
+sink_conformance!(
+    doris_sink,
+    "doris",
+    fixtures::doris_sink::Backend::new().await
+);
 
 /// The connectors the lines above cover, by kind and name.
 const COVERED_SOURCES: &[&str] = &[
@@ -247,6 +253,8 @@ const COVERED_SINKS: &[&str] = &[
     "clickhouse",
     #[cfg(feature = "influxdb-sink")]
     "influxdb",
+    #[cfg(feature = "doris-sink")]
+    "doris",
 ];
 
 #[test]

@@ -137,6 +137,11 @@ impl Doris {
         self.lock().faults.extend(faults);
     }
 
+    /// Drops the faults not used yet.
+    pub fn clear_faults(&self) {
+        self.lock().faults.clear();
+    }
+
     /// The rows loaded into `db.table`, in load order.
     pub fn rows(&self, db: &str, table: &str) -> Vec<Map<String, Value>> {
         self.lock()
