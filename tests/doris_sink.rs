@@ -28,7 +28,10 @@ async fn server() -> Doris {
     server.create_table(
         "demo",
         "events",
-        vec![column("id", Kind::Int, false), column("name", Kind::Text, true)],
+        vec![
+            column("id", Kind::Int, false),
+            column("name", Kind::Text, true),
+        ],
     );
     server
 }
@@ -39,7 +42,10 @@ fn config(server: &Doris, extra: Value) -> Value {
         "username": "root", "password": "pw",
         "retry_delay": "1ms", "max_retry_delay": "5ms", "max_retries": 2,
     });
-    config.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    config
+        .as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
     config
 }
 
@@ -102,7 +108,11 @@ async fn a_load_follows_the_redirect_with_credentials_and_a_replay_is_deduplicat
     let labels = labels(&server);
     assert_eq!(labels.len(), 6, "3 loads of 4 rows, twice: {labels:?}");
     assert_eq!(labels[..3], labels[3..], "a replay carries the same labels");
-    assert!(labels[0].starts_with("iggy-s-t-") && labels[0].ends_with("-1-0-3"), "{}", labels[0]);
+    assert!(
+        labels[0].starts_with("iggy-s-t-") && labels[0].ends_with("-1-0-3"),
+        "{}",
+        labels[0]
+    );
     assert!(labels[2].ends_with("-1-8-9"), "{}", labels[2]);
 }
 
@@ -137,7 +147,11 @@ async fn publish_timeout_is_written_and_throttling_past_max_retries_is_transient
 async fn unfit_rows_named_by_the_error_log_are_rejected_by_index_and_the_rest_loads() {
     for format in ["json", "csv"] {
         let server = server().await;
-        let sink = open(config(&server, json!({"output_format": format, "columns": "id, name"}))).await;
+        let sink = open(config(
+            &server,
+            json!({"output_format": format, "columns": "id, name"}),
+        ))
+        .await;
         let mut rows = batch(0..6);
         rows[1].payload = Payload::Json(json!({"id": "not a number", "name": "x"}));
         rows[4].payload = Payload::Json(json!({"name": "no id"}));
@@ -148,8 +162,15 @@ async fn unfit_rows_named_by_the_error_log_are_rejected_by_index_and_the_rest_lo
         let mut indexes: Vec<usize> = rejections.iter().map(|r| r.index).collect();
         indexes.sort();
         assert_eq!(indexes, vec![1, 4], "{format}");
-        assert!(rejections[0].reason.contains("error log"), "{}", rejections[0].reason);
-        assert!(ids(&server).is_empty(), "{format}: a failed load loads nothing");
+        assert!(
+            rejections[0].reason.contains("error log"),
+            "{}",
+            rejections[0].reason
+        );
+        assert!(
+            ids(&server).is_empty(),
+            "{format}: a failed load loads nothing"
+        );
         let rest: Vec<SinkMessage> = rows
             .into_iter()
             .enumerate()
@@ -216,13 +237,23 @@ async fn wrong_credentials_and_an_unknown_table_are_fatal_naming_the_fields() {
 #[tokio::test]
 async fn a_redirect_to_a_host_off_the_allow_list_is_refused_before_credentials_are_sent() {
     let server = server().await;
-    let sink = open(config(&server, json!({"allowed_redirect_hosts": ["be.internal"]}))).await;
+    let sink = open(config(
+        &server,
+        json!({"allowed_redirect_hosts": ["be.internal"]}),
+    ))
+    .await;
     let error = sink.write(&topic(), &batch(0..1)).await.unwrap_err();
     let SinkError::Fatal(error) = error else {
         panic!("expected fatal, got {error}");
     };
-    assert!(error.to_string().contains("allowed_redirect_hosts"), "{error}");
-    assert!(server.seen().iter().all(|s| !s.backend), "the BE was never called");
+    assert!(
+        error.to_string().contains("allowed_redirect_hosts"),
+        "{error}"
+    );
+    assert!(
+        server.seen().iter().all(|s| !s.backend),
+        "the BE was never called"
+    );
     // Listed by host:port, the same redirect is followed.
     let listed = open(config(
         &server,
@@ -234,7 +265,10 @@ async fn a_redirect_to_a_host_off_the_allow_list_is_refused_before_credentials_a
     // A host the redirect names by another name is not on the list.
     server.redirect_to_host("localhost");
     let error = listed.write(&topic(), &batch(1..2)).await.unwrap_err();
-    assert!(error.to_string().contains("allowed_redirect_hosts"), "{error}");
+    assert!(
+        error.to_string().contains("allowed_redirect_hosts"),
+        "{error}"
+    );
 }
 
 /// Upstream's example file: as it is, it is refused naming its empty
@@ -258,7 +292,10 @@ async fn upstreams_example_file_is_refused_as_a_template_and_runs_once_filled_in
         .map(|entry| {
             let table: toml::Table = toml::from_str(&original).unwrap();
             let plugin = serde_json::to_value(&table["plugin_config"]).unwrap();
-            (entry.build)(&plugin).err().map(|error| error.to_string()).unwrap_or_default()
+            (entry.build)(&plugin)
+                .err()
+                .map(|error| error.to_string())
+                .unwrap_or_default()
         })
         .unwrap();
     assert!(
@@ -302,9 +339,11 @@ async fn upstreams_example_file_is_refused_as_a_template_and_runs_once_filled_in
     );
     runtime.add(config).unwrap();
     runtime.start_enabled().await;
-    eventually("the topic is committed", Duration::from_secs(30), async || {
-        bus.is_drained("events", "doris_events", "doris_sink")
-    })
+    eventually(
+        "the topic is committed",
+        Duration::from_secs(30),
+        async || bus.is_drained("events", "doris_events", "doris_sink"),
+    )
     .await;
     runtime.shutdown().await;
     assert_eq!(server.rows("demo", "events").len(), 5);

@@ -81,7 +81,10 @@ async fn seed_v1(server: &InfluxDb, count: i64) {
     let lines: Vec<String> = (0..count)
         .map(|n| {
             let host = ["a", "b", "c"][(n % 3) as usize];
-            format!("cpu,host={host} n={n}i {}", (T0 + n / 3 * 1_000_000_000) / 1000)
+            format!(
+                "cpu,host={host} n={n}i {}",
+                (T0 + n / 3 * 1_000_000_000) / 1000
+            )
         })
         .collect();
     server.write("db1", &lines.join("\n")).await;
@@ -104,7 +107,10 @@ async fn v1_every_row_is_read_once_in_time_order_across_ties() {
     let all = read(source.as_ref(), 30).await;
     assert_eq!(numbers(&all), (0..30).collect::<Vec<_>>());
     let times: Vec<i64> = all.iter().map(|p| p["time"].as_i64().unwrap()).collect();
-    assert!(times.windows(2).all(|pair| pair[0] <= pair[1]), "time order: {times:?}");
+    assert!(
+        times.windows(2).all(|pair| pair[0] <= pair[1]),
+        "time order: {times:?}"
+    );
     assert_eq!(all[0]["host"], json!("a"));
 }
 
@@ -114,7 +120,11 @@ async fn v1_a_restart_from_the_saved_state_resumes_inside_a_tie_without_loss_or_
     seed_v1(&server, 12).await;
     let mut source = open(&v1(&server, 4), None).await;
     let (first, state) = poll(source.as_ref()).await;
-    assert_eq!(first.len(), 4, "the 4th row shares its second with the 5th and 6th");
+    assert_eq!(
+        first.len(),
+        4,
+        "the 4th row shares its second with the 5th and 6th"
+    );
     source.commit().await.unwrap();
     // A second batch polled but never committed: not in the saved state.
     let _ = poll(source.as_ref()).await;
@@ -151,7 +161,10 @@ async fn v1_rows_written_after_catching_up_are_read_by_a_later_poll() {
     let source = open(&v1(&server, 10), None).await;
     assert_eq!(read(source.as_ref(), 2).await.len(), 2);
     server
-        .write("db1", &format!("cpu,host=z n=99i {}", (T0 + 3_600_000_000_000) / 1000))
+        .write(
+            "db1",
+            &format!("cpu,host=z n=99i {}", (T0 + 3_600_000_000_000) / 1000),
+        )
         .await;
     let (later, _) = poll(source.as_ref()).await;
     assert_eq!(numbers(&later), vec![99]);
@@ -190,7 +203,11 @@ fn delivered(bus: &MemoryBus, stream: &str) -> Vec<i64> {
     let mut numbers: Vec<i64> = bus
         .messages(stream, "rows")
         .iter()
-        .map(|message| serde_json::from_slice::<Value>(&message.payload).unwrap()["n"].as_i64().unwrap())
+        .map(|message| {
+            serde_json::from_slice::<Value>(&message.payload).unwrap()["n"]
+                .as_i64()
+                .unwrap()
+        })
         .collect();
     numbers.sort();
     numbers
@@ -210,9 +227,11 @@ async fn v1_through_the_runtime_each_row_arrives_once_and_a_restart_reads_only_n
     let runtime = Runtime::new(Arc::new(bus.clone()), state.clone(), Duration::from_secs(5));
     runtime.add(runtime_config(&config, "influx")).unwrap();
     runtime.start_enabled().await;
-    eventually("20 rows in the topic", Duration::from_secs(30), async || {
-        bus.messages("influx", "rows").len() >= 20
-    })
+    eventually(
+        "20 rows in the topic",
+        Duration::from_secs(30),
+        async || bus.messages("influx", "rows").len() >= 20,
+    )
     .await;
     runtime.shutdown().await;
     assert_eq!(delivered(&bus, "influx"), (0..20).collect::<Vec<_>>());
@@ -224,9 +243,11 @@ async fn v1_through_the_runtime_each_row_arrives_once_and_a_restart_reads_only_n
     let runtime = Runtime::new(Arc::new(bus.clone()), state, Duration::from_secs(5));
     runtime.add(runtime_config(&config, "influx")).unwrap();
     runtime.start_enabled().await;
-    eventually("26 rows in the topic", Duration::from_secs(30), async || {
-        bus.messages("influx", "rows").len() >= 26
-    })
+    eventually(
+        "26 rows in the topic",
+        Duration::from_secs(30),
+        async || bus.messages("influx", "rows").len() >= 26,
+    )
     .await;
     // Another round of polls finds nothing new.
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -241,7 +262,10 @@ fn v2(server: &InfluxHttp, extra: Value) -> Value {
         "batch_size": 3, "poll_interval": "10ms",
         "retry_delay": "1ms", "max_retries": 1, "max_open_retries": 0,
     });
-    config.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    config
+        .as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
     config
 }
 
@@ -274,12 +298,19 @@ async fn v2_flux_tables_of_annotated_csv_arrive_once_in_upstreams_envelope() {
     keys.sort();
     keys.dedup();
     assert_eq!(keys.len(), 20, "each point and field once");
-    let first = all.iter().find(|p| p["field"] == "ok" && p["row"]["host"] == "a").unwrap();
+    let first = all
+        .iter()
+        .find(|p| p["field"] == "ok" && p["row"]["host"] == "a")
+        .unwrap();
     assert_eq!(first["measurement"], json!("cpu"));
     assert_eq!(first["value"], json!(true), "typed by #datatype boolean");
     assert_eq!(first["timestamp"], json!("2024-03-01T00:00:00.000000000Z"));
     let queries = server.queries();
-    assert!(queries[0].contains("time(v: \"1970-01-01T00:00:00.000000000Z\")"), "{}", queries[0]);
+    assert!(
+        queries[0].contains("time(v: \"1970-01-01T00:00:00.000000000Z\")"),
+        "{}",
+        queries[0]
+    );
     assert!(queries[0].contains("limit(n: 3)"), "{}", queries[0]);
 }
 
@@ -289,7 +320,13 @@ async fn v3_ties_answered_in_a_different_order_each_query_are_read_once() {
     // Seven points at one time, then three more.
     for n in 0..10 {
         let time = if n < 7 { T0 } else { T0 + n };
-        server.seed("metrics", "cpu", &[("host", &format!("h{n}"))], &[("n", json!(n))], time);
+        server.seed(
+            "metrics",
+            "cpu",
+            &[("host", &format!("h{n}"))],
+            &[("n", json!(n))],
+            time,
+        );
     }
     let config = json!({
         "version": "v3", "url": server.url, "db": "metrics", "token": "t0ken",
@@ -329,9 +366,16 @@ async fn v2_a_wrong_token_an_unknown_org_or_a_bad_query_is_fatal_naming_the_fiel
     for (extra, field) in [
         (json!({"token": "wrong"}), "plugin_config.token"),
         (json!({"org": "other"}), "plugin_config.org"),
-        (json!({"query": "from(bucket: \"events\") |> filter(fn: (r) => r.x == \"$cursor\")"}), "plugin_config.query"),
+        (
+            json!({"query": "from(bucket: \"events\") |> filter(fn: (r) => r.x == \"$cursor\")"}),
+            "plugin_config.query",
+        ),
     ] {
-        let error = open(&v2(&server, extra.clone()), None).await.poll().await.unwrap_err();
+        let error = open(&v2(&server, extra.clone()), None)
+            .await
+            .poll()
+            .await
+            .unwrap_err();
         assert!(!error.is_transient(), "{extra}: {error}");
         assert!(error.to_string().contains(field), "{extra}: {error}");
     }
@@ -362,15 +406,21 @@ async fn upstreams_example_file_runs_against_the_v2_test_server() {
     );
     runtime.add(config).unwrap();
     runtime.start_enabled().await;
-    eventually("5 rows in user_events/users", Duration::from_secs(30), async || {
-        bus.messages("user_events", "users").len() >= 5
-    })
+    eventually(
+        "5 rows in user_events/users",
+        Duration::from_secs(30),
+        async || bus.messages("user_events", "users").len() >= 5,
+    )
     .await;
     runtime.shutdown().await;
     let values: Vec<i64> = bus
         .messages("user_events", "users")
         .iter()
-        .map(|m| serde_json::from_slice::<Value>(&m.payload).unwrap()["value"].as_i64().unwrap())
+        .map(|m| {
+            serde_json::from_slice::<Value>(&m.payload).unwrap()["value"]
+                .as_i64()
+                .unwrap()
+        })
         .collect();
     assert_eq!(values, vec![0, 1, 2, 3, 4]);
 }

@@ -99,10 +99,16 @@ impl Doris {
             ..Inner::default()
         }));
         let fe_app = axum::Router::new()
-            .route("/api/{db}/{table}/_stream_load", axum::routing::put(frontend))
+            .route(
+                "/api/{db}/{table}/_stream_load",
+                axum::routing::put(frontend),
+            )
             .with_state(inner.clone());
         let be_app = axum::Router::new()
-            .route("/api/{db}/{table}/_stream_load", axum::routing::put(backend))
+            .route(
+                "/api/{db}/{table}/_stream_load",
+                axum::routing::put(backend),
+            )
             .route("/api/_load_error_log", axum::routing::get(error_log))
             .with_state(inner.clone());
         let fe_url = format!("http://{}", fe.local_addr().unwrap());
@@ -227,11 +233,11 @@ fn separator(header: Option<&String>, default: char) -> char {
     }
 }
 
-/// The body's rows as (text quoted in the error log, parsed row).
-fn parse_rows(
-    headers: &HashMap<String, String>,
-    body: &str,
-) -> Result<Vec<(String, Map<String, Value>)>, String> {
+/// A row of a load body: its text (quoted in the error log) and its columns.
+type BodyRow = (String, Map<String, Value>);
+
+/// The body's rows.
+fn parse_rows(headers: &HashMap<String, String>, body: &str) -> Result<Vec<BodyRow>, String> {
     match headers.get("format").map(String::as_str).unwrap_or("csv") {
         "json" => {
             let value: Value =
@@ -361,7 +367,10 @@ async fn backend(
     let error_url = (filtered > 0).then(|| {
         let file = format!("__shard_{}/error_log_{label}", inner.error_logs.len());
         inner.error_logs.insert(file.clone(), log.clone());
-        format!("http://127.0.0.1:{}/api/_load_error_log?file={file}", inner.be_port)
+        format!(
+            "http://127.0.0.1:{}/api/_load_error_log?file={file}",
+            inner.be_port
+        )
     });
     if filtered > 0 && filtered as f64 > ratio * total as f64 {
         return axum::Json(json!({
@@ -373,7 +382,11 @@ async fn backend(
         .into_response();
     }
     let loaded = fit.len();
-    inner.rows.entry((db.clone(), table)).or_default().extend(fit);
+    inner
+        .rows
+        .entry((db.clone(), table))
+        .or_default()
+        .extend(fit);
     inner.labels.insert((db, label.clone()), "FINISHED");
     let status = match fault {
         Some(Fault::PublishTimeout) => "Publish Timeout",
@@ -397,7 +410,10 @@ async fn error_log(
     Query(params): Query<HashMap<String, String>>,
 ) -> Response {
     let inner = inner.lock().unwrap();
-    match params.get("file").and_then(|file| inner.error_logs.get(file)) {
+    match params
+        .get("file")
+        .and_then(|file| inner.error_logs.get(file))
+    {
         Some(log) => log.clone().into_response(),
         None => StatusCode::NOT_FOUND.into_response(),
     }

@@ -121,8 +121,14 @@ impl InfluxHttp {
         self.lock().seeded.push(Seeded {
             bucket: bucket.into(),
             measurement: measurement.into(),
-            tags: tags.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect(),
-            fields: fields.iter().map(|(k, v)| ((*k).into(), v.clone())).collect(),
+            tags: tags
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect(),
+            fields: fields
+                .iter()
+                .map(|(k, v)| ((*k).into(), v.clone()))
+                .collect(),
             time,
         });
     }
@@ -334,7 +340,8 @@ async fn query_v2(
         let answer = serde_json::json!({"code": "not found", "message": format!("failed to initialize execute state: could not find bucket \"{bucket}\"")});
         return (StatusCode::NOT_FOUND, answer.to_string()).into_response();
     }
-    let measurement = capture(r#"r\._measurement\s*==\s*"([^"]+)""#, &flux).map(|c| c[1].to_owned());
+    let measurement =
+        capture(r#"r\._measurement\s*==\s*"([^"]+)""#, &flux).map(|c| c[1].to_owned());
     let bound = capture(r#"r\._time\s*(>=|>)\s*time\(v:\s*"([^"]+)"\)"#, &flux)
         .map(|c| (c[1].to_owned(), c[2].to_owned()))
         .or_else(|| {
@@ -349,8 +356,17 @@ async fn query_v2(
     };
     let limit = capture(r"limit\(n:\s*(\d+)\)", &flux).map(|c| c[1].parse().unwrap());
     // Flux's limit is per table: one field of one series here.
-    let points = select(&inner.seeded, &bucket, measurement.as_deref(), (&operator, cursor), 0, None);
-    let mut tables: Vec<(String, Vec<(Seeded, String, serde_json::Value)>)> = Vec::new();
+    let points = select(
+        &inner.seeded,
+        &bucket,
+        measurement.as_deref(),
+        (&operator, cursor),
+        0,
+        None,
+    );
+    // (series and field, its rows as point, field, value)
+    type Table = (String, Vec<(Seeded, String, serde_json::Value)>);
+    let mut tables: Vec<Table> = Vec::new();
     for point in points {
         for (field, value) in &point.fields {
             let key = format!("{}|{:?}|{field}", point.measurement, point.tags);
@@ -361,7 +377,9 @@ async fn query_v2(
                     tables.len() - 1
                 }
             };
-            tables[position].1.push((point.clone(), field.clone(), value.clone()));
+            tables[position]
+                .1
+                .push((point.clone(), field.clone(), value.clone()));
         }
     }
     let mut csv = String::new();
@@ -377,15 +395,43 @@ async fn query_v2(
             _ => "string",
         };
         let tag_names: Vec<&str> = first.tags.iter().map(|(k, _)| k.as_str()).collect();
-        let mut datatypes = vec!["#datatype", "string", "long", "dateTime:RFC3339", "dateTime:RFC3339", "dateTime:RFC3339Nano", datatype, "string", "string"];
+        let mut datatypes = vec![
+            "#datatype",
+            "string",
+            "long",
+            "dateTime:RFC3339",
+            "dateTime:RFC3339",
+            "dateTime:RFC3339Nano",
+            datatype,
+            "string",
+            "string",
+        ];
         datatypes.extend(tag_names.iter().map(|_| "string"));
-        let mut group = vec!["#group", "false", "false", "true", "true", "false", "false", "true", "true"];
+        let mut group = vec![
+            "#group", "false", "false", "true", "true", "false", "false", "true", "true",
+        ];
         group.extend(tag_names.iter().map(|_| "true"));
         let mut default = vec!["#default".to_owned(), "_result".to_owned()];
         default.extend((0..7 + tag_names.len()).map(|_| String::new()));
-        let mut header = vec!["", "result", "table", "_start", "_stop", "_time", "_value", "_field", "_measurement"];
+        let mut header = vec![
+            "",
+            "result",
+            "table",
+            "_start",
+            "_stop",
+            "_time",
+            "_value",
+            "_field",
+            "_measurement",
+        ];
         header.extend(tag_names.iter().copied());
-        csv.push_str(&format!("{}\r\n{}\r\n{}\r\n{}\r\n", datatypes.join(","), group.join(","), default.join(","), header.join(",")));
+        csv.push_str(&format!(
+            "{}\r\n{}\r\n{}\r\n{}\r\n",
+            datatypes.join(","),
+            group.join(","),
+            default.join(","),
+            header.join(",")
+        ));
         for (point, field, value) in rows {
             let value = match value {
                 serde_json::Value::String(text) => format!("\"{}\"", text.replace('"', "\"\"")),
@@ -446,11 +492,21 @@ async fn query_v3(
         return invalid("error while planning query: no time bound this test server understands");
     };
     let Some(cursor) = parse_time(&bound[2]) else {
-        return invalid(&format!("error while planning query: cannot cast {:?} to timestamp", &bound[2]));
+        return invalid(&format!(
+            "error while planning query: cannot cast {:?} to timestamp",
+            &bound[2]
+        ));
     };
     let limit = capture(r"(?i)LIMIT\s+(\d+)", &sql).map(|c| c[1].parse().unwrap());
     let offset = capture(r"(?i)OFFSET\s+(\d+)", &sql).map_or(0, |c| c[1].parse().unwrap());
-    let mut points = select(&inner.seeded, &db, Some(&table[1]), (&bound[1], cursor), 0, None);
+    let mut points = select(
+        &inner.seeded,
+        &db,
+        Some(&table[1]),
+        (&bound[1], cursor),
+        0,
+        None,
+    );
     inner.sql_queries += 1;
     if inner.sql_queries % 2 == 0 {
         // Ties in the other order: a stable descending sort, reversed.
@@ -458,13 +514,20 @@ async fn query_v3(
         points.reverse();
     }
     let mut lines = String::new();
-    for point in points.into_iter().skip(offset).take(limit.unwrap_or(usize::MAX)) {
+    for point in points
+        .into_iter()
+        .skip(offset)
+        .take(limit.unwrap_or(usize::MAX))
+    {
         let mut row = serde_json::Map::new();
         for (tag, value) in &point.tags {
             row.insert(tag.clone(), serde_json::Value::String(value.clone()));
         }
         // InfluxDB 3 answers times without a zone.
-        row.insert("time".into(), serde_json::Value::String(rfc3339(point.time).trim_end_matches('Z').to_owned()));
+        row.insert(
+            "time".into(),
+            serde_json::Value::String(rfc3339(point.time).trim_end_matches('Z').to_owned()),
+        );
         for (field, value) in &point.fields {
             row.insert(field.clone(), value.clone());
         }
