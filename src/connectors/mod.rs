@@ -5,6 +5,8 @@ pub mod describe;
 #[cfg(any(feature = "elasticsearch-source", feature = "elasticsearch-sink"))]
 mod elasticsearch;
 pub mod entry;
+#[cfg(any(feature = "influxdb-source", feature = "influxdb-sink"))]
+mod influxdb;
 pub mod kit;
 #[cfg(any(feature = "postgres-source", feature = "postgres-sink"))]
 mod postgres;

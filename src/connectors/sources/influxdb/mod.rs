@@ -36,19 +36,18 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderValue};
-use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tracing::{debug, info, warn};
 
+use crate::connectors::influxdb::{self as shared, Breaker, answer_reason};
 use crate::connectors::kit::backoff::Backoff;
-use crate::connectors::kit::breaker::{CircuitBreaker, Transition};
 use crate::connectors::kit::http::{
-    self, Auth, ClientOptions, HttpClient, StatusClass, classify, error_chain,
+    self, ClientOptions, HttpClient, StatusClass, classify, error_chain,
 };
 use crate::connectors::{
-    ConnectorContext, ConnectorError, Degraded, PluginConfigError, Source, SourceBatch,
-    SourceEntry, decode_state, encode_state, parse_plugin_config, schema_of,
+    ConnectorContext, ConnectorError, PluginConfigError, Source, SourceBatch, SourceEntry,
+    decode_state, encode_state, parse_plugin_config, schema_of,
 };
 use crate::message::{Payload, SourceRecord};
 
@@ -98,15 +97,13 @@ pub struct InfluxDbSource {
     initial: i64,
     retry: Backoff,
     client: Option<HttpClient>,
-    breaker: CircuitBreaker,
+    breaker: Breaker,
     committed: Mutex<Cursor>,
     /// The cursor after each batch polled and not yet committed, oldest first.
     staged: Mutex<VecDeque<Cursor>>,
     /// The last answer was short: wait `poll_interval` before the next query.
     caught_up: AtomicBool,
     key: String,
-    degraded: Degraded,
-    is_degraded: AtomicBool,
 }
 
 enum Attempt {
@@ -149,7 +146,7 @@ impl InfluxDbSource {
                 max: config.retry_max_delay,
                 multiplier: 2.0,
             },
-            breaker: CircuitBreaker::new(
+            breaker: Breaker::new(
                 config.circuit_breaker_threshold,
                 config.circuit_breaker_cool_down,
             ),
@@ -165,44 +162,8 @@ impl InfluxDbSource {
             staged: Mutex::new(VecDeque::new()),
             caught_up: AtomicBool::new(false),
             key: "influxdb".into(),
-            degraded: Degraded::default(),
-            is_degraded: AtomicBool::new(false),
             config,
         })
-    }
-
-    fn auth(&self) -> Auth {
-        let token = || {
-            SecretString::from(
-                self.config
-                    .token
-                    .as_ref()
-                    .map(|token| token.expose_secret())
-                    .unwrap_or(""),
-            )
-        };
-        match self.config.version {
-            Version::V1 if self.config.token.is_some() => Auth::Header {
-                name: "Authorization".into(),
-                value: SecretString::from(format!("Token {}", token().expose_secret())),
-            },
-            Version::V1 => match &self.config.username {
-                Some(username) => Auth::Basic {
-                    username: username.clone(),
-                    password: self
-                        .config
-                        .password
-                        .clone()
-                        .unwrap_or_else(|| SecretString::from("")),
-                },
-                None => Auth::None,
-            },
-            Version::V2 => Auth::Header {
-                name: "Authorization".into(),
-                value: SecretString::from(format!("Token {}", token().expose_secret())),
-            },
-            Version::V3 => Auth::Bearer(token()),
-        }
     }
 
     fn credentials_field(&self) -> &'static str {
@@ -289,18 +250,13 @@ impl InfluxDbSource {
         let client = self.client()?;
         let mut retries = 0;
         loop {
-            if !self.breaker.allow() {
-                return Err(ConnectorError::transient(format!(
-                    "circuit breaker open: not calling {} for up to {} after {} consecutive failures",
-                    self.display_url,
-                    humantime::format_duration(self.config.circuit_breaker_cool_down),
-                    self.config.circuit_breaker_threshold
-                )));
-            }
+            self.breaker
+                .allow(&self.display_url)
+                .map_err(ConnectorError::transient)?;
             let started = Instant::now();
             let (reason, retry_after) = match self.attempt(client, query).await {
                 Attempt::Done(answer) => {
-                    self.on_success();
+                    self.breaker.success(&self.key, &self.display_url);
                     if self.config.verbose_logging {
                         debug!(connector_key = %self.key, url = %self.display_url, rows = answer.as_ref().map(Vec::len).unwrap_or(0), elapsed_ms = started.elapsed().as_millis() as u64, "InfluxDB query");
                     }
@@ -311,7 +267,7 @@ impl InfluxDbSource {
                     retry_after,
                 } => (reason, retry_after),
             };
-            self.on_failure(&reason);
+            self.breaker.failure(&self.key, &self.display_url, &reason);
             retries += 1;
             if retries > self.config.max_retries {
                 return Err(ConnectorError::transient(format!(
@@ -393,16 +349,7 @@ impl InfluxDbSource {
     }
 
     fn transport_error(&self, error: reqwest::Error) -> String {
-        let error = error.without_url();
-        if error.is_timeout() {
-            format!(
-                "request to {} timed out after {}",
-                self.display_url,
-                humantime::format_duration(self.config.timeout)
-            )
-        } else {
-            format!("request to {} failed: {}", self.display_url, error_chain(&error))
-        }
+        shared::transport_error(&self.display_url, self.config.timeout, error)
     }
 
     /// The rows after `cursor` as records, and the cursor after them.
@@ -512,62 +459,6 @@ impl InfluxDbSource {
         }))
     }
 
-    /// Health check at open, retried up to `max_open_retries`.
-    async fn check_health(&self, client: &HttpClient) -> Result<(), ConnectorError> {
-        let path = match self.config.version {
-            Version::V1 => "ping",
-            Version::V2 | Version::V3 => "health",
-        };
-        let url = self
-            .base_url
-            .join(path)
-            .map_err(|error| ConnectorError::fatal(error.to_string()))?;
-        let backoff = Backoff {
-            initial: self.config.retry_delay,
-            max: self.config.open_retry_max_delay,
-            multiplier: 2.0,
-        };
-        let mut attempt = 0;
-        loop {
-            let problem = match client.empty(reqwest::Method::GET, url.clone()).send().await {
-                Ok(response) if response.status().is_success() => return Ok(()),
-                Ok(response) => format!("{url} answered {}", response.status().as_u16()),
-                Err(error) => self.transport_error(error),
-            };
-            attempt += 1;
-            if attempt > self.config.max_open_retries {
-                return Err(ConnectorError::transient(format!(
-                    "health check failed {attempt} times: {problem}"
-                )));
-            }
-            let delay = backoff.delay(attempt);
-            warn!(connector_key = %self.key, retry = attempt, retry_in_ms = delay.as_millis() as u64, error = %problem, "InfluxDB health check failed, retrying");
-            tokio::time::sleep(delay).await;
-        }
-    }
-
-    fn on_success(&self) {
-        if self.breaker.record_success() == Some(Transition::Closed) {
-            info!(connector_key = %self.key, url = %self.display_url, "circuit breaker closed: InfluxDB answers again");
-        }
-        if self.is_degraded.swap(false, Ordering::Relaxed) {
-            self.degraded.clear();
-        }
-    }
-
-    fn on_failure(&self, reason: &str) {
-        if self.breaker.record_failure() == Some(Transition::Opened) {
-            let message = format!(
-                "circuit breaker open after {} consecutive failures (cool-down {}); last: {reason}",
-                self.config.circuit_breaker_threshold,
-                humantime::format_duration(self.config.circuit_breaker_cool_down)
-            );
-            warn!(connector_key = %self.key, url = %self.display_url, "{message}");
-            self.degraded.set(message);
-            self.is_degraded.store(true, Ordering::Relaxed);
-        }
-    }
-
     fn lock_staged(&self) -> MutexGuard<'_, VecDeque<Cursor>> {
         lock(&self.staged)
     }
@@ -598,16 +489,6 @@ async fn read_answer(response: reqwest::Response) -> Result<String, String> {
     String::from_utf8(body).map_err(|_| "the answer is not UTF-8".to_owned())
 }
 
-fn answer_reason(url: &str, status: u16, text: &str) -> String {
-    let text: String = text.chars().take(300).collect();
-    let text = text.trim();
-    if text.is_empty() {
-        format!("{url} answered {status}")
-    } else {
-        format!("{url} answered {status}: {text}")
-    }
-}
-
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
@@ -618,7 +499,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Source for InfluxDbSource {
     fn attach(&mut self, context: ConnectorContext) {
         self.key = context.key;
-        self.degraded = context.degraded;
+        self.breaker.degraded = context.degraded;
     }
 
     async fn open(&mut self, state: Option<&[u8]>) -> Result<(), ConnectorError> {
@@ -627,12 +508,32 @@ impl Source for InfluxDbSource {
         }
         let options = ClientOptions {
             timeout: self.config.timeout,
-            auth: self.auth(),
+            auth: shared::auth(
+                self.config.version == Version::V1,
+                self.config.version == Version::V3,
+                self.config.token.as_ref(),
+                self.config.username.as_ref(),
+                self.config.password.as_ref(),
+            ),
             ..ClientOptions::default()
         };
         let client =
             HttpClient::new(&options).map_err(|error| ConnectorError::fatal(error.to_string()))?;
-        self.check_health(&client).await?;
+        let backoff = Backoff {
+            initial: self.config.retry_delay,
+            max: self.config.open_retry_max_delay,
+            multiplier: 2.0,
+        };
+        shared::check_health(
+            &client,
+            &self.base_url,
+            self.config.version == Version::V1,
+            backoff,
+            self.config.max_open_retries,
+            self.config.timeout,
+            &self.key,
+        )
+        .await?;
         self.client = Some(client);
         let cursor = lock(&self.committed).clone();
         info!(connector_key = %self.key, url = %self.display_url, version = self.config.version.name(), cursor = %time::format(cursor.time), initial = %time::format(self.initial), "influxdb source open");
@@ -690,7 +591,7 @@ impl Source for InfluxDbSource {
     async fn close(&mut self) -> Result<(), ConnectorError> {
         self.lock_staged().clear();
         self.client = None;
-        self.degraded.clear();
+        self.breaker.degraded.clear();
         Ok(())
     }
 }
