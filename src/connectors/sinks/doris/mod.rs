@@ -391,32 +391,35 @@ impl DorisSink {
 
     /// Positions of the rows the error log quotes (`src line [...]`).
     async fn unfit_rows(&self, client: &HttpClient, error_url: &str, rows: &[Row]) -> Vec<usize> {
-        let Ok(url) = reqwest::Url::parse(error_url) else {
+        // The log is on a backend too: the same checks before credentials go there.
+        let Ok(url) = check_redirect(
+            &self.load_url,
+            error_url,
+            self.config.allow_insecure_redirect,
+            self.config.allowed_redirect_hosts.as_deref().unwrap_or_default(),
+        ) else {
             return Vec::new();
         };
         let log = match client.empty(reqwest::Method::GET, url).send().await {
             Ok(response) if response.status().is_success() => http::read_text(response, MAX_ANSWER_BYTES).await,
             _ => return Vec::new(),
         };
+        // `Reason: ... src line [<row>]; ` per unfit row.
         let quoted: Vec<&str> = log
             .split("src line [")
             .skip(1)
-            .filter_map(|rest| rest.rsplit_once("];").map(|(line, _)| line).or_else(|| rest.rsplit_once(']').map(|(line, _)| line)))
-            .map(|line| line.lines().next().unwrap_or(line))
+            .filter_map(|rest| rest.rsplit_once("];").map(|(line, _)| line))
             .collect();
         rows.iter()
             .enumerate()
-            .filter(|(_, row)| quoted.iter().any(|line| {
-                let line = line.trim_end_matches(']');
-                *line == row.text
-            }))
+            .filter(|(_, row)| quoted.contains(&row.text.as_str()))
             .map(|(position, _)| position)
             .collect()
     }
 }
 
-/// `where` may redirect to: an absolute http(s) URL, not https -> http
-/// unless allowed, and on the allow-list when there is one.
+/// Where a redirect may go: an absolute http(s) URL, not from https to
+/// http unless allowed, and on the allow-list when there is one.
 fn check_redirect(
     from: &reqwest::Url,
     location: &str,
