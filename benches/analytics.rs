@@ -1,13 +1,19 @@
-//! Throughput of the analytics sinks, Iggy -> sink -> a real local server
-//! (Debian's clickhouse-server 18.16 and influxdb 1.6, started by the case
-//! from `tests/support`, installed by `scripts/ensure-debian-packages`):
+//! Throughput of the analytics connectors through Iggy: Iggy -> sink -> a
+//! real local server (Debian's clickhouse-server 18.16 and influxdb 1.6,
+//! started by the case from `tests/support`, installed by
+//! `scripts/ensure-debian-packages`) or the Stream Load protocol test server
+//! (doris, in this process: its memory is in `rss_mb`), and influxdb 1.6 ->
+//! the influxdb source -> Iggy:
 //!
-//!     cargo bench --features clickhouse-sink,influxdb-sink --bench analytics
-//!     cargo bench --features clickhouse-sink,influxdb-sink --bench analytics -- clickhouse
+//!     cargo bench --features clickhouse-sink,influxdb-sink,influxdb-source,doris-sink --bench analytics
+//!     cargo bench --features clickhouse-sink,influxdb-sink,influxdb-source,doris-sink --bench analytics -- doris
 //!
 //! Iggy is `IGGY_ADDRESS` or the test server (see `benches/common/mod.rs`);
-//! each case runs in its own process and prints one `bench:` line. The
+//! each case runs in its own process and prints one `bench:` line. A
 //! database server is a separate process: its memory is not in `rss_mb`.
+//! Latencies are read after the runtime's shutdown, which finishes the last
+//! batch: read as soon as every message was written, the last batch's
+//! duration was not recorded yet (with one batch: `batches=0`).
 //!
 //! `BENCH_SCALE` (default 1.0) multiplies every case's size.
 
@@ -30,13 +36,18 @@ use iggy_connect::iggy::IggyBus;
 use iggy_connect::state::FileStateStore;
 use serde_json::json;
 use support::clickhouse::ClickHouse;
+use support::doris::{Doris, Kind, column};
 use support::influxdb::InfluxDb;
 
 const CASES: &[&str] = &[
     "iggy_to_clickhouse_json_each_row",
     "iggy_to_clickhouse_row_binary",
     "iggy_to_influxdb_v1",
+    "iggy_to_doris_json",
+    "influxdb_v1_to_iggy",
 ];
+/// 2024-03-01T00:00:00Z in µs.
+const T0_MICROS: u64 = 1_709_251_200_000_000;
 const TOPIC: &str = "events";
 
 fn main() {
@@ -71,6 +82,52 @@ async fn run(case: String) {
                 server.url()
             );
             sink_case(case, &iggy, &stream, messages, "influxdb", &plugin).await;
+        }
+        "iggy_to_doris_json" => {
+            let server = Doris::start("root", "bench").await;
+            server.create_table(
+                "bench",
+                "events",
+                vec![
+                    column("id", Kind::Int, false),
+                    column("name", Kind::Text, true),
+                    column("text", Kind::Text, true),
+                ],
+            );
+            let plugin = format!(
+                "fe_url = \"{}\"\ndatabase = \"bench\"\ntable = \"events\"\nusername = \"root\"\npassword = \"bench\"\nbatch_size = 5000\n",
+                server.fe_url
+            );
+            sink_case(case, &iggy, &stream, messages, "doris", &plugin).await;
+            assert_eq!(
+                server.rows("bench", "events").len() as u64,
+                messages,
+                "rows in Doris"
+            );
+        }
+        "influxdb_v1_to_iggy" => {
+            let server = InfluxDb::start();
+            server.query("", "CREATE DATABASE bench").await;
+            // Two points per microsecond (two hosts): ties on every time.
+            for first in (0..messages).step_by(10_000) {
+                let lines: Vec<String> = (first..(first + 10_000).min(messages))
+                    .map(|n| {
+                        format!(
+                            "events,host=h{} id={n}i,name=\"bench\",text=\"{}\" {}",
+                            n % 2,
+                            "x".repeat(100),
+                            T0_MICROS + n / 2
+                        )
+                    })
+                    .collect();
+                server.write("bench", &lines.join("\n")).await;
+            }
+            let plugin = format!(
+                "version = \"v1\"\nurl = \"{}\"\ndb = \"bench\"\nbatch_size = 5000\npoll_interval = \"10ms\"\n\
+                 query = \"SELECT * FROM events WHERE time > '$cursor' ORDER BY time LIMIT $limit\"\n",
+                server.url()
+            );
+            source_case(case, &iggy, &stream, messages, &plugin).await;
         }
         other => panic!("unknown case {other}"),
     }
@@ -128,15 +185,94 @@ async fn sink_case(case: &str, iggy: &Iggy, stream: &str, messages: u64, path: &
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let elapsed = started.elapsed();
+    // Shut down first: it finishes the last batch, whose duration is
+    // recorded only once its offsets are committed.
+    runtime.shutdown().await;
+    let latencies = stages.latencies("bench_sink");
+    assert!(latencies.batches() > 0, "no batch duration was recorded");
     Report {
         name: case,
         messages,
         elapsed,
-        latencies: stages.latencies("bench_sink"),
-        extra: vec![("server", iggy.kind().into())],
+        latencies,
+        extra: [
+            stages.breakdown("bench_sink"),
+            vec![("server", iggy.kind().into())],
+        ]
+        .concat(),
     }
     .print();
+    raw::drop_stream(&client, stream).await;
+}
+
+async fn source_case(case: &str, iggy: &Iggy, stream: &str, messages: u64, plugin: &str) {
+    let client = raw::topic(iggy, stream, TOPIC).await;
+    let stages = Stages::install();
+    let state = tempfile::tempdir().expect("state dir");
+    let runtime = Runtime::new(
+        Arc::new(IggyBus::new(iggy.settings())),
+        Arc::new(FileStateStore::new(state.path()).expect("state store")),
+        Duration::from_secs(10),
+    );
+    runtime
+        .add(connector(&format!(
+            r#"
+            type = "source"
+            key = "bench_source"
+            path = "influxdb"
+            [[streams]]
+            stream = "{stream}"
+            topic = "{TOPIC}"
+            schema = "json"
+            batch_length = 5000
+            linger_time = "5ms"
+            [plugin_config]
+            {plugin}
+            "#
+        )))
+        .expect("add source");
+    let started = Instant::now();
+    runtime.start_enabled().await;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let view = runtime
+            .view(ConnectorKind::Source, "bench_source")
+            .expect("view");
+        if view.metrics.sent.get() >= messages {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "source did not send every row: {:?}",
+            view.status
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let elapsed = started.elapsed();
+    // Once caught up, more polls find nothing new: still every row once.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let sent = runtime
+        .view(ConnectorKind::Source, "bench_source")
+        .expect("view")
+        .metrics
+        .sent
+        .get();
+    assert_eq!(sent, messages, "every row once");
     runtime.shutdown().await;
+    let latencies = stages.latencies("bench_source");
+    assert!(latencies.batches() > 0, "no batch duration was recorded");
+    Report {
+        name: case,
+        messages,
+        elapsed,
+        latencies,
+        extra: [
+            stages.breakdown("bench_source"),
+            vec![("server", iggy.kind().into())],
+        ]
+        .concat(),
+    }
+    .print();
     raw::drop_stream(&client, stream).await;
 }
 

@@ -5,6 +5,8 @@ pub mod describe;
 #[cfg(any(feature = "elasticsearch-source", feature = "elasticsearch-sink"))]
 mod elasticsearch;
 pub mod entry;
+#[cfg(any(feature = "influxdb-source", feature = "influxdb-sink"))]
+mod influxdb;
 pub mod kit;
 #[cfg(any(feature = "postgres-source", feature = "postgres-sink"))]
 mod postgres;
@@ -19,6 +21,7 @@ registry::register_connectors! {
         http => "http-source",
         elasticsearch => "elasticsearch-source",
         iggy => "iggy-source",
+        influxdb => "influxdb-source",
     }
     sinks {
         stdout => "stdout-sink",
@@ -28,6 +31,7 @@ registry::register_connectors! {
         elasticsearch => "elasticsearch-sink",
         clickhouse => "clickhouse-sink",
         influxdb => "influxdb-sink",
+        doris => "doris-sink",
     }
 }
 

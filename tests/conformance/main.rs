@@ -176,6 +176,12 @@ source_conformance!(
     )
     .await
 );
+#[cfg(feature = "influxdb-source")]
+source_conformance!(
+    influxdb_source,
+    "influxdb",
+    fixtures::influxdb_source::Backend::new().await
+);
 #[cfg(feature = "stdout-sink")]
 sink_conformance!(
     stdout_sink,
@@ -210,6 +216,12 @@ sink_conformance!(
     "influxdb",
     fixtures::influxdb_sink::Backend::new().await
 );
+#[cfg(feature = "doris-sink")]
+sink_conformance!(
+    doris_sink,
+    "doris",
+    fixtures::doris_sink::Backend::new().await
+);
 
 /// The connectors the lines above cover, by kind and name.
 const COVERED_SOURCES: &[&str] = &[
@@ -223,6 +235,8 @@ const COVERED_SOURCES: &[&str] = &[
     "elasticsearch",
     #[cfg(feature = "iggy-source")]
     "iggy",
+    #[cfg(feature = "influxdb-source")]
+    "influxdb",
 ];
 const COVERED_SINKS: &[&str] = &[
     #[cfg(feature = "stdout-sink")]
@@ -239,6 +253,8 @@ const COVERED_SINKS: &[&str] = &[
     "clickhouse",
     #[cfg(feature = "influxdb-sink")]
     "influxdb",
+    #[cfg(feature = "doris-sink")]
+    "doris",
 ];
 
 #[test]

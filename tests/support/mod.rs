@@ -5,6 +5,8 @@ pub mod accounting;
 pub mod binary;
 pub mod clickhouse;
 pub mod clickhouse_http;
+#[cfg(feature = "doris-sink")]
+pub mod doris;
 #[cfg(any(feature = "elasticsearch-sink", feature = "elasticsearch-source"))]
 pub mod elasticsearch;
 pub mod gunzip;

@@ -94,6 +94,9 @@ pub struct ClientOptions {
     pub pool_idle_timeout: Duration,
     /// Keepalive probes find connections a load balancer dropped silently.
     pub tcp_keepalive: Duration,
+    /// Follow redirects (up to 10); off hands 3xx answers to the caller (a
+    /// connector that checks where a redirect goes before following it).
+    pub follow_redirects: bool,
 }
 
 impl Default for ClientOptions {
@@ -110,6 +113,7 @@ impl Default for ClientOptions {
             max_idle_per_host: 10,
             pool_idle_timeout: Duration::from_secs(90),
             tcp_keepalive: Duration::from_secs(30),
+            follow_redirects: true,
         }
     }
 }
@@ -153,6 +157,9 @@ impl HttpClient {
             .default_headers(default_headers(options)?);
         if let Some(timeout) = options.connect_timeout {
             builder = builder.connect_timeout(timeout);
+        }
+        if !options.follow_redirects {
+            builder = builder.redirect(reqwest::redirect::Policy::none());
         }
         if let Some(path) = &options.ca_file {
             for certificate in read_ca_file(path)? {

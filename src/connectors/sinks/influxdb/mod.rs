@@ -21,24 +21,20 @@
 mod config;
 mod line;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
-use secrecy::{ExposeSecret, SecretString};
 use tracing::{debug, info, warn};
 
+use crate::connectors::influxdb::{self as shared, Breaker, answer_reason};
 use crate::connectors::kit::backoff::Backoff;
-use crate::connectors::kit::breaker::{CircuitBreaker, Transition};
-use crate::connectors::kit::http::{
-    self, Auth, ClientOptions, HttpClient, StatusClass, classify, error_chain,
-};
+use crate::connectors::kit::http::{self, ClientOptions, HttpClient, StatusClass, classify};
 use crate::connectors::{
-    ConnectorContext, ConnectorError, Degraded, PluginConfigError, Rejection, Sink, SinkEntry,
-    SinkError, parse_plugin_config, schema_of,
+    ConnectorContext, ConnectorError, PluginConfigError, Rejection, Sink, SinkEntry, SinkError,
+    parse_plugin_config, schema_of,
 };
 use crate::message::{Payload, SinkMessage, TopicRef};
 
@@ -63,10 +59,8 @@ pub struct InfluxDbSink {
     display_url: String,
     retry: Backoff,
     client: Option<HttpClient>,
-    breaker: CircuitBreaker,
+    breaker: Breaker,
     key: String,
-    degraded: Degraded,
-    is_degraded: AtomicBool,
 }
 
 /// One message as a point.
@@ -98,7 +92,7 @@ impl InfluxDbSink {
             max: config.retry_max_delay,
             multiplier: 2.0,
         };
-        let breaker = CircuitBreaker::new(
+        let breaker = Breaker::new(
             config.circuit_breaker_threshold,
             config.circuit_breaker_cool_down,
         );
@@ -110,43 +104,8 @@ impl InfluxDbSink {
             client: None,
             breaker,
             key: "influxdb".into(),
-            degraded: Degraded::default(),
-            is_degraded: AtomicBool::new(false),
             config,
         })
-    }
-
-    fn auth(&self) -> Auth {
-        let token = || {
-            SecretString::from(
-                self.config
-                    .token
-                    .as_ref()
-                    .map(|token| token.expose_secret())
-                    .unwrap_or(""),
-            )
-        };
-        let token_header = |scheme: &str| Auth::Header {
-            name: "Authorization".into(),
-            value: SecretString::from(format!("{scheme} {}", token().expose_secret())),
-        };
-        match self.config.version {
-            // 1.8 and later take `Token user:password` too; it wins when set.
-            Version::V1 if self.config.token.is_some() => token_header("Token"),
-            Version::V1 => match &self.config.username {
-                Some(username) => Auth::Basic {
-                    username: username.clone(),
-                    password: self
-                        .config
-                        .password
-                        .clone()
-                        .unwrap_or_else(|| SecretString::from("")),
-                },
-                None => Auth::None,
-            },
-            Version::V2 => token_header("Token"),
-            Version::V3 => Auth::Bearer(token()),
-        }
     }
 
     fn credentials_field(&self) -> &'static str {
@@ -237,18 +196,13 @@ impl InfluxDbSink {
     async fn send(&self, client: &HttpClient, body: Bytes, points: usize) -> Outcome {
         let mut retries = 0;
         loop {
-            if !self.breaker.allow() {
-                return Outcome::Transient(format!(
-                    "circuit breaker open: not calling {} for up to {} after {} consecutive failures",
-                    self.display_url,
-                    humantime::format_duration(self.config.circuit_breaker_cool_down),
-                    self.config.circuit_breaker_threshold
-                ));
+            if let Err(reason) = self.breaker.allow(&self.display_url) {
+                return Outcome::Transient(reason);
             }
             let started = Instant::now();
             let (reason, retry_after) = match self.attempt(client, body.clone()).await {
                 Attempt::Done(outcome) => {
-                    self.on_success();
+                    self.breaker.success(&self.key, &self.display_url);
                     if self.config.verbose_logging {
                         debug!(connector_key = %self.key, url = %self.display_url, points, bytes = body.len(), elapsed_ms = started.elapsed().as_millis() as u64, "InfluxDB write");
                     }
@@ -259,7 +213,7 @@ impl InfluxDbSink {
                     retry_after,
                 } => (reason, retry_after),
             };
-            self.on_failure(&reason);
+            self.breaker.failure(&self.key, &self.display_url, &reason);
             retries += 1;
             if retries > self.config.max_retries {
                 return Outcome::Transient(format!(
@@ -315,16 +269,7 @@ impl InfluxDbSink {
     }
 
     fn transport_error(&self, error: reqwest::Error) -> String {
-        let error = error.without_url();
-        if error.is_timeout() {
-            format!(
-                "request to {} timed out after {}",
-                self.display_url,
-                humantime::format_duration(self.config.timeout)
-            )
-        } else {
-            format!("request to {} failed: {}", self.display_url, error_chain(&error))
-        }
+        shared::transport_error(&self.display_url, self.config.timeout, error)
     }
 
     /// Writes `points` in requests of `batch_size`, isolating what is refused.
@@ -374,40 +319,6 @@ impl InfluxDbSink {
         Ok(rejected)
     }
 
-    /// Health check at open, retried up to `max_open_retries`.
-    async fn check_health(&self, client: &HttpClient) -> Result<(), ConnectorError> {
-        let path = match self.config.version {
-            Version::V1 => "ping",
-            Version::V2 | Version::V3 => "health",
-        };
-        let url = self
-            .base_url
-            .join(path)
-            .map_err(|error| ConnectorError::fatal(error.to_string()))?;
-        let backoff = Backoff {
-            initial: self.config.retry_delay,
-            max: self.config.open_retry_max_delay,
-            multiplier: 2.0,
-        };
-        let mut attempt = 0;
-        loop {
-            let problem = match client.empty(reqwest::Method::GET, url.clone()).send().await {
-                Ok(response) if response.status().is_success() => return Ok(()),
-                Ok(response) => format!("{url} answered {}", response.status().as_u16()),
-                Err(error) => self.transport_error(error),
-            };
-            attempt += 1;
-            if attempt > self.config.max_open_retries {
-                return Err(ConnectorError::transient(format!(
-                    "health check failed {attempt} times: {problem}"
-                )));
-            }
-            let delay = backoff.delay(attempt);
-            warn!(connector_key = %self.key, retry = attempt, retry_in_ms = delay.as_millis() as u64, error = %problem, "InfluxDB health check failed, retrying");
-            tokio::time::sleep(delay).await;
-        }
-    }
-
     /// v1: the credentials work and the database exists.
     async fn check_v1_database(&self, client: &HttpClient) -> Result<(), ConnectorError> {
         let mut url = self
@@ -449,27 +360,6 @@ impl InfluxDbSink {
         Ok(())
     }
 
-    fn on_success(&self) {
-        if self.breaker.record_success() == Some(Transition::Closed) {
-            info!(connector_key = %self.key, url = %self.display_url, "circuit breaker closed: InfluxDB answers again");
-        }
-        if self.is_degraded.swap(false, Ordering::Relaxed) {
-            self.degraded.clear();
-        }
-    }
-
-    fn on_failure(&self, reason: &str) {
-        if self.breaker.record_failure() == Some(Transition::Opened) {
-            let message = format!(
-                "circuit breaker open after {} consecutive failures (cool-down {}); last: {reason}",
-                self.config.circuit_breaker_threshold,
-                humantime::format_duration(self.config.circuit_breaker_cool_down)
-            );
-            warn!(connector_key = %self.key, url = %self.display_url, "{message}");
-            self.degraded.set(message);
-            self.is_degraded.store(true, Ordering::Relaxed);
-        }
-    }
 }
 
 enum Attempt {
@@ -513,17 +403,6 @@ fn compact_json(payload: &Payload) -> Result<String, String> {
     }
 }
 
-fn answer_reason(url: &str, status: u16, text: &str) -> String {
-    let text: String = text.chars().take(300).collect();
-    let text = text.trim();
-    if text.is_empty() {
-        format!("{url} answered {status}")
-    } else {
-        format!("{url} answered {status}: {text}")
-    }
-}
-
-
 #[async_trait]
 impl Sink for InfluxDbSink {
     fn accepts_json_bytes(&self) -> bool {
@@ -532,18 +411,38 @@ impl Sink for InfluxDbSink {
 
     fn attach(&mut self, context: ConnectorContext) {
         self.key = context.key;
-        self.degraded = context.degraded;
+        self.breaker.degraded = context.degraded;
     }
 
     async fn open(&mut self) -> Result<(), ConnectorError> {
         let options = ClientOptions {
             timeout: self.config.timeout,
-            auth: self.auth(),
+            auth: shared::auth(
+                self.config.version == Version::V1,
+                self.config.version == Version::V3,
+                self.config.token.as_ref(),
+                self.config.username.as_ref(),
+                self.config.password.as_ref(),
+            ),
             ..ClientOptions::default()
         };
         let client =
             HttpClient::new(&options).map_err(|error| ConnectorError::fatal(error.to_string()))?;
-        self.check_health(&client).await?;
+        let backoff = Backoff {
+            initial: self.config.retry_delay,
+            max: self.config.open_retry_max_delay,
+            multiplier: 2.0,
+        };
+        shared::check_health(
+            &client,
+            &self.base_url,
+            self.config.version == Version::V1,
+            backoff,
+            self.config.max_open_retries,
+            self.config.timeout,
+            &self.key,
+        )
+        .await?;
         if self.config.version == Version::V1 {
             self.check_v1_database(&client).await?;
         }
@@ -583,7 +482,7 @@ impl Sink for InfluxDbSink {
 
     async fn close(&mut self) -> Result<(), ConnectorError> {
         self.client = None;
-        self.degraded.clear();
+        self.breaker.degraded.clear();
         Ok(())
     }
 }
