@@ -329,6 +329,8 @@ async fn upstreams_example_file_is_refused_as_a_template_and_runs_once_filled_in
             id: Some(id),
             headers: Vec::new(),
             payload: Bytes::from(serde_json::to_vec(&json!({"id": id as u64})).unwrap()),
+            partition: None,
+            origin_timestamp: None,
         })
         .collect();
     producer.send(&messages).await.unwrap();
