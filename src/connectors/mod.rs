@@ -6,6 +6,8 @@ pub mod describe;
 mod elasticsearch;
 pub mod entry;
 pub mod kit;
+#[cfg(any(feature = "mongodb-source", feature = "mongodb-sink"))]
+mod mongodb;
 #[cfg(any(feature = "postgres-source", feature = "postgres-sink"))]
 mod postgres;
 pub mod registry;
@@ -19,6 +21,7 @@ registry::register_connectors! {
         http => "http-source",
         elasticsearch => "elasticsearch-source",
         iggy => "iggy-source",
+        mongodb => "mongodb-source",
     }
     sinks {
         stdout => "stdout-sink",
@@ -28,6 +31,7 @@ registry::register_connectors! {
         elasticsearch => "elasticsearch-sink",
         clickhouse => "clickhouse-sink",
         influxdb => "influxdb-sink",
+        mongodb => "mongodb-sink",
     }
 }
 
