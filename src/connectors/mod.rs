@@ -8,6 +8,8 @@ pub mod entry;
 #[cfg(any(feature = "influxdb-source", feature = "influxdb-sink"))]
 mod influxdb;
 pub mod kit;
+#[cfg(any(feature = "mongodb-source", feature = "mongodb-sink"))]
+mod mongodb;
 #[cfg(any(feature = "postgres-source", feature = "postgres-sink"))]
 mod postgres;
 pub mod registry;
@@ -22,6 +24,7 @@ registry::register_connectors! {
         elasticsearch => "elasticsearch-source",
         iggy => "iggy-source",
         influxdb => "influxdb-source",
+        mongodb => "mongodb-source",
     }
     sinks {
         stdout => "stdout-sink",
@@ -32,6 +35,7 @@ registry::register_connectors! {
         clickhouse => "clickhouse-sink",
         influxdb => "influxdb-sink",
         doris => "doris-sink",
+        mongodb => "mongodb-sink",
     }
 }
 

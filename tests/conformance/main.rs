@@ -126,6 +126,24 @@ source_conformance!(
     "random",
     fixtures::random_source::Backend::new()
 );
+#[cfg(feature = "mongodb-source")]
+source_conformance!(
+    mongodb_source,
+    "mongodb",
+    fixtures::mongodb_source::Backend::cursor()
+);
+#[cfg(feature = "mongodb-source")]
+source_conformance!(
+    mongodb_source_delete,
+    "mongodb",
+    fixtures::mongodb_source::Backend::delete_after_read()
+);
+#[cfg(feature = "mongodb-source")]
+source_conformance!(
+    mongodb_source_mark,
+    "mongodb",
+    fixtures::mongodb_source::Backend::processed_field()
+);
 #[cfg(feature = "postgres-source")]
 source_conformance!(
     postgres_source,
@@ -223,6 +241,13 @@ sink_conformance!(
     fixtures::doris_sink::Backend::new().await
 );
 
+#[cfg(feature = "mongodb-sink")]
+sink_conformance!(
+    mongodb_sink,
+    "mongodb",
+    fixtures::mongodb_sink::Backend::new().await
+);
+
 /// The connectors the lines above cover, by kind and name.
 const COVERED_SOURCES: &[&str] = &[
     #[cfg(feature = "random-source")]
@@ -237,6 +262,8 @@ const COVERED_SOURCES: &[&str] = &[
     "iggy",
     #[cfg(feature = "influxdb-source")]
     "influxdb",
+    #[cfg(feature = "mongodb-source")]
+    "mongodb",
 ];
 const COVERED_SINKS: &[&str] = &[
     #[cfg(feature = "stdout-sink")]
@@ -255,6 +282,8 @@ const COVERED_SINKS: &[&str] = &[
     "influxdb",
     #[cfg(feature = "doris-sink")]
     "doris",
+    #[cfg(feature = "mongodb-sink")]
+    "mongodb",
 ];
 
 #[test]

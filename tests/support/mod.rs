@@ -14,6 +14,8 @@ pub mod http_server;
 pub mod iggy_server;
 pub mod influxdb;
 pub mod influxdb_http;
+#[cfg(any(feature = "mongodb-sink", feature = "mongodb-source"))]
+pub mod mongodb;
 pub mod prometheus;
 #[cfg(feature = "schema-registry")]
 pub mod schema_registry;

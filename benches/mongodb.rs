@@ -1,0 +1,128 @@
+//! Throughput of the mongodb sink: Iggy -> sink -> MongoDB (the nx-27017
+//! emulator of `tests/support/mongodb.rs`, a Python server on SQLite, so its
+//! figures measure the emulator as much as the sink; a real mongod with
+//! `IGGY_CONNECT_TEST_MONGODB_URL`):
+//!
+//!     cargo bench --features mongodb-sink --bench mongodb
+//!
+//! Iggy is `IGGY_ADDRESS` or the test server (see `benches/common/mod.rs`);
+//! the case prints one `bench:` line. `BENCH_SCALE` (default 1.0) multiplies
+//! the case's size (a debug check: `BENCH_SCALE=0.01`).
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{Iggy, Report, Stages, raw};
+use iggy_connect::config::ConnectorConfig;
+use iggy_connect::config::connector::parse_connector_file;
+use iggy_connect::config::env::EnvVars;
+use iggy_connect::connectors::ConnectorKind;
+use iggy_connect::engine::Runtime;
+use iggy_connect::iggy::IggyBus;
+use iggy_connect::state::FileStateStore;
+use serde_json::json;
+use support::mongodb::{MongoServer, unique_database};
+
+const CASES: &[&str] = &["iggy_to_mongodb_sink"];
+const TOPIC: &str = "events";
+
+fn main() {
+    common::main(CASES, run);
+}
+
+async fn run(case: String) {
+    let iggy = Iggy::start();
+    let stream = common::unique(&case);
+    sink_case(&case, &iggy, &stream, common::scaled(20_000, 500)).await;
+}
+
+async fn sink_case(case: &str, iggy: &Iggy, stream: &str, messages: u64) {
+    let server = MongoServer::start();
+    let database = unique_database("bench");
+    let client = raw::topic(iggy, stream, TOPIC).await;
+    raw::send(&client, stream, TOPIC, messages, 1000, |n| {
+        serde_json::to_vec(&json!({"id": n, "name": "bench", "text": "x".repeat(100)}))
+            .expect("json")
+            .into()
+    })
+    .await;
+    let stages = Stages::install();
+    let state = tempfile::tempdir().expect("state dir");
+    let runtime = Runtime::new(
+        Arc::new(IggyBus::new(iggy.settings())),
+        Arc::new(FileStateStore::new(state.path()).expect("state store")),
+        Duration::from_secs(10),
+    );
+    let poll_interval = humantime::format_duration(common::poll_interval());
+    let uri = server.uri();
+    runtime
+        .add(connector(&format!(
+            r#"
+            type = "sink"
+            key = "mongodb_sink"
+            path = "mongodb"
+            [[streams]]
+            stream = "{stream}"
+            topics = ["{TOPIC}"]
+            schema = "json"
+            batch_length = 1000
+            poll_interval = "{poll_interval}"
+            consumer_group = "bench"
+            [plugin_config]
+            connection_uri = "{uri}"
+            database = "{database}"
+            collection = "bench"
+            payload_format = "json"
+            batch_size = 1000
+            "#
+        )))
+        .expect("add sink");
+    let started = Instant::now();
+    runtime.start_enabled().await;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let view = runtime
+            .view(ConnectorKind::Sink, "mongodb_sink")
+            .expect("view");
+        if view.metrics.processed.get() >= messages {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "sink did not drain: {:?}",
+            view.status
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let elapsed = started.elapsed();
+    let stored = server.documents(&database, "bench").await.len() as u64;
+    assert_eq!(stored, messages, "every message is one document");
+    Report {
+        name: case,
+        messages,
+        elapsed,
+        latencies: stages.latencies("mongodb_sink"),
+        extra: vec![
+            (
+                "backend",
+                if server.real { "mongod" } else { "nx-27017" }.into(),
+            ),
+            ("server", iggy.kind().into()),
+        ],
+    }
+    .print();
+    runtime.shutdown().await;
+    raw::drop_stream(&client, stream).await;
+}
+
+fn connector(text: &str) -> ConnectorConfig {
+    parse_connector_file(Path::new("bench.toml"), text, &EnvVars::default())
+        .unwrap_or_else(|issues| panic!("bad bench config: {issues}"))
+        .0
+}
