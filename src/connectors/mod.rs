@@ -6,6 +6,8 @@ pub mod describe;
 mod elasticsearch;
 pub mod entry;
 pub mod kit;
+#[cfg(any(feature = "mysql-source", feature = "mysql-sink"))]
+mod mysql;
 #[cfg(any(feature = "postgres-source", feature = "postgres-sink"))]
 mod postgres;
 pub mod registry;
@@ -28,6 +30,7 @@ registry::register_connectors! {
         elasticsearch => "elasticsearch-sink",
         clickhouse => "clickhouse-sink",
         influxdb => "influxdb-sink",
+        mysql => "mysql-sink",
     }
 }
 
