@@ -21,6 +21,7 @@ registry::register_connectors! {
         http => "http-source",
         elasticsearch => "elasticsearch-source",
         iggy => "iggy-source",
+        mysql => "mysql-source",
     }
     sinks {
         stdout => "stdout-sink",

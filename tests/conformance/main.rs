@@ -150,6 +150,24 @@ source_conformance!(
     "postgres",
     fixtures::postgres_cdc_source::Backend::new().await
 );
+#[cfg(feature = "mysql-source")]
+source_conformance!(
+    mysql_source,
+    "mysql",
+    fixtures::mysql_source::Backend::cursor().await
+);
+#[cfg(feature = "mysql-source")]
+source_conformance!(
+    mysql_source_delete,
+    "mysql",
+    fixtures::mysql_source::Backend::delete_after_read().await
+);
+#[cfg(feature = "mysql-source")]
+source_conformance!(
+    mysql_source_mark,
+    "mysql",
+    fixtures::mysql_source::Backend::processed_column().await
+);
 #[cfg(feature = "http-source")]
 source_conformance!(http_source, "http", fixtures::http_source::Backend::new());
 #[cfg(feature = "iggy-source")]
@@ -204,6 +222,12 @@ sink_conformance!(
     "clickhouse",
     fixtures::clickhouse_sink::Backend::new().await
 );
+#[cfg(feature = "mysql-sink")]
+sink_conformance!(
+    mysql_sink,
+    "mysql",
+    fixtures::mysql_sink::Backend::new().await
+);
 #[cfg(feature = "influxdb-sink")]
 sink_conformance!(
     influxdb_sink,
@@ -223,6 +247,8 @@ const COVERED_SOURCES: &[&str] = &[
     "elasticsearch",
     #[cfg(feature = "iggy-source")]
     "iggy",
+    #[cfg(feature = "mysql-source")]
+    "mysql",
 ];
 const COVERED_SINKS: &[&str] = &[
     #[cfg(feature = "stdout-sink")]
@@ -239,6 +265,8 @@ const COVERED_SINKS: &[&str] = &[
     "clickhouse",
     #[cfg(feature = "influxdb-sink")]
     "influxdb",
+    #[cfg(feature = "mysql-sink")]
+    "mysql",
 ];
 
 #[test]

@@ -103,6 +103,9 @@ impl MariaDb {
             .keep();
         let data = dir.join("data");
         copy_dir(&template, &data);
+        // Its own temp files: servers sharing /tmp collide on temp table names.
+        let tmp = dir.join("tmp");
+        std::fs::create_dir(&tmp).unwrap();
         let port = free_port();
         let mut command = Command::new(mariadbd);
         command
@@ -114,6 +117,7 @@ impl MariaDb {
                 "--skip-name-resolve",
             ])
             .arg(format!("--port={port}"))
+            .arg(format!("--tmpdir={}", tmp.display()))
             .arg(format!("--socket={}", dir.join("mariadb.sock").display()))
             .arg(format!("--pid-file={}", dir.join("mariadb.pid").display()))
             .arg(format!("--log-bin={}", data.join("binlog").display()))
