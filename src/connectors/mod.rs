@@ -10,6 +10,8 @@ mod influxdb;
 pub mod kit;
 #[cfg(any(feature = "mongodb-source", feature = "mongodb-sink"))]
 mod mongodb;
+#[cfg(any(feature = "mysql-source", feature = "mysql-sink"))]
+mod mysql;
 #[cfg(any(feature = "postgres-source", feature = "postgres-sink"))]
 mod postgres;
 pub mod registry;
@@ -25,6 +27,7 @@ registry::register_connectors! {
         iggy => "iggy-source",
         influxdb => "influxdb-source",
         mongodb => "mongodb-source",
+        mysql => "mysql-source",
     }
     sinks {
         stdout => "stdout-sink",
@@ -36,6 +39,7 @@ registry::register_connectors! {
         influxdb => "influxdb-sink",
         doris => "doris-sink",
         mongodb => "mongodb-sink",
+        mysql => "mysql-sink",
     }
 }
 

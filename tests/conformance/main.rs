@@ -168,6 +168,24 @@ source_conformance!(
     "postgres",
     fixtures::postgres_cdc_source::Backend::new().await
 );
+#[cfg(feature = "mysql-source")]
+source_conformance!(
+    mysql_source,
+    "mysql",
+    fixtures::mysql_source::Backend::cursor().await
+);
+#[cfg(feature = "mysql-source")]
+source_conformance!(
+    mysql_source_delete,
+    "mysql",
+    fixtures::mysql_source::Backend::delete_after_read().await
+);
+#[cfg(feature = "mysql-source")]
+source_conformance!(
+    mysql_source_mark,
+    "mysql",
+    fixtures::mysql_source::Backend::processed_column().await
+);
 #[cfg(feature = "http-source")]
 source_conformance!(http_source, "http", fixtures::http_source::Backend::new());
 #[cfg(feature = "iggy-source")]
@@ -228,6 +246,12 @@ sink_conformance!(
     "clickhouse",
     fixtures::clickhouse_sink::Backend::new().await
 );
+#[cfg(feature = "mysql-sink")]
+sink_conformance!(
+    mysql_sink,
+    "mysql",
+    fixtures::mysql_sink::Backend::new().await
+);
 #[cfg(feature = "influxdb-sink")]
 sink_conformance!(
     influxdb_sink,
@@ -264,6 +288,8 @@ const COVERED_SOURCES: &[&str] = &[
     "influxdb",
     #[cfg(feature = "mongodb-source")]
     "mongodb",
+    #[cfg(feature = "mysql-source")]
+    "mysql",
 ];
 const COVERED_SINKS: &[&str] = &[
     #[cfg(feature = "stdout-sink")]
@@ -284,6 +310,8 @@ const COVERED_SINKS: &[&str] = &[
     "doris",
     #[cfg(feature = "mongodb-sink")]
     "mongodb",
+    #[cfg(feature = "mysql-sink")]
+    "mysql",
 ];
 
 #[test]

@@ -16,6 +16,8 @@ pub mod influxdb;
 pub mod influxdb_http;
 #[cfg(any(feature = "mongodb-sink", feature = "mongodb-source"))]
 pub mod mongodb;
+#[cfg(any(feature = "mysql-source", feature = "mysql-sink"))]
+pub mod mariadb;
 pub mod prometheus;
 #[cfg(feature = "schema-registry")]
 pub mod schema_registry;

@@ -3,6 +3,7 @@
 //! - [`backoff`]: capped exponential backoff with jitter (the engine's too);
 //! - [`breaker`]: a circuit breaker for an endpoint that keeps failing;
 //! - [`batch`]: one request body from many encoded items, split by count and bytes;
+//! - `row_id` (with the SQL sources): deterministic ids of database rows, snake_case columns;
 //! - `http` (with any HTTP-based connector): the HTTP client builder (TLS,
 //!   timeouts, proxy, auth, gzip), `Retry-After` parsing and status classification.
 
@@ -13,3 +14,5 @@ pub mod breaker;
 pub mod gzip;
 #[cfg(feature = "kit-http")]
 pub mod http;
+#[cfg(any(feature = "postgres-source", feature = "mysql-source"))]
+pub mod row_id;
