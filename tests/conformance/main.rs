@@ -176,6 +176,12 @@ source_conformance!(
     )
     .await
 );
+#[cfg(feature = "nats-source")]
+source_conformance!(
+    nats_source,
+    "nats",
+    fixtures::nats_source::Backend::new().await
+);
 #[cfg(feature = "stdout-sink")]
 sink_conformance!(
     stdout_sink,
@@ -210,6 +216,8 @@ sink_conformance!(
     "influxdb",
     fixtures::influxdb_sink::Backend::new().await
 );
+#[cfg(feature = "nats-sink")]
+sink_conformance!(nats_sink, "nats", fixtures::nats_sink::Backend::new().await);
 
 /// The connectors the lines above cover, by kind and name.
 const COVERED_SOURCES: &[&str] = &[
@@ -223,6 +231,8 @@ const COVERED_SOURCES: &[&str] = &[
     "elasticsearch",
     #[cfg(feature = "iggy-source")]
     "iggy",
+    #[cfg(feature = "nats-source")]
+    "nats",
 ];
 const COVERED_SINKS: &[&str] = &[
     #[cfg(feature = "stdout-sink")]
