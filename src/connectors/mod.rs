@@ -12,6 +12,8 @@ pub mod kit;
 mod mongodb;
 #[cfg(any(feature = "mysql-source", feature = "mysql-sink"))]
 mod mysql;
+#[cfg(any(feature = "nats-source", feature = "nats-sink"))]
+mod nats;
 #[cfg(any(feature = "postgres-source", feature = "postgres-sink"))]
 mod postgres;
 pub mod registry;
@@ -28,6 +30,7 @@ registry::register_connectors! {
         influxdb => "influxdb-source",
         mongodb => "mongodb-source",
         mysql => "mysql-source",
+        nats => "nats-source",
     }
     sinks {
         stdout => "stdout-sink",
@@ -40,6 +43,7 @@ registry::register_connectors! {
         doris => "doris-sink",
         mongodb => "mongodb-sink",
         mysql => "mysql-sink",
+        nats => "nats-sink",
     }
 }
 

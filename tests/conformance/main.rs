@@ -218,6 +218,12 @@ source_conformance!(
     "influxdb",
     fixtures::influxdb_source::Backend::new().await
 );
+#[cfg(feature = "nats-source")]
+source_conformance!(
+    nats_source,
+    "nats",
+    fixtures::nats_source::Backend::new().await
+);
 #[cfg(feature = "stdout-sink")]
 sink_conformance!(
     stdout_sink,
@@ -271,6 +277,8 @@ sink_conformance!(
     "mongodb",
     fixtures::mongodb_sink::Backend::new().await
 );
+#[cfg(feature = "nats-sink")]
+sink_conformance!(nats_sink, "nats", fixtures::nats_sink::Backend::new().await);
 
 /// The connectors the lines above cover, by kind and name.
 const COVERED_SOURCES: &[&str] = &[
@@ -290,6 +298,8 @@ const COVERED_SOURCES: &[&str] = &[
     "mongodb",
     #[cfg(feature = "mysql-source")]
     "mysql",
+    #[cfg(feature = "nats-source")]
+    "nats",
 ];
 const COVERED_SINKS: &[&str] = &[
     #[cfg(feature = "stdout-sink")]

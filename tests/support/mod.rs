@@ -18,6 +18,8 @@ pub mod influxdb_http;
 pub mod mongodb;
 #[cfg(any(feature = "mysql-source", feature = "mysql-sink"))]
 pub mod mariadb;
+#[cfg(any(feature = "nats-source", feature = "nats-sink"))]
+pub mod nats_server;
 pub mod prometheus;
 #[cfg(feature = "schema-registry")]
 pub mod schema_registry;
