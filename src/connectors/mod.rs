@@ -28,6 +28,7 @@ registry::register_connectors! {
         elasticsearch => "elasticsearch-sink",
         clickhouse => "clickhouse-sink",
         influxdb => "influxdb-sink",
+        meilisearch => "meilisearch-sink",
     }
 }
 

@@ -210,6 +210,12 @@ sink_conformance!(
     "influxdb",
     fixtures::influxdb_sink::Backend::new().await
 );
+#[cfg(feature = "meilisearch-sink")]
+sink_conformance!(
+    meilisearch_sink,
+    "meilisearch",
+    fixtures::meilisearch_sink::Backend::new().await
+);
 
 /// The connectors the lines above cover, by kind and name.
 const COVERED_SOURCES: &[&str] = &[
@@ -239,6 +245,8 @@ const COVERED_SINKS: &[&str] = &[
     "clickhouse",
     #[cfg(feature = "influxdb-sink")]
     "influxdb",
+    #[cfg(feature = "meilisearch-sink")]
+    "meilisearch",
 ];
 
 #[test]

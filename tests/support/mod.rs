@@ -12,6 +12,8 @@ pub mod http_server;
 pub mod iggy_server;
 pub mod influxdb;
 pub mod influxdb_http;
+#[cfg(feature = "meilisearch-sink")]
+pub mod meilisearch;
 pub mod prometheus;
 #[cfg(feature = "schema-registry")]
 pub mod schema_registry;
