@@ -28,7 +28,7 @@ pub struct MeilisearchSinkConfig {
     /// offset and message id), so a replay replaces instead of duplicating.
     #[serde(default = "default_primary_key")]
     pub primary_key: String,
-    /// `replace` (add or replace whole documents) or `update` (add or update:
+    /// `replace` (the default: add or replace whole documents) or `update` (add or update:
     /// fields are merged into the stored document).
     #[serde(default)]
     pub document_action: DocumentAction,
