@@ -29,6 +29,7 @@ registry::register_connectors! {
         clickhouse => "clickhouse-sink",
         influxdb => "influxdb-sink",
         meilisearch => "meilisearch-sink",
+        quickwit => "quickwit-sink",
     }
 }
 

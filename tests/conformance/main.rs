@@ -216,6 +216,12 @@ sink_conformance!(
     "meilisearch",
     fixtures::meilisearch_sink::Backend::new().await
 );
+#[cfg(feature = "quickwit-sink")]
+sink_conformance!(
+    quickwit_sink,
+    "quickwit",
+    fixtures::quickwit_sink::Backend::new().await
+);
 
 /// The connectors the lines above cover, by kind and name.
 const COVERED_SOURCES: &[&str] = &[
@@ -247,6 +253,8 @@ const COVERED_SINKS: &[&str] = &[
     "influxdb",
     #[cfg(feature = "meilisearch-sink")]
     "meilisearch",
+    #[cfg(feature = "quickwit-sink")]
+    "quickwit",
 ];
 
 #[test]

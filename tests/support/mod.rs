@@ -15,6 +15,8 @@ pub mod influxdb_http;
 #[cfg(feature = "meilisearch-sink")]
 pub mod meilisearch;
 pub mod prometheus;
+#[cfg(feature = "quickwit-sink")]
+pub mod quickwit;
 #[cfg(feature = "schema-registry")]
 pub mod schema_registry;
 pub mod sinks;
