@@ -86,7 +86,8 @@ fn every_upstream_example_file_of_a_compiled_in_connector_validates_unchanged() 
     assert!(files.len() > 10, "{} upstream files", files.len());
     let mut validated = 0;
     for (path, text) in files {
-        if !compiled_in(&text) {
+        // Templates (empty values) are the next test's.
+        if !compiled_in(&text) || !empty_stream_fields(&text).is_empty() {
             continue;
         }
         let dir = tempfile::tempdir().unwrap();
