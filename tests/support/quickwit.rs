@@ -272,7 +272,7 @@ fn matches_query(document: &Value, query: &str) -> bool {
     match query.split_once(':') {
         Some((field, wanted)) => match &document[field] {
             Value::String(text) => text == wanted,
-            other => other.to_string() == wanted,
+            other => serde_json::from_str::<Value>(wanted).is_ok_and(|parsed| &parsed == other),
         },
         None => false,
     }

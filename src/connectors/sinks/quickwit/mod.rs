@@ -245,16 +245,14 @@ impl QuickwitSink {
                         self.index.index_id
                     ));
                 }
-                None => {}
-                Some((_, kind)) => {
-                    if !fits(kind, value) {
-                        return Err(format!(
-                            "field {name} is {} where the doc mapping of {} says {kind}",
-                            self::kind(value),
-                            self.index.index_id
-                        ));
-                    }
+                Some((_, kind)) if !fits(kind, value) => {
+                    return Err(format!(
+                        "field {name} is {} where the doc mapping of {} says {kind}",
+                        self::kind(value),
+                        self.index.index_id
+                    ));
                 }
+                _ => {}
             }
         }
         Ok(())
