@@ -145,23 +145,7 @@ fn default_max_open_retries() -> u32 {
 impl MeilisearchSinkConfig {
     /// Checks the fields, naming the offending one; the base URL.
     pub fn validate(&self) -> Result<reqwest::Url, PluginConfigError> {
-        let mut url = reqwest::Url::parse(&self.url)
-            .map_err(|error| PluginConfigError::new("url", format!("not a valid URL: {error}")))?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(PluginConfigError::new(
-                "url",
-                format!(
-                    "expected an http or https URL, found scheme \"{}\"",
-                    url.scheme()
-                ),
-            ));
-        }
-        if !url.path().ends_with('/') {
-            let path = format!("{}/", url.path());
-            url.set_path(&path);
-        }
-        url.set_query(None);
-        url.set_fragment(None);
+        let url = crate::connectors::kit::http::base_url(&self.url)?;
         if !valid_uid(&self.index) {
             return Err(PluginConfigError::new(
                 "index",

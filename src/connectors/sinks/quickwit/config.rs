@@ -128,23 +128,7 @@ impl QuickwitSinkConfig {
     /// Checks the fields, naming the offending one; the base URL and what the
     /// index config says.
     pub fn validate(&self) -> Result<(reqwest::Url, IndexConfig), PluginConfigError> {
-        let mut url = reqwest::Url::parse(&self.url)
-            .map_err(|error| PluginConfigError::new("url", format!("not a valid URL: {error}")))?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(PluginConfigError::new(
-                "url",
-                format!(
-                    "expected an http or https URL, found scheme \"{}\"",
-                    url.scheme()
-                ),
-            ));
-        }
-        if !url.path().ends_with('/') {
-            let path = format!("{}/", url.path());
-            url.set_path(&path);
-        }
-        url.set_query(None);
-        url.set_fragment(None);
+        let url = crate::connectors::kit::http::base_url(&self.url)?;
         let index = parse_index(&self.index)?;
         if self.batch_size == 0 {
             return Err(PluginConfigError::new("batch_size", "expected at least 1"));
