@@ -6,27 +6,7 @@ use secrecy::{ExposeSecret, SecretString};
 use crate::connectors::PluginConfigError;
 use crate::connectors::kit::http::Auth;
 
-/// The cluster's base URL, with a trailing `/` so paths join under it.
-pub fn base_url(text: &str) -> Result<reqwest::Url, PluginConfigError> {
-    let mut url = reqwest::Url::parse(text)
-        .map_err(|error| PluginConfigError::new("url", format!("not a valid URL: {error}")))?;
-    if !matches!(url.scheme(), "http" | "https") {
-        return Err(PluginConfigError::new(
-            "url",
-            format!(
-                "expected an http or https URL, found scheme \"{}\"",
-                url.scheme()
-            ),
-        ));
-    }
-    if !url.path().ends_with('/') {
-        let path = format!("{}/", url.path());
-        url.set_path(&path);
-    }
-    url.set_query(None);
-    url.set_fragment(None);
-    Ok(url)
-}
+pub use crate::connectors::kit::http::base_url;
 
 /// `ApiKey` when a key is set, else basic auth when both halves are, naming
 /// the missing half when only one is.

@@ -44,6 +44,8 @@ registry::register_connectors! {
         mongodb => "mongodb-sink",
         mysql => "mysql-sink",
         nats => "nats-sink",
+        meilisearch => "meilisearch-sink",
+        quickwit => "quickwit-sink",
     }
 }
 

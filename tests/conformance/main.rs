@@ -279,6 +279,18 @@ sink_conformance!(
 );
 #[cfg(feature = "nats-sink")]
 sink_conformance!(nats_sink, "nats", fixtures::nats_sink::Backend::new().await);
+#[cfg(feature = "meilisearch-sink")]
+sink_conformance!(
+    meilisearch_sink,
+    "meilisearch",
+    fixtures::meilisearch_sink::Backend::new().await
+);
+#[cfg(feature = "quickwit-sink")]
+sink_conformance!(
+    quickwit_sink,
+    "quickwit",
+    fixtures::quickwit_sink::Backend::new().await
+);
 
 /// The connectors the lines above cover, by kind and name.
 const COVERED_SOURCES: &[&str] = &[
@@ -322,6 +334,10 @@ const COVERED_SINKS: &[&str] = &[
     "mongodb",
     #[cfg(feature = "mysql-sink")]
     "mysql",
+    #[cfg(feature = "meilisearch-sink")]
+    "meilisearch",
+    #[cfg(feature = "quickwit-sink")]
+    "quickwit",
 ];
 
 #[test]

@@ -20,7 +20,11 @@ pub mod mongodb;
 pub mod mariadb;
 #[cfg(any(feature = "nats-source", feature = "nats-sink"))]
 pub mod nats_server;
+#[cfg(feature = "meilisearch-sink")]
+pub mod meilisearch;
 pub mod prometheus;
+#[cfg(feature = "quickwit-sink")]
+pub mod quickwit;
 #[cfg(feature = "schema-registry")]
 pub mod schema_registry;
 pub mod sinks;

@@ -15,6 +15,7 @@ use reqwest::header::{
 use secrecy::{ExposeSecret, SecretString};
 
 use super::gzip;
+use crate::connectors::PluginConfigError;
 
 /// The longest `Retry-After` honoured; a server asking for more is waited on
 /// this long, then asked again.
@@ -49,6 +50,29 @@ pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
             .unwrap_or(Duration::ZERO),
     };
     Some(wait.min(MAX_RETRY_AFTER))
+}
+
+/// A service's base URL from a connector's `url` field: http or https, query
+/// and fragment dropped, a path kept with a trailing `/` so paths join under it.
+pub fn base_url(text: &str) -> Result<reqwest::Url, PluginConfigError> {
+    let mut url = reqwest::Url::parse(text)
+        .map_err(|error| PluginConfigError::new("url", format!("not a valid URL: {error}")))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(PluginConfigError::new(
+            "url",
+            format!(
+                "expected an http or https URL, found scheme \"{}\"",
+                url.scheme()
+            ),
+        ));
+    }
+    if !url.path().ends_with('/') {
+        let path = format!("{}/", url.path());
+        url.set_path(&path);
+    }
+    url.set_query(None);
+    url.set_fragment(None);
+    Ok(url)
 }
 
 /// How requests authenticate; sent with every request, marked sensitive.
