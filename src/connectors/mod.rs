@@ -8,6 +8,8 @@ pub mod entry;
 pub mod kit;
 #[cfg(any(feature = "postgres-source", feature = "postgres-sink"))]
 mod postgres;
+#[cfg(any(feature = "redis-source", feature = "redis-sink"))]
+mod redis;
 pub mod registry;
 
 // One line per connector: its module (named as the connector) and the cargo
@@ -19,6 +21,7 @@ registry::register_connectors! {
         http => "http-source",
         elasticsearch => "elasticsearch-source",
         iggy => "iggy-source",
+        redis => "redis-source",
     }
     sinks {
         stdout => "stdout-sink",
@@ -28,6 +31,7 @@ registry::register_connectors! {
         elasticsearch => "elasticsearch-sink",
         clickhouse => "clickhouse-sink",
         influxdb => "influxdb-sink",
+        redis => "redis-sink",
     }
 }
 

@@ -211,6 +211,25 @@ sink_conformance!(
     fixtures::influxdb_sink::Backend::new().await
 );
 
+#[cfg(feature = "redis-sink")]
+sink_conformance!(
+    redis_sink,
+    "redis",
+    fixtures::redis_sink::Backend::new().await
+);
+#[cfg(feature = "redis-source")]
+source_conformance!(
+    redis_source,
+    "redis",
+    fixtures::redis_source::Backend::streams().await
+);
+#[cfg(feature = "redis-source")]
+source_conformance!(
+    redis_source_pubsub,
+    "redis",
+    fixtures::redis_source::Backend::pubsub().await
+);
+
 /// The connectors the lines above cover, by kind and name.
 const COVERED_SOURCES: &[&str] = &[
     #[cfg(feature = "random-source")]
@@ -223,6 +242,8 @@ const COVERED_SOURCES: &[&str] = &[
     "elasticsearch",
     #[cfg(feature = "iggy-source")]
     "iggy",
+    #[cfg(feature = "redis-source")]
+    "redis",
 ];
 const COVERED_SINKS: &[&str] = &[
     #[cfg(feature = "stdout-sink")]
@@ -239,6 +260,8 @@ const COVERED_SINKS: &[&str] = &[
     "clickhouse",
     #[cfg(feature = "influxdb-sink")]
     "influxdb",
+    #[cfg(feature = "redis-sink")]
+    "redis",
 ];
 
 #[test]

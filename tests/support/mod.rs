@@ -13,6 +13,8 @@ pub mod iggy_server;
 pub mod influxdb;
 pub mod influxdb_http;
 pub mod prometheus;
+#[cfg(any(feature = "redis-sink", feature = "redis-source"))]
+pub mod redis;
 #[cfg(feature = "schema-registry")]
 pub mod schema_registry;
 pub mod sinks;
