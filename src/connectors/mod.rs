@@ -16,6 +16,8 @@ mod mysql;
 mod nats;
 #[cfg(any(feature = "postgres-source", feature = "postgres-sink"))]
 mod postgres;
+#[cfg(any(feature = "redis-source", feature = "redis-sink"))]
+mod redis;
 pub mod registry;
 
 // One line per connector: its module (named as the connector) and the cargo
@@ -31,6 +33,7 @@ registry::register_connectors! {
         mongodb => "mongodb-source",
         mysql => "mysql-source",
         nats => "nats-source",
+        redis => "redis-source",
     }
     sinks {
         stdout => "stdout-sink",
@@ -46,6 +49,7 @@ registry::register_connectors! {
         nats => "nats-sink",
         meilisearch => "meilisearch-sink",
         quickwit => "quickwit-sink",
+        redis => "redis-sink",
     }
 }
 

@@ -292,6 +292,25 @@ sink_conformance!(
     fixtures::quickwit_sink::Backend::new().await
 );
 
+#[cfg(feature = "redis-sink")]
+sink_conformance!(
+    redis_sink,
+    "redis",
+    fixtures::redis_sink::Backend::new().await
+);
+#[cfg(feature = "redis-source")]
+source_conformance!(
+    redis_source,
+    "redis",
+    fixtures::redis_source::Backend::streams().await
+);
+#[cfg(feature = "redis-source")]
+source_conformance!(
+    redis_source_pubsub,
+    "redis",
+    fixtures::redis_source::Backend::pubsub().await
+);
+
 /// The connectors the lines above cover, by kind and name.
 const COVERED_SOURCES: &[&str] = &[
     #[cfg(feature = "random-source")]
@@ -312,6 +331,8 @@ const COVERED_SOURCES: &[&str] = &[
     "mysql",
     #[cfg(feature = "nats-source")]
     "nats",
+    #[cfg(feature = "redis-source")]
+    "redis",
 ];
 const COVERED_SINKS: &[&str] = &[
     #[cfg(feature = "stdout-sink")]
@@ -338,6 +359,8 @@ const COVERED_SINKS: &[&str] = &[
     "meilisearch",
     #[cfg(feature = "quickwit-sink")]
     "quickwit",
+    #[cfg(feature = "redis-sink")]
+    "redis",
 ];
 
 #[test]

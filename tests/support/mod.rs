@@ -25,6 +25,8 @@ pub mod meilisearch;
 pub mod prometheus;
 #[cfg(feature = "quickwit-sink")]
 pub mod quickwit;
+#[cfg(any(feature = "redis-sink", feature = "redis-source"))]
+pub mod redis;
 #[cfg(feature = "schema-registry")]
 pub mod schema_registry;
 pub mod sinks;
