@@ -6,6 +6,8 @@ pub mod describe;
 mod elasticsearch;
 pub mod entry;
 pub mod kit;
+#[cfg(any(feature = "otlp-source", feature = "otlp-sink"))]
+pub mod otlp;
 #[cfg(any(feature = "postgres-source", feature = "postgres-sink"))]
 mod postgres;
 pub mod registry;
@@ -19,6 +21,7 @@ registry::register_connectors! {
         http => "http-source",
         elasticsearch => "elasticsearch-source",
         iggy => "iggy-source",
+        otlp => "otlp-source",
     }
     sinks {
         stdout => "stdout-sink",
@@ -28,6 +31,7 @@ registry::register_connectors! {
         elasticsearch => "elasticsearch-sink",
         clickhouse => "clickhouse-sink",
         influxdb => "influxdb-sink",
+        otlp => "otlp-sink",
     }
 }
 

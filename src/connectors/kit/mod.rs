@@ -3,6 +3,8 @@
 //! - [`backoff`]: capped exponential backoff with jitter (the engine's too);
 //! - [`breaker`]: a circuit breaker for an endpoint that keeps failing;
 //! - [`batch`]: one request body from many encoded items, split by count and bytes;
+//! - `inbox` (with the push sources: http, otlp): where received requests wait
+//!   for their batch and the answers owed to their clients once it is durable;
 //! - `http` (with any HTTP-based connector): the HTTP client builder (TLS,
 //!   timeouts, proxy, auth, gzip), `Retry-After` parsing and status classification.
 
@@ -13,3 +15,5 @@ pub mod breaker;
 pub mod gzip;
 #[cfg(feature = "kit-http")]
 pub mod http;
+#[cfg(any(feature = "http-source", feature = "otlp-source"))]
+pub mod inbox;

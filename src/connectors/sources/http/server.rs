@@ -22,7 +22,7 @@ use tracing::debug;
 
 use super::body::{self, BodyFormat};
 use super::config::{AckMode, HttpSourceConfig};
-use super::inbox::{Inbox, Outcome, SubmitError, Ticket, Withdrawn};
+use crate::connectors::kit::inbox::{Inbox, Outcome, SubmitError, Ticket, Withdrawn};
 use crate::message::{HeaderValue, Headers, SourceRecord};
 
 /// What every handler of one listener shares.
