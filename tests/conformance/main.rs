@@ -176,6 +176,8 @@ source_conformance!(
     )
     .await
 );
+#[cfg(feature = "otlp-source")]
+source_conformance!(otlp_source, "otlp", fixtures::otlp_source::Backend::new());
 #[cfg(feature = "stdout-sink")]
 sink_conformance!(
     stdout_sink,
@@ -210,6 +212,8 @@ sink_conformance!(
     "influxdb",
     fixtures::influxdb_sink::Backend::new().await
 );
+#[cfg(all(feature = "otlp-sink", feature = "otlp-source"))]
+sink_conformance!(otlp_sink, "otlp", fixtures::otlp_sink::Backend::new().await);
 
 /// The connectors the lines above cover, by kind and name.
 const COVERED_SOURCES: &[&str] = &[
@@ -223,6 +227,8 @@ const COVERED_SOURCES: &[&str] = &[
     "elasticsearch",
     #[cfg(feature = "iggy-source")]
     "iggy",
+    #[cfg(feature = "otlp-source")]
+    "otlp",
 ];
 const COVERED_SINKS: &[&str] = &[
     #[cfg(feature = "stdout-sink")]
@@ -239,6 +245,8 @@ const COVERED_SINKS: &[&str] = &[
     "clickhouse",
     #[cfg(feature = "influxdb-sink")]
     "influxdb",
+    #[cfg(all(feature = "otlp-sink", feature = "otlp-source"))]
+    "otlp",
 ];
 
 #[test]

@@ -21,6 +21,16 @@ pub struct OtlpSinkConfig {
     /// source writes one); without it such messages are rejected.
     #[serde(default)]
     pub signal: Option<SignalName>,
+    /// What becomes of a message that is not an OTLP export request (or names
+    /// no signal): `reject` (through `on_error`) or `log` (exported as one log
+    /// record: the payload as its body, the Iggy message id, offset and
+    /// partition as attributes, the message timestamp as its time).
+    #[serde(default)]
+    pub other_payloads: OtherPayloads,
+    /// The `service.name` resource attribute of logs made with
+    /// `other_payloads = "log"`.
+    #[serde(default = "default_service_name")]
+    pub service_name: String,
     /// Sent as `Authorization: Bearer <token>` (HTTP header, gRPC metadata).
     #[serde(default)]
     #[schemars(with = "Option<String>")]
@@ -91,6 +101,14 @@ impl SignalName {
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
+pub enum OtherPayloads {
+    #[default]
+    Reject,
+    Log,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
 pub enum Compression {
     #[default]
     None,
@@ -129,6 +147,10 @@ impl OtlpSinkConfig {
         }
         Ok(url)
     }
+}
+
+fn default_service_name() -> String {
+    "iggy-connect".into()
 }
 
 fn default_timeout() -> Duration {

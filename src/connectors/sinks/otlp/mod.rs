@@ -34,6 +34,9 @@ use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequ
 use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_client::MetricsServiceClient;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
+use opentelemetry_proto::tonic::common::v1::{AnyValue, InstrumentationScope, KeyValue, any_value};
+use opentelemetry_proto::tonic::logs::v1::{LogRecord, ResourceLogs, ScopeLogs};
+use opentelemetry_proto::tonic::resource::v1::Resource;
 use prost::Message;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use secrecy::ExposeSecret;
@@ -54,7 +57,7 @@ use crate::connectors::{
 };
 use crate::message::{HeaderValue as UserHeader, Payload, SinkMessage, TopicRef};
 
-pub use config::{Compression, OtlpSinkConfig, Protocol, SignalName};
+pub use config::{Compression, OtherPayloads, OtlpSinkConfig, Protocol, SignalName};
 
 pub const ENTRY: SinkEntry = SinkEntry {
     name: "otlp",
@@ -181,8 +184,25 @@ impl OtlpSink {
         }
     }
 
-    /// A stored message as an export request, or why it is not one.
+    /// A stored message as an export request; with `other_payloads = "log"`
+    /// one that is not becomes a log record.
     fn decode(&self, message: &SinkMessage) -> Result<(Request, usize), String> {
+        match (self.decode_otlp(message), self.config.other_payloads) {
+            (Ok(decoded), _) => Ok(decoded),
+            (Err(reason), OtherPayloads::Reject) => Err(reason),
+            (Err(_), OtherPayloads::Log) => {
+                let request = Request::Logs(as_log(message, &self.config.service_name));
+                let size = match self.wire_encoding() {
+                    Encoding::Json => request.encoded_len() * 2,
+                    Encoding::Protobuf => request.encoded_len(),
+                };
+                Ok((request, size))
+            }
+        }
+    }
+
+    /// A stored message as an export request, or why it is not one.
+    fn decode_otlp(&self, message: &SinkMessage) -> Result<(Request, usize), String> {
         let signal = match message.headers.iter().find(|(name, _)| name == SIGNAL_HEADER) {
             Some((_, UserHeader::String(name))) => SignalName::parse(name)
                 .ok_or_else(|| format!("the {SIGNAL_HEADER} header names no OTLP signal: \"{name}\""))?,
@@ -355,6 +375,59 @@ impl OtlpSink {
             }
         }
         Ok(rejections)
+    }
+}
+
+/// A message that is not OTLP, as one log record.
+fn as_log(message: &SinkMessage, service_name: &str) -> ExportLogsServiceRequest {
+    let text = |value: String| AnyValue {
+        value: Some(any_value::Value::StringValue(value)),
+    };
+    let int = |value: i64| AnyValue {
+        value: Some(any_value::Value::IntValue(value)),
+    };
+    let attribute = |key: &str, value: AnyValue| KeyValue {
+        key: key.to_owned(),
+        value: Some(value),
+        ..Default::default()
+    };
+    let body = match &message.payload {
+        Payload::Json(value) => text(value.to_string()),
+        Payload::Text(value) => text(value.clone()),
+        Payload::JsonBytes(bytes) | Payload::Raw(bytes) => match std::str::from_utf8(bytes) {
+            Ok(value) => text(value.to_owned()),
+            Err(_) => AnyValue {
+                value: Some(any_value::Value::BytesValue(bytes.to_vec())),
+            },
+        },
+    };
+    let micros_to_nanos = |micros: u64| micros.saturating_mul(1000);
+    ExportLogsServiceRequest {
+        resource_logs: vec![ResourceLogs {
+            resource: Some(Resource {
+                attributes: vec![attribute("service.name", text(service_name.to_owned()))],
+                ..Default::default()
+            }),
+            scope_logs: vec![ScopeLogs {
+                scope: Some(InstrumentationScope {
+                    name: "iggy-connect".into(),
+                    ..Default::default()
+                }),
+                log_records: vec![LogRecord {
+                    time_unix_nano: micros_to_nanos(message.origin_timestamp),
+                    observed_time_unix_nano: micros_to_nanos(message.timestamp),
+                    body: Some(body),
+                    attributes: vec![
+                        attribute("iggy.message.id", text(message.id.to_string())),
+                        attribute("iggy.offset", int(message.offset as i64)),
+                        attribute("iggy.partition", int(i64::from(message.partition_id))),
+                    ],
+                    ..Default::default()
+                }],
+                schema_url: String::new(),
+            }],
+            schema_url: String::new(),
+        }],
     }
 }
 
