@@ -17,7 +17,6 @@
 //! (or `cargo test --benches` style runs with the same variable).
 
 #[path = "../tests/support/mod.rs"]
-#[allow(dead_code)]
 mod support;
 
 mod common;
