@@ -61,8 +61,8 @@ pub struct OtlpSourceConfig {
     #[serde(default = "default_linger_time", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub linger_time: Duration,
-    /// Largest request accepted, after gzip decompression (HTTP 413, gRPC
-    /// OUT_OF_RANGE / RESOURCE_EXHAUSTED beyond; both non-retryable).
+    /// Largest request accepted, after gzip decompression (HTTP 413 beyond;
+    /// over gRPC tonic answers OUT_OF_RANGE).
     #[serde(default = "default_max_request_bytes")]
     pub max_request_bytes: usize,
     /// Largest stored message. A scope batch above it is stored record by

@@ -95,7 +95,7 @@ fn status(shared: &Shared, refusal: Refusal) -> Status {
             "a valid `authorization: Bearer <token>` metadata entry is required",
         ),
         Refusal::BadRequest(message) => Status::invalid_argument(message),
-        Refusal::TooLarge(message) => Status::out_of_range(message),
+        Refusal::TooLarge(message) => Status::invalid_argument(message),
         Refusal::NotReceived(signal) => Status::unimplemented(format!(
             "this receiver takes no {signal} (no [[streams]] entry for it)"
         )),
