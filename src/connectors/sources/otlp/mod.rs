@@ -29,12 +29,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use secrecy::ExposeSecret;
 use subtle::ConstantTimeEq;
-use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::connectors::kit::inbox::{Inbox, Limits, Outcome, SubmitError, Ticket, Withdrawn};
+use crate::connectors::kit::inbox::{Delivery, Inbox, Limits, SubmitError};
 use crate::connectors::otlp::{Encoding, SIGNAL_HEADER, Signal, encode};
 use crate::connectors::{SourceEntry, schema_of};
 use crate::connectors::{
@@ -377,40 +376,23 @@ impl Shared {
     }
 
     async fn wait_for_commit(&self, records: Vec<SourceRecord>) -> Result<(), Refusal> {
-        let (reply, mut outcome) = oneshot::channel();
-        let ticket = self
+        match self
             .inbox
-            .submit(records, Some(reply))
-            .map_err(|refusal| self.refused(refusal))?;
-        // An exporter that hangs up before its batch is taken gets its records
-        // taken back: it saw no success and sends them again.
-        let mut waiting = Waiting {
-            inbox: &self.inbox,
-            ticket: Some(ticket),
-        };
-        let finished = tokio::time::timeout(self.config.request_timeout, &mut outcome).await;
-        let ticket = waiting.ticket.take();
-        let outcome = match finished {
-            Ok(Ok(outcome)) => outcome,
-            Ok(Err(_)) => Outcome::Closed { in_flight: true },
-            Err(_) => {
-                let withdrawn =
-                    ticket.map_or(Withdrawn::TooLate, |ticket| self.inbox.withdraw(ticket));
-                match (withdrawn, outcome.try_recv()) {
-                    (Withdrawn::TooLate, Ok(outcome)) => outcome,
-                    (withdrawn, _) => {
-                        return Err(Refusal::Unavailable(if withdrawn == Withdrawn::TooLate {
-                            "the records were in a batch the broker has not acknowledged yet; a retry may duplicate them".into()
-                        } else {
-                            "the broker did not take the records in time; they were not stored".into()
-                        }));
-                    }
-                }
+            .deliver(records, self.config.request_timeout)
+            .await
+        {
+            Delivery::Committed => Ok(()),
+            Delivery::Refused(refusal) => Err(self.refused(refusal)),
+            Delivery::NotCommitted { closing: true, .. } => {
+                Err(Refusal::Unavailable("the receiver is stopping".into()))
             }
-        };
-        match outcome {
-            Outcome::Committed => Ok(()),
-            Outcome::Closed { .. } => Err(Refusal::Unavailable("the receiver is stopping".into())),
+            Delivery::NotCommitted {
+                maybe_delivered, ..
+            } => Err(Refusal::Unavailable(if maybe_delivered {
+                "the records were in a batch the broker has not acknowledged yet; a retry may duplicate them".into()
+            } else {
+                "the broker did not take the records in time; they were not stored".into()
+            })),
         }
     }
 
@@ -418,19 +400,6 @@ impl Shared {
         match refusal {
             SubmitError::Closed => Refusal::Unavailable("the receiver is stopping".into()),
             SubmitError::Full { .. } => Refusal::Exhausted(refusal.to_string()),
-        }
-    }
-}
-
-struct Waiting<'a> {
-    inbox: &'a Inbox,
-    ticket: Option<Ticket>,
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        if let Some(ticket) = self.ticket.take() {
-            self.inbox.withdraw(ticket);
         }
     }
 }
