@@ -64,7 +64,7 @@ pub const ENTRY: SinkEntry = SinkEntry {
     feature: "otlp-sink",
     description: "exports OTLP logs, traces and metrics stored in Iggy to an OpenTelemetry collector (gRPC or HTTP)",
     secret_fields: &["token", "headers.*"],
-    sample_config: "endpoint = \"http://localhost:4317\"\nprotocol = \"grpc\"\ntoken = \"secret-token\"\n",
+    sample_config: "endpoint = \"http://localhost:4317\"\nprotocol = \"grpc\"\ntoken = \"secret-token\"\n\n[headers]\nx-api-key = \"secret-key\"\n",
     config_schema: schema_of::<OtlpSinkConfig>,
     build: |config| Ok(Box::new(OtlpSink::new(parse_plugin_config(config)?)?)),
 };
