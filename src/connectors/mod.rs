@@ -14,6 +14,8 @@ mod mongodb;
 mod mysql;
 #[cfg(any(feature = "nats-source", feature = "nats-sink"))]
 mod nats;
+#[cfg(any(feature = "otlp-source", feature = "otlp-sink"))]
+pub mod otlp;
 #[cfg(any(feature = "postgres-source", feature = "postgres-sink"))]
 mod postgres;
 #[cfg(any(feature = "redis-source", feature = "redis-sink"))]
@@ -34,6 +36,7 @@ registry::register_connectors! {
         mysql => "mysql-source",
         nats => "nats-source",
         redis => "redis-source",
+        otlp => "otlp-source",
     }
     sinks {
         stdout => "stdout-sink",
@@ -50,6 +53,7 @@ registry::register_connectors! {
         meilisearch => "meilisearch-sink",
         quickwit => "quickwit-sink",
         redis => "redis-sink",
+        otlp => "otlp-sink",
     }
 }
 

@@ -224,6 +224,8 @@ source_conformance!(
     "nats",
     fixtures::nats_source::Backend::new().await
 );
+#[cfg(feature = "otlp-source")]
+source_conformance!(otlp_source, "otlp", fixtures::otlp_source::Backend::new());
 #[cfg(feature = "stdout-sink")]
 sink_conformance!(
     stdout_sink,
@@ -310,6 +312,8 @@ source_conformance!(
     "redis",
     fixtures::redis_source::Backend::pubsub().await
 );
+#[cfg(all(feature = "otlp-sink", feature = "otlp-source"))]
+sink_conformance!(otlp_sink, "otlp", fixtures::otlp_sink::Backend::new().await);
 
 /// The connectors the lines above cover, by kind and name.
 const COVERED_SOURCES: &[&str] = &[
@@ -333,6 +337,8 @@ const COVERED_SOURCES: &[&str] = &[
     "nats",
     #[cfg(feature = "redis-source")]
     "redis",
+    #[cfg(feature = "otlp-source")]
+    "otlp",
 ];
 const COVERED_SINKS: &[&str] = &[
     #[cfg(feature = "stdout-sink")]
@@ -361,6 +367,8 @@ const COVERED_SINKS: &[&str] = &[
     "quickwit",
     #[cfg(feature = "redis-sink")]
     "redis",
+    #[cfg(all(feature = "otlp-sink", feature = "otlp-source"))]
+    "otlp",
 ];
 
 #[test]

@@ -4,6 +4,8 @@
 //! - [`breaker`]: a circuit breaker for an endpoint that keeps failing;
 //! - [`batch`]: one request body from many encoded items, split by count and bytes;
 //! - `row_id` (with the SQL sources): deterministic ids of database rows, snake_case columns;
+//! - `inbox` (with the push sources: http, otlp): where received requests wait
+//!   for their batch and the answers owed to their clients once it is durable;
 //! - `http` (with any HTTP-based connector): the HTTP client builder (TLS,
 //!   timeouts, proxy, auth, gzip), `Retry-After` parsing and status classification.
 
@@ -16,3 +18,5 @@ pub mod gzip;
 pub mod http;
 #[cfg(any(feature = "postgres-source", feature = "mysql-source"))]
 pub mod row_id;
+#[cfg(any(feature = "http-source", feature = "otlp-source"))]
+pub mod inbox;

@@ -22,7 +22,6 @@
 
 mod body;
 mod config;
-mod inbox;
 mod listener;
 mod server;
 
@@ -45,7 +44,7 @@ pub use body::BodyFormat;
 pub use config::{AckMode, EndpointConfig, HttpSourceConfig};
 pub use server::message_id;
 
-use inbox::{Inbox, Limits};
+use crate::connectors::kit::inbox::{Inbox, Limits};
 
 pub const ENTRY: SourceEntry = SourceEntry {
     name: "http",

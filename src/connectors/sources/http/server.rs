@@ -17,12 +17,11 @@ use futures::StreamExt;
 use secrecy::ExposeSecret;
 use serde_json::json;
 use subtle::ConstantTimeEq;
-use tokio::sync::oneshot;
 use tracing::debug;
 
 use super::body::{self, BodyFormat};
 use super::config::{AckMode, HttpSourceConfig};
-use super::inbox::{Inbox, Outcome, SubmitError, Ticket, Withdrawn};
+use crate::connectors::kit::inbox::{Delivery, Inbox, SubmitError};
 use crate::message::{HeaderValue, Headers, SourceRecord};
 
 /// What every handler of one listener shares.
@@ -187,69 +186,42 @@ async fn ingest(shared: &Shared, endpoint_index: usize, request: Request) -> Res
 /// the broker does not take them in time.
 async fn wait_for_commit(shared: &Shared, records: Vec<SourceRecord>) -> Response {
     let count = records.len();
-    let (reply, mut outcome) = oneshot::channel();
-    let ticket = match shared.inbox.submit(records, Some(reply)) {
-        Ok(ticket) => ticket,
-        Err(refusal) => return refused(shared, refusal, StatusCode::SERVICE_UNAVAILABLE),
-    };
-    // A client that hangs up before its batch is taken gets its messages taken
-    // back: it saw no 2xx and will send them again.
-    let mut waiting = Waiting {
-        inbox: &shared.inbox,
-        ticket: Some(ticket),
-    };
-    let finished = tokio::time::timeout(shared.config.request_timeout, &mut outcome).await;
-    let ticket = waiting.ticket.take();
-    let outcome = match finished {
-        Ok(Ok(outcome)) => outcome,
-        Ok(Err(_)) => Outcome::Closed { in_flight: true },
-        Err(_) => {
-            let withdrawn =
-                ticket.map_or(Withdrawn::TooLate, |ticket| shared.inbox.withdraw(ticket));
-            match (withdrawn, outcome.try_recv()) {
-                (Withdrawn::TooLate, Ok(outcome)) => outcome,
-                (withdrawn, _) => {
-                    let maybe_delivered = withdrawn == Withdrawn::TooLate;
-                    debug!(connector_key = %shared.key, messages = count, maybe_delivered, "request timed out waiting for the broker");
-                    return unavailable(
-                        shared,
-                        "timeout",
-                        if maybe_delivered {
-                            "the messages were in a batch the broker has not acknowledged; they may have been or may still be delivered, so a retry may duplicate them"
-                        } else {
-                            "the broker did not take the messages in time; they were not delivered, retry later"
-                        },
-                        maybe_delivered,
-                    );
-                }
-            }
+    match shared
+        .inbox
+        .deliver(records, shared.config.request_timeout)
+        .await
+    {
+        Delivery::Committed => accepted(StatusCode::OK, count, true),
+        Delivery::Refused(refusal) => refused(shared, refusal, StatusCode::SERVICE_UNAVAILABLE),
+        Delivery::NotCommitted {
+            closing: false,
+            maybe_delivered,
+        } => {
+            debug!(connector_key = %shared.key, messages = count, maybe_delivered, "request timed out waiting for the broker");
+            unavailable(
+                shared,
+                "timeout",
+                if maybe_delivered {
+                    "the messages were in a batch the broker has not acknowledged; they may have been or may still be delivered, so a retry may duplicate them"
+                } else {
+                    "the broker did not take the messages in time; they were not delivered, retry later"
+                },
+                maybe_delivered,
+            )
         }
-    };
-    match outcome {
-        Outcome::Committed => accepted(StatusCode::OK, count, true),
-        Outcome::Closed { in_flight } => unavailable(
+        Delivery::NotCommitted {
+            closing: true,
+            maybe_delivered,
+        } => unavailable(
             shared,
             "closing",
-            if in_flight {
+            if maybe_delivered {
                 "the source is stopping; the messages were in a batch being delivered and may still be in the topic"
             } else {
                 "the source is stopping; the messages were not delivered"
             },
-            in_flight,
+            maybe_delivered,
         ),
-    }
-}
-
-struct Waiting<'a> {
-    inbox: &'a Inbox,
-    ticket: Option<Ticket>,
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        if let Some(ticket) = self.ticket.take() {
-            self.inbox.withdraw(ticket);
-        }
     }
 }
 

@@ -36,6 +36,23 @@ pub enum SubmitError {
     Full { waiting: usize },
 }
 
+/// How a request that waited for its batch ([`Inbox::deliver`]) ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// The batch holding its records is in Iggy.
+    Committed,
+    /// Refused on arrival: nothing was queued.
+    Refused(SubmitError),
+    /// Not committed in time (`closing: false`) or the source closed first.
+    /// `maybe_delivered`: the records were in a batch being delivered, so
+    /// they may be (or still get) in Iggy and a retry may duplicate them;
+    /// otherwise they were taken back and will never be delivered.
+    NotCommitted {
+        closing: bool,
+        maybe_delivered: bool,
+    },
+}
+
 /// Identifies one submitted request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ticket(u64);
@@ -157,6 +174,47 @@ impl Inbox {
         drop(state);
         self.arrived.notify_one();
         Ok(Ticket(ticket))
+    }
+
+    /// Queues a request's records and waits up to `timeout` for their batch
+    /// to be committed. A request that gives up (times out, or its future is
+    /// dropped because the client hung up) before its records were taken
+    /// into a batch is withdrawn: they are never delivered.
+    pub async fn deliver(&self, records: Vec<SourceRecord>, timeout: Duration) -> Delivery {
+        let (reply, mut outcome) = oneshot::channel();
+        let ticket = match self.submit(records, Some(reply)) {
+            Ok(ticket) => ticket,
+            Err(refusal) => return Delivery::Refused(refusal),
+        };
+        let mut waiting = Waiting {
+            inbox: self,
+            ticket: Some(ticket),
+        };
+        let finished = tokio::time::timeout(timeout, &mut outcome).await;
+        let ticket = waiting.ticket.take();
+        let outcome = match finished {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(_)) => Outcome::Closed { in_flight: true },
+            Err(_) => {
+                let withdrawn = ticket.map_or(Withdrawn::TooLate, |ticket| self.withdraw(ticket));
+                match (withdrawn, outcome.try_recv()) {
+                    (Withdrawn::TooLate, Ok(outcome)) => outcome,
+                    (withdrawn, _) => {
+                        return Delivery::NotCommitted {
+                            closing: false,
+                            maybe_delivered: withdrawn == Withdrawn::TooLate,
+                        };
+                    }
+                }
+            }
+        };
+        match outcome {
+            Outcome::Committed => Delivery::Committed,
+            Outcome::Closed { in_flight } => Delivery::NotCommitted {
+                closing: true,
+                maybe_delivered: in_flight,
+            },
+        }
     }
 
     /// Takes a request back if it is still waiting.
@@ -343,6 +401,20 @@ impl Inbox {
         self.state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Withdraws a waiting request whose waiter went away.
+struct Waiting<'a> {
+    inbox: &'a Inbox,
+    ticket: Option<Ticket>,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if let Some(ticket) = self.ticket.take() {
+            self.inbox.withdraw(ticket);
+        }
     }
 }
 
