@@ -87,7 +87,6 @@ fn every_upstream_example_file_of_a_compiled_in_connector_validates_unchanged() 
     let mut validated = 0;
     for (path, text) in files {
         // Templates with empty values: the next test.
-        // Templates (empty values) are the next test's.
         if !compiled_in(&text) || !empty_stream_fields(&text).is_empty() {
             continue;
         }

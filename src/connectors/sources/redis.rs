@@ -474,6 +474,8 @@ impl RedisSource {
                     ("redis_id".into(), HeaderValue::String(entry.id)),
                 ],
                 payload: payload_of(fields, &self.config.payload_field),
+                partition: None,
+                origin_timestamp: None,
             });
         }
         let has_entries = !staged.is_empty();
@@ -741,6 +743,8 @@ fn channel_record(message: redis::Msg) -> SourceRecord {
         stream_index: 0,
         headers: vec![("redis_channel".into(), HeaderValue::String(channel))],
         payload: Payload::Raw(bytes::Bytes::copy_from_slice(message.get_payload_bytes())),
+        partition: None,
+        origin_timestamp: None,
     }
 }
 

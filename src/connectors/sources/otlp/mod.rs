@@ -370,6 +370,8 @@ impl Shared {
                     Encoding::Json => Payload::JsonBytes(bytes.into()),
                     Encoding::Protobuf => Payload::Raw(bytes.into()),
                 },
+                partition: None,
+                origin_timestamp: None,
             })
             .collect();
         (records, rejected)
