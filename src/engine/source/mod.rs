@@ -97,30 +97,10 @@ struct Nack {
 impl SourcePipeline {
     /// Runs batches until a stop is requested or the source stops on its own,
     /// then closes the source and records the final status.
-    pub async fn run(self) -> Ended {
+    pub async fn run(mut self) -> Ended {
         self.status.set_running();
         info!(connector_key = %self.key, connector = %self.connector, "source running");
-        let (mut this, ended) = if self.max_in_flight > 1 {
-            let shared = Arc::new(self);
-            let ended = shared.run_pipelined().await;
-            // The pipelined loop awaits its poll task before it returns, so
-            // this is the only reference left.
-            match Arc::try_unwrap(shared) {
-                Ok(this) => (this, ended),
-                Err(shared) => {
-                    error!(connector_key = %shared.key, "source still in use after its pipeline ended; not closing it");
-                    return ended;
-                }
-            }
-        } else {
-            let mut this = self;
-            let ended = this.run_batches().await;
-            (this, ended)
-        };
-        this.close_and_report(ended).await
-    }
-
-    async fn close_and_report(&mut self, ended: Ended) -> Ended {
+        let ended = self.run_batches().await;
         match catch_panic(self.source.close()).await {
             Ok(Ok(())) => {}
             Ok(Err(error)) => warn!(connector_key = %self.key, %error, "source close failed"),
@@ -150,8 +130,10 @@ impl SourcePipeline {
         ended
     }
 
-    /// One batch at a time (`max_in_flight = 1`): retried in place.
     async fn run_batches(&mut self) -> Ended {
+        if self.max_in_flight > 1 {
+            return self.run_pipelined().await;
+        }
         loop {
             let batch = match self.poll_next().await {
                 Ok(batch) => batch,
@@ -294,8 +276,6 @@ impl SourcePipeline {
                 stream_index,
                 headers,
                 mut payload,
-                partition,
-                origin_timestamp,
             } = record;
             let outcome = match self.routes.get(stream_index) {
                 Some(route) => self.transform_and_encode(route, &mut payload),
@@ -313,8 +293,6 @@ impl SourcePipeline {
                         id,
                         headers,
                         payload: bytes,
-                        partition,
-                        origin_timestamp,
                     };
                     match self.routes[stream_index].producer.check(&message) {
                         Ok(()) => groups[stream_index].push(message),

@@ -3,10 +3,7 @@
 //!
 //! Three things run at once, each on at most one batch: the next `poll` (with
 //! its transform and encode), the send of the oldest batch not yet sent, and
-//! the commit of the batches Iggy has acknowledged. The poll runs in a task of
-//! its own, so producing and encoding the next batch uses another core than
-//! the send of the current one; a poll that is discarded (a stop request, a
-//! NACK) is aborted and awaited before anything else touches the source. Sends go one batch at a
+//! the commit of the batches Iggy has acknowledged. Sends go one batch at a
 //! time in poll order, so the topic keeps the source's order. The commit of
 //! several acknowledged batches is one group: one state save of the newest
 //! state among them, then their `commit`s in poll order; nothing is committed
@@ -23,7 +20,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
-use tokio::task::{JoinError, JoinHandle};
 use tracing::warn;
 
 use super::{Ended, Nack, SourcePipeline, Timings};
@@ -62,54 +58,10 @@ enum CommitFailure {
     End(Ended),
 }
 
-/// The next poll, running in its own task; aborted when dropped.
-struct PollTask(JoinHandle<Result<InFlight, Ended>>);
-
-impl Drop for PollTask {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// Aborts the running poll, if any, and waits until its task has ended, so
-/// that the source is never polled concurrently with what comes next (a
-/// rewind, a close). A batch it may have finished polling is discarded, as a
-/// batch polled and not committed is.
-async fn cancel(polling: &mut Option<PollTask>) {
-    if let Some(mut task) = polling.take() {
-        task.0.abort();
-        let _ = (&mut task.0).await;
-    }
-}
-
-/// Awaits the running poll if there is one; otherwise never completes.
-async fn next_poll(polling: &mut Option<PollTask>) -> Result<InFlight, Ended> {
-    match polling {
-        Some(task) => (&mut task.0)
-            .await
-            .unwrap_or_else(|error| Err(poll_task_ended(&error))),
-        None => std::future::pending().await,
-    }
-}
-
-fn poll_task_ended(error: &JoinError) -> Ended {
-    if error.is_panic() {
-        Ended::Stopped(StopReason::Panic, format!("poll panicked: {error}"))
-    } else {
-        Ended::Shutdown
-    }
-}
-
 impl SourcePipeline {
-    pub(super) async fn run_pipelined(self: &Arc<Self>) -> Ended {
-        let mut polling = None;
-        let ended = self.pipelined(&mut polling).await;
-        cancel(&mut polling).await;
-        ended
-    }
-
-    async fn pipelined(self: &Arc<Self>, polling: &mut Option<PollTask>) -> Ended {
+    pub(super) async fn run_pipelined(&self) -> Ended {
         let mut pending: VecDeque<InFlight> = VecDeque::with_capacity(self.max_in_flight);
+        let mut polling: Option<BoxFuture<'_, Result<InFlight, Ended>>> = None;
         let mut sending: Option<BoxFuture<'_, (Result<(), Nack>, Timings)>> = None;
         let mut committing: Option<BoxFuture<'_, Result<Option<Duration>, CommitFailure>>> = None;
         // How many batches at the front of `pending` the running commit covers.
@@ -122,14 +74,11 @@ impl SourcePipeline {
         loop {
             let stopping = self.shutdown.is_requested();
             if stopping {
-                cancel(polling).await;
+                polling = None;
             }
             if polling.is_none() && !stopping && !last_polled && pending.len() < self.max_in_flight
             {
-                let pipeline = Arc::clone(self);
-                *polling = Some(PollTask(tokio::spawn(async move {
-                    pipeline.poll_in_flight().await
-                })));
+                polling = Some(Box::pin(self.poll_in_flight()));
             }
             if sending.is_none()
                 && let Some(batch) = pending
@@ -161,7 +110,7 @@ impl SourcePipeline {
             tokio::select! {
                 biased;
                 () = &mut give_up => return self.abandon(),
-                () = self.shutdown.requested(), if polling.is_some() => cancel(polling).await,
+                () = self.shutdown.requested(), if polling.is_some() => polling = None,
                 committed = next(&mut committing) => {
                     committing = None;
                     match committed {
@@ -176,7 +125,7 @@ impl SourcePipeline {
                         }
                         Err(CommitFailure::End(ended)) => return ended,
                         Err(CommitFailure::Nack(nack)) => {
-                            cancel(polling).await;
+                            polling = None;
                             if let Some(send) = sending.take() {
                                 // Its batch is discarded with the rest; let the
                                 // send finish so the connection stays usable.
@@ -199,7 +148,7 @@ impl SourcePipeline {
                             }
                         }
                         Err(nack) => {
-                            cancel(polling).await;
+                            polling = None;
                             if let Some(commit) = committing.take() {
                                 // The batches it covers were acknowledged before
                                 // the failed one: they may still be committed.
@@ -240,8 +189,8 @@ impl SourcePipeline {
                         }
                     }
                 }
-                polled = next_poll(polling) => {
-                    *polling = None;
+                polled = next(&mut polling) => {
+                    polling = None;
                     match polled {
                         Ok(batch) => {
                             last_polled = batch.finished;
