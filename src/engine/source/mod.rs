@@ -276,6 +276,8 @@ impl SourcePipeline {
                 stream_index,
                 headers,
                 mut payload,
+                partition,
+                origin_timestamp,
             } = record;
             let outcome = match self.routes.get(stream_index) {
                 Some(route) => self.transform_and_encode(route, &mut payload),
@@ -293,6 +295,8 @@ impl SourcePipeline {
                         id,
                         headers,
                         payload: bytes,
+                        partition,
+                        origin_timestamp,
                     };
                     match self.routes[stream_index].producer.check(&message) {
                         Ok(()) => groups[stream_index].push(message),
