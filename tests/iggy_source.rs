@@ -357,7 +357,14 @@ async fn each_remote_partition_lands_in_order_in_the_same_target_partition_with_
     let counts = [60u128, 20, 40];
     for (partition, count) in (0u32..).zip(counts) {
         let first = 1 + u128::from(partition) * 1000;
-        produce(&producer, "edge", "readings", partition, first..first + count).await;
+        produce(
+            &producer,
+            "edge",
+            "readings",
+            partition,
+            first..first + count,
+        )
+        .await;
     }
     let state = tempfile::tempdir().unwrap();
     let runtime = runtime(&ours, state.path());

@@ -14,14 +14,14 @@ pub mod http_server;
 pub mod iggy_server;
 pub mod influxdb;
 pub mod influxdb_http;
-#[cfg(any(feature = "mongodb-sink", feature = "mongodb-source"))]
-pub mod mongodb;
 #[cfg(any(feature = "mysql-source", feature = "mysql-sink"))]
 pub mod mariadb;
-#[cfg(any(feature = "nats-source", feature = "nats-sink"))]
-pub mod nats_server;
 #[cfg(feature = "meilisearch-sink")]
 pub mod meilisearch;
+#[cfg(any(feature = "mongodb-sink", feature = "mongodb-source"))]
+pub mod mongodb;
+#[cfg(any(feature = "nats-source", feature = "nats-sink"))]
+pub mod nats_server;
 pub mod prometheus;
 #[cfg(feature = "quickwit-sink")]
 pub mod quickwit;

@@ -16,7 +16,7 @@ pub mod breaker;
 pub mod gzip;
 #[cfg(feature = "kit-http")]
 pub mod http;
-#[cfg(any(feature = "postgres-source", feature = "mysql-source"))]
-pub mod row_id;
 #[cfg(any(feature = "http-source", feature = "otlp-source"))]
 pub mod inbox;
+#[cfg(any(feature = "postgres-source", feature = "mysql-source"))]
+pub mod row_id;
