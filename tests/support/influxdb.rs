@@ -21,7 +21,19 @@ fn free_port() -> u16 {
 }
 
 impl InfluxDb {
+    /// Starts influxd on free loopback ports. A server that exits before it
+    /// answers (a port taken between choosing it and binding it) is started
+    /// again on other ports.
     pub fn start() -> Self {
+        for _ in 0..3 {
+            if let Some(server) = Self::try_start() {
+                return server;
+            }
+        }
+        panic!("influxd did not start in three attempts");
+    }
+
+    fn try_start() -> Option<Self> {
         let binary = ["/usr/bin/influxd", "/usr/sbin/influxd"]
             .into_iter()
             .find(|path| std::path::Path::new(path).exists())
@@ -73,22 +85,22 @@ bind-address = "127.0.0.1:{rpc}"
             }
         }
         let child = command.spawn().expect("start influxd");
-        let server = Self {
+        let mut server = Self {
             child,
             _dir: dir,
             port,
         };
-        server.wait_ready();
-        server
+        server.wait_ready().then_some(server)
     }
 
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 
-    fn wait_ready(&self) {
+    /// Whether the server answers `/ping`; false when it exited first.
+    fn wait_ready(&mut self) -> bool {
         use std::io::{Read, Write};
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + Duration::from_secs(90);
         let mut pause = Duration::from_millis(5);
         loop {
             if let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", self.port)) {
@@ -99,12 +111,15 @@ bind-address = "127.0.0.1:{rpc}"
                     && stream.read_to_string(&mut answer).is_ok()
                     && answer.starts_with("HTTP/1.0 204")
                 {
-                    return;
+                    return true;
                 }
+            }
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return false;
             }
             assert!(
                 Instant::now() < deadline,
-                "influxd did not answer within 30 s"
+                "influxd did not answer within 90 s"
             );
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(100));
