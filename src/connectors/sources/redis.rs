@@ -284,11 +284,6 @@ impl RedisSource {
     }
 
     async fn poll_streams(&self) -> Result<SourceBatch, ConnectorError> {
-        // Entries already waiting on a local connection can be read without
-        // the future ever being pending; yielding once first keeps every poll
-        // cancellable at an await point before anything is read (what the
-        // conformance suite's cancelled-poll check needs to exercise).
-        tokio::task::yield_now().await;
         let mut reader = self.reader.lock().await;
         if reader.interrupted {
             reader.pending_after.fill(Some("0".into()));
