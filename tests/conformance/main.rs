@@ -365,6 +365,8 @@ const COVERED_SINKS: &[&str] = &[
     "meilisearch",
     #[cfg(feature = "quickwit-sink")]
     "quickwit",
+    #[cfg(feature = "nats-sink")]
+    "nats",
     #[cfg(feature = "redis-sink")]
     "redis",
     #[cfg(all(feature = "otlp-sink", feature = "otlp-source"))]
