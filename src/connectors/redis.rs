@@ -69,6 +69,7 @@ impl Connection {
     }
 
     /// A connection for the pub/sub mode (a connection of its own).
+    #[cfg(feature = "redis-source")]
     pub async fn pubsub(&self) -> Result<redis::aio::PubSub, RedisError> {
         self.client.get_async_pubsub().await
     }
