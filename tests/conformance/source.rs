@@ -4,6 +4,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -310,13 +311,19 @@ pub async fn cancelled_poll_loses_nothing(
     let first = backend.feed(2).await;
     deliver(source.as_ref(), backend, &first, true).await?;
     let second = backend.feed(3).await;
-    // Polled once, then dropped: the fixtures make a poll wait (an interval, a
-    // linger time), so this lands inside it.
-    let cancelled = tokio::time::timeout(Duration::ZERO, source.poll()).await;
-    ensure!(
-        cancelled.is_err(),
-        "the poll completed at once; the fixture must make a poll wait so it can be cancelled"
-    );
+    // Polled once, left alone while the backend answers what it asked for
+    // (a broker may hand over a batch whose answer is never read), then
+    // dropped. A timer would race a fast local backend; one poll cannot.
+    {
+        let mut cancelled = std::pin::pin!(source.poll());
+        let first =
+            std::future::poll_fn(|context| Poll::Ready(cancelled.as_mut().poll(context))).await;
+        ensure!(
+            first.is_pending(),
+            "the poll completed without waiting; the fixture must make a poll wait so it can be cancelled"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let delivered = deliver(source.as_ref(), backend, &second, true).await?;
     close(source.as_mut()).await?;
     ensure!(
