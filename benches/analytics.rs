@@ -22,18 +22,10 @@ mod support;
 
 mod common;
 
-use std::path::Path;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{Iggy, Report, Stages, raw};
-use iggy_connect::config::ConnectorConfig;
-use iggy_connect::config::connector::parse_connector_file;
-use iggy_connect::config::env::EnvVars;
+use common::{Iggy, Pipeline, Report, Stages, raw};
 use iggy_connect::connectors::ConnectorKind;
-use iggy_connect::engine::Runtime;
-use iggy_connect::iggy::IggyBus;
-use iggy_connect::state::FileStateStore;
 use serde_json::json;
 use support::clickhouse::ClickHouse;
 use support::doris::{Doris, Kind, column};
@@ -142,52 +134,32 @@ async fn sink_case(case: &str, iggy: &Iggy, stream: &str, messages: u64, path: &
     })
     .await;
     let stages = Stages::install();
-    let state = tempfile::tempdir().expect("state dir");
-    let runtime = Runtime::new(
-        Arc::new(IggyBus::new(iggy.settings())),
-        Arc::new(FileStateStore::new(state.path()).expect("state store")),
-        Duration::from_secs(10),
-    );
     let poll_interval = humantime::format_duration(common::poll_interval());
-    runtime
-        .add(connector(&format!(
+    let pipeline = Pipeline::new(
+        iggy,
+        &format!(
             r#"
-            type = "sink"
-            key = "bench_sink"
-            path = "{path}"
-            [[streams]]
-            stream = "{stream}"
-            topics = ["{TOPIC}"]
-            schema = "json"
-            batch_length = 5000
-            poll_interval = "{poll_interval}"
-            consumer_group = "bench"
-            [plugin_config]
-            {plugin}
-            "#
-        )))
-        .expect("add sink");
-    let started = Instant::now();
-    runtime.start_enabled().await;
-    let deadline = Instant::now() + Duration::from_secs(600);
-    loop {
-        let view = runtime
-            .view(ConnectorKind::Sink, "bench_sink")
-            .expect("view");
-        if view.metrics.processed.get() >= messages {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "sink did not drain: {:?}",
-            view.status
-        );
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    let elapsed = started.elapsed();
+                type = "sink"
+                key = "bench_sink"
+                path = "{path}"
+                [[streams]]
+                stream = "{stream}"
+                topics = ["{TOPIC}"]
+                schema = "json"
+                batch_length = 5000
+                poll_interval = "{poll_interval}"
+                consumer_group = "bench"
+                [plugin_config]
+                {plugin}
+                "#
+        ),
+    );
+    let elapsed = pipeline
+        .run_until_done(ConnectorKind::Sink, "bench_sink", messages)
+        .await;
     // Shut down first: it finishes the last batch, whose duration is
     // recorded only once its offsets are committed.
-    runtime.shutdown().await;
+    pipeline.runtime.shutdown().await;
     let latencies = stages.latencies("bench_sink");
     assert!(latencies.batches() > 0, "no batch duration was recorded");
     Report {
@@ -208,57 +180,38 @@ async fn sink_case(case: &str, iggy: &Iggy, stream: &str, messages: u64, path: &
 async fn source_case(case: &str, iggy: &Iggy, stream: &str, messages: u64, plugin: &str) {
     let client = raw::topic(iggy, stream, TOPIC).await;
     let stages = Stages::install();
-    let state = tempfile::tempdir().expect("state dir");
-    let runtime = Runtime::new(
-        Arc::new(IggyBus::new(iggy.settings())),
-        Arc::new(FileStateStore::new(state.path()).expect("state store")),
-        Duration::from_secs(10),
-    );
-    runtime
-        .add(connector(&format!(
+    let pipeline = Pipeline::new(
+        iggy,
+        &format!(
             r#"
-            type = "source"
-            key = "bench_source"
-            path = "influxdb"
-            [[streams]]
-            stream = "{stream}"
-            topic = "{TOPIC}"
-            schema = "json"
-            batch_length = 5000
-            linger_time = "5ms"
-            [plugin_config]
-            {plugin}
-            "#
-        )))
-        .expect("add source");
-    let started = Instant::now();
-    runtime.start_enabled().await;
-    let deadline = Instant::now() + Duration::from_secs(600);
-    loop {
-        let view = runtime
-            .view(ConnectorKind::Source, "bench_source")
-            .expect("view");
-        if view.metrics.sent.get() >= messages {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "source did not send every row: {:?}",
-            view.status
-        );
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    let elapsed = started.elapsed();
+                type = "source"
+                key = "bench_source"
+                path = "influxdb"
+                [[streams]]
+                stream = "{stream}"
+                topic = "{TOPIC}"
+                schema = "json"
+                batch_length = 5000
+                linger_time = "5ms"
+                [plugin_config]
+                {plugin}
+                "#
+        ),
+    );
+    let elapsed = pipeline
+        .run_until_done(ConnectorKind::Source, "bench_source", messages)
+        .await;
     // Once caught up, more polls find nothing new: still every row once.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let sent = runtime
+    let sent = pipeline
+        .runtime
         .view(ConnectorKind::Source, "bench_source")
         .expect("view")
         .metrics
         .sent
         .get();
     assert_eq!(sent, messages, "every row once");
-    runtime.shutdown().await;
+    pipeline.runtime.shutdown().await;
     let latencies = stages.latencies("bench_source");
     assert!(latencies.batches() > 0, "no batch duration was recorded");
     Report {
@@ -274,10 +227,4 @@ async fn source_case(case: &str, iggy: &Iggy, stream: &str, messages: u64, plugi
     }
     .print();
     raw::drop_stream(&client, stream).await;
-}
-
-fn connector(text: &str) -> ConnectorConfig {
-    parse_connector_file(Path::new("bench.toml"), text, &EnvVars::default())
-        .unwrap_or_else(|issues| panic!("bad bench config: {issues}"))
-        .0
 }

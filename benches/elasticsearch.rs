@@ -1,14 +1,16 @@
-//! Throughput of the search sinks: Iggy -> sink -> the protocol test server
-//! of `tests/support/` (`elasticsearch.rs`, `meilisearch.rs`, `quickwit.rs`;
-//! in this process, storing every document in memory, so its cost and memory
-//! are part of the figures):
+//! Throughput of the search connectors: Iggy -> sink -> the protocol test
+//! server of `tests/support/` (`elasticsearch.rs`, `meilisearch.rs`,
+//! `quickwit.rs`), and the elasticsearch source out of it into Iggy. The
+//! servers run in this process, storing every document in memory, so their
+//! cost and memory are part of the figures:
 //!
-//!     cargo bench --features elasticsearch-sink,meilisearch-sink,quickwit-sink --bench elasticsearch
+//!     cargo bench --features elasticsearch-sink,elasticsearch-source,meilisearch-sink,quickwit-sink --bench elasticsearch
 //!
-//! One case per sink (`iggy_to_elasticsearch_sink`, `iggy_to_meilisearch_sink`,
-//! `iggy_to_quickwit_sink`; name one to run only it). Iggy is `IGGY_ADDRESS`
-//! or the test server (see `benches/common/mod.rs`); each case prints one
-//! `bench:` line with `requests=N` (bulk, documents or ingest requests)
+//! One case per connector (`iggy_to_elasticsearch_sink`, `iggy_to_meilisearch_sink`,
+//! `iggy_to_quickwit_sink`, `elasticsearch_source_to_iggy`; name one to run
+//! only it). Iggy is `IGGY_ADDRESS` or the test server (see
+//! `benches/common/mod.rs`); each case prints one `bench:` line with
+//! `requests=N` (bulk, documents or ingest requests; searches for the source)
 //! added. `BENCH_SCALE` (default 1.0) multiplies the cases' size; a debug
 //! check: `BENCH_SCALE=0.01 cargo bench --profile dev ...`.
 
@@ -17,18 +19,8 @@ mod support;
 
 mod common;
 
-use std::path::Path;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use common::{Iggy, Report, Stages, raw};
-use iggy_connect::config::ConnectorConfig;
-use iggy_connect::config::connector::parse_connector_file;
-use iggy_connect::config::env::EnvVars;
+use common::{Iggy, Pipeline, Report, Stages, raw};
 use iggy_connect::connectors::ConnectorKind;
-use iggy_connect::engine::Runtime;
-use iggy_connect::iggy::IggyBus;
-use iggy_connect::state::FileStateStore;
 use serde_json::json;
 use support::elasticsearch::{Flavor, SearchServer};
 use support::meilisearch::MeiliServer;
@@ -38,6 +30,7 @@ const CASES: &[&str] = &[
     "iggy_to_elasticsearch_sink",
     "iggy_to_meilisearch_sink",
     "iggy_to_quickwit_sink",
+    "elasticsearch_source_to_iggy",
 ];
 const TOPIC: &str = "events";
 
@@ -48,7 +41,12 @@ fn main() {
 async fn run(case: String) {
     let iggy = Iggy::start();
     let stream = common::unique(&case);
-    sink_case(&case, &iggy, &stream, common::scaled(100_000, 1000)).await;
+    let messages = common::scaled(100_000, 1000);
+    if case == "elasticsearch_source_to_iggy" {
+        source_case(&case, &iggy, &stream, messages).await;
+    } else {
+        sink_case(&case, &iggy, &stream, messages).await;
+    }
 }
 
 /// The backend a case writes to.
@@ -130,15 +128,10 @@ async fn sink_case(case: &str, iggy: &Iggy, stream: &str, messages: u64) {
     })
     .await;
     let stages = Stages::install();
-    let state = tempfile::tempdir().expect("state dir");
-    let runtime = Runtime::new(
-        Arc::new(IggyBus::new(iggy.settings())),
-        Arc::new(FileStateStore::new(state.path()).expect("state store")),
-        Duration::from_secs(10),
-    );
     let poll_interval = humantime::format_duration(common::poll_interval());
-    runtime
-        .add(connector(&format!(
+    let pipeline = Pipeline::new(
+        iggy,
+        &format!(
             r#"
             type = "sink"
             key = "search_sink"
@@ -153,28 +146,15 @@ async fn sink_case(case: &str, iggy: &Iggy, stream: &str, messages: u64) {
             [plugin_config]
             {plugin_config}
             "#
-        )))
-        .expect("add sink");
-    let started = Instant::now();
-    runtime.start_enabled().await;
-    let deadline = Instant::now() + Duration::from_secs(600);
-    loop {
-        let view = runtime
-            .view(ConnectorKind::Sink, "search_sink")
-            .expect("view");
-        if view.metrics.processed.get() >= messages {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "sink did not drain: {:?}",
-            view.status
-        );
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    let elapsed = started.elapsed();
+        ),
+    );
+    let elapsed = pipeline
+        .run_until_done(ConnectorKind::Sink, "search_sink", messages)
+        .await;
     let (stored, requests) = backend.stored();
     assert_eq!(stored, messages, "every message is one document");
+    // After the shutdown every batch's commit has recorded its duration.
+    pipeline.runtime.shutdown().await;
     Report {
         name: case,
         messages,
@@ -186,12 +166,77 @@ async fn sink_case(case: &str, iggy: &Iggy, stream: &str, messages: u64) {
         ],
     }
     .print();
-    runtime.shutdown().await;
     raw::drop_stream(&client, stream).await;
 }
 
-fn connector(text: &str) -> ConnectorConfig {
-    parse_connector_file(Path::new("bench.toml"), text, &EnvVars::default())
-        .unwrap_or_else(|issues| panic!("bad bench config: {issues}"))
-        .0
+/// Documents already in the index -> the elasticsearch source (pages of
+/// 1000 under a point in time) -> Iggy. Ten documents share each timestamp,
+/// so every page boundary falls inside a tie.
+async fn source_case(case: &str, iggy: &Iggy, stream: &str, documents: u64) {
+    let server = SearchServer::start(Flavor::Elasticsearch8).await;
+    server.create_index(
+        "bench",
+        json!({"properties": {"@timestamp": {"type": "date"}}}),
+    );
+    for n in 0..documents {
+        let second = n / 10;
+        let timestamp = format!(
+            "2024-03-{:02}T{:02}:{:02}:{:02}Z",
+            1 + second / 86_400,
+            second / 3600 % 24,
+            second / 60 % 60,
+            second % 60
+        );
+        server.put_document(
+            "bench",
+            &format!("d{n}"),
+            json!({"n": n, "@timestamp": timestamp, "text": "x".repeat(100)}),
+        );
+    }
+    let client = raw::topic(iggy, stream, TOPIC).await;
+    let stages = Stages::install();
+    let pipeline = Pipeline::new(
+        iggy,
+        &format!(
+            r#"
+            type = "source"
+            key = "search_source"
+            path = "elasticsearch"
+            [[streams]]
+            stream = "{stream}"
+            topic = "{TOPIC}"
+            schema = "json"
+            batch_length = 1000
+            [plugin_config]
+            url = "{url}"
+            index = "bench"
+            timestamp_field = "@timestamp"
+            batch_size = 1000
+            polling_interval = "1ms"
+            "#,
+            url = server.url()
+        ),
+    );
+    let elapsed = pipeline
+        .run_until_done(ConnectorKind::Source, "search_source", documents)
+        .await;
+    let searches = server
+        .seen()
+        .iter()
+        .filter(|seen| seen.path == "/_search")
+        .count();
+    // After the shutdown every batch's commit has recorded its duration.
+    pipeline.runtime.shutdown().await;
+    Report {
+        name: case,
+        messages: documents,
+        elapsed,
+        latencies: stages.latencies("search_source"),
+        extra: vec![
+            ("requests", searches.to_string()),
+            ("server", iggy.kind().into()),
+        ],
+    }
+    .print();
+    raw::drop_stream(&client, stream).await;
 }

@@ -103,16 +103,27 @@ pub struct Iggy {
 impl Iggy {
     /// `IGGY_ADDRESS` when set, else a fresh test server in a child process.
     pub fn start() -> Self {
-        let username = std::env::var("IGGY_USERNAME").unwrap_or_else(|_| "iggy".into());
-        let password = std::env::var("IGGY_PASSWORD").unwrap_or_else(|_| "iggy".into());
-        if let Ok(address) = std::env::var("IGGY_ADDRESS") {
-            return Self {
-                address,
-                username,
-                password,
-                child: None,
-            };
+        match std::env::var("IGGY_ADDRESS") {
+            Ok(address) => Self::external(address),
+            Err(_) => Self::start_test_server(),
         }
+    }
+
+    /// The server at `address`, with `IGGY_USERNAME` / `IGGY_PASSWORD`
+    /// (default `iggy`/`iggy`).
+    pub fn external(address: String) -> Self {
+        let (username, password) = credentials();
+        Self {
+            address,
+            username,
+            password,
+            child: None,
+        }
+    }
+
+    /// A fresh test server in a child process.
+    pub fn start_test_server() -> Self {
+        let (username, password) = credentials();
         let mut child = Command::new(std::env::current_exe().expect("executable"))
             .env(SERVE_ENV, "1")
             .stdin(Stdio::piped())
@@ -168,6 +179,13 @@ impl Drop for Iggy {
             let _ = child.wait();
         }
     }
+}
+
+fn credentials() -> (String, String) {
+    (
+        std::env::var("IGGY_USERNAME").unwrap_or_else(|_| "iggy".into()),
+        std::env::var("IGGY_PASSWORD").unwrap_or_else(|_| "iggy".into()),
+    )
 }
 
 /// A name unique to this run, for streams and groups on a shared server.
@@ -435,4 +453,69 @@ pub fn scaled(base: u64, min: u64) -> u64 {
         .and_then(|value| value.parse().ok())
         .unwrap_or(1.0);
     ((base as f64 * scale) as u64).max(min)
+}
+
+/// One connector in a runtime built as `iggy-connect run` builds one: the
+/// Iggy bus, a file state store (in a temporary directory), a 10 s grace.
+pub struct Pipeline {
+    pub runtime: Arc<iggy_connect::engine::Runtime>,
+    _state: tempfile::TempDir,
+}
+
+impl Pipeline {
+    /// The runtime with the connector of the connector file `text`.
+    pub fn new(iggy: &Iggy, text: &str) -> Self {
+        let state = tempfile::tempdir().expect("state dir");
+        let runtime = iggy_connect::engine::Runtime::new(
+            Arc::new(iggy_connect::iggy::IggyBus::new(iggy.settings())),
+            Arc::new(iggy_connect::state::FileStateStore::new(state.path()).expect("state store")),
+            Duration::from_secs(10),
+        );
+        runtime.add(connector(text)).expect("add the connector");
+        Self {
+            runtime,
+            _state: state,
+        }
+    }
+
+    /// Starts the runtime and waits (10 minutes at most) until connector
+    /// `key` is done with `messages`: a source's acknowledged by Iggy, a
+    /// sink's written; the time that took.
+    pub async fn run_until_done(
+        &self,
+        kind: iggy_connect::connectors::ConnectorKind,
+        key: &str,
+        messages: u64,
+    ) -> Duration {
+        let started = std::time::Instant::now();
+        self.runtime.start_enabled().await;
+        let deadline = started + Duration::from_secs(600);
+        loop {
+            let view = self.runtime.view(kind, key).expect("view");
+            let done = match kind {
+                iggy_connect::connectors::ConnectorKind::Source => view.metrics.sent.get(),
+                iggy_connect::connectors::ConnectorKind::Sink => view.metrics.processed.get(),
+            };
+            if done >= messages {
+                return started.elapsed();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{key} is done with {done} of {messages}: {:?}",
+                view.status
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+}
+
+/// A connector file's text as the runtime reads it; panics on a bad one.
+pub fn connector(text: &str) -> iggy_connect::config::ConnectorConfig {
+    iggy_connect::config::connector::parse_connector_file(
+        std::path::Path::new("bench.toml"),
+        text,
+        &iggy_connect::config::env::EnvVars::default(),
+    )
+    .unwrap_or_else(|issues| panic!("bad bench config: {issues}"))
+    .0
 }
