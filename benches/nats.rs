@@ -1,6 +1,7 @@
 //! Throughput of the nats sink, Iggy -> sink -> a real local
 //! `nats-server -js` (Debian's 2.9, started by the case from
-//! `tests/support/nats_server.rs`, installed by `scripts/ensure-debian-packages`):
+//! `tests/support/nats_server.rs`, installed by `scripts/ensure-debian-packages`),
+//! and of the nats source out of a JetStream stream into Iggy:
 //!
 //!     cargo bench --features nats-sink,nats-source --bench nats
 //!
@@ -18,9 +19,9 @@ mod common;
 use common::{Iggy, Pipeline, Report, Stages, raw};
 use iggy_connect::connectors::ConnectorKind;
 use serde_json::json;
-use support::nats_server::{NatsServer, stream_messages};
+use support::nats_server::{NatsServer, create_stream, stream_messages};
 
-const CASES: &[&str] = &["iggy_to_nats_jetstream"];
+const CASES: &[&str] = &["iggy_to_nats_jetstream", "nats_jetstream_to_iggy"];
 const TOPIC: &str = "events";
 
 fn main() {
@@ -43,8 +44,76 @@ async fn run(case: String) {
             let stored = stream_messages(&server.jetstream().await, "BENCH").await;
             assert_eq!(stored, messages, "messages in the JetStream stream");
         }
+        "nats_jetstream_to_iggy" => {
+            let server = NatsServer::start();
+            source_case(case, &iggy, &stream, messages, &server).await;
+        }
         other => panic!("unknown case {other}"),
     }
+}
+
+/// Messages already in a JetStream stream -> the nats source (a durable
+/// pull consumer, batches of 1000, acked on commit) -> Iggy.
+async fn source_case(case: &str, iggy: &Iggy, stream: &str, messages: u64, server: &NatsServer) {
+    let jetstream = server.jetstream().await;
+    create_stream(&jetstream, "BENCH", &["bench.>"]).await;
+    let payload = json!({"name": "bench", "text": "x".repeat(100)}).to_string();
+    let mut acks = Vec::with_capacity(1000);
+    for _ in 0..messages {
+        acks.push(
+            jetstream
+                .publish("bench.events", payload.clone().into())
+                .await
+                .expect("publish"),
+        );
+        if acks.len() == 1000 {
+            for ack in acks.drain(..) {
+                ack.await.expect("PubAck");
+            }
+        }
+    }
+    for ack in acks {
+        ack.await.expect("PubAck");
+    }
+    let client = raw::topic(iggy, stream, TOPIC).await;
+    let stages = Stages::install();
+    let pipeline = Pipeline::new(
+        iggy,
+        &format!(
+            r#"
+            type = "source"
+            key = "bench_source"
+            path = "nats"
+            [[streams]]
+            stream = "{stream}"
+            topic = "{TOPIC}"
+            schema = "json"
+            batch_length = 1000
+            [plugin_config]
+            url = "{url}"
+            stream = "BENCH"
+            durable_name = "bench"
+            batch_size = 1000
+            "#,
+            url = server.url()
+        ),
+    );
+    let elapsed = pipeline
+        .run_until_done(ConnectorKind::Source, "bench_source", messages)
+        .await;
+    // After the shutdown every batch's commit has recorded its duration.
+    pipeline.runtime.shutdown().await;
+    // After the shutdown every batch's commit has recorded its duration.
+    pipeline.runtime.shutdown().await;
+    Report {
+        name: case,
+        messages,
+        elapsed,
+        latencies: stages.latencies("bench_source"),
+        extra: vec![("server", iggy.kind().into())],
+    }
+    .print();
+    raw::drop_stream(&client, stream).await;
 }
 
 async fn sink_case(case: &str, iggy: &Iggy, stream: &str, messages: u64, path: &str, plugin: &str) {
@@ -87,6 +156,5 @@ async fn sink_case(case: &str, iggy: &Iggy, stream: &str, messages: u64, path: &
         extra: vec![("server", iggy.kind().into())],
     }
     .print();
-    pipeline.runtime.shutdown().await;
     raw::drop_stream(&client, stream).await;
 }
