@@ -10,10 +10,7 @@ use sqlx::ConnectOptions;
 use sqlx::mysql::{MySqlConnectOptions, MySqlDatabaseError, MySqlPool, MySqlPoolOptions};
 
 use crate::connectors::PluginConfigError;
-
-/// How long one direct connection attempt may take when a pool timeout is
-/// explained by it.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+use crate::connectors::kit::sql;
 
 /// Checks a `connection_string` without connecting: a `mysql://` or
 /// `mariadb://` URL that parses.
@@ -106,30 +103,14 @@ pub(crate) fn describe(error: &sqlx::Error) -> String {
 /// Replaces a pool timeout by why connecting fails (sqlx's pool retries its
 /// connection attempts silently), named with the server's host and port.
 pub(crate) async fn with_connect_cause(pool: &MySqlPool, error: sqlx::Error) -> sqlx::Error {
-    if !matches!(error, sqlx::Error::PoolTimedOut) {
-        return error;
-    }
     let options = pool.connect_options();
-    let target = format!("{}:{}", options.get_host(), options.get_port());
-    let io = |kind: std::io::ErrorKind, cause: String| {
-        sqlx::Error::Io(std::io::Error::new(
-            kind,
-            format!("cannot connect to {target}: {cause}"),
-        ))
-    };
-    match tokio::time::timeout(PROBE_TIMEOUT, options.connect()).await {
-        Ok(Ok(connection)) => {
-            drop(connection);
-            error
-        }
-        Ok(Err(sqlx::Error::Io(cause))) => io(cause.kind(), cause.to_string()),
-        Ok(Err(cause @ sqlx::Error::Database(_))) => cause,
-        Ok(Err(cause)) => io(std::io::ErrorKind::Other, describe(&cause)),
-        Err(_) => io(
-            std::io::ErrorKind::TimedOut,
-            format!("no answer within {PROBE_TIMEOUT:?}"),
-        ),
-    }
+    sql::with_connect_cause(
+        error,
+        || format!("{}:{}", options.get_host(), options.get_port()),
+        || options.connect(),
+        describe,
+    )
+    .await
 }
 
 /// Errors worth retrying: the connection, the server's availability
@@ -138,16 +119,11 @@ pub(crate) async fn with_connect_cause(pool: &MySqlPool, error: sqlx::Error) -> 
 /// and a table that vanished mid-run (renamed by a migration).
 pub(crate) fn is_transient(error: &sqlx::Error) -> bool {
     match error {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::Protocol(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::WorkerCrashed => true,
         sqlx::Error::Database(database) => {
             error_number(error).is_some_and(is_transient_number)
                 || database.code().is_some_and(|code| code.starts_with("08"))
         }
-        _ => false,
+        other => sql::is_transient_client(other),
     }
 }
 

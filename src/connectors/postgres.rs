@@ -8,9 +8,7 @@ use secrecy::{ExposeSecret, SecretString};
 use sqlx::ConnectOptions;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
-/// How long one direct connection attempt may take when a pool timeout is
-/// explained by it.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+use crate::connectors::kit::sql;
 
 /// Checks a `connection_string` without connecting: a `postgres://` or
 /// `postgresql://` URL that parses (sqlx also takes other schemes and
@@ -71,30 +69,14 @@ pub(crate) fn describe(error: &sqlx::Error) -> String {
 /// named with the server's host and port. Other errors pass unchanged, and so
 /// does a timeout while the server accepts connections (the pool is busy).
 pub(crate) async fn with_connect_cause(pool: &PgPool, error: sqlx::Error) -> sqlx::Error {
-    if !matches!(error, sqlx::Error::PoolTimedOut) {
-        return error;
-    }
     let options = pool.connect_options();
-    let target = format!("{}:{}", options.get_host(), options.get_port());
-    let io = |kind: std::io::ErrorKind, cause: String| {
-        sqlx::Error::Io(std::io::Error::new(
-            kind,
-            format!("cannot connect to {target}: {cause}"),
-        ))
-    };
-    match tokio::time::timeout(PROBE_TIMEOUT, options.connect()).await {
-        Ok(Ok(connection)) => {
-            drop(connection);
-            error
-        }
-        Ok(Err(sqlx::Error::Io(cause))) => io(cause.kind(), cause.to_string()),
-        Ok(Err(cause @ sqlx::Error::Database(_))) => cause,
-        Ok(Err(cause)) => io(std::io::ErrorKind::Other, describe(&cause)),
-        Err(_) => io(
-            std::io::ErrorKind::TimedOut,
-            format!("no answer within {PROBE_TIMEOUT:?}"),
-        ),
-    }
+    sql::with_connect_cause(
+        error,
+        || format!("{}:{}", options.get_host(), options.get_port()),
+        || options.connect(),
+        describe,
+    )
+    .await
 }
 
 /// Errors worth retrying: the connection, the server's availability, conflicts
@@ -102,18 +84,13 @@ pub(crate) async fn with_connect_cause(pool: &PgPool, error: sqlx::Error) -> sql
 /// migration): waiting loses nothing, giving up would stop the pipeline.
 pub(crate) fn is_transient(error: &sqlx::Error) -> bool {
     match error {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::Protocol(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::WorkerCrashed => true,
         sqlx::Error::Database(database) => database.code().is_some_and(|code| {
             code.starts_with("08")
                 || code.starts_with("53")
                 || code.starts_with("57P")
                 || matches!(&*code, "40001" | "40P01" | "55P03" | "57014" | "42P01")
         }),
-        _ => false,
+        other => sql::is_transient_client(other),
     }
 }
 

@@ -4,6 +4,10 @@
 //! - [`breaker`]: a circuit breaker for an endpoint that keeps failing;
 //! - [`batch`]: one request body from many encoded items, split by count and bytes;
 //! - `row_id` (with the SQL sources): deterministic ids of database rows, snake_case columns;
+//! - `sql` (with the SQL connectors): the open-time check, pool timeouts explained
+//!   by their cause, client errors worth retrying, a sink's payload bytes;
+//! - `sql_poll` (with the SQL sources): the polling core (cursor state, staged
+//!   batches, caught-up and finish logic) and the config pieces they share;
 //! - `inbox` (with the push sources: http, otlp): where received requests wait
 //!   for their batch and the answers owed to their clients once it is durable;
 //! - `http` (with any HTTP-based connector): the HTTP client builder (TLS,
@@ -20,3 +24,12 @@ pub mod http;
 pub mod inbox;
 #[cfg(any(feature = "postgres-source", feature = "mysql-source"))]
 pub mod row_id;
+#[cfg(any(
+    feature = "postgres-source",
+    feature = "postgres-sink",
+    feature = "mysql-source",
+    feature = "mysql-sink"
+))]
+pub mod sql;
+#[cfg(any(feature = "postgres-source", feature = "mysql-source"))]
+pub mod sql_poll;

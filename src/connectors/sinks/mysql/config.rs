@@ -7,6 +7,7 @@ use secrecy::SecretString;
 use serde::Deserialize;
 
 use crate::connectors::PluginConfigError;
+use crate::connectors::kit::sql::{default_acquire_timeout, default_max_connections, default_true};
 use crate::connectors::mysql::{check_connection_string, quote_identifier};
 
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
@@ -136,18 +137,6 @@ impl MySqlSinkConfig {
 
 fn default_batch_size() -> u32 {
     100
-}
-
-fn default_max_connections() -> u32 {
-    10
-}
-
-fn default_true() -> bool {
-    true
-}
-
-fn default_acquire_timeout() -> Duration {
-    Duration::from_secs(10)
 }
 
 #[cfg(test)]

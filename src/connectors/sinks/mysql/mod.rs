@@ -24,20 +24,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use async_trait::async_trait;
 use sqlx::mysql::{MySql, MySqlConnection, MySqlPool};
 use sqlx::{AssertSqlSafe, Row};
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 pub use config::{MySqlSinkConfig, PayloadFormat, Target};
 
+use crate::connectors::kit::sql::{self, append_payload};
 use crate::connectors::mysql::{
     connect_options, describe, error_number, is_transient, lazy_pool, with_connect_cause,
 };
 use crate::connectors::{
     ConnectorError, Rejection, Sink, SinkEntry, SinkError, parse_plugin_config, schema_of,
 };
-use crate::message::{Payload, SinkMessage, TopicRef};
+use crate::message::{SinkMessage, TopicRef};
 
-/// How long `open` waits for the database before leaving the checks to `write`.
-const OPEN_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 /// Payload bytes per INSERT statement, well under the server's default
 /// `max_allowed_packet` (16 MiB on MariaDB 10.11, 64 MiB on MySQL 8).
 const STATEMENT_BYTES: usize = 4 << 20;
@@ -427,20 +426,15 @@ impl Sink for MySqlSink {
         ));
         // Bad credentials or a missing table fail the start; an unreachable
         // database does not: writes retry until it is back.
-        match tokio::time::timeout(OPEN_CHECK_TIMEOUT, self.prepare()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) if !error.is_transient() => return Err(error.into()),
-            Ok(Err(error)) => {
-                warn!(%error, "mysql sink cannot reach the database yet; writes will retry")
+        let pool = self.pool()?;
+        sql::check_on_open("mysql sink", "writes", self.prepare(), || async {
+            let cause = with_connect_cause(pool, sqlx::Error::PoolTimedOut).await;
+            if !is_transient(&cause) {
+                return Err(MySqlSinkError::Connect(cause).into());
             }
-            Err(_) => {
-                let cause = with_connect_cause(self.pool()?, sqlx::Error::PoolTimedOut).await;
-                if !is_transient(&cause) {
-                    return Err(MySqlSinkError::Connect(cause).into());
-                }
-                warn!(error = %describe(&cause), "mysql sink cannot reach the database yet; writes will retry")
-            }
-        }
+            Ok(describe(&cause))
+        })
+        .await?;
         info!(table = %self.target.sql, payload_format = self.config.payload_format.name(), "mysql sink open");
         Ok(())
     }
@@ -537,6 +531,7 @@ impl Batch {
             ends: Vec::with_capacity(messages.len()),
         };
         let mut rejected = Vec::new();
+        let text_column = format != PayloadFormat::Bytea;
         for (index, message) in messages.iter().enumerate() {
             // Iggy's u64 values are stored in signed columns, as the postgres sink does.
             batch.rows.push(BoundRow {
@@ -547,32 +542,10 @@ impl Batch {
                 checksum: message.checksum as i64,
                 origin_timestamp: message.origin_timestamp as i64,
             });
-            let start = batch.buffer.len();
-            match &message.payload {
-                Payload::Json(value) => {
-                    if let Err(error) = serde_json::to_writer(&mut batch.buffer, value) {
-                        batch.buffer.truncate(start);
-                        rejected.push(Rejection {
-                            index,
-                            reason: format!("payload cannot be serialized as JSON: {error}"),
-                        });
-                    }
-                }
-                Payload::JsonBytes(bytes) => batch.buffer.extend_from_slice(bytes),
-                Payload::Text(text) => batch.buffer.extend_from_slice(text.as_bytes()),
-                Payload::Raw(bytes) => {
-                    if format != PayloadFormat::Bytea && std::str::from_utf8(bytes).is_err() {
-                        rejected.push(Rejection {
-                            index,
-                            reason: format!(
-                                "payload is not UTF-8, so it cannot be stored with payload_format = \"{}\"",
-                                format.name()
-                            ),
-                        });
-                    } else {
-                        batch.buffer.extend_from_slice(bytes);
-                    }
-                }
+            if let Err(reason) =
+                append_payload(&mut batch.buffer, &message.payload, text_column, format.name())
+            {
+                rejected.push(Rejection { index, reason });
             }
             batch.ends.push(batch.buffer.len());
         }
@@ -598,6 +571,7 @@ impl Batch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::message::Payload;
 
     fn sink(extra: serde_json::Value) -> MySqlSink {
         let mut value = serde_json::json!({

@@ -6,6 +6,7 @@ use secrecy::SecretString;
 use serde::Deserialize;
 
 use crate::connectors::PluginConfigError;
+use crate::connectors::kit::sql::{default_acquire_timeout, default_max_connections, default_true};
 
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -151,18 +152,6 @@ pub fn table_sql(name: &str) -> Result<String, String> {
 
 fn default_batch_size() -> u32 {
     100
-}
-
-fn default_max_connections() -> u32 {
-    10
-}
-
-fn default_true() -> bool {
-    true
-}
-
-fn default_acquire_timeout() -> Duration {
-    Duration::from_secs(10)
 }
 
 #[cfg(test)]

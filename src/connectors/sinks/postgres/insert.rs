@@ -8,6 +8,7 @@
 use std::ops::Range;
 
 use crate::connectors::Rejection;
+use crate::connectors::kit::sql::append_payload;
 use crate::message::{Payload, SinkMessage};
 
 use super::config::PayloadFormat;
@@ -148,6 +149,8 @@ impl Batch {
             ends: Vec::with_capacity(count),
         };
         let mut rejected = Vec::new();
+        let text_column = format != PayloadFormat::Bytea;
+        let format_name = format.sql_type().to_lowercase();
         for (index, message) in messages.iter().enumerate() {
             // Iggy's u64 values are stored in signed columns, as upstream does.
             batch.ids.push(PgU128(message.id));
@@ -158,33 +161,10 @@ impl Batch {
             batch
                 .origin_timestamps
                 .push(message.origin_timestamp as i64);
-            let start = batch.buffer.len();
-            match &message.payload {
-                Payload::Json(value) => {
-                    if let Err(error) = serde_json::to_writer(&mut batch.buffer, value) {
-                        batch.buffer.truncate(start);
-                        rejected.push(Rejection {
-                            index,
-                            reason: format!("payload cannot be serialized as JSON: {error}"),
-                        });
-                    }
-                }
-                // Valid JSON, hence UTF-8: fits every payload format as is.
-                Payload::JsonBytes(bytes) => batch.buffer.extend_from_slice(bytes),
-                Payload::Text(text) => batch.buffer.extend_from_slice(text.as_bytes()),
-                Payload::Raw(bytes) => {
-                    if format != PayloadFormat::Bytea && std::str::from_utf8(bytes).is_err() {
-                        rejected.push(Rejection {
-                            index,
-                            reason: format!(
-                                "payload is not UTF-8, so it cannot be stored with payload_format = \"{}\"",
-                                format.sql_type().to_lowercase()
-                            ),
-                        });
-                    } else {
-                        batch.buffer.extend_from_slice(bytes);
-                    }
-                }
+            if let Err(reason) =
+                append_payload(&mut batch.buffer, &message.payload, text_column, &format_name)
+            {
+                rejected.push(Rejection { index, reason });
             }
             batch.ends.push(batch.buffer.len());
         }

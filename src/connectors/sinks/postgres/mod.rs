@@ -26,20 +26,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use async_trait::async_trait;
 use sqlx::postgres::PgPool;
 use sqlx::{AssertSqlSafe, PgConnection};
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 pub use config::{PayloadFormat, PostgresSinkConfig, table_sql};
 pub use insert::Layout;
 pub use numeric::PgU128;
 
+use crate::connectors::kit::sql;
 use crate::connectors::postgres::{describe, is_transient, lazy_pool, with_connect_cause};
 use crate::connectors::{SinkEntry, schema_of};
 use crate::connectors::{ConnectorError, Rejection, Sink, SinkError, parse_plugin_config};
 use crate::message::{SinkMessage, TopicRef};
 use insert::Batch;
 
-/// How long `open` waits for the database before leaving the checks to `write`.
-const OPEN_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 pub const ENTRY: SinkEntry = SinkEntry {
     name: "postgres",
@@ -346,20 +345,15 @@ impl Sink for PostgresSink {
         );
         // Bad credentials or a missing table fail the start; an unreachable
         // database does not: writes retry until it is back.
-        match tokio::time::timeout(OPEN_CHECK_TIMEOUT, self.prepare()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) if !error.is_transient() => return Err(error.into()),
-            Ok(Err(error)) => {
-                warn!(%error, "postgres sink cannot reach the database yet; writes will retry")
+        let pool = self.pool()?;
+        sql::check_on_open("postgres sink", "writes", self.prepare(), || async {
+            let cause = with_connect_cause(pool, sqlx::Error::PoolTimedOut).await;
+            if !is_transient(&cause) {
+                return Err(PostgresSinkError::Connect(cause).into());
             }
-            Err(_) => {
-                let cause = with_connect_cause(self.pool()?, sqlx::Error::PoolTimedOut).await;
-                if !is_transient(&cause) {
-                    return Err(PostgresSinkError::Connect(cause).into());
-                }
-                warn!(error = %describe(&cause), "postgres sink cannot reach the database yet; writes will retry")
-            }
-        }
+            Ok(describe(&cause))
+        })
+        .await?;
         info!(table = %self.table, payload_format = ?self.config.payload_format, "postgres sink open");
         Ok(())
     }

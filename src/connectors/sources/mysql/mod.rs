@@ -18,33 +18,27 @@ mod config;
 mod query;
 mod record;
 
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
 use sqlx::mysql::{MySqlPool, MySqlRow};
 use sqlx::{AssertSqlSafe, Row};
 use tokio::sync::OnceCell;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 pub use config::{Consume, Mode, MySqlSourceConfig, PayloadFormat};
 pub use record::write_value;
 
+use crate::connectors::kit::sql;
+use crate::connectors::kit::sql_poll::{Now, PollCore, PollSettings, PollState};
 use crate::connectors::mysql::{
     connect_options, describe, is_transient, lazy_pool, with_connect_cause,
 };
 use crate::connectors::{
-    ConnectorError, Source, SourceBatch, SourceEntry, decode_state, encode_state,
-    parse_plugin_config, schema_of,
+    ConnectorError, Source, SourceBatch, SourceEntry, parse_plugin_config, schema_of,
 };
 use query::{CATALOG_SQL, CatalogColumn, PlanError, Placeholders, TablePlan};
 use record::{RowError, RowShape};
-
-/// How long `open` waits for the database before leaving the checks to `poll`.
-const OPEN_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub const ENTRY: SourceEntry = SourceEntry {
     name: "mysql",
@@ -60,38 +54,20 @@ pub const ENTRY: SourceEntry = SourceEntry {
     },
 };
 
-/// What the source persists after each batch: per table, the cursor of the
-/// last delivered row (the postgres source's state layout).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MySqlState {
-    /// Table -> tracking value of the last delivered row.
-    pub tracking_offsets: BTreeMap<String, String>,
-    /// Table -> key of that row, when ties are broken by a key column.
-    #[serde(default)]
-    pub tracking_keys: BTreeMap<String, String>,
-    #[serde(default)]
-    pub processed_rows: u64,
-}
+/// What the source persists after each batch: the postgres source's layout.
+pub type MySqlState = PollState;
 
 pub struct MySqlSource {
     config: MySqlSourceConfig,
     pool: Option<MySqlPool>,
     /// Per-table plans, built from the catalog on first use.
     plans: OnceCell<Vec<(TablePlan, RowShape)>>,
-    /// The state of the last committed batch: where the next poll starts.
-    committed: Mutex<MySqlState>,
-    /// What each batch in flight applies on commit, oldest first.
-    staged: Mutex<VecDeque<Staged>>,
-    /// The last poll found every table caught up: wait `poll_interval` first.
-    caught_up: AtomicBool,
+    /// The committed cursor and the batches in flight.
+    core: PollCore<Consumption>,
 }
 
-#[derive(Debug)]
-struct Staged {
-    state: MySqlState,
-    /// Per table: the DELETE/UPDATE statements of the delivered rows.
-    consume: Arc<Vec<(String, Vec<String>)>>,
-}
+/// One table's DELETE/UPDATE statements for the delivered rows.
+type Consumption = (String, Vec<String>);
 
 #[derive(Debug, thiserror::Error)]
 pub enum MySqlSourceError {
@@ -142,13 +118,16 @@ impl From<MySqlSourceError> for ConnectorError {
 
 impl MySqlSource {
     pub fn new(config: MySqlSourceConfig) -> Self {
+        let settings = PollSettings {
+            poll_interval: config.poll_interval,
+            stop_when_caught_up: config.stop_when_caught_up,
+            verbose_logging: config.verbose_logging,
+        };
         Self {
             config,
             pool: None,
             plans: OnceCell::new(),
-            committed: Mutex::new(MySqlState::default()),
-            staged: Mutex::new(VecDeque::new()),
-            caught_up: AtomicBool::new(false),
+            core: PollCore::new("mysql", settings),
         }
     }
 
@@ -256,32 +235,10 @@ impl MySqlSource {
         }
     }
 
-    fn lock_committed(&self) -> MutexGuard<'_, MySqlState> {
-        self.committed
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    fn lock_staged(&self) -> MutexGuard<'_, VecDeque<Staged>> {
-        self.staged
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Where the next poll starts: after the newest batch in flight, or after
-    /// the last committed one. `true` when batches are in flight.
-    fn poll_base(&self) -> (MySqlState, bool) {
-        let staged = self.lock_staged();
-        match staged.back() {
-            Some(newest) => (newest.state.clone(), true),
-            None => (self.lock_committed().clone(), false),
-        }
-    }
-
     /// Applies a batch's DELETE/UPDATE statements in one transaction: a failed
     /// commit leaves every row as it was and the engine's retry applies the
     /// whole batch again.
-    async fn apply(&self, consume: &[(String, Vec<String>)]) -> Result<(), MySqlSourceError> {
+    async fn apply(&self, consume: &[Consumption]) -> Result<(), MySqlSourceError> {
         if consume.iter().all(|(_, statements)| statements.is_empty()) {
             return Ok(());
         }
@@ -318,10 +275,7 @@ impl MySqlSource {
 impl Source for MySqlSource {
     async fn open(&mut self, state: Option<&[u8]>) -> Result<(), ConnectorError> {
         if let Some(bytes) = state {
-            let mut restored: MySqlState = decode_state(bytes)?;
-            restored.retain_tables(&self.config.tables);
-            info!(tracking_offsets = ?restored.tracking_offsets, processed_rows = restored.processed_rows, "mysql source restored its cursor");
-            *self.lock_committed() = restored;
+            self.core.restore(bytes, &self.config.tables)?;
         }
         let options =
             connect_options(&self.config.connection_string).map_err(ConnectorError::fatal)?;
@@ -330,35 +284,26 @@ impl Source for MySqlSource {
             self.config.max_connections,
             Duration::from_secs(10),
         ));
+        let pool = self.pool()?;
         // Fail fast on a missing table or column while the database is up; if
         // it is not, polls retry until it is.
-        match tokio::time::timeout(OPEN_CHECK_TIMEOUT, self.plans()).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(error)) => {
-                let error = ConnectorError::from(error);
-                if !error.is_transient() {
-                    return Err(error);
-                }
-                warn!(%error, "mysql source cannot reach the database yet; polls will retry");
+        let check = async { self.plans().await.map(drop) };
+        sql::check_on_open("mysql source", "polls", check, || async {
+            let cause = with_connect_cause(pool, sqlx::Error::PoolTimedOut).await;
+            if !is_transient(&cause) {
+                return Err(ConnectorError::fatal(MySqlSourceError::Connect(cause)));
             }
-            Err(_) => {
-                let cause = with_connect_cause(self.pool()?, sqlx::Error::PoolTimedOut).await;
-                if !is_transient(&cause) {
-                    return Err(ConnectorError::fatal(MySqlSourceError::Connect(cause)));
-                }
-                warn!(error = %describe(&cause), "mysql source cannot reach the database yet; polls will retry");
-            }
-        }
+            Ok(describe(&cause))
+        })
+        .await?;
         info!(tables = ?self.config.tables, mode = ?self.config.consume(), "mysql source open");
         Ok(())
     }
 
     async fn poll(&self) -> Result<SourceBatch, ConnectorError> {
-        if self.caught_up.load(Ordering::SeqCst) && !self.config.stop_when_caught_up {
-            tokio::time::sleep(self.config.poll_interval).await;
-        }
+        self.core.pace().await;
         let plans = self.plans().await?;
-        let (base, in_flight) = self.poll_base();
+        let (base, in_flight) = self.core.poll_base();
         let now = Now::read();
         let mut next = base.clone();
         let mut records = Vec::new();
@@ -381,91 +326,43 @@ impl Source for MySqlSource {
                 records.push(converted.record);
                 last = Some((converted.tracking, converted.key));
             }
-            if let Some((tracking, key)) = last {
-                next.tracking_offsets.insert(plan.name.clone(), tracking);
-                if plan.key.is_some() {
-                    next.tracking_keys.insert(plan.name.clone(), key);
-                } else {
-                    next.tracking_keys.remove(&plan.name);
-                }
-            }
+            next.advance(
+                &plan.name,
+                last.map(|(tracking, key)| (tracking, plan.key.is_some().then_some(key))),
+            );
             if destructive && !keys.is_empty() {
                 consume.push((plan.name.clone(), plan.consume_sql(&self.config, &keys)));
             }
         }
-        self.caught_up.store(!full, Ordering::SeqCst);
-        if records.is_empty() {
-            // Staged too: each poll's batch is committed, in order, by one
-            // `commit`, so an empty one must not take a later batch's turn.
-            self.lock_staged().push_back(Staged {
-                state: next,
-                consume: Arc::new(Vec::new()),
-            });
-            if self.config.stop_when_caught_up {
-                info!(tables = ?self.config.tables, "mysql source caught up with every table; finishing");
-            }
-            return Ok(SourceBatch {
-                finished: self.config.stop_when_caught_up,
-                ..SourceBatch::default()
-            });
-        }
-        next.processed_rows += records.len() as u64;
-        let state = encode_state(&next)?;
-        if self.config.verbose_logging {
-            info!(records = records.len(), "mysql source polled a batch");
-        } else {
-            debug!(records = records.len(), "mysql source polled a batch");
-        }
-        self.lock_staged().push_back(Staged {
-            state: next,
-            consume: Arc::new(consume),
-        });
-        Ok(SourceBatch {
-            records,
-            state: Some(state),
-            finished: false,
-        })
+        self.core
+            .finish_poll(next, records, consume, full, &self.config.tables)
     }
 
     async fn commit(&self) -> Result<(), ConnectorError> {
-        // The batch stays staged while it is applied, so a poll meanwhile
-        // still reads past its rows; a failure leaves it for the retry.
-        let Some(consume) = self
-            .lock_staged()
-            .front()
-            .map(|oldest| oldest.consume.clone())
-        else {
+        let Some(consume) = self.core.oldest_consume() else {
             return Ok(());
         };
         self.apply(&consume).await?;
-        let mut staged = self.lock_staged();
-        if let Some(oldest) = staged.pop_front() {
-            *self.lock_committed() = oldest.state;
-        }
+        self.core.committed_oldest();
         Ok(())
     }
 
-    /// Several batches in flight in cursor mode; delete and mark mode keep
-    /// one, as the postgres source does.
     fn max_in_flight(&self) -> usize {
-        match self.config.consume() {
-            Consume::Cursor => crate::config::connector::MAX_IN_FLIGHT as usize,
-            Consume::Delete | Consume::Mark(_) => 1,
-        }
+        self.config.consume().max_in_flight()
     }
 
     async fn rewind(&self) -> Result<(), ConnectorError> {
-        self.lock_staged().clear();
+        self.core.rewind();
         Ok(())
     }
 
     /// Deleting or marking consumed rows leaves their only copy in Iggy.
     fn destructive(&self) -> bool {
-        !matches!(self.config.consume(), Consume::Cursor)
+        self.config.consume().destructive()
     }
 
     async fn close(&mut self) -> Result<(), ConnectorError> {
-        self.lock_staged().clear();
+        self.core.rewind();
         if let Some(pool) = self.pool.take() {
             pool.close().await;
         }
@@ -473,36 +370,12 @@ impl Source for MySqlSource {
     }
 }
 
-impl MySqlState {
-    /// Drops cursors of tables no longer configured, so the state stays bounded.
-    fn retain_tables(&mut self, tables: &[String]) {
-        self.tracking_offsets
-            .retain(|table, _| tables.contains(table));
-        self.tracking_keys.retain(|table, _| tables.contains(table));
-    }
-}
-
-/// The poll's clock, for `DatabaseRecord.timestamp` and `$now`/`$now_unix`.
-struct Now {
-    rfc3339: String,
-    unix: u64,
-}
-
-impl Now {
-    fn read() -> Self {
-        let now = SystemTime::now();
-        Self {
-            rfc3339: humantime::format_rfc3339_micros(now).to_string(),
-            unix: now
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |since| since.as_secs()),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
+    use crate::connectors::encode_state;
 
     #[tokio::test]
     async fn given_saved_cursors_when_opened_should_restore_them_and_drop_unknown_tables() {
@@ -525,7 +398,7 @@ mod tests {
             .open(Some(&encode_state(&saved).unwrap()))
             .await
             .unwrap();
-        let restored = source.lock_committed().clone();
+        let restored = source.core.lock_committed().clone();
         assert_eq!(
             restored.tracking_offsets,
             BTreeMap::from([("a".into(), "10".into())])

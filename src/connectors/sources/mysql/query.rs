@@ -10,6 +10,8 @@
 use std::sync::Arc;
 
 use super::config::{Consume, MySqlSourceConfig};
+use crate::connectors::kit::sql_poll::{CatalogEntry, PlanColumns};
+pub use crate::connectors::kit::sql_poll::{PlanError, Placeholders};
 use crate::connectors::mysql::{quote_identifier, quote_qualified};
 
 /// One table's columns: name, data type, full column type, whether it is
@@ -39,6 +41,20 @@ pub struct CatalogColumn {
     pub column_type: String,
     pub primary_key: bool,
     pub unique: bool,
+}
+
+impl CatalogEntry for CatalogColumn {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn primary_key(&self) -> bool {
+        self.primary_key
+    }
+
+    fn unique(&self) -> bool {
+        self.unique
+    }
 }
 
 /// A column used in SQL: its quoted name and how a literal becomes its type.
@@ -80,19 +96,6 @@ pub struct TablePlan {
     pub custom: Option<Arc<str>>,
 }
 
-/// Why a table cannot be polled as configured.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PlanError {
-    #[error("table {0} does not exist (or is not visible to this user)")]
-    MissingTable(String),
-    #[error("table {table} has no column \"{column}\" ({field})")]
-    MissingColumn {
-        table: String,
-        column: String,
-        field: &'static str,
-    },
-}
-
 impl TablePlan {
     /// Builds the plan of `table` from the config and the table's catalog
     /// rows; the warning says when ties on the tracking column can be missed.
@@ -101,54 +104,22 @@ impl TablePlan {
         table: &str,
         catalog: &[CatalogColumn],
     ) -> Result<(Self, Option<String>), PlanError> {
-        if catalog.is_empty() {
-            return Err(PlanError::MissingTable(table.to_owned()));
-        }
         // MySQL compares column names without regard to case.
-        let find = |column: &str, field: &'static str| {
-            catalog
-                .iter()
-                .find(|candidate| candidate.name.eq_ignore_ascii_case(column))
-                .ok_or_else(|| PlanError::MissingColumn {
-                    table: table.to_owned(),
-                    column: column.to_owned(),
-                    field,
-                })
-        };
-        let tracking = find(&config.tracking_column, "tracking_column")?;
-        if let Some((column, _)) = config.payload() {
-            find(column, "payload_column")?;
-        }
-        if let Consume::Mark(column) = config.consume() {
-            find(&column, "processed_column")?;
-        }
-        let mut warning = None;
-        let key = match &config.primary_key_column {
-            Some(column) => Some(find(column, "primary_key_column")?),
-            None if config.custom_query.is_some() || tracking.unique => None,
-            None => {
-                let primary = catalog.iter().find(|column| column.primary_key);
-                if primary.is_none() {
-                    warning = Some(format!(
-                        "table {table}: tracking column \"{}\" is not unique and the table has no single-column primary key; \
-                         rows that share a tracking value across a batch boundary can be skipped. Set primary_key_column.",
-                        tracking.name
-                    ));
-                }
-                primary
-            }
-        }
-        .filter(|key| !key.name.eq_ignore_ascii_case(&tracking.name))
-        .map(column);
+        let found = PlanColumns::find(
+            &config.plan_config(),
+            table,
+            catalog,
+            str::eq_ignore_ascii_case,
+        )?;
         Ok((
             TablePlan {
                 name: table.to_owned(),
                 table_sql: quote_qualified(table).unwrap_or_default(),
-                tracking: column(tracking),
-                key,
+                tracking: column(found.tracking),
+                key: found.key.map(column),
                 custom: config.custom_query.as_deref().map(Arc::from),
             },
-            warning,
+            found.warning,
         ))
     }
 
@@ -281,42 +252,13 @@ fn cast_type(data_type: &str, column_type: &str) -> Option<String> {
     }
 }
 
-/// Values for a custom query's placeholders.
-pub struct Placeholders<'a> {
-    pub table: &'a str,
-    pub offset: &'a str,
-    pub limit: u32,
-    pub now_rfc3339: &'a str,
-    pub now_unix: u64,
-}
-
-/// Fills `$table`, `$offset`, `$limit`, `$now` and `$now_unix` in one pass
-/// (so `$now_unix` is not read as `$now` + `_unix`). `$offset` is meant to
-/// sit inside a quoted literal, so its quotes and backslashes are doubled and
-/// a value read from the table cannot end that literal.
+/// Fills a custom query's placeholders. `$offset` is meant to sit inside a
+/// quoted literal, so its quotes and backslashes are doubled and a value read
+/// from the table cannot end that literal.
 pub fn fill_placeholders(template: &str, values: &Placeholders<'_>) -> String {
-    const NAMES: [&str; 5] = ["$now_unix", "$offset", "$table", "$limit", "$now"];
-    let mut out = String::with_capacity(template.len() + 64);
-    let mut rest = template;
-    while let Some(position) = rest.find('$') {
-        out.push_str(&rest[..position]);
-        let candidate = &rest[position..];
-        let Some(name) = NAMES.iter().find(|name| candidate.starts_with(**name)) else {
-            out.push('$');
-            rest = &candidate[1..];
-            continue;
-        };
-        match *name {
-            "$now_unix" => out.push_str(&values.now_unix.to_string()),
-            "$offset" => out.push_str(&values.offset.replace('\\', "\\\\").replace('\'', "''")),
-            "$table" => out.push_str(values.table),
-            "$limit" => out.push_str(&values.limit.to_string()),
-            _ => out.push_str(values.now_rfc3339),
-        }
-        rest = &candidate[name.len()..];
-    }
-    out.push_str(rest);
-    out
+    values.fill(template, |offset| {
+        offset.replace('\\', "\\\\").replace('\'', "''")
+    })
 }
 
 #[cfg(test)]

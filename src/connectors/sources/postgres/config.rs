@@ -7,6 +7,12 @@ use secrecy::SecretString;
 use serde::Deserialize;
 
 use crate::connectors::PluginConfigError;
+pub use crate::connectors::kit::sql_poll::Consume;
+use crate::connectors::kit::sql::{default_max_connections, default_true};
+use crate::connectors::kit::sql_poll::{
+    PlanConfig, PollingChecks, default_batch_size, default_poll_interval, default_tracking_column,
+    scalar_as_string,
+};
 
 /// Upstream's `plugin_config` for the postgres source, in polling mode and in
 /// `mode = "cdc"` (logical replication with pgoutput).
@@ -148,18 +154,6 @@ pub enum PayloadFormat {
     JsonDirect,
 }
 
-/// What the source does with rows once their batch is durable in Iggy.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Consume {
-    /// Leave rows alone; a saved cursor says where to continue.
-    Cursor,
-    /// DELETE delivered rows.
-    Delete,
-    /// UPDATE delivered rows setting this boolean column to TRUE (and read only
-    /// rows where it is FALSE).
-    Mark(String),
-}
-
 impl PostgresSourceConfig {
     /// Checks what serde cannot: values that parse but make no sense together.
     pub fn validate(&self) -> Result<(), PluginConfigError> {
@@ -189,36 +183,15 @@ impl PostgresSourceConfig {
                     .map_err(|message| PluginConfigError::new(field, message))?;
             }
         }
-        if self.batch_size == 0 {
-            return Err(PluginConfigError::new("batch_size", "expected at least 1"));
+        PollingChecks {
+            batch_size: self.batch_size,
+            max_connections: self.max_connections,
+            delete_after_read: self.delete_after_read,
+            processed_column: self.processed_column.as_ref(),
+            custom_query: self.custom_query.as_ref(),
+            initial_offset: self.initial_offset.as_ref(),
         }
-        if self.max_connections == 0 {
-            return Err(PluginConfigError::new(
-                "max_connections",
-                "expected at least 1",
-            ));
-        }
-        if self.delete_after_read && self.processed_column.is_some() {
-            return Err(PluginConfigError::new(
-                "delete_after_read",
-                "set either delete_after_read or processed_column, not both",
-            ));
-        }
-        if let Some(query) = &self.custom_query {
-            if query.trim().is_empty() {
-                return Err(PluginConfigError::new(
-                    "custom_query",
-                    "expected a SELECT statement",
-                ));
-            }
-            if query.contains("$offset") && self.initial_offset.is_none() {
-                return Err(PluginConfigError::new(
-                    "initial_offset",
-                    "custom_query uses $offset, so initial_offset must say where a fresh start begins",
-                ));
-            }
-        }
-        Ok(())
+        .validate()
     }
 
     fn validate_cdc(&self) -> Result<(), PluginConfigError> {
@@ -284,10 +257,17 @@ impl PostgresSourceConfig {
     }
 
     pub fn consume(&self) -> Consume {
-        match (&self.processed_column, self.delete_after_read) {
-            (_, true) => Consume::Delete,
-            (Some(column), false) => Consume::Mark(column.clone()),
-            (None, false) => Consume::Cursor,
+        Consume::of(self.processed_column.as_ref(), self.delete_after_read)
+    }
+
+    /// The fields a table plan's columns come from.
+    pub fn plan_config(&self) -> PlanConfig<'_> {
+        PlanConfig {
+            tracking_column: &self.tracking_column,
+            payload_column: self.payload().map(|(column, _)| column),
+            consume: self.consume(),
+            primary_key_column: self.primary_key_column.as_deref(),
+            custom_query: self.custom_query.is_some(),
         }
     }
 
@@ -301,45 +281,9 @@ impl PostgresSourceConfig {
     }
 }
 
-fn default_poll_interval() -> Duration {
-    Duration::from_secs(1)
-}
-
-fn default_batch_size() -> u32 {
-    1000
-}
-
-fn default_tracking_column() -> String {
-    "id".to_owned()
-}
-
-fn default_max_connections() -> u32 {
-    10
-}
-
+/// CDC: WAL bytes a slot may retain before `/health` says degraded (1 GiB).
 fn default_slot_lag_warning() -> u64 {
     1 << 30
-}
-
-fn default_true() -> bool {
-    true
-}
-
-/// `initial_offset` is a string upstream, but TOML users naturally write
-/// `initial_offset = 1000`; accept numbers and booleans too.
-fn scalar_as_string<'de, D: serde::Deserializer<'de>>(
-    deserializer: D,
-) -> Result<Option<String>, D::Error> {
-    let value = Option::<serde_json::Value>::deserialize(deserializer)?;
-    match value {
-        None | Some(serde_json::Value::Null) => Ok(None),
-        Some(serde_json::Value::String(text)) => Ok(Some(text)),
-        Some(serde_json::Value::Number(number)) => Ok(Some(number.to_string())),
-        Some(serde_json::Value::Bool(flag)) => Ok(Some(flag.to_string())),
-        Some(other) => Err(serde::de::Error::custom(format!(
-            "expected a string or a number, found {other}"
-        ))),
-    }
 }
 
 #[cfg(test)]

@@ -16,33 +16,27 @@ mod config;
 mod query;
 mod record;
 
-use std::collections::BTreeMap;
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgPool, PgRow};
 use sqlx::{AssertSqlSafe, Row};
 use tokio::sync::OnceCell;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 pub use cdc::{CdcSource, CdcState, derived_slot_name, format_lsn, parse_lsn};
 pub use config::{Consume, Mode, PayloadFormat, PostgresSourceConfig, SnapshotMode};
 pub use record::{message_id, to_snake_case};
 
+use crate::connectors::kit::sql;
+use crate::connectors::kit::sql_poll::{Now, PollCore, PollSettings, PollState};
 use crate::connectors::postgres::{describe, is_transient, lazy_pool, with_connect_cause};
-use crate::connectors::{SourceEntry, schema_of};
 use crate::connectors::{
-    ConnectorError, Source, SourceBatch, decode_state, encode_state, parse_plugin_config,
+    ConnectorError, Source, SourceBatch, SourceEntry, parse_plugin_config, schema_of,
 };
 use query::{CATALOG_SQL, CatalogColumn, Placeholders, PlanError, TablePlan, fill_placeholders};
 use record::{RowError, RowShape};
-
-/// How long `open` waits for the database before leaving the checks to `poll`.
-const OPEN_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub const ENTRY: SourceEntry = SourceEntry {
     name: "postgres",
@@ -61,41 +55,20 @@ pub const ENTRY: SourceEntry = SourceEntry {
     },
 };
 
-/// What the source persists after each batch: per table, the cursor of the last
-/// delivered row. Bounded by the number of configured tables.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PostgresState {
-    /// Table -> tracking value of the last delivered row (upstream's field name).
-    pub tracking_offsets: BTreeMap<String, String>,
-    /// Table -> key of that row, when ties are broken by a key column.
-    #[serde(default)]
-    pub tracking_keys: BTreeMap<String, String>,
-    #[serde(default)]
-    pub processed_rows: u64,
-}
+/// What the source persists after each batch (the layout all SQL sources share).
+pub type PostgresState = PollState;
 
 pub struct PostgresSource {
     config: PostgresSourceConfig,
     pool: Option<PgPool>,
     /// Per-table SQL, built from the catalog on first use.
     plans: OnceCell<Vec<(TablePlan, RowShape)>>,
-    /// The state of the last committed batch: where the next poll starts.
-    committed: Mutex<PostgresState>,
-    /// What each batch in flight applies on commit, oldest first.
-    staged: Mutex<VecDeque<Staged>>,
-    /// The last poll found every table caught up: wait `poll_interval` first.
-    caught_up: AtomicBool,
+    /// The committed cursor and the batches in flight.
+    core: PollCore<Consumption>,
 }
 
 /// One table's DELETE/UPDATE statement and the keys it applies to.
 type Consumption = (String, Arc<str>, Vec<String>);
-
-#[derive(Debug)]
-struct Staged {
-    state: PostgresState,
-    /// DELETE/UPDATE statements with the keys of the delivered rows.
-    consume: Arc<Vec<Consumption>>,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum PostgresSourceError {
@@ -147,13 +120,16 @@ impl From<PostgresSourceError> for ConnectorError {
 
 impl PostgresSource {
     pub fn new(config: PostgresSourceConfig) -> Self {
+        let settings = PollSettings {
+            poll_interval: config.poll_interval,
+            stop_when_caught_up: config.stop_when_caught_up,
+            verbose_logging: config.verbose_logging,
+        };
         Self {
             config,
             pool: None,
             plans: OnceCell::new(),
-            committed: Mutex::new(PostgresState::default()),
-            staged: Mutex::new(VecDeque::new()),
-            caught_up: AtomicBool::new(false),
+            core: PollCore::new("postgres", settings),
         }
     }
 
@@ -271,28 +247,6 @@ impl PostgresSource {
         }
     }
 
-    fn lock_committed(&self) -> MutexGuard<'_, PostgresState> {
-        self.committed
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    fn lock_staged(&self) -> MutexGuard<'_, VecDeque<Staged>> {
-        self.staged
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Where the next poll starts: after the newest batch in flight, or after
-    /// the last committed one. `true` when batches are in flight.
-    fn poll_base(&self) -> (PostgresState, bool) {
-        let staged = self.lock_staged();
-        match staged.back() {
-            Some(newest) => (newest.state.clone(), true),
-            None => (self.lock_committed().clone(), false),
-        }
-    }
-
     async fn apply(&self, consume: &[Consumption]) -> Result<(), PostgresSourceError> {
         if consume.iter().all(|(_, _, keys)| keys.is_empty()) {
             return Ok(());
@@ -334,10 +288,7 @@ impl PostgresSource {
 impl Source for PostgresSource {
     async fn open(&mut self, state: Option<&[u8]>) -> Result<(), ConnectorError> {
         if let Some(bytes) = state {
-            let mut restored: PostgresState = decode_state(bytes)?;
-            restored.retain_tables(&self.config.tables);
-            info!(tracking_offsets = ?restored.tracking_offsets, processed_rows = restored.processed_rows, "postgres source restored its cursor");
-            *self.lock_committed() = restored;
+            self.core.restore(bytes, &self.config.tables)?;
         }
         self.pool = Some(
             lazy_pool(
@@ -347,35 +298,26 @@ impl Source for PostgresSource {
             )
             .map_err(PostgresSourceError::ConnectionString)?,
         );
-        // Fail fast on a missing table or column while the database is up; if it
-        // is not, polls retry until it is.
-        match tokio::time::timeout(OPEN_CHECK_TIMEOUT, self.plans()).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(error)) => {
-                let error = ConnectorError::from(error);
-                if !error.is_transient() {
-                    return Err(error);
-                }
-                warn!(%error, "postgres source cannot reach the database yet; polls will retry");
+        let pool = self.pool()?;
+        // Fail fast on a missing table or column while the database is up; if
+        // it is not, polls retry until it is.
+        let check = async { self.plans().await.map(drop) };
+        sql::check_on_open("postgres source", "polls", check, || async {
+            let cause = with_connect_cause(pool, sqlx::Error::PoolTimedOut).await;
+            if !is_transient(&cause) {
+                return Err(ConnectorError::fatal(PostgresSourceError::Connect(cause)));
             }
-            Err(_) => {
-                let cause = with_connect_cause(self.pool()?, sqlx::Error::PoolTimedOut).await;
-                if !is_transient(&cause) {
-                    return Err(ConnectorError::fatal(PostgresSourceError::Connect(cause)));
-                }
-                warn!(error = %describe(&cause), "postgres source cannot reach the database yet; polls will retry");
-            }
-        }
+            Ok(describe(&cause))
+        })
+        .await?;
         info!(tables = ?self.config.tables, mode = ?self.config.consume(), "postgres source open");
         Ok(())
     }
 
     async fn poll(&self) -> Result<SourceBatch, ConnectorError> {
-        if self.caught_up.load(Ordering::SeqCst) && !self.config.stop_when_caught_up {
-            tokio::time::sleep(self.config.poll_interval).await;
-        }
+        self.core.pace().await;
         let plans = self.plans().await?;
-        let (base, in_flight) = self.poll_base();
+        let (base, in_flight) = self.core.poll_base();
         let now = Now::read();
         let mut next = base.clone();
         let mut records = Vec::new();
@@ -402,95 +344,43 @@ impl Source for PostgresSource {
                 records.push(converted.record);
                 last = Some((converted.tracking, converted.key));
             }
-            if let Some((tracking, key)) = last {
-                next.tracking_offsets.insert(plan.name.clone(), tracking);
-                match key.filter(|_| plan.key.is_some()) {
-                    Some(key) => next.tracking_keys.insert(plan.name.clone(), key),
-                    None => next.tracking_keys.remove(&plan.name),
-                };
-            }
+            next.advance(
+                &plan.name,
+                last.map(|(tracking, key)| (tracking, key.filter(|_| plan.key.is_some()))),
+            );
             if let Some(sql) = &plan.consume_sql {
                 consume.push((plan.name.clone(), sql.clone(), keys));
             }
         }
-        self.caught_up.store(!full, Ordering::SeqCst);
-        if records.is_empty() {
-            // Staged too: each poll's batch is committed, in order, by one
-            // `commit`, so an empty one must not take a later batch's turn.
-            self.lock_staged().push_back(Staged {
-                state: next,
-                consume: Arc::new(Vec::new()),
-            });
-            // Every table is caught up past the batches in flight; the engine
-            // ends the source once those (and this empty one) are committed,
-            // and a NACK meanwhile rewinds and polls again.
-            if self.config.stop_when_caught_up {
-                info!(tables = ?self.config.tables, "postgres source caught up with every table; finishing");
-            }
-            return Ok(SourceBatch {
-                finished: self.config.stop_when_caught_up,
-                ..SourceBatch::default()
-            });
-        }
-        next.processed_rows += records.len() as u64;
-        let state = encode_state(&next)?;
-        if self.config.verbose_logging {
-            info!(records = records.len(), "postgres source polled a batch");
-        } else {
-            debug!(records = records.len(), "postgres source polled a batch");
-        }
-        self.lock_staged().push_back(Staged {
-            state: next,
-            consume: Arc::new(consume),
-        });
-        Ok(SourceBatch {
-            records,
-            state: Some(state),
-            finished: false,
-        })
+        self.core
+            .finish_poll(next, records, consume, full, &self.config.tables)
     }
 
     async fn commit(&self) -> Result<(), ConnectorError> {
-        // The batch stays staged while it is applied, so a poll meanwhile
-        // still reads past its rows; a failure leaves it for the retry.
-        let Some(consume) = self
-            .lock_staged()
-            .front()
-            .map(|oldest| oldest.consume.clone())
-        else {
+        let Some(consume) = self.core.oldest_consume() else {
             return Ok(());
         };
         self.apply(&consume).await?;
-        let mut staged = self.lock_staged();
-        if let Some(oldest) = staged.pop_front() {
-            *self.lock_committed() = oldest.state;
-        }
+        self.core.committed_oldest();
         Ok(())
     }
 
-    /// Several batches in flight in cursor mode. Delete and mark mode keep
-    /// one for now: with several, the destructive-mode tests saw rows
-    /// delivered twice after refused sends (never lost); the staging below
-    /// already reads past batches in flight for when that is understood.
     fn max_in_flight(&self) -> usize {
-        match self.config.consume() {
-            Consume::Cursor => crate::config::connector::MAX_IN_FLIGHT as usize,
-            Consume::Delete | Consume::Mark(_) => 1,
-        }
+        self.config.consume().max_in_flight()
     }
 
     async fn rewind(&self) -> Result<(), ConnectorError> {
-        self.lock_staged().clear();
+        self.core.rewind();
         Ok(())
     }
 
     /// Deleting or marking consumed rows leaves their only copy in Iggy.
     fn destructive(&self) -> bool {
-        !matches!(self.config.consume(), Consume::Cursor)
+        self.config.consume().destructive()
     }
 
     async fn close(&mut self) -> Result<(), ConnectorError> {
-        self.lock_staged().clear();
+        self.core.rewind();
         if let Some(pool) = self.pool.take() {
             pool.close().await;
         }
@@ -498,36 +388,12 @@ impl Source for PostgresSource {
     }
 }
 
-impl PostgresState {
-    /// Drops cursors of tables no longer configured, so the state stays bounded.
-    fn retain_tables(&mut self, tables: &[String]) {
-        self.tracking_offsets
-            .retain(|table, _| tables.contains(table));
-        self.tracking_keys.retain(|table, _| tables.contains(table));
-    }
-}
-
-/// The poll's clock, for `DatabaseRecord.timestamp` and `$now`/`$now_unix`.
-struct Now {
-    rfc3339: String,
-    unix: u64,
-}
-
-impl Now {
-    fn read() -> Self {
-        let now = SystemTime::now();
-        Self {
-            rfc3339: humantime::format_rfc3339_micros(now).to_string(),
-            unix: now
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |since| since.as_secs()),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
+    use crate::connectors::encode_state;
 
     fn config() -> PostgresSourceConfig {
         parse_plugin_config(&serde_json::json!({
@@ -553,7 +419,7 @@ mod tests {
             .open(Some(&encode_state(&saved).unwrap()))
             .await
             .unwrap();
-        let restored = source.lock_committed().clone();
+        let restored = source.core.lock_committed().clone();
         assert_eq!(
             restored.tracking_offsets,
             BTreeMap::from([("a".into(), "10".into())])

@@ -8,6 +8,8 @@
 use std::sync::Arc;
 
 use super::config::{Consume, PayloadFormat, PostgresSourceConfig};
+use crate::connectors::kit::sql_poll::{CatalogEntry, PlanColumns};
+pub use crate::connectors::kit::sql_poll::{PlanError, Placeholders};
 
 /// Reads one table's columns, their types and which are unique.
 pub const CATALOG_SQL: &str = "\
@@ -27,6 +29,20 @@ pub struct CatalogColumn {
     pub sql_type: String,
     pub primary_key: bool,
     pub unique: bool,
+}
+
+impl CatalogEntry for CatalogColumn {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn primary_key(&self) -> bool {
+        self.primary_key
+    }
+
+    fn unique(&self) -> bool {
+        self.unique
+    }
 }
 
 /// A column used in SQL: its quoted name and its type.
@@ -54,19 +70,6 @@ pub struct TablePlan {
     pub custom: Option<Arc<str>>,
 }
 
-/// Why a table cannot be polled as configured.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PlanError {
-    #[error("table {0} does not exist (or is not visible to this user)")]
-    MissingTable(String),
-    #[error("table {table} has no column \"{column}\" ({field})")]
-    MissingColumn {
-        table: String,
-        column: String,
-        field: &'static str,
-    },
-}
-
 impl TablePlan {
     /// Builds the SQL for `table` from the config and the table's catalog rows.
     pub fn build(
@@ -74,45 +77,9 @@ impl TablePlan {
         table: &str,
         catalog: &[CatalogColumn],
     ) -> Result<(Self, Option<String>), PlanError> {
-        if catalog.is_empty() {
-            return Err(PlanError::MissingTable(table.to_owned()));
-        }
-        let find = |column: &str, field: &'static str| {
-            catalog
-                .iter()
-                .find(|candidate| candidate.name == column)
-                .ok_or_else(|| PlanError::MissingColumn {
-                    table: table.to_owned(),
-                    column: column.to_owned(),
-                    field,
-                })
-        };
-        let tracking = find(&config.tracking_column, "tracking_column")?;
-        if let Some((column, _)) = config.payload() {
-            find(column, "payload_column")?;
-        }
-        if let Consume::Mark(column) = config.consume() {
-            find(&column, "processed_column")?;
-        }
-        let mut warning = None;
-        let key = match &config.primary_key_column {
-            Some(column) => Some(find(column, "primary_key_column")?),
-            None if config.custom_query.is_some() || tracking.unique => None,
-            None => {
-                let primary = catalog.iter().find(|column| column.primary_key);
-                if primary.is_none() {
-                    warning = Some(format!(
-                        "table {table}: tracking column \"{}\" is not unique and the table has no single-column primary key; \
-                         rows that share a tracking value across a batch boundary can be skipped. Set primary_key_column.",
-                        tracking.name
-                    ));
-                }
-                primary
-            }
-        }
-        .filter(|key| key.name != tracking.name)
-        .map(column);
-        let tracking = column(tracking);
+        let found = PlanColumns::find(&config.plan_config(), table, catalog, |a, b| a == b)?;
+        let key = found.key.map(column);
+        let tracking = column(found.tracking);
         let table_sql = quote_qualified(table).unwrap_or_default();
         let shape = Shape {
             config,
@@ -141,7 +108,7 @@ impl TablePlan {
                 custom: None,
             },
         };
-        Ok((plan, warning))
+        Ok((plan, found.warning))
     }
 }
 
@@ -243,43 +210,12 @@ fn column(catalog: &CatalogColumn) -> Column {
     }
 }
 
-/// Values for a custom query's placeholders.
-pub struct Placeholders<'a> {
-    pub table: &'a str,
-    pub offset: &'a str,
-    pub limit: u32,
-    pub now_rfc3339: &'a str,
-    pub now_unix: u64,
-}
-
-/// Fills `$table`, `$offset`, `$limit`, `$now` and `$now_unix` (upstream's
-/// placeholders) in one pass, so `$now_unix` is not read as `$now` + `_unix`.
-/// `$offset` has its single quotes doubled: it is meant to sit inside a quoted
-/// literal for non-numeric columns, and a value read from the table must not be
-/// able to end that literal.
+/// Fills a custom query's placeholders. `$offset` has its single quotes
+/// doubled: it is meant to sit inside a quoted literal for non-numeric
+/// columns, and a value read from the table must not be able to end that
+/// literal.
 pub fn fill_placeholders(template: &str, values: &Placeholders<'_>) -> String {
-    const NAMES: [&str; 5] = ["$now_unix", "$offset", "$table", "$limit", "$now"];
-    let mut out = String::with_capacity(template.len() + 64);
-    let mut rest = template;
-    while let Some(position) = rest.find('$') {
-        out.push_str(&rest[..position]);
-        let candidate = &rest[position..];
-        let Some(name) = NAMES.iter().find(|name| candidate.starts_with(**name)) else {
-            out.push('$');
-            rest = &candidate[1..];
-            continue;
-        };
-        match *name {
-            "$now_unix" => out.push_str(&values.now_unix.to_string()),
-            "$offset" => out.push_str(&values.offset.replace('\'', "''")),
-            "$table" => out.push_str(values.table),
-            "$limit" => out.push_str(&values.limit.to_string()),
-            _ => out.push_str(values.now_rfc3339),
-        }
-        rest = &candidate[name.len()..];
-    }
-    out.push_str(rest);
-    out
+    values.fill(template, |offset| offset.replace('\'', "''"))
 }
 
 /// `"name"`, with embedded quotes doubled.
