@@ -35,6 +35,24 @@ impl Payload {
         }
     }
 
+    /// A top-level string (non-empty) or number field of a JSON payload, as
+    /// text: how sinks route a message by a field of it.
+    pub fn text_field(&self, field: &str) -> Option<String> {
+        let value = match self {
+            Payload::Json(value) => value.get(field)?.clone(),
+            Payload::JsonBytes(bytes) => serde_json::from_slice::<serde_json::Value>(bytes)
+                .ok()?
+                .get(field)?
+                .clone(),
+            Payload::Text(_) | Payload::Raw(_) => return None,
+        };
+        match value {
+            serde_json::Value::String(text) if !text.is_empty() => Some(text),
+            serde_json::Value::Number(number) => Some(number.to_string()),
+            _ => None,
+        }
+    }
+
     pub fn kind(&self) -> &'static str {
         match self {
             Payload::Json(_) | Payload::JsonBytes(_) => "json",
@@ -183,6 +201,15 @@ pub struct SinkMessage {
 pub struct TopicRef {
     pub stream: String,
     pub topic: String,
+}
+
+impl TopicRef {
+    /// `template` with `{stream}` and `{topic}` replaced by this stream and topic.
+    pub fn fill(&self, template: &str) -> String {
+        template
+            .replace("{stream}", &self.stream)
+            .replace("{topic}", &self.topic)
+    }
 }
 
 impl fmt::Display for TopicRef {

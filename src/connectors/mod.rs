@@ -10,6 +10,8 @@ mod influxdb;
 pub mod kit;
 #[cfg(any(feature = "mongodb-source", feature = "mongodb-sink"))]
 mod mongodb;
+#[cfg(any(feature = "mqtt-source", feature = "mqtt-sink"))]
+mod mqtt;
 #[cfg(any(feature = "mysql-source", feature = "mysql-sink"))]
 mod mysql;
 #[cfg(any(feature = "nats-source", feature = "nats-sink"))]
@@ -37,6 +39,7 @@ registry::register_connectors! {
         nats => "nats-source",
         redis => "redis-source",
         otlp => "otlp-source",
+        mqtt => "mqtt-source",
     }
     sinks {
         stdout => "stdout-sink",
@@ -54,6 +57,7 @@ registry::register_connectors! {
         quickwit => "quickwit-sink",
         redis => "redis-sink",
         otlp => "otlp-sink",
+        mqtt => "mqtt-sink",
     }
 }
 

@@ -314,6 +314,14 @@ source_conformance!(
 );
 #[cfg(all(feature = "otlp-sink", feature = "otlp-source"))]
 sink_conformance!(otlp_sink, "otlp", fixtures::otlp_sink::Backend::new().await);
+#[cfg(feature = "mqtt-source")]
+source_conformance!(
+    mqtt_source,
+    "mqtt",
+    fixtures::mqtt_source::Backend::new().await
+);
+#[cfg(feature = "mqtt-sink")]
+sink_conformance!(mqtt_sink, "mqtt", fixtures::mqtt_sink::Backend::new().await);
 
 /// The connectors the lines above cover, by kind and name.
 const COVERED_SOURCES: &[&str] = &[
@@ -339,6 +347,8 @@ const COVERED_SOURCES: &[&str] = &[
     "redis",
     #[cfg(feature = "otlp-source")]
     "otlp",
+    #[cfg(feature = "mqtt-source")]
+    "mqtt",
 ];
 const COVERED_SINKS: &[&str] = &[
     #[cfg(feature = "stdout-sink")]
@@ -371,6 +381,8 @@ const COVERED_SINKS: &[&str] = &[
     "redis",
     #[cfg(all(feature = "otlp-sink", feature = "otlp-source"))]
     "otlp",
+    #[cfg(feature = "mqtt-sink")]
+    "mqtt",
 ];
 
 #[test]

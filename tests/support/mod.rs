@@ -10,6 +10,7 @@ pub mod doris;
 #[cfg(any(feature = "elasticsearch-sink", feature = "elasticsearch-source"))]
 pub mod elasticsearch;
 pub mod gunzip;
+pub mod harness;
 pub mod http_server;
 pub mod iggy_server;
 pub mod influxdb;
@@ -20,6 +21,8 @@ pub mod mariadb;
 pub mod meilisearch;
 #[cfg(any(feature = "mongodb-sink", feature = "mongodb-source"))]
 pub mod mongodb;
+#[cfg(any(feature = "mqtt-source", feature = "mqtt-sink"))]
+pub mod mosquitto;
 #[cfg(any(feature = "nats-source", feature = "nats-sink"))]
 pub mod nats_server;
 pub mod prometheus;

@@ -1,0 +1,529 @@
+//! `mqtt` sink: publishes each message to an MQTT 3.1.1 broker with QoS 1
+//! and reports a batch written only when the broker acknowledged every
+//! message of it (the PUBACK).
+//!
+//! The topic is fixed, may name the Iggy stream and topic (`{stream}`,
+//! `{topic}`), or comes from a field of a JSON payload. A message whose topic
+//! is not a valid MQTT topic, or that does not fit `max_packet_size`, is
+//! rejected (before anything of the batch is sent) and goes through
+//! `on_error`. PUBACKs missing after `ack_timeout`, or a connection lost
+//! meanwhile, fail the batch as transient and the engine publishes it again.
+//!
+//! Not idempotent: MQTT has no message id a broker deduplicates by, so a batch
+//! published again (after a transient failure, a crash before the offsets
+//! were committed) reaches subscribers again. `qos = 0` publishes at most
+//! once: a batch counts as written once it is on the wire. How durable a
+//! PUBACK is depends on the broker (mosquitto writes its store to disk only
+//! every `autosave_interval`).
+//!
+//! rumqttc numbers the packets itself: a background task drives the
+//! connection and pairs each publish, in the order sent, with the packet id
+//! it got and then with its PUBACK. After a lost connection nothing is sent
+//! again by the client (a clean session); the engine's retry does that.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::FutureExt;
+use futures::future::join_all;
+use rumqttc::{AsyncClient, ConnectionError, Event, EventLoop, Outgoing, Packet, Publish, QoS};
+use serde::Deserialize;
+use tokio::sync::{Notify, oneshot};
+use tracing::warn;
+
+use crate::connectors::mqtt::{
+    Driven, MqttConnection, RECONNECT, check_topic, connection_fields, qos_of,
+};
+use crate::connectors::{
+    ConnectorContext, ConnectorError, PluginConfigError, Rejection, Sink, SinkEntry, SinkError,
+    parse_plugin_config, schema_of,
+};
+use crate::message::{SinkMessage, TopicRef};
+
+pub const ENTRY: SinkEntry = SinkEntry {
+    name: "mqtt",
+    feature: "mqtt-sink",
+    description: "publishes to an MQTT 3.1.1 broker with QoS 1, durable at the PUBACK (not idempotent)",
+    secret_fields: &["password"],
+    sample_config: "url = \"mqtt://127.0.0.1:1883\"\ntopic = \"iggy/{stream}/{topic}\"\nqos = 1\nretain = false\nusername = \"iggy\"\npassword = \"secret\"\n",
+    config_schema: schema_of::<MqttSinkConfig>,
+    build: |config| Ok(Box::new(MqttSink::new(parse_plugin_config(config)?)?)),
+};
+
+connection_fields! {
+    /// Where to publish.
+    #[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    pub struct MqttSinkConfig {
+        /// The topic to publish to; `{stream}` and `{topic}` are replaced by
+        /// the Iggy stream and topic the message came from. Required unless
+        /// every message names its topic in `topic_field`.
+        #[serde(default)]
+        pub topic: Option<String>,
+        /// A top-level field of a JSON payload holding the topic; it wins
+        /// over `topic`. A message without it (and no `topic`) is rejected and
+        /// goes through `on_error`.
+        #[serde(default)]
+        pub topic_field: Option<String>,
+        /// 1: at least once (a batch is written when every PUBACK came); 0: at
+        /// most once (written once sent, nothing confirmed).
+        #[serde(default = "default_qos")]
+        pub qos: u8,
+        /// Publish with the retain flag: the broker keeps the last message of
+        /// each topic for subscribers that come later.
+        #[serde(default)]
+        pub retain: bool,
+        /// How long to wait for a batch's PUBACKs before it counts as failed
+        /// (and is published again).
+        #[serde(default = "default_ack_timeout", with = "crate::config::duration")]
+        #[schemars(with = "crate::config::duration::Text")]
+        pub ack_timeout: Duration,
+    }
+}
+
+fn default_qos() -> u8 {
+    1
+}
+
+fn default_ack_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+
+/// Publishes sent before their PUBACKs are awaited (and the client's window
+/// of unacknowledged ones); the request queue holds twice as many.
+const CHUNK: usize = 512;
+
+/// Settles one publish: `Err` says why it is not known to be written.
+type Ticket = oneshot::Sender<Result<(), String>>;
+
+/// What the event loop task and `write` share.
+#[derive(Default)]
+struct Shared {
+    tracker: Mutex<Tracker>,
+    /// Told whenever the broker accepted a connection.
+    connected: Notify,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Tracker> {
+        self.tracker
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[derive(Default)]
+struct Tracker {
+    connected: bool,
+    /// Why the sink cannot go on (a login refused on a reconnect).
+    fatal: Option<String>,
+    /// Handed to the client, waiting for their packet ids, in order.
+    queued: VecDeque<Ticket>,
+    /// Sent, waiting for their PUBACK.
+    unacked: HashMap<u16, Ticket>,
+}
+
+impl Tracker {
+    /// The next publish the client sent got `pkid` (0: QoS 0, done once sent).
+    fn sent(&mut self, pkid: u16) {
+        let Some(ticket) = self.queued.pop_front() else {
+            return;
+        };
+        if pkid == 0 {
+            let _ = ticket.send(Ok(()));
+        } else if let Some(stale) = self.unacked.insert(pkid, ticket) {
+            let _ = stale.send(Err(format!("packet id {pkid} reused before its PUBACK")));
+        }
+    }
+
+    fn acked(&mut self, pkid: u16) {
+        if let Some(ticket) = self.unacked.remove(&pkid) {
+            let _ = ticket.send(Ok(()));
+        }
+    }
+
+    /// The connection is gone: nothing waiting is known to be written.
+    fn lost(&mut self, reason: &str) {
+        self.connected = false;
+        for ticket in self.queued.drain(..).chain(self.unacked.drain().map(|(_, ticket)| ticket)) {
+            let _ = ticket.send(Err(reason.to_owned()));
+        }
+    }
+}
+
+pub struct MqttSink {
+    config: MqttSinkConfig,
+    qos: QoS,
+    client_id: String,
+    shared: Arc<Shared>,
+    driven: Option<Driven>,
+    /// One write at a time: publishes are paired with their packet ids in order.
+    writing: tokio::sync::Mutex<()>,
+}
+
+impl MqttSink {
+    pub fn new(config: MqttSinkConfig) -> Result<Self, PluginConfigError> {
+        config.connection().check()?;
+        let qos = qos_of("qos", config.qos)?;
+        match (&config.topic, &config.topic_field) {
+            (None, None) => {
+                return Err(PluginConfigError::new(
+                    "topic",
+                    "expected a topic to publish to (or topic_field naming a payload field)",
+                ));
+            }
+            (Some(topic), _) => {
+                let filled = TopicRef {
+                    stream: "s".into(),
+                    topic: "t".into(),
+                }
+                .fill(topic);
+                check_topic(&filled).map_err(|reason| PluginConfigError::new("topic", reason))?;
+            }
+            (None, Some(field)) if field.is_empty() => {
+                return Err(PluginConfigError::new("topic_field", "expected a field name"));
+            }
+            _ => {}
+        }
+        Ok(Self {
+            config,
+            qos,
+            client_id: "iggy-connect-sink".into(),
+            shared: Arc::new(Shared::default()),
+            driven: None,
+            writing: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    fn topic(&self, topic: &TopicRef, message: &SinkMessage) -> Result<String, String> {
+        let chosen = match &self.config.topic_field {
+            Some(field) => match (message.payload.text_field(field), &self.config.topic) {
+                (Some(chosen), _) => chosen,
+                (None, Some(template)) => topic.fill(template),
+                (None, None) => {
+                    return Err(format!(
+                        "the payload has no string field {field:?} to take the topic from"
+                    ));
+                }
+            },
+            None => topic.fill(self.config.topic.as_deref().unwrap_or_default()),
+        };
+        check_topic(&chosen)?;
+        Ok(chosen)
+    }
+
+    /// Each message as the publish it becomes, or every message the broker
+    /// could never take.
+    fn prepare(
+        &self,
+        topic: &TopicRef,
+        messages: &[SinkMessage],
+    ) -> Result<Vec<Publish>, Vec<Rejection>> {
+        let mut publishes = Vec::with_capacity(messages.len());
+        let mut rejected = Vec::new();
+        for (index, message) in messages.iter().enumerate() {
+            let chosen = match self.topic(topic, message) {
+                Ok(chosen) => chosen,
+                Err(reason) => {
+                    rejected.push(Rejection { index, reason });
+                    continue;
+                }
+            };
+            let mut publish = Publish::from_bytes(chosen, self.qos, message.payload.to_bytes());
+            publish.retain = self.config.retain;
+            // The size as sent, packet id included.
+            publish.pkid = 1;
+            let size = publish.size();
+            publish.pkid = 0;
+            if size > self.config.max_packet_size {
+                rejected.push(Rejection {
+                    index,
+                    reason: format!(
+                        "the MQTT packet would be {size} bytes, over max_packet_size {}",
+                        self.config.max_packet_size
+                    ),
+                });
+                continue;
+            }
+            publishes.push(publish);
+        }
+        if rejected.is_empty() {
+            Ok(publishes)
+        } else {
+            Err(rejected)
+        }
+    }
+
+    /// Hands `chunk` to the client, a ticket for each in `settled`; gives the
+    /// chunk back while there is no connection.
+    fn hand_over(
+        &self,
+        client: &AsyncClient,
+        chunk: Vec<Publish>,
+        settled: &mut Vec<oneshot::Receiver<Result<(), String>>>,
+    ) -> Result<Result<(), Vec<Publish>>, SinkError> {
+        let mut tracker = self.shared.lock();
+        if let Some(reason) = &tracker.fatal {
+            return Err(SinkError::fatal(reason.clone()));
+        }
+        if !tracker.connected {
+            return Ok(Err(chunk));
+        }
+        // Under the lock, so the event loop task pairs packet ids with these
+        // tickets in this order.
+        for publish in chunk {
+            let (ticket, outcome) = oneshot::channel();
+            tracker.queued.push_back(ticket);
+            // The queue has room for a chunk, so this never waits.
+            let sent = client
+                .publish_bytes(publish.topic, publish.qos, publish.retain, publish.payload)
+                .now_or_never();
+            if !matches!(sent, Some(Ok(()))) {
+                tracker.queued.pop_back();
+                return Err(SinkError::transient(
+                    "mqtt publish: the client's queue is closed or full",
+                ));
+            }
+            settled.push(outcome);
+        }
+        Ok(Ok(()))
+    }
+
+    /// Hands `chunk` to the client and waits until each is written.
+    async fn publish(&self, client: &AsyncClient, chunk: Vec<Publish>) -> Result<(), SinkError> {
+        let mut settled = Vec::with_capacity(chunk.len());
+        let deadline = tokio::time::Instant::now() + self.config.ack_timeout;
+        let mut chunk = Some(chunk);
+        while let Some(publishes) = chunk.take() {
+            let connected = self.shared.connected.notified();
+            if let Err(publishes) = self.hand_over(client, publishes, &mut settled)? {
+                // A reconnect in progress: wait for it within the batch's time.
+                if tokio::time::timeout_at(deadline, connected).await.is_err() {
+                    return Err(SinkError::transient(format!(
+                        "mqtt broker {}: not connected (reconnecting)",
+                        self.config.url
+                    )));
+                }
+                chunk = Some(publishes);
+            }
+        }
+        let outcomes = tokio::time::timeout_at(deadline, join_all(settled))
+            .await
+            .map_err(|_| {
+                SinkError::transient(format!(
+                    "mqtt publish: no PUBACK within ack_timeout ({:?})",
+                    self.config.ack_timeout
+                ))
+            })?;
+        for outcome in outcomes {
+            match outcome {
+                Ok(Ok(())) => {}
+                Ok(Err(reason)) => return Err(SinkError::transient(format!("mqtt publish: {reason}"))),
+                Err(_) => return Err(SinkError::transient("mqtt publish: the connection closed")),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Drives the connection until the client disconnects or is dropped, pairing
+/// publishes with packet ids and PUBACKs; after a lost connection it drops
+/// what the client would send again and reconnects.
+async fn drive(mut eventloop: EventLoop, connection: MqttConnection, shared: Arc<Shared>) {
+    let mut failures = 0;
+    loop {
+        match eventloop.poll().await {
+            Ok(Event::Outgoing(Outgoing::Publish(pkid))) => shared.lock().sent(pkid),
+            Ok(Event::Incoming(Packet::PubAck(puback))) => shared.lock().acked(puback.pkid),
+            Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                failures = 0;
+                shared.lock().connected = true;
+                shared.connected.notify_waiters();
+            }
+            Ok(Event::Outgoing(Outgoing::Disconnect)) | Err(ConnectionError::RequestsDone) => {
+                shared.lock().lost("the sink is closing");
+                return;
+            }
+            Ok(_) => {}
+            Err(error) => {
+                let classified = connection.classify(&error);
+                {
+                    let mut tracker = shared.lock();
+                    // What the client kept to send again, and what waits in
+                    // its queue, is dropped with the tickets (under the lock,
+                    // so no write slips in between): the engine's retry
+                    // publishes it again.
+                    eventloop.clean();
+                    eventloop.pending.clear();
+                    // Events of the lost connection still queued in the
+                    // client (a publish it failed to write) would pair packet
+                    // ids of the next one with the wrong tickets.
+                    eventloop.state.events.clear();
+                    tracker.lost(&classified.to_string());
+                    if !classified.is_transient() {
+                        tracker.fatal.get_or_insert(classified.to_string());
+                    }
+                }
+                failures += 1;
+                warn!(%error, "mqtt sink: connection lost, reconnecting");
+                tokio::time::sleep(RECONNECT.delay(failures)).await;
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Sink for MqttSink {
+    fn attach(&mut self, context: ConnectorContext) {
+        if !context.key.is_empty() {
+            self.client_id = format!("iggy-connect-sink-{}", context.key);
+        }
+    }
+
+    async fn open(&mut self) -> Result<(), ConnectorError> {
+        let connection = self.config.connection();
+        let client_id = self.config.client_id.clone().unwrap_or_else(|| self.client_id.clone());
+        let (client, mut eventloop) = connection.client(
+            &client_id,
+            |options| {
+                options
+                    .set_clean_session(true)
+                    .set_inflight(CHUNK as u16);
+            },
+            2 * CHUNK,
+        )?;
+        connection.connect(&mut eventloop).await?;
+        self.shared.lock().connected = true;
+        let driving = drive(eventloop, connection, self.shared.clone());
+        self.driven = Some(Driven::spawn(client, driving));
+        Ok(())
+    }
+
+    async fn write(&self, topic: &TopicRef, messages: &[SinkMessage]) -> Result<(), SinkError> {
+        let client = &self
+            .driven
+            .as_ref()
+            .ok_or_else(|| SinkError::fatal("the mqtt sink was written before open"))?
+            .client;
+        // Refused messages are named before anything is sent, so the
+        // engine's retry of the rest publishes nothing twice.
+        let mut publishes = self.prepare(topic, messages).map_err(SinkError::Rejected)?;
+        let _writing = self.writing.lock().await;
+        while !publishes.is_empty() {
+            let rest = publishes.split_off(publishes.len().min(CHUNK));
+            self.publish(client, publishes).await?;
+            publishes = rest;
+        }
+        Ok(())
+    }
+
+    async fn close(&mut self) -> Result<(), ConnectorError> {
+        if let Some(driven) = self.driven.take() {
+            driven.close(self.config.connect_timeout).await;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::Payload;
+    use serde_json::json;
+
+    fn build(config: serde_json::Value) -> Result<MqttSink, PluginConfigError> {
+        MqttSink::new(parse_plugin_config(&config)?)
+    }
+
+    fn message(payload: Payload) -> SinkMessage {
+        SinkMessage {
+            id: 7,
+            offset: 0,
+            partition_id: 1,
+            timestamp: 0,
+            origin_timestamp: 0,
+            checksum: 0,
+            headers: Vec::new(),
+            payload,
+        }
+    }
+
+    fn topic() -> TopicRef {
+        TopicRef {
+            stream: "shop".into(),
+            topic: "orders".into(),
+        }
+    }
+
+    #[test]
+    fn given_a_bad_field_when_built_should_name_it() {
+        assert_eq!(build(json!({})).err().unwrap().field, "topic");
+        assert_eq!(build(json!({"topic": "a/#"})).err().unwrap().field, "topic");
+        assert_eq!(build(json!({"topic": "a", "qos": 2})).err().unwrap().field, "qos");
+        assert_eq!(build(json!({"topic_field": ""})).err().unwrap().field, "topic_field");
+        assert_eq!(
+            build(json!({"topic": "a", "url": "mqtt://x:y"})).err().unwrap().field,
+            "url"
+        );
+    }
+
+    #[test]
+    fn given_a_template_or_field_when_routed_should_pick_the_topic() {
+        let sink = build(json!({"topic": "iggy/{stream}/{topic}", "topic_field": "to"})).unwrap();
+        assert_eq!(
+            sink.topic(&topic(), &message(Payload::Json(json!({"to": "x/y"})))),
+            Ok("x/y".into())
+        );
+        assert_eq!(
+            sink.topic(&topic(), &message(Payload::Raw("z".into()))),
+            Ok("iggy/shop/orders".into())
+        );
+        assert!(sink
+            .topic(&topic(), &message(Payload::Json(json!({"to": "x/#"}))))
+            .is_err());
+        let only_field = build(json!({"topic_field": "to"})).unwrap();
+        assert!(only_field
+            .topic(&topic(), &message(Payload::JsonBytes("{\"other\":1}".into())))
+            .is_err());
+    }
+
+    #[test]
+    fn given_a_batch_with_refused_messages_when_prepared_should_name_each_and_send_none() {
+        let sink = build(json!({"topic": "t", "topic_field": "to", "max_packet_size": 100})).unwrap();
+        let batch = vec![
+            message(Payload::Raw("ok".into())),
+            message(Payload::Raw(vec![b'x'; 200].into())),
+            message(Payload::Json(json!({"to": "a/+"}))),
+        ];
+        let rejected = sink.prepare(&topic(), &batch).unwrap_err();
+        let indexes: Vec<usize> = rejected.iter().map(|rejection| rejection.index).collect();
+        assert_eq!(indexes, vec![1, 2]);
+        assert!(rejected[0].reason.contains("max_packet_size"), "{}", rejected[0].reason);
+        assert_eq!(sink.prepare(&topic(), &batch[..1]).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn given_packet_ids_when_tracked_should_settle_in_order_and_fail_all_on_loss() {
+        let mut tracker = Tracker {
+            connected: true,
+            ..Tracker::default()
+        };
+        let mut outcomes = Vec::new();
+        for _ in 0..3 {
+            let (ticket, outcome) = oneshot::channel();
+            tracker.queued.push_back(ticket);
+            outcomes.push(outcome);
+        }
+        tracker.sent(5);
+        tracker.sent(0);
+        tracker.acked(5);
+        tracker.sent(6);
+        tracker.lost("gone");
+        assert_eq!(outcomes[0].try_recv().unwrap(), Ok(()));
+        assert_eq!(outcomes[1].try_recv().unwrap(), Ok(()));
+        assert_eq!(outcomes[2].try_recv().unwrap(), Err("gone".into()));
+        assert!(!tracker.connected);
+    }
+}
