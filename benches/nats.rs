@@ -15,18 +15,8 @@ mod support;
 
 mod common;
 
-use std::path::Path;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use common::{Iggy, Report, Stages, raw};
-use iggy_connect::config::ConnectorConfig;
-use iggy_connect::config::connector::parse_connector_file;
-use iggy_connect::config::env::EnvVars;
+use common::{Iggy, raw};
 use iggy_connect::connectors::ConnectorKind;
-use iggy_connect::engine::Runtime;
-use iggy_connect::iggy::IggyBus;
-use iggy_connect::state::FileStateStore;
 use serde_json::json;
 use support::nats_server::{NatsServer, stream_messages};
 
@@ -65,64 +55,23 @@ async fn sink_case(case: &str, iggy: &Iggy, stream: &str, messages: u64, path: &
             .into()
     })
     .await;
-    let stages = Stages::install();
-    let state = tempfile::tempdir().expect("state dir");
-    let runtime = Runtime::new(
-        Arc::new(IggyBus::new(iggy.settings())),
-        Arc::new(FileStateStore::new(state.path()).expect("state store")),
-        Duration::from_secs(10),
-    );
     let poll_interval = humantime::format_duration(common::poll_interval());
-    runtime
-        .add(connector(&format!(
-            r#"
-            type = "sink"
-            key = "bench_sink"
-            path = "{path}"
-            [[streams]]
-            stream = "{stream}"
-            topics = ["{TOPIC}"]
-            schema = "json"
-            batch_length = 5000
-            poll_interval = "{poll_interval}"
-            consumer_group = "bench"
-            [plugin_config]
-            {plugin}
-            "#
-        )))
-        .expect("add sink");
-    let started = Instant::now();
-    runtime.start_enabled().await;
-    let deadline = Instant::now() + Duration::from_secs(600);
-    loop {
-        let view = runtime
-            .view(ConnectorKind::Sink, "bench_sink")
-            .expect("view");
-        if view.metrics.processed.get() >= messages {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "sink did not drain: {:?}",
-            view.status
-        );
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    let elapsed = started.elapsed();
-    Report {
-        name: case,
-        messages,
-        elapsed,
-        latencies: stages.latencies("bench_sink"),
-        extra: vec![("server", iggy.kind().into())],
-    }
-    .print();
-    runtime.shutdown().await;
+    let file = format!(
+        r#"
+        type = "sink"
+        key = "bench_sink"
+        path = "{path}"
+        [[streams]]
+        stream = "{stream}"
+        topics = ["{TOPIC}"]
+        schema = "json"
+        batch_length = 5000
+        poll_interval = "{poll_interval}"
+        consumer_group = "bench"
+        [plugin_config]
+        {plugin}
+        "#
+    );
+    common::run_connector(case, iggy, ConnectorKind::Sink, "bench_sink", &file, messages).await;
     raw::drop_stream(&client, stream).await;
-}
-
-fn connector(text: &str) -> ConnectorConfig {
-    parse_connector_file(Path::new("bench.toml"), text, &EnvVars::default())
-        .unwrap_or_else(|issues| panic!("bad bench config: {issues}"))
-        .0
 }

@@ -35,6 +35,26 @@ impl Payload {
         }
     }
 
+    /// A top-level string (or number) field of a JSON payload, as text (a
+    /// subject, a routing key, a stream name taken from the message); `None`
+    /// for a payload that is not JSON, a missing field, an empty string or
+    /// another type.
+    pub fn field_text(&self, field: &str) -> Option<String> {
+        let value = match self {
+            Payload::Json(value) => value.get(field)?.clone(),
+            Payload::JsonBytes(bytes) => serde_json::from_slice::<serde_json::Value>(bytes)
+                .ok()?
+                .get(field)?
+                .clone(),
+            Payload::Text(_) | Payload::Raw(_) => return None,
+        };
+        match value {
+            serde_json::Value::String(text) if !text.is_empty() => Some(text),
+            serde_json::Value::Number(number) => Some(number.to_string()),
+            _ => None,
+        }
+    }
+
     pub fn kind(&self) -> &'static str {
         match self {
             Payload::Json(_) | Payload::JsonBytes(_) => "json",

@@ -428,6 +428,61 @@ pub fn poll_interval() -> Duration {
         .unwrap_or(Duration::from_millis(1))
 }
 
+/// Runs the connector of connector file `file` (its `key` is `key`) through
+/// the engine against `iggy` until it processed `messages`, then prints the
+/// case's report and shuts the runtime down.
+pub async fn run_connector(
+    case: &str,
+    iggy: &Iggy,
+    kind: iggy_connect::connectors::ConnectorKind,
+    key: &str,
+    file: &str,
+    messages: u64,
+) {
+    use iggy_connect::config::connector::parse_connector_file;
+    use iggy_connect::config::env::EnvVars;
+    use iggy_connect::engine::Runtime;
+    use iggy_connect::iggy::IggyBus;
+    use iggy_connect::state::FileStateStore;
+
+    let config = parse_connector_file(std::path::Path::new("bench.toml"), file, &EnvVars::default())
+        .unwrap_or_else(|issues| panic!("bad bench config: {issues}"))
+        .0;
+    let stages = Stages::install();
+    let state = tempfile::tempdir().expect("state dir");
+    let runtime = Runtime::new(
+        Arc::new(IggyBus::new(iggy.settings())),
+        Arc::new(FileStateStore::new(state.path()).expect("state store")),
+        Duration::from_secs(10),
+    );
+    runtime.add(config).expect("add connector");
+    let started = std::time::Instant::now();
+    runtime.start_enabled().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(600);
+    loop {
+        let view = runtime.view(kind, key).expect("view");
+        if view.metrics.processed.get() >= messages {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{key} did not finish: {:?}",
+            view.status
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let elapsed = started.elapsed();
+    Report {
+        name: case,
+        messages,
+        elapsed,
+        latencies: stages.latencies(key),
+        extra: vec![("server", iggy.kind().into())],
+    }
+    .print();
+    runtime.shutdown().await;
+}
+
 /// `BENCH_SCALE` (default 1) times `base`, at least `min`.
 pub fn scaled(base: u64, min: u64) -> u64 {
     let scale: f64 = std::env::var("BENCH_SCALE")

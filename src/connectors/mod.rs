@@ -18,6 +18,8 @@ mod nats;
 pub mod otlp;
 #[cfg(any(feature = "postgres-source", feature = "postgres-sink"))]
 mod postgres;
+#[cfg(any(feature = "rabbitmq-source", feature = "rabbitmq-sink"))]
+mod rabbitmq;
 #[cfg(any(feature = "redis-source", feature = "redis-sink"))]
 mod redis;
 pub mod registry;
@@ -37,6 +39,7 @@ registry::register_connectors! {
         nats => "nats-source",
         redis => "redis-source",
         otlp => "otlp-source",
+        rabbitmq => "rabbitmq-source",
     }
     sinks {
         stdout => "stdout-sink",
@@ -54,6 +57,7 @@ registry::register_connectors! {
         quickwit => "quickwit-sink",
         redis => "redis-sink",
         otlp => "otlp-sink",
+        rabbitmq => "rabbitmq-sink",
     }
 }
 

@@ -312,6 +312,18 @@ source_conformance!(
     "redis",
     fixtures::redis_source::Backend::pubsub().await
 );
+#[cfg(feature = "rabbitmq-source")]
+source_conformance!(
+    rabbitmq_source,
+    "rabbitmq",
+    fixtures::rabbitmq_source::Backend::new().await
+);
+#[cfg(feature = "rabbitmq-sink")]
+sink_conformance!(
+    rabbitmq_sink,
+    "rabbitmq",
+    fixtures::rabbitmq_sink::Backend::new().await
+);
 #[cfg(all(feature = "otlp-sink", feature = "otlp-source"))]
 sink_conformance!(otlp_sink, "otlp", fixtures::otlp_sink::Backend::new().await);
 
@@ -339,6 +351,8 @@ const COVERED_SOURCES: &[&str] = &[
     "redis",
     #[cfg(feature = "otlp-source")]
     "otlp",
+    #[cfg(feature = "rabbitmq-source")]
+    "rabbitmq",
 ];
 const COVERED_SINKS: &[&str] = &[
     #[cfg(feature = "stdout-sink")]
@@ -371,6 +385,8 @@ const COVERED_SINKS: &[&str] = &[
     "redis",
     #[cfg(all(feature = "otlp-sink", feature = "otlp-source"))]
     "otlp",
+    #[cfg(feature = "rabbitmq-sink")]
+    "rabbitmq",
 ];
 
 #[test]

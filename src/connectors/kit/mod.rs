@@ -3,7 +3,8 @@
 //! - [`backoff`]: capped exponential backoff with jitter (the engine's too);
 //! - [`breaker`]: a circuit breaker for an endpoint that keeps failing;
 //! - [`batch`]: one request body from many encoded items, split by count and bytes;
-//! - `row_id` (with the SQL sources): deterministic ids of database rows, snake_case columns;
+//! - `row_id` (with the SQL and rabbitmq sources): deterministic ids of database rows
+//!   and of keyed records, snake_case columns;
 //! - `inbox` (with the push sources: http, otlp): where received requests wait
 //!   for their batch and the answers owed to their clients once it is durable;
 //! - `http` (with any HTTP-based connector): the HTTP client builder (TLS,
@@ -18,5 +19,9 @@ pub mod gzip;
 pub mod http;
 #[cfg(any(feature = "http-source", feature = "otlp-source"))]
 pub mod inbox;
-#[cfg(any(feature = "postgres-source", feature = "mysql-source"))]
+#[cfg(any(
+    feature = "postgres-source",
+    feature = "mysql-source",
+    feature = "rabbitmq-source"
+))]
 pub mod row_id;

@@ -30,7 +30,7 @@ use crate::connectors::{
     ConnectorContext, ConnectorError, PluginConfigError, Rejection, Sink, SinkEntry, SinkError,
     parse_plugin_config, schema_of,
 };
-use crate::message::{Payload, SinkMessage, TopicRef};
+use crate::message::{SinkMessage, TopicRef};
 
 pub const ENTRY: SinkEntry = SinkEntry {
     name: "nats",
@@ -148,7 +148,7 @@ impl NatsSink {
 
     fn subject(&self, topic: &TopicRef, message: &SinkMessage) -> Result<String, String> {
         if let Some(field) = &self.config.subject_field {
-            if let Some(subject) = field_of(&message.payload, field) {
+            if let Some(subject) = message.payload.field_text(field) {
                 return Ok(subject);
             }
             if self.config.subject.is_none() {
@@ -204,23 +204,6 @@ impl NatsSink {
                     "plugin_config.stream: cannot find or create JetStream stream {stream:?}: {error}"
                 ))
             })
-    }
-}
-
-/// A top-level string (or number) field of a JSON payload.
-fn field_of(payload: &Payload, field: &str) -> Option<String> {
-    let value = match payload {
-        Payload::Json(value) => value.get(field)?.clone(),
-        Payload::JsonBytes(bytes) => serde_json::from_slice::<serde_json::Value>(bytes)
-            .ok()?
-            .get(field)?
-            .clone(),
-        Payload::Text(_) | Payload::Raw(_) => return None,
-    };
-    match value {
-        serde_json::Value::String(text) if !text.is_empty() => Some(text),
-        serde_json::Value::Number(number) => Some(number.to_string()),
-        _ => None,
     }
 }
 
@@ -362,6 +345,7 @@ impl Sink for NatsSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::message::Payload;
     use serde_json::json;
 
     fn build(config: serde_json::Value) -> Result<NatsSink, PluginConfigError> {
