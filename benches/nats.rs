@@ -72,6 +72,14 @@ async fn sink_case(case: &str, iggy: &Iggy, stream: &str, messages: u64, path: &
         {plugin}
         "#
     );
-    common::run_connector(case, iggy, ConnectorKind::Sink, "bench_sink", &file, messages).await;
+    common::run_connector(
+        case,
+        iggy,
+        ConnectorKind::Sink,
+        "bench_sink",
+        &file,
+        messages,
+    )
+    .await;
     raw::drop_stream(&client, stream).await;
 }

@@ -45,7 +45,10 @@ async fn run(case: String) {
     match case {
         "iggy_to_rabbitmq" => {
             let client = raw::topic(&iggy, &stream, TOPIC).await;
-            raw::send(&client, &stream, TOPIC, messages, 1000, |n| payload(n).into()).await;
+            raw::send(&client, &stream, TOPIC, messages, 1000, |n| {
+                payload(n).into()
+            })
+            .await;
             let poll_interval = humantime::format_duration(common::poll_interval());
             let file = format!(
                 r#"
@@ -64,10 +67,20 @@ async fn run(case: String) {
                 routing_key = "{queue}"
                 "#
             );
-            common::run_connector(case, &iggy, ConnectorKind::Sink, "bench_sink", &file, messages)
-                .await;
+            common::run_connector(
+                case,
+                &iggy,
+                ConnectorKind::Sink,
+                "bench_sink",
+                &file,
+                messages,
+            )
+            .await;
             let ready = support::rabbitmq::client(port).await.ready(&queue).await;
-            assert!(u64::from(ready) >= messages, "{ready} messages in the queue");
+            assert!(
+                u64::from(ready) >= messages,
+                "{ready} messages in the queue"
+            );
             raw::drop_stream(&client, &stream).await;
         }
         "rabbitmq_to_iggy" => {
@@ -88,8 +101,15 @@ async fn run(case: String) {
                 batch_size = 1000
                 "#
             );
-            common::run_connector(case, &iggy, ConnectorKind::Source, "bench_source", &file, messages)
-                .await;
+            common::run_connector(
+                case,
+                &iggy,
+                ConnectorKind::Source,
+                "bench_source",
+                &file,
+                messages,
+            )
+            .await;
         }
         other => panic!("unknown case {other}"),
     }

@@ -445,9 +445,13 @@ pub async fn run_connector(
     use iggy_connect::iggy::IggyBus;
     use iggy_connect::state::FileStateStore;
 
-    let config = parse_connector_file(std::path::Path::new("bench.toml"), file, &EnvVars::default())
-        .unwrap_or_else(|issues| panic!("bad bench config: {issues}"))
-        .0;
+    let config = parse_connector_file(
+        std::path::Path::new("bench.toml"),
+        file,
+        &EnvVars::default(),
+    )
+    .unwrap_or_else(|issues| panic!("bad bench config: {issues}"))
+    .0;
     let stages = Stages::install();
     let state = tempfile::tempdir().expect("state dir");
     let runtime = Runtime::new(

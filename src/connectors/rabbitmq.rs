@@ -124,10 +124,7 @@ pub fn check_short(field: &str, value: &str) -> Result<(), PluginConfigError> {
     if value.len() > SHORT_STR {
         return Err(PluginConfigError::new(
             field,
-            format!(
-                "expected at most {SHORT_STR} bytes, found {}",
-                value.len()
-            ),
+            format!("expected at most {SHORT_STR} bytes, found {}", value.len()),
         ));
     }
     Ok(())
@@ -250,7 +247,10 @@ impl AmqpConnection {
             ));
         }
         if self.port == 0 {
-            return Err(PluginConfigError::new("port", "expected a port, such as 5672"));
+            return Err(PluginConfigError::new(
+                "port",
+                "expected a port, such as 5672",
+            ));
         }
         check_short("virtual_host", &self.virtual_host)?;
         if self.username.is_empty() {
@@ -266,14 +266,18 @@ impl AmqpConnection {
     }
 
     fn address(&self) -> String {
-        format!("{}:{} (virtual host {:?})", self.host, self.port, self.virtual_host)
+        format!(
+            "{}:{} (virtual host {:?})",
+            self.host, self.port, self.virtual_host
+        )
     }
 
     /// Opens a connection named `name` and one channel on it.
     ///
-    /// RabbitMQ answers bad credentials by closing the socket right after the
-    /// login (this client does not ask for the explicit refusal): a login cut
-    /// off twice in a row is taken as refused credentials, which is fatal. A
+    /// RabbitMQ answers bad credentials by closing (or resetting) the socket
+    /// right after the login (this client does not ask for the explicit
+    /// refusal): a login cut off twice in a row is taken as refused
+    /// credentials, which is fatal. A
     /// broker that is down or starting refuses the TCP connection instead,
     /// which is transient.
     pub async fn open(&self, name: &str) -> Result<Session, ConnectorError> {
@@ -303,7 +307,9 @@ impl AmqpConnection {
             .await
             .map_err(|_| Opening::Failed(format!("no answer within {:?}", self.connect_timeout)))?
             .map_err(|error| match error {
-                amqprs::error::Error::NetworkError(text) if text.contains("peer shutdown") => {
+                amqprs::error::Error::NetworkError(text)
+                    if text.contains("peer shutdown") || text.contains("reset by peer") =>
+                {
                     Opening::CutOff
                 }
                 amqprs::error::Error::ConnectionOpenError(text) => Opening::Refused(text),
@@ -387,7 +393,12 @@ impl Session {
 
     /// What `error`, met while doing `action` (about `field` of the config),
     /// means: the broker's reason when it closed the channel decides.
-    pub fn error(&self, field: &str, action: &str, error: impl std::fmt::Display) -> ConnectorError {
+    pub fn error(
+        &self,
+        field: &str,
+        action: &str,
+        error: impl std::fmt::Display,
+    ) -> ConnectorError {
         match self.closed() {
             Some((code, text)) => classify(field, action, code, &text),
             None => ConnectorError::transient(format!("RabbitMQ {action}: {error}")),
@@ -444,15 +455,39 @@ mod tests {
     fn given_a_bad_connection_field_when_checked_should_name_it() {
         connection().check().unwrap();
         let cases = [
-            (AmqpConnection { host: " ".into(), ..connection() }, "host"),
-            (AmqpConnection { port: 0, ..connection() }, "port"),
-            (AmqpConnection { username: String::new(), ..connection() }, "username"),
             (
-                AmqpConnection { virtual_host: "v".repeat(256), ..connection() },
+                AmqpConnection {
+                    host: " ".into(),
+                    ..connection()
+                },
+                "host",
+            ),
+            (
+                AmqpConnection {
+                    port: 0,
+                    ..connection()
+                },
+                "port",
+            ),
+            (
+                AmqpConnection {
+                    username: String::new(),
+                    ..connection()
+                },
+                "username",
+            ),
+            (
+                AmqpConnection {
+                    virtual_host: "v".repeat(256),
+                    ..connection()
+                },
                 "virtual_host",
             ),
             (
-                AmqpConnection { heartbeat: Duration::from_secs(70_000), ..connection() },
+                AmqpConnection {
+                    heartbeat: Duration::from_secs(70_000),
+                    ..connection()
+                },
                 "heartbeat",
             ),
         ];
@@ -464,9 +499,11 @@ mod tests {
     #[test]
     fn given_a_close_code_when_classified_should_say_what_retrying_can_fix() {
         assert!(!classify("queue", "consume", 404, "NOT_FOUND").is_transient());
-        assert!(classify("queue", "consume", 404, "NOT_FOUND")
-            .to_string()
-            .contains("plugin_config.queue"));
+        assert!(
+            classify("queue", "consume", 404, "NOT_FOUND")
+                .to_string()
+                .contains("plugin_config.queue")
+        );
         assert!(!classify("queue", "consume", 403, "ACCESS_REFUSED").is_transient());
         assert!(classify("queue", "consume", 320, "CONNECTION_FORCED").is_transient());
         assert!(classify("queue", "consume", 541, "INTERNAL_ERROR").is_transient());

@@ -23,10 +23,10 @@ pub mod mongodb;
 #[cfg(any(feature = "nats-source", feature = "nats-sink"))]
 pub mod nats_server;
 pub mod prometheus;
-#[cfg(any(feature = "rabbitmq-source", feature = "rabbitmq-sink"))]
-pub mod rabbitmq;
 #[cfg(feature = "quickwit-sink")]
 pub mod quickwit;
+#[cfg(any(feature = "rabbitmq-source", feature = "rabbitmq-sink"))]
+pub mod rabbitmq;
 #[cfg(any(feature = "redis-sink", feature = "redis-source"))]
 pub mod redis;
 #[cfg(feature = "schema-registry")]

@@ -16,12 +16,12 @@ use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use amqprs::BasicProperties;
 use amqprs::channel::{
     BasicAckArguments, BasicGetArguments, BasicPublishArguments, Channel, ConfirmSelectArguments,
     QueueBindArguments, QueueDeclareArguments, QueuePurgeArguments,
 };
 use amqprs::connection::{Connection, OpenConnectionArguments};
-use amqprs::BasicProperties;
 
 const SERVER: &str = "/usr/lib/rabbitmq/bin/rabbitmq-server";
 const EPMD: &str = "/usr/bin/epmd";
@@ -143,10 +143,15 @@ impl RabbitServer {
     fn spawn(&mut self) {
         if self.epmd.is_none() {
             let mut epmd = Command::new(EPMD);
-            epmd.args(["-port", &self.epmd_port.to_string(), "-address", "127.0.0.1"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null());
+            epmd.args([
+                "-port",
+                &self.epmd_port.to_string(),
+                "-address",
+                "127.0.0.1",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
             die_with_parent(&mut epmd);
             self.epmd = Some(on_keeper(move || epmd.spawn().expect("start epmd")));
         }
@@ -174,7 +179,9 @@ impl RabbitServer {
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         die_with_parent(&mut command);
-        self.broker = Some(on_keeper(move || command.spawn().expect("start rabbitmq-server")));
+        self.broker = Some(on_keeper(move || {
+            command.spawn().expect("start rabbitmq-server")
+        }));
         self.wait_ready();
     }
 
@@ -197,7 +204,10 @@ impl RabbitServer {
             if let Some(broker) = self.broker.as_mut()
                 && let Ok(Some(status)) = broker.try_wait()
             {
-                panic!("rabbitmq-server exited with {status}; logs: {}", self.logs());
+                panic!(
+                    "rabbitmq-server exited with {status}; logs: {}",
+                    self.logs()
+                );
             }
             assert!(
                 Instant::now() < deadline,
@@ -215,7 +225,13 @@ impl RabbitServer {
                 text += &std::fs::read_to_string(entry.path()).unwrap_or_default();
             }
         }
-        text.chars().rev().take(4000).collect::<Vec<_>>().into_iter().rev().collect()
+        text.chars()
+            .rev()
+            .take(4000)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect()
     }
 
     /// Kills the broker (SIGKILL, by its PID) and waits until it is gone.
@@ -249,7 +265,10 @@ impl RabbitServer {
             .args(["name", "messages_ready", "messages_unacknowledged"])
             .env("HOME", self.dir.path().join("home"))
             .env("ERL_EPMD_PORT", self.epmd_port.to_string())
-            .env("RABBITMQ_CONF_ENV_FILE", self.dir.path().join("rabbitmq-env.conf"))
+            .env(
+                "RABBITMQ_CONF_ENV_FILE",
+                self.dir.path().join("rabbitmq-env.conf"),
+            )
             .env(
                 "RABBITMQ_ENABLED_PLUGINS_FILE",
                 self.dir.path().join("enabled_plugins"),
@@ -381,7 +400,13 @@ impl amqprs::callbacks::ChannelCallback for Confirms {
     async fn publish_nack(&mut self, _: &Channel, nack: amqprs::Nack) {
         panic!("the broker nacked test message {}", nack.delivery_tag());
     }
-    async fn publish_return(&mut self, _: &Channel, _: amqprs::Return, _: BasicProperties, _: Vec<u8>) {
+    async fn publish_return(
+        &mut self,
+        _: &Channel,
+        _: amqprs::Return,
+        _: BasicProperties,
+        _: Vec<u8>,
+    ) {
         panic!("the broker returned a test message");
     }
 }
@@ -426,7 +451,9 @@ pub async fn publish_messages(
             .basic_publish(
                 properties,
                 body,
-                BasicPublishArguments::new(exchange, key).mandatory(true).finish(),
+                BasicPublishArguments::new(exchange, key)
+                    .mandatory(true)
+                    .finish(),
             )
             .await
             .unwrap();
