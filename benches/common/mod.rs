@@ -446,6 +446,32 @@ pub fn poll_interval() -> Duration {
         .unwrap_or(Duration::from_millis(1))
 }
 
+/// Runs the connector of connector file `file` (its `key` is `key`) through
+/// a [`Pipeline`] until it is done with `messages`, shuts the runtime down
+/// and prints the case's report.
+pub async fn run_connector(
+    case: &str,
+    iggy: &Iggy,
+    kind: iggy_connect::connectors::ConnectorKind,
+    key: &str,
+    file: &str,
+    messages: u64,
+) {
+    let stages = Stages::install();
+    let pipeline = Pipeline::new(iggy, file);
+    let elapsed = pipeline.run_until_done(kind, key, messages).await;
+    // After the shutdown every batch's commit has recorded its duration.
+    pipeline.runtime.shutdown().await;
+    Report {
+        name: case,
+        messages,
+        elapsed,
+        latencies: stages.latencies(key),
+        extra: vec![("server", iggy.kind().into())],
+    }
+    .print();
+}
+
 /// `BENCH_SCALE` (default 1) times `base`, at least `min`.
 pub fn scaled(base: u64, min: u64) -> u64 {
     let scale: f64 = std::env::var("BENCH_SCALE")

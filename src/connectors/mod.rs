@@ -20,6 +20,8 @@ mod nats;
 pub mod otlp;
 #[cfg(any(feature = "postgres-source", feature = "postgres-sink"))]
 mod postgres;
+#[cfg(any(feature = "rabbitmq-source", feature = "rabbitmq-sink"))]
+mod rabbitmq;
 #[cfg(any(feature = "redis-source", feature = "redis-sink"))]
 mod redis;
 pub mod registry;
@@ -40,6 +42,7 @@ registry::register_connectors! {
         redis => "redis-source",
         otlp => "otlp-source",
         mqtt => "mqtt-source",
+        rabbitmq => "rabbitmq-source",
     }
     sinks {
         stdout => "stdout-sink",
@@ -58,6 +61,7 @@ registry::register_connectors! {
         redis => "redis-sink",
         otlp => "otlp-sink",
         mqtt => "mqtt-sink",
+        rabbitmq => "rabbitmq-sink",
     }
 }
 

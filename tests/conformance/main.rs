@@ -312,6 +312,18 @@ source_conformance!(
     "redis",
     fixtures::redis_source::Backend::pubsub().await
 );
+#[cfg(feature = "rabbitmq-source")]
+source_conformance!(
+    rabbitmq_source,
+    "rabbitmq",
+    fixtures::rabbitmq_source::Backend::new().await
+);
+#[cfg(feature = "rabbitmq-sink")]
+sink_conformance!(
+    rabbitmq_sink,
+    "rabbitmq",
+    fixtures::rabbitmq_sink::Backend::new().await
+);
 #[cfg(all(feature = "otlp-sink", feature = "otlp-source"))]
 sink_conformance!(otlp_sink, "otlp", fixtures::otlp_sink::Backend::new().await);
 #[cfg(feature = "mqtt-source")]
@@ -349,6 +361,8 @@ const COVERED_SOURCES: &[&str] = &[
     "otlp",
     #[cfg(feature = "mqtt-source")]
     "mqtt",
+    #[cfg(feature = "rabbitmq-source")]
+    "rabbitmq",
 ];
 const COVERED_SINKS: &[&str] = &[
     #[cfg(feature = "stdout-sink")]
@@ -383,6 +397,8 @@ const COVERED_SINKS: &[&str] = &[
     "otlp",
     #[cfg(feature = "mqtt-sink")]
     "mqtt",
+    #[cfg(feature = "rabbitmq-sink")]
+    "rabbitmq",
 ];
 
 #[test]

@@ -28,6 +28,8 @@ pub mod nats_server;
 pub mod prometheus;
 #[cfg(feature = "quickwit-sink")]
 pub mod quickwit;
+#[cfg(any(feature = "rabbitmq-source", feature = "rabbitmq-sink"))]
+pub mod rabbitmq;
 #[cfg(any(feature = "redis-sink", feature = "redis-source"))]
 pub mod redis;
 #[cfg(feature = "schema-registry")]

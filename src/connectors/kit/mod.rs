@@ -8,6 +8,8 @@
 //!   by their cause, client errors worth retrying, a sink's payload bytes;
 //! - `sql_poll` (with the SQL sources): the polling core (cursor state, staged
 //!   batches, caught-up and finish logic) and the config pieces they share;
+//! - `row_id` (with the SQL and rabbitmq sources): deterministic ids of database rows
+//!   and of keyed records, snake_case columns;
 //! - `inbox` (with the push sources: http, otlp): where received requests wait
 //!   for their batch and the answers owed to their clients once it is durable;
 //! - `http` (with any HTTP-based connector): the HTTP client builder (TLS,
@@ -22,7 +24,11 @@ pub mod gzip;
 pub mod http;
 #[cfg(any(feature = "http-source", feature = "otlp-source"))]
 pub mod inbox;
-#[cfg(any(feature = "postgres-source", feature = "mysql-source"))]
+#[cfg(any(
+    feature = "postgres-source",
+    feature = "mysql-source",
+    feature = "rabbitmq-source"
+))]
 pub mod row_id;
 #[cfg(any(
     feature = "postgres-source",

@@ -1,5 +1,6 @@
 //! Deterministic message ids and column renaming for sources that read
-//! database rows (the postgres and mysql sources).
+//! database rows (the postgres and mysql sources), and the id hash for
+//! sources whose records carry a key of their own (the rabbitmq source).
 
 /// A deterministic Iggy message id for a row version, so a row read twice (after
 /// a NACK or a crash) carries the same id both times and Iggy's or a sink's
@@ -14,12 +15,19 @@ pub fn message_id(table: &str, tracking: &str, key: Option<&str>, key_is_trackin
     if key_is_tracking && let Ok(number) = tracking.parse::<u64>() {
         return (u128::from(fnv1a_64(table.as_bytes())) << 64) | u128::from(number);
     }
+    hash_id(&[table, key.unwrap_or(""), tracking])
+}
+
+/// A deterministic Iggy message id from text parts: FNV-1a-128 of the parts
+/// joined by `\0` (a record's origin and its key at that origin).
+pub fn hash_id(parts: &[&str]) -> u128 {
     let mut hash = Fnv128::new();
-    hash.write(table.as_bytes());
-    hash.write(&[0]);
-    hash.write(key.unwrap_or("").as_bytes());
-    hash.write(&[0]);
-    hash.write(tracking.as_bytes());
+    for (index, part) in parts.iter().enumerate() {
+        if index > 0 {
+            hash.write(&[0]);
+        }
+        hash.write(part.as_bytes());
+    }
     hash.finish()
 }
 

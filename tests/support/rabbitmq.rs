@@ -1,0 +1,477 @@
+//! A real RabbitMQ broker (Debian's `rabbitmq-server` 3.10, installed by
+//! `scripts/ensure-debian-packages`), one per test binary: it takes seconds
+//! to start, so the tests of a binary share it and keep apart by unique queue
+//! and exchange names. Everything of it is its own: a temp directory for its
+//! data (mnesia), logs, config and Erlang cookie (`HOME`), a free loopback
+//! AMQP port, a free distribution port, and an `epmd` of its own on a free
+//! port (so nothing collides with another broker or test binary). No plugin
+//! is enabled (no management). Both processes are children of a thread that
+//! lives as long as the binary and die with it (`PR_SET_PDEATHSIG`); `kill`
+//! stops the broker by its PID with SIGKILL, `restart` starts it again on the
+//! same port and data directory.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use amqprs::BasicProperties;
+use amqprs::channel::{
+    BasicAckArguments, BasicGetArguments, BasicPublishArguments, Channel, ConfirmSelectArguments,
+    QueueBindArguments, QueueDeclareArguments, QueuePurgeArguments,
+};
+use amqprs::connection::{Connection, OpenConnectionArguments};
+
+const SERVER: &str = "/usr/lib/rabbitmq/bin/rabbitmq-server";
+const EPMD: &str = "/usr/bin/epmd";
+
+pub struct RabbitServer {
+    broker: Option<Child>,
+    epmd: Option<Child>,
+    dir: tempfile::TempDir,
+    node: String,
+    pub port: u16,
+    dist_port: u16,
+    epmd_port: u16,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Runs `job` on a thread that lives as long as the test binary, so a
+/// process it spawns (dying with its parent thread) outlives any one test.
+fn on_keeper<T: Send + 'static>(job: impl FnOnce() -> T + Send + 'static) -> T {
+    type Job = Box<dyn FnOnce() + Send>;
+    static KEEPER: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
+    let keeper = KEEPER.get_or_init(|| {
+        let (sender, jobs) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("rabbitmq-keeper".into())
+            .spawn(move || {
+                for job in jobs {
+                    job();
+                }
+                // Keep the children's parent thread alive until the process ends.
+                loop {
+                    std::thread::park();
+                }
+            })
+            .unwrap();
+        Mutex::new(sender)
+    });
+    let (done, result) = mpsc::channel();
+    keeper
+        .lock()
+        .unwrap()
+        .send(Box::new(move || {
+            let _ = done.send(job());
+        }))
+        .unwrap();
+    result.recv().unwrap()
+}
+
+fn die_with_parent(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe and touches nothing of the parent.
+    unsafe {
+        command.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+}
+
+/// The broker of this test binary, started on first use.
+pub fn shared() -> std::sync::MutexGuard<'static, RabbitServer> {
+    static SHARED: OnceLock<Mutex<RabbitServer>> = OnceLock::new();
+    SHARED
+        .get_or_init(|| Mutex::new(RabbitServer::start()))
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The shared broker's AMQP port.
+pub fn port() -> u16 {
+    shared().port
+}
+
+/// A name no other test of this run uses.
+pub fn unique(prefix: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+impl RabbitServer {
+    pub fn start() -> Self {
+        assert!(
+            std::path::Path::new(SERVER).exists(),
+            "rabbitmq-server is not installed: run scripts/ensure-debian-packages (scripts/test does)"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        for sub in ["home", "mnesia", "log"] {
+            std::fs::create_dir(dir.path().join(sub)).unwrap();
+        }
+        std::fs::write(dir.path().join("enabled_plugins"), "[].\n").unwrap();
+        std::fs::write(
+            dir.path().join("rabbitmq.conf"),
+            "disk_free_limit.absolute = 1MB\nlog.console = false\nlog.file.level = warning\n",
+        )
+        .unwrap();
+        let mut server = Self {
+            broker: None,
+            epmd: None,
+            node: format!("{}@localhost", unique("rabbit").replace('-', "_")),
+            dir,
+            port: free_port(),
+            dist_port: free_port(),
+            epmd_port: free_port(),
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        if self.epmd.is_none() {
+            let mut epmd = Command::new(EPMD);
+            epmd.args([
+                "-port",
+                &self.epmd_port.to_string(),
+                "-address",
+                "127.0.0.1",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+            die_with_parent(&mut epmd);
+            self.epmd = Some(on_keeper(move || epmd.spawn().expect("start epmd")));
+        }
+        let dir = self.dir.path();
+        let mut command = Command::new(SERVER);
+        command
+            .arg("-noinput")
+            .env("HOME", dir.join("home"))
+            .env("RABBITMQ_ALLOW_INPUT", "1")
+            .env("RABBITMQ_NODENAME", &self.node)
+            .env("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1")
+            .env("RABBITMQ_NODE_PORT", self.port.to_string())
+            .env("RABBITMQ_DIST_PORT", self.dist_port.to_string())
+            .env("ERL_EPMD_PORT", self.epmd_port.to_string())
+            .env("ERL_EPMD_ADDRESS", "127.0.0.1")
+            .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
+            .env("RABBITMQ_LOG_BASE", dir.join("log"))
+            .env("RABBITMQ_ENABLED_PLUGINS_FILE", dir.join("enabled_plugins"))
+            .env("RABBITMQ_CONFIG_FILE", dir.join("rabbitmq.conf"))
+            .env("RABBITMQ_ADVANCED_CONFIG_FILE", dir.join("advanced.config"))
+            .env("RABBITMQ_CONF_ENV_FILE", dir.join("rabbitmq-env.conf"))
+            .env("RABBITMQ_PID_FILE", dir.join("rabbit.pid"))
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        die_with_parent(&mut command);
+        self.broker = Some(on_keeper(move || {
+            command.spawn().expect("start rabbitmq-server")
+        }));
+        self.wait_ready();
+    }
+
+    /// Until the broker answers the AMQP protocol header with its
+    /// `connection.start` (it listens only once it has booted).
+    fn wait_ready(&mut self) {
+        use std::io::{Read, Write};
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            if let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", self.port)) {
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+                let mut frame_type = [0u8; 1];
+                if stream.write_all(b"AMQP\x00\x00\x09\x01").is_ok()
+                    && stream.read_exact(&mut frame_type).is_ok()
+                    && frame_type[0] == 1
+                {
+                    return;
+                }
+            }
+            if let Some(broker) = self.broker.as_mut()
+                && let Ok(Some(status)) = broker.try_wait()
+            {
+                panic!(
+                    "rabbitmq-server exited with {status}; logs: {}",
+                    self.logs()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "rabbitmq-server did not answer within 90 s; logs: {}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn logs(&self) -> String {
+        let mut text = String::new();
+        if let Ok(entries) = std::fs::read_dir(self.dir.path().join("log")) {
+            for entry in entries.flatten() {
+                text += &std::fs::read_to_string(entry.path()).unwrap_or_default();
+            }
+        }
+        text.chars()
+            .rev()
+            .take(4000)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect()
+    }
+
+    /// Kills the broker (SIGKILL, by its PID) and waits until it is gone.
+    pub fn kill(&mut self) {
+        if let Some(mut broker) = self.broker.take() {
+            let _ = broker.kill();
+            let _ = broker.wait();
+        }
+    }
+
+    /// Starts the broker again on the same port and data directory.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// Starts the broker after [`kill`](Self::kill).
+    pub fn resume(&mut self) {
+        if self.broker.is_none() {
+            self.spawn();
+        }
+    }
+}
+
+impl RabbitServer {
+    /// The messages of `queue` ready and delivered-unacknowledged, as the
+    /// broker counts them (`rabbitmqctl list_queues`).
+    pub fn counts(&self, queue: &str) -> (u64, u64) {
+        let output = Command::new("/usr/lib/rabbitmq/bin/rabbitmqctl")
+            .args(["-n", &self.node, "-q", "--no-table-headers", "list_queues"])
+            .args(["name", "messages_ready", "messages_unacknowledged"])
+            .env("HOME", self.dir.path().join("home"))
+            .env("ERL_EPMD_PORT", self.epmd_port.to_string())
+            .env(
+                "RABBITMQ_CONF_ENV_FILE",
+                self.dir.path().join("rabbitmq-env.conf"),
+            )
+            .env(
+                "RABBITMQ_ENABLED_PLUGINS_FILE",
+                self.dir.path().join("enabled_plugins"),
+            )
+            .output()
+            .expect("run rabbitmqctl");
+        let text = String::from_utf8_lossy(&output.stdout);
+        for line in text.lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if let [name, ready, unacked] = fields[..]
+                && name == queue
+            {
+                return (ready.parse().unwrap(), unacked.parse().unwrap());
+            }
+        }
+        panic!(
+            "rabbitmqctl lists no queue {queue}: {text}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
+impl Drop for RabbitServer {
+    fn drop(&mut self) {
+        self.kill();
+        if let Some(mut epmd) = self.epmd.take() {
+            let _ = epmd.kill();
+            let _ = epmd.wait();
+        }
+    }
+}
+
+/// A client connection (guest) with one channel.
+pub struct Client {
+    pub connection: Connection,
+    pub channel: Channel,
+}
+
+pub async fn client(port: u16) -> Client {
+    let connection = Connection::open(&OpenConnectionArguments::new(
+        "127.0.0.1",
+        port,
+        "guest",
+        "guest",
+    ))
+    .await
+    .unwrap();
+    let channel = connection.open_channel(None).await.unwrap();
+    Client {
+        connection,
+        channel,
+    }
+}
+
+impl Client {
+    /// Declares durable queue `queue`, bound to `exchange` with `key` when given.
+    pub async fn queue(&self, queue: &str, binding: Option<(&str, &str)>) {
+        self.channel
+            .queue_declare(QueueDeclareArguments::durable_client_named(queue).finish())
+            .await
+            .unwrap();
+        if let Some((exchange, key)) = binding {
+            self.channel
+                .queue_bind(QueueBindArguments::new(queue, exchange, key))
+                .await
+                .unwrap();
+        }
+    }
+
+    /// How many messages `queue` holds ready (delivered-unacked ones excluded).
+    pub async fn ready(&self, queue: &str) -> u32 {
+        let declared = self
+            .channel
+            .queue_declare(QueueDeclareArguments::new(queue).passive(true).finish())
+            .await
+            .unwrap();
+        declared.map_or(0, |(_, ready, _)| ready)
+    }
+
+    pub async fn purge(&self, queue: &str) {
+        self.channel
+            .queue_purge(QueuePurgeArguments::new(queue))
+            .await
+            .unwrap();
+    }
+
+    /// Takes every ready message of `queue` (acked): its properties and body.
+    pub async fn drain(&self, queue: &str) -> Vec<(BasicProperties, Vec<u8>)> {
+        let mut messages = Vec::new();
+        while let Some((get_ok, properties, body)) = self
+            .channel
+            .basic_get(BasicGetArguments::new(queue))
+            .await
+            .unwrap()
+        {
+            self.channel
+                .basic_ack(BasicAckArguments::new(get_ok.delivery_tag(), false))
+                .await
+                .unwrap();
+            messages.push((properties, body));
+        }
+        messages
+    }
+}
+
+/// Counts the broker's publisher confirms (acks up to a tag).
+struct Confirms(std::sync::Arc<std::sync::atomic::AtomicU64>);
+
+#[async_trait::async_trait]
+impl amqprs::callbacks::ChannelCallback for Confirms {
+    async fn close(
+        &mut self,
+        _: &Channel,
+        close: amqprs::CloseChannel,
+    ) -> Result<(), amqprs::error::Error> {
+        panic!("the broker closed the test's publishing channel: {close}");
+    }
+    async fn cancel(&mut self, _: &Channel, _: amqprs::Cancel) -> Result<(), amqprs::error::Error> {
+        Ok(())
+    }
+    async fn flow(&mut self, _: &Channel, active: bool) -> Result<bool, amqprs::error::Error> {
+        Ok(active)
+    }
+    async fn publish_ack(&mut self, _: &Channel, ack: amqprs::Ack) {
+        // Tags come in order; `multiple` covers all before it, and a single
+        // ack comes only after the ones before it were acked too.
+        self.0.fetch_max(ack.delivery_tag(), Ordering::SeqCst);
+    }
+    async fn publish_nack(&mut self, _: &Channel, nack: amqprs::Nack) {
+        panic!("the broker nacked test message {}", nack.delivery_tag());
+    }
+    async fn publish_return(
+        &mut self,
+        _: &Channel,
+        _: amqprs::Return,
+        _: BasicProperties,
+        _: Vec<u8>,
+    ) {
+        panic!("the broker returned a test message");
+    }
+}
+
+/// Publishes each body to `exchange` with routing key `key` (`""` and a queue
+/// name: to that queue), persistent, and waits until the broker confirmed
+/// every one (each is then on disk in its durable queue).
+pub async fn publish_to(
+    port: u16,
+    exchange: &str,
+    key: &str,
+    bodies: impl IntoIterator<Item = Vec<u8>>,
+) {
+    let persistent = BasicProperties::default().with_persistence(true).finish();
+    let messages = bodies.into_iter().map(|body| (persistent.clone(), body));
+    publish_messages(port, exchange, key, messages).await;
+}
+
+/// Publishes each (properties, body) `mandatory` and waits for every confirm.
+pub async fn publish_messages(
+    port: u16,
+    exchange: &str,
+    key: &str,
+    messages: impl IntoIterator<Item = (BasicProperties, Vec<u8>)>,
+) {
+    let client = client(port).await;
+    let acked = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    client
+        .channel
+        .register_callback(Confirms(acked.clone()))
+        .await
+        .unwrap();
+    client
+        .channel
+        .confirm_select(ConfirmSelectArguments::new(false))
+        .await
+        .unwrap();
+    let mut count = 0u64;
+    for (properties, body) in messages {
+        client
+            .channel
+            .basic_publish(
+                properties,
+                body,
+                BasicPublishArguments::new(exchange, key)
+                    .mandatory(true)
+                    .finish(),
+            )
+            .await
+            .unwrap();
+        count += 1;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while acked.load(Ordering::SeqCst) < count {
+        assert!(
+            Instant::now() < deadline,
+            "the broker did not confirm the test's messages"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let _ = client.channel.close().await;
+    let _ = client.connection.close().await;
+}
+
+/// [`publish_to`] the queue `queue` through the default exchange.
+pub async fn publish(port: u16, queue: &str, bodies: impl IntoIterator<Item = Vec<u8>>) {
+    publish_to(port, "", queue, bodies).await;
+}
