@@ -374,8 +374,13 @@ impl Client {
     }
 }
 
-/// Counts the broker's publisher confirms (acks up to a tag).
-struct Confirms(std::sync::Arc<std::sync::atomic::AtomicU64>);
+/// What the broker answered the test's publishes: the highest confirmed tag
+/// and the messages it returned as unroutable.
+#[derive(Clone, Default)]
+struct Confirms {
+    acked: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    returned: std::sync::Arc<Mutex<Vec<(BasicProperties, Vec<u8>)>>>,
+}
 
 #[async_trait::async_trait]
 impl amqprs::callbacks::ChannelCallback for Confirms {
@@ -395,7 +400,7 @@ impl amqprs::callbacks::ChannelCallback for Confirms {
     async fn publish_ack(&mut self, _: &Channel, ack: amqprs::Ack) {
         // Tags come in order; `multiple` covers all before it, and a single
         // ack comes only after the ones before it were acked too.
-        self.0.fetch_max(ack.delivery_tag(), Ordering::SeqCst);
+        self.acked.fetch_max(ack.delivery_tag(), Ordering::SeqCst);
     }
     async fn publish_nack(&mut self, _: &Channel, nack: amqprs::Nack) {
         panic!("the broker nacked test message {}", nack.delivery_tag());
@@ -404,10 +409,14 @@ impl amqprs::callbacks::ChannelCallback for Confirms {
         &mut self,
         _: &Channel,
         _: amqprs::Return,
-        _: BasicProperties,
-        _: Vec<u8>,
+        properties: BasicProperties,
+        body: Vec<u8>,
     ) {
-        panic!("the broker returned a test message");
+        // The broker sends a return before the confirm of the same message.
+        self.returned
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push((properties, body));
     }
 }
 
@@ -425,7 +434,11 @@ pub async fn publish_to(
     publish_messages(port, exchange, key, messages).await;
 }
 
-/// Publishes each (properties, body) `mandatory` and waits for every confirm.
+/// Publishes each (properties, body) `mandatory` and waits until every one
+/// was confirmed and routed to a queue. A broker that has just restarted can
+/// accept connections a moment before its durable queues route again and
+/// return what it could not route: those are published again, for up to
+/// 30 s (a test's wrong binding fails then, naming how many were returned).
 pub async fn publish_messages(
     port: u16,
     exchange: &str,
@@ -433,10 +446,10 @@ pub async fn publish_messages(
     messages: impl IntoIterator<Item = (BasicProperties, Vec<u8>)>,
 ) {
     let client = client(port).await;
-    let acked = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let confirms = Confirms::default();
     client
         .channel
-        .register_callback(Confirms(acked.clone()))
+        .register_callback(confirms.clone())
         .await
         .unwrap();
     client
@@ -444,28 +457,50 @@ pub async fn publish_messages(
         .confirm_select(ConfirmSelectArguments::new(false))
         .await
         .unwrap();
-    let mut count = 0u64;
-    for (properties, body) in messages {
-        client
-            .channel
-            .basic_publish(
-                properties,
-                body,
-                BasicPublishArguments::new(exchange, key)
-                    .mandatory(true)
-                    .finish(),
-            )
-            .await
-            .unwrap();
-        count += 1;
-    }
     let deadline = Instant::now() + Duration::from_secs(30);
-    while acked.load(Ordering::SeqCst) < count {
-        assert!(
-            Instant::now() < deadline,
-            "the broker did not confirm the test's messages"
+    let mut pending: Vec<_> = messages.into_iter().collect();
+    let mut count = 0u64;
+    while !pending.is_empty() {
+        for (properties, body) in pending {
+            client
+                .channel
+                .basic_publish(
+                    properties,
+                    body,
+                    BasicPublishArguments::new(exchange, key)
+                        .mandatory(true)
+                        .finish(),
+                )
+                .await
+                .unwrap();
+            count += 1;
+        }
+        while confirms.acked.load(Ordering::SeqCst) < count {
+            assert!(
+                Instant::now() < deadline,
+                "the broker did not confirm the test's messages"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        pending = std::mem::take(
+            &mut *confirms
+                .returned
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
         );
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert!(
+            pending.is_empty() || Instant::now() < deadline,
+            "the broker returned {} test messages as unroutable for 30 s \
+             (exchange {exchange:?}, routing key {key:?})",
+            pending.len()
+        );
+        if !pending.is_empty() {
+            eprintln!(
+                "the broker returned {} test messages as unroutable; publishing them again",
+                pending.len()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
     let _ = client.channel.close().await;
     let _ = client.connection.close().await;
