@@ -178,21 +178,21 @@ async fn source_case(case: &str, iggy: &Iggy, stream: &str, documents: u64) {
         "bench",
         json!({"properties": {"@timestamp": {"type": "date"}}}),
     );
-    for n in 0..documents {
-        let second = n / 10;
-        let timestamp = format!(
-            "2024-03-{:02}T{:02}:{:02}:{:02}Z",
-            1 + second / 86_400,
-            second / 3600 % 24,
-            second / 60 % 60,
-            second % 60
-        );
-        server.put_document(
-            "bench",
-            &format!("d{n}"),
-            json!({"n": n, "@timestamp": timestamp, "text": "x".repeat(100)}),
-        );
-    }
+    server.put_documents(
+        "bench",
+        (0..documents).map(|n| {
+            let second = n / 10;
+            let timestamp = format!(
+                "2024-03-{:02}T{:02}:{:02}:{:02}Z",
+                1 + second / 86_400,
+                second / 3600 % 24,
+                second / 60 % 60,
+                second % 60
+            );
+            let source = json!({"n": n, "@timestamp": timestamp, "text": "x".repeat(100)});
+            (format!("d{n}"), source)
+        }),
+    );
     let client = raw::topic(iggy, stream, TOPIC).await;
     let stages = Stages::install();
     let pipeline = Pipeline::new(

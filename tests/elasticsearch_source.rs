@@ -47,13 +47,13 @@ fn seed(server: &SearchServer, count: usize) {
         "docs",
         json!({"properties": {"@timestamp": {"type": "date"}}}),
     );
-    for n in (0..count).rev() {
-        server.put_document(
-            "docs",
-            &format!("d{n}"),
-            json!({"n": n, "@timestamp": format!("2024-03-01T00:00:{:02}Z", n / 3)}),
-        );
-    }
+    server.put_documents(
+        "docs",
+        (0..count).rev().map(|n| {
+            let source = json!({"n": n, "@timestamp": format!("2024-03-01T00:00:{:02}Z", n / 3)});
+            (format!("d{n}"), source)
+        }),
+    );
 }
 
 /// The `n` of each record of one poll.

@@ -223,9 +223,17 @@ impl SearchServer {
 
     /// Indexes `source` as `id` (test setup), searchable at once.
     pub fn put_document(&self, index: &str, id: &str, source: Value) {
+        self.put_documents(index, [(id.to_owned(), source)]);
+    }
+
+    /// Indexes each (id, source) (test setup), all searchable at once after
+    /// one refresh.
+    pub fn put_documents(&self, index: &str, documents: impl IntoIterator<Item = (String, Value)>) {
         let mut shared = self.lock();
         let index = shared.indices.entry(index.to_owned()).or_default();
-        write_document(index, id, source);
+        for (id, source) in documents {
+            write_document(index, &id, source);
+        }
         index.searchable = index.docs.clone();
     }
 
