@@ -8,6 +8,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
+mod admin;
 mod pipe;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
@@ -79,6 +80,43 @@ pub enum Command {
         )]
         config: PathBuf,
     },
+    /// Show, replace or clear a source's committed state, with the runtime
+    /// stopped (while it runs: stop the connector, then the HTTP API's
+    /// `/sources/{key}/state`).
+    State {
+        #[arg(
+            long,
+            short,
+            env = "IGGY_CONNECTORS_CONFIG_PATH",
+            default_value = "config.toml",
+            global = true
+        )]
+        config: PathBuf,
+        #[command(subcommand)]
+        command: admin::StateCommand,
+    },
+    /// Move a sink's consumer-group offsets, with the runtime stopped (while
+    /// it runs: stop the sink, then `POST /sinks/{key}/offsets`).
+    Offsets {
+        #[arg(
+            long,
+            short,
+            env = "IGGY_CONNECTORS_CONFIG_PATH",
+            default_value = "config.toml"
+        )]
+        config: PathBuf,
+        /// The sink's key.
+        key: String,
+        /// `earliest`, `latest`, `timestamp:<RFC 3339 time or microseconds>`
+        /// (the first message at or after it) or `<partition>=<next offset>,...`.
+        #[arg(long)]
+        to: String,
+        /// With `--topic`: move only this topic of the sink.
+        #[arg(long, requires = "topic")]
+        stream: Option<String>,
+        #[arg(long, requires = "stream")]
+        topic: Option<String>,
+    },
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
     Completions {
         #[arg(value_enum)]
@@ -138,6 +176,17 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Validate { config } => validate(&config),
         Command::Run { config } => with_runtime(|| run_config(&config)),
         Command::Pipe(args) => with_runtime(|| pipe::pipe(args)),
+        Command::State { config, command } => with_runtime(|| admin::state(&config, command)),
+        Command::Offsets {
+            config,
+            key,
+            to,
+            stream,
+            topic,
+        } => with_runtime(|| async {
+            let only = stream.as_deref().zip(topic.as_deref());
+            admin::offsets(&config, &key, &to, only).await
+        }),
         Command::Completions { shell } => {
             clap_complete::generate(
                 shell,
@@ -313,6 +362,9 @@ async fn run_config(path: &Path) -> anyhow::Result<ExitCode> {
             )]));
         }
     };
+    // Held until the runtime exits: one runtime per state directory, and
+    // `state` / `offsets` refuse to run beside it.
+    let _lock = admin::RuntimeLock::take(&config.state.path)?;
     let state: Arc<dyn StateStore> = Arc::new(
         FileStateStore::new(&config.state.path).context("cannot prepare the state directory")?,
     );

@@ -576,3 +576,90 @@ async fn a_sink_that_stores_no_offset_while_messages_wait_is_degraded_with_its_l
     .await;
     runtime.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_sinks_group_offsets_move_and_the_sink_reads_from_there() {
+    use iggy_connect::engine::offsets;
+    use iggy_connect::iggy::OffsetReset;
+    let server = IggyTestServer::start();
+    let dir = Dir::new();
+    let output = dir.path("out.jsonl");
+    let group = "iggy-connect-sink-out";
+    let runtime = runtime(&server, &dir.path("state"));
+    runtime.add(random_source("rnd", "moves", 200, "")).unwrap();
+    let sink = file_sink("out", "moves", &output, &dir.path("fail"));
+    runtime.add(sink.clone()).unwrap();
+    runtime.start_enabled().await;
+    wait_for("the commit of all 200", LONG, || {
+        server.stored_offset("moves", "events", group, 0) == Some(199)
+    })
+    .await;
+    runtime.stop(ConnectorKind::Sink, "out").await.unwrap();
+    let reset = |to: OffsetReset| {
+        let (runtime, sink) = (runtime.clone(), sink.clone());
+        async move {
+            let moved = offsets::reset(runtime.bus(), &sink, &to, None)
+                .await
+                .unwrap();
+            let partition = &moved[0].partitions[0];
+            (partition.before, partition.after)
+        }
+    };
+    let stored = || server.stored_offset("moves", "events", group, 0);
+
+    assert_eq!(reset(OffsetReset::Earliest).await, (200, 0));
+    assert_eq!(stored(), None);
+    assert_eq!(reset(OffsetReset::Latest).await, (0, 200));
+    assert_eq!(stored(), Some(199));
+    assert_eq!(
+        reset(OffsetReset::Offsets([(0, 150)].into())).await,
+        (200, 150)
+    );
+    assert_eq!(stored(), Some(149));
+    // A batch shares its timestamp: the first message at or after message
+    // 120's time opens its batch.
+    let messages = server.messages("moves", "events");
+    let at = messages[120].timestamp;
+    let first = messages.iter().find(|m| m.timestamp >= at).unwrap().offset;
+    assert!(first <= 120 && first > 0, "{first}");
+    assert_eq!(reset(OffsetReset::Timestamp(at)).await, (150, first));
+    assert_eq!(stored(), Some(first - 1));
+    assert_eq!(
+        reset(OffsetReset::Timestamp(u64::MAX / 2)).await,
+        (first, 200)
+    );
+    let refused = offsets::reset(
+        runtime.bus(),
+        &sink,
+        &OffsetReset::Offsets([(9, 1)].into()),
+        None,
+    )
+    .await
+    .unwrap_err();
+    assert!(refused.to_string().contains("no partition 9"), "{refused}");
+    assert_eq!(stored(), Some(199), "a refused move changes nothing");
+    assert_eq!(
+        server.group_members("moves", "events", group),
+        0,
+        "the reset left the group"
+    );
+
+    // From offset 150, the sink writes the last 50 again.
+    assert_eq!(
+        reset(OffsetReset::Offsets([(0, 150)].into())).await,
+        (200, 150)
+    );
+    runtime.start(ConnectorKind::Sink, "out").await.unwrap();
+    wait_for("the last 50 written again", LONG, || {
+        seqs_in_file(&output).values().sum::<usize>() == 250
+    })
+    .await;
+    wait_for("the commit of all 200 again", LONG, || {
+        stored() == Some(199)
+    })
+    .await;
+    runtime.shutdown().await;
+    let seen = seqs_in_file(&output);
+    assert_eq!(seen.len(), 200);
+    assert_eq!(seen.values().filter(|&&times| times == 2).count(), 50);
+}

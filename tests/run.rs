@@ -114,3 +114,117 @@ fn run_refuses_a_config_with_errors_naming_file_and_field() {
         "nothing may start on a bad config"
     );
 }
+
+/// `iggy-connect ARGS --config <workspace>/config.toml`, finished.
+fn admin(workspace: &Workspace, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_iggy-connect"))
+        .args(args)
+        .arg("--config")
+        .arg(workspace.path("config.toml"))
+        .output()
+        .expect("iggy-connect runs")
+}
+
+fn text(output: &std::process::Output) -> (Option<i32>, String, String) {
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn state_and_offsets_commands_refuse_a_running_runtime_and_change_a_stopped_ones() {
+    let server = IggyTestServer::start();
+    let workspace = Workspace::new(&server.address().to_string(), "");
+    workspace.add_connector("random_source.toml", RANDOM_SOURCE);
+    workspace.add_connector("stdout_sink.toml", STDOUT_SINK);
+    let running = workspace.run();
+    let stored = || {
+        server.stored_offset(
+            "example_stream",
+            "example_topic",
+            "stdout_sink_connector",
+            0,
+        )
+    };
+    wait_until("the group offset to cover 300", LONG, || {
+        stored() == Some(299)
+    });
+    let second = workspace.run();
+    let status = second.wait_exit(LONG);
+    assert_eq!(status.code(), Some(1), "a second runtime on one state dir");
+    assert!(
+        workspace
+            .stderr()
+            .contains("another iggy-connect runtime runs on state directory"),
+        "{}",
+        workspace.stderr()
+    );
+    for args in [
+        &["state", "clear", "random"][..],
+        &["offsets", "stdout", "--to", "earliest"],
+    ] {
+        let (code, _, stderr) = text(&admin(&workspace, args));
+        assert_eq!(code, Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains("stop it first"), "{args:?}: {stderr}");
+    }
+    running.terminate();
+    assert!(running.wait_exit(LONG).success());
+
+    let (code, shown, stderr) = text(&admin(&workspace, &["state", "show", "random"]));
+    assert_eq!(code, Some(0), "{stderr}");
+    let shown: serde_json::Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(shown["state"]["messages_produced"], 300, "{shown}");
+    assert_eq!(shown["connector"], "random");
+
+    // `show`'s answer, edited, goes back as it is.
+    let mut edited = shown.clone();
+    edited["state"]["messages_produced"] = serde_json::json!(250);
+    let file = workspace.path("state.json");
+    std::fs::write(&file, edited.to_string()).unwrap();
+    let (code, _, stderr) = text(&admin(
+        &workspace,
+        &["state", "set", "random", file.to_str().unwrap()],
+    ));
+    assert_eq!(code, Some(0), "{stderr}");
+    let (_, shown, _) = text(&admin(&workspace, &["state", "show", "random"]));
+    assert!(shown.contains("\"messages_produced\": 250"), "{shown}");
+    let (code, _, stderr) = text(&admin(&workspace, &["state", "show", "nope"]));
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("no source \"nope\""), "{stderr}");
+
+    let (code, moved, stderr) = text(&admin(&workspace, &["offsets", "stdout", "--to", "0=100"]));
+    assert_eq!(code, Some(0), "{stderr}");
+    let moved: serde_json::Value = serde_json::from_str(&moved).unwrap();
+    assert_eq!(moved[0]["partitions"][0]["before"], 300, "{moved}");
+    assert_eq!(moved[0]["partitions"][0]["after"], 100, "{moved}");
+    assert_eq!(stored(), Some(99));
+    let (code, _, stderr) = text(&admin(&workspace, &["offsets", "stdout", "--to", "soon"]));
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.contains("--to: \"soon\" is not earliest"),
+        "{stderr}"
+    );
+
+    // The runtime resumes from both: 50 more records (250 -> 300), and the
+    // sink prints the 200 after offset 100 again plus the 50 new ones.
+    let before = workspace.stdout().matches('\n').count();
+    let running = workspace.run();
+    wait_until("the 50 new records in the topic", LONG, || {
+        server.message_count("example_stream", "example_topic") == 350
+    });
+    wait_until("250 more lines on stdout", LONG, || {
+        workspace.stdout().matches('\n').count() == before + 250
+    });
+    wait_until("the group offset to cover 350", LONG, || {
+        stored() == Some(349)
+    });
+    running.terminate();
+    assert!(running.wait_exit(LONG).success());
+
+    let (code, _, stderr) = text(&admin(&workspace, &["state", "clear", "random"]));
+    assert_eq!(code, Some(0), "{stderr}");
+    let (_, shown, _) = text(&admin(&workspace, &["state", "show", "random"]));
+    assert!(shown.contains("\"state\": null"), "{shown}");
+}

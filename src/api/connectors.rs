@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
@@ -15,7 +16,10 @@ use crate::api::{ApiState, redact, render};
 use crate::config::{ConfigIssue, ConnectorConfig};
 use crate::connectors::ConnectorKind;
 use crate::engine::Status;
+use crate::engine::offsets::{self, OffsetsError};
 use crate::engine::runtime::{ConnectorView, RuntimeError};
+use crate::iggy::{BusError, OffsetReset};
+use crate::state::{StateError, StoredState, json as state_json};
 
 pub fn routes(kind: ConnectorKind) -> Router<Arc<ApiState>> {
     let mut router = Router::new()
@@ -25,8 +29,16 @@ pub fn routes(kind: ConnectorKind) -> Router<Arc<ApiState>> {
         .route("/{key}/restart", post(restart))
         .route("/{key}/stop", post(stop))
         .route("/{key}/start", post(start));
+    if kind == ConnectorKind::Sink {
+        router = router.route("/{key}/offsets", post(reset_sink_offsets));
+    }
     if kind == ConnectorKind::Source {
-        router = router.route("/{key}/state", get(source_state));
+        router = router.route(
+            "/{key}/state",
+            get(source_state)
+                .put(replace_source_state)
+                .delete(clear_source_state),
+        );
     }
     router.layer(Extension(kind))
 }
@@ -144,12 +156,8 @@ async fn source_state(
             "state": null,
         })));
     };
-    let decoded = rmpv::decode::read_value(&mut stored.data.as_slice()).map_err(|error| {
-        ApiError::Internal(format!(
-            "state {location} is not valid MessagePack: {error}"
-        ))
-    })?;
-    let mut value = msgpack_to_json(decoded);
+    let mut value = state_json::decode(&stored.data)
+        .map_err(|error| ApiError::Internal(format!("state {location} is {error}")))?;
     redact::by_name(&mut value);
     Ok(Json(json!({
         "key": key,
@@ -158,6 +166,203 @@ async fn source_state(
         "size": stored.data.len(),
         "state": value,
     })))
+}
+
+/// The body of `PUT /sources/{key}/state`: the state as `GET` shows it (the
+/// other fields of `GET`'s answer may be sent back too; the store sets them).
+#[derive(serde::Deserialize)]
+struct NewState {
+    state: Value,
+    /// When given, must name the source's connector (a state is only ever
+    /// read by the connector that wrote it).
+    #[serde(default)]
+    connector: Option<String>,
+}
+
+/// Replaces a stopped source's committed state with the given one (JSON,
+/// stored as MessagePack with field names, as the source writes it); the
+/// source resumes from it at its next start and checks it then.
+async fn replace_source_state(
+    State(state): State<Arc<ApiState>>,
+    Path(key): Path<String>,
+    body: Result<Json<NewState>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(body) = body?;
+    let lock = state.lifecycle_lock(ConnectorKind::Source, &key);
+    let _serialized = lock.lock().await;
+    let view = stopped(&state, ConnectorKind::Source, &key)?;
+    let connector = view.config.connector.clone();
+    if let Some(named) = &body.connector
+        && *named != connector
+    {
+        return Err(ApiError::BadRequest(format!(
+            "source \"{key}\" is a \"{connector}\" connector; a state for \"{named}\" cannot be given to it"
+        )));
+    }
+    if body.state.to_string().contains(redact::REDACTED) {
+        return Err(ApiError::BadRequest(format!(
+            "`state` holds {} where GET hid a secret: give the real value",
+            redact::REDACTED
+        )));
+    }
+    let data = state_json::encode(&body.state)
+        .map_err(|error| ApiError::BadRequest(format!("`state`: {error}")))?;
+    let previous = load_state(&state, &key).await?;
+    let stored = StoredState { connector, data };
+    state
+        .state_store
+        .save(&key, &stored)
+        .await
+        .map_err(|error| ApiError::Internal(error.to_string()))?;
+    tracing::warn!(
+        connector_key = %key,
+        location = %state.state_store.location(&key),
+        previous_size = previous.map_or(0, |previous| previous.data.len()),
+        size = stored.data.len(),
+        "source state replaced through the API"
+    );
+    source_state(State(state), Path(key)).await
+}
+
+/// Removes a stopped source's committed state: its next start is a fresh
+/// start.
+async fn clear_source_state(
+    State(state): State<Arc<ApiState>>,
+    Path(key): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let lock = state.lifecycle_lock(ConnectorKind::Source, &key);
+    let _serialized = lock.lock().await;
+    stopped(&state, ConnectorKind::Source, &key)?;
+    let previous = load_state(&state, &key).await?;
+    state
+        .state_store
+        .clear(&key)
+        .await
+        .map_err(|error| ApiError::Internal(error.to_string()))?;
+    tracing::warn!(
+        connector_key = %key,
+        location = %state.state_store.location(&key),
+        previous_size = previous.map_or(0, |previous| previous.data.len()),
+        "source state cleared through the API"
+    );
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The body of `POST /sinks/{key}/offsets`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OffsetsRequest {
+    /// `"earliest"`, `"latest"`, `{"timestamp": <RFC 3339 or microseconds>}`
+    /// or `{"offsets": {"<partition>": <next offset to read>}}`.
+    to: Value,
+    /// With `topic`: move only this topic of the sink.
+    #[serde(default)]
+    stream: Option<String>,
+    #[serde(default)]
+    topic: Option<String>,
+}
+
+/// `to` of an [`OffsetsRequest`].
+fn offset_target(to: &Value) -> Result<OffsetReset, String> {
+    let expected = "expected \"earliest\", \"latest\", {\"timestamp\": <RFC 3339 time or microseconds>} or {\"offsets\": {\"<partition>\": <next offset to read>}}";
+    let one_field = |name: &str| {
+        to.as_object()
+            .filter(|fields| fields.len() == 1)
+            .and_then(|fields| fields.get(name))
+    };
+    if let Some(name) = to.as_str() {
+        return match name {
+            "earliest" => Ok(OffsetReset::Earliest),
+            "latest" => Ok(OffsetReset::Latest),
+            _ => Err(format!("`to` is \"{name}\"; {expected}")),
+        };
+    }
+    if let Some(timestamp) = one_field("timestamp") {
+        return match timestamp {
+            Value::String(text) => offsets::parse_timestamp(text),
+            other => other
+                .as_u64()
+                .ok_or_else(|| format!("`to.timestamp` is {other}; {expected}")),
+        }
+        .map(OffsetReset::Timestamp);
+    }
+    if let Some(Value::Object(given)) = one_field("offsets") {
+        let mut parsed = std::collections::BTreeMap::new();
+        for (partition, offset) in given {
+            let (Ok(partition), Some(offset)) = (partition.parse::<u32>(), offset.as_u64()) else {
+                return Err(format!(
+                    "`to.offsets` has \"{partition}\": {offset}; expected a partition number and an offset"
+                ));
+            };
+            parsed.insert(partition, offset);
+        }
+        return Ok(OffsetReset::Offsets(parsed));
+    }
+    Err(format!("`to` is {to}; {expected}"))
+}
+
+/// Moves a stopped sink's consumer-group offsets; its next start reads from
+/// there. Answers each topic's partitions with the next offset to read before
+/// and after.
+async fn reset_sink_offsets(
+    State(state): State<Arc<ApiState>>,
+    Path(key): Path<String>,
+    body: Result<Json<OffsetsRequest>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(body) = body?;
+    let to = offset_target(&body.to).map_err(ApiError::BadRequest)?;
+    let only = match (&body.stream, &body.topic) {
+        (Some(stream), Some(topic)) => Some((stream.as_str(), topic.as_str())),
+        (None, None) => None,
+        _ => {
+            return Err(ApiError::BadRequest(
+                "`stream` and `topic` go together: give both or neither".into(),
+            ));
+        }
+    };
+    let lock = state.lifecycle_lock(ConnectorKind::Sink, &key);
+    let _serialized = lock.lock().await;
+    let view = stopped(&state, ConnectorKind::Sink, &key)?;
+    let moved = offsets::reset(state.runtime.bus(), &view.config, &to, only)
+        .await
+        .map_err(|error| match error {
+            OffsetsError::Bus {
+                source: BusError::Unavailable(_),
+                ..
+            } => ApiError::Internal(error.to_string()),
+            other => ApiError::BadRequest(other.to_string()),
+        })?;
+    Ok(Json(json!({"key": key, "topics": moved})))
+}
+
+/// The stored state, or `None`; a corrupt one counts as none here, so it
+/// can be replaced or cleared.
+async fn load_state(state: &ApiState, key: &str) -> Result<Option<StoredState>, ApiError> {
+    match state.state_store.load(key).await {
+        Ok(stored) => Ok(stored),
+        Err(StateError::Read { path, source }) => Err(ApiError::Internal(format!(
+            "cannot read state file {}: {source}",
+            path.display()
+        ))),
+        Err(_) => Ok(None),
+    }
+}
+
+/// The connector's view, when it is not running (stopped, or stopped by an
+/// error); a running one is a conflict.
+fn stopped(state: &ApiState, kind: ConnectorKind, key: &str) -> Result<ConnectorView, ApiError> {
+    let (_, view) = find(state, kind, key)?;
+    match view.status.status {
+        Status::Stopped | Status::Error => Ok(view),
+        running => Err(ApiError::Running {
+            kind,
+            key: key.to_owned(),
+            status: serde_json::to_value(running)
+                .ok()
+                .and_then(|name| name.as_str().map(str::to_owned))
+                .unwrap_or_else(|| format!("{running:?}")),
+        }),
+    }
 }
 
 /// Pairs each view with upstream's numeric `id`: its position among all
@@ -269,67 +474,5 @@ pub fn provider_error(kind: ConnectorKind, key: &str, error: ProviderError) -> A
                 source.kind()
             ))
         }
-    }
-}
-
-/// MessagePack to JSON, generically: binary becomes a list of bytes, map keys
-/// that are not strings become their JSON text.
-fn msgpack_to_json(value: rmpv::Value) -> Value {
-    use rmpv::Value as Pack;
-    match value {
-        Pack::Nil => Value::Null,
-        Pack::Boolean(flag) => Value::Bool(flag),
-        Pack::Integer(integer) => integer
-            .as_u64()
-            .map(Value::from)
-            .or_else(|| integer.as_i64().map(Value::from))
-            .unwrap_or(Value::Null),
-        Pack::F32(number) => json!(number),
-        Pack::F64(number) => json!(number),
-        Pack::String(text) => match text.into_str() {
-            Some(text) => Value::String(text),
-            None => Value::Null,
-        },
-        Pack::Binary(bytes) => json!(bytes),
-        Pack::Array(items) => Value::Array(items.into_iter().map(msgpack_to_json).collect()),
-        Pack::Map(entries) => Value::Object(
-            entries
-                .into_iter()
-                .map(|(name, value)| {
-                    let name = match name {
-                        Pack::String(text) => text.into_str().unwrap_or_default(),
-                        other => msgpack_to_json(other).to_string(),
-                    };
-                    (name, msgpack_to_json(value))
-                })
-                .collect(),
-        ),
-        Pack::Ext(kind, data) => json!({"ext_type": kind, "data": data}),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn given_a_named_state_when_decoded_should_give_json_with_field_names() {
-        #[derive(serde::Serialize)]
-        struct State {
-            messages_produced: u64,
-            offsets: std::collections::BTreeMap<String, i64>,
-            raw: serde_bytes::ByteBuf,
-        }
-        let bytes = crate::connectors::encode_state(&State {
-            messages_produced: 42,
-            offsets: [("orders".to_owned(), -1)].into(),
-            raw: serde_bytes::ByteBuf::from(vec![1, 2]),
-        })
-        .unwrap();
-        let decoded = rmpv::decode::read_value(&mut bytes.as_slice()).unwrap();
-        assert_eq!(
-            msgpack_to_json(decoded),
-            json!({"messages_produced": 42, "offsets": {"orders": -1}, "raw": [1, 2]})
-        );
     }
 }

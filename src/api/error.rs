@@ -29,6 +29,13 @@ pub enum ApiError {
     },
     #[error("{0}")]
     BadRequest(String),
+    /// The request needs the connector stopped.
+    #[error("{kind} \"{key}\" is {status}: stop it first (POST /{kind}s/{key}/stop)")]
+    Running {
+        kind: ConnectorKind,
+        key: String,
+        status: String,
+    },
     /// A request body that is not the JSON the endpoint takes (syntax, shape or
     /// content type), with the status axum chose for it.
     #[error("invalid request body: {reason}")]
@@ -69,6 +76,7 @@ impl ApiError {
                 (StatusCode::BAD_REQUEST, "invalid_configuration".into())
             }
             ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request".into()),
+            ApiError::Running { .. } => (StatusCode::CONFLICT, "connector_running".into()),
             ApiError::InvalidBody { status, .. } => (*status, "invalid_body".into()),
             ApiError::NoEndpoint { .. } => (StatusCode::NOT_FOUND, "not_found".into()),
             ApiError::CannotConvert(_) => (StatusCode::BAD_REQUEST, "error".into()),

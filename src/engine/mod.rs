@@ -6,6 +6,7 @@
 pub mod backoff;
 pub mod dead_letter;
 pub mod metrics;
+pub mod offsets;
 pub mod retry;
 pub mod runtime;
 pub mod sink;

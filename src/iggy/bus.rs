@@ -7,7 +7,9 @@ use async_trait::async_trait;
 use crate::iggy::connection::ConnectionSettings;
 use crate::iggy::consumer::IggyBusConsumer;
 use crate::iggy::producer::IggyProducer;
-use crate::iggy::{Bus, BusError, Consumer, ConsumerSpec, Producer, ProducerTarget};
+use crate::iggy::{
+    Bus, BusError, Consumer, ConsumerSpec, OffsetMove, OffsetReset, Producer, ProducerTarget,
+};
 
 pub struct IggyBus {
     settings: ConnectionSettings,
@@ -43,5 +45,26 @@ impl Bus for IggyBus {
         )
         .await?;
         Ok(Box::new(consumer))
+    }
+
+    /// Joins the group (a member may store its offsets), moves them, leaves.
+    async fn reset_offsets(
+        &self,
+        spec: &ConsumerSpec,
+        to: &OffsetReset,
+    ) -> Result<Vec<OffsetMove>, BusError> {
+        let client = self.settings.connect().await?;
+        let mut consumer = IggyBusConsumer::open(
+            client,
+            spec,
+            self.settings.request_timeout,
+            self.settings.stall_timeout,
+        )
+        .await?;
+        let moved = consumer.reset(to).await;
+        let left = consumer.close().await;
+        let moved = moved?;
+        left?;
+        Ok(moved)
     }
 }

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use iggy::prelude::{
     Client, Consumer as IggyConsumerId, ConsumerGroupClient, ConsumerOffsetClient, Identifier,
-    IggyClient, IggyError, MessageClient, PollingStrategy, TopicClient,
+    IggyClient, IggyError, IggyTimestamp, MessageClient, PollingStrategy, TopicClient,
 };
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
@@ -41,7 +41,7 @@ use tracing::{info, warn};
 use crate::connectors::Degraded;
 
 use crate::iggy::headers;
-use crate::iggy::{BusError, ConsumedBatch, Consumer, ConsumerSpec};
+use crate::iggy::{BusError, ConsumedBatch, Consumer, ConsumerSpec, OffsetMove, OffsetReset};
 use crate::message::ConsumedMessage;
 
 /// The shortest wait after an empty poll, so an idle consumer with
@@ -295,6 +295,94 @@ impl IggyBusConsumer {
             offset,
         ))
         .await
+    }
+
+    /// Moves the group's offsets (see [`Bus::reset_offsets`](crate::iggy::Bus::reset_offsets)).
+    pub async fn reset(&mut self, to: &OffsetReset) -> Result<Vec<OffsetMove>, BusError> {
+        if !self.joined {
+            self.join().await?;
+        }
+        let partitions = partitions(
+            &self.client,
+            &self.stream,
+            &self.topic,
+            self.request_timeout,
+        )
+        .await?;
+        let ids: Vec<u32> = partitions.iter().map(|&(id, _)| id).collect();
+        to.check(&ids)
+            .map_err(|reason| BusError::Commit(format!("{}: {reason}", self.name)))?;
+        let mut moves = Vec::new();
+        for (partition_id, last) in partitions {
+            let end = last.map_or(0, |last| last + 1);
+            let before = stored_offset(
+                &self.client,
+                &self.consumer,
+                &self.stream,
+                &self.topic,
+                partition_id,
+                self.request_timeout,
+            )
+            .await?
+            .map_or(0, |stored| stored + 1);
+            let first_at = match to {
+                OffsetReset::Timestamp(micros) => self.first_at(partition_id, *micros).await?,
+                _ => None,
+            };
+            let after = to.target(partition_id, before, end, first_at);
+            let refused = |error: IggyError| {
+                BusError::Commit(format!(
+                    "{}: cannot move partition {partition_id} to offset {after}: {error}",
+                    self.name
+                ))
+            };
+            match after.checked_sub(1) {
+                _ if after == before => {}
+                Some(last) => self.store(partition_id, last).await?.map_err(refused)?,
+                None => match self
+                    .timed(self.client.delete_consumer_offset(
+                        &self.consumer,
+                        &self.stream,
+                        &self.topic,
+                        Some(partition_id),
+                    ))
+                    .await?
+                {
+                    Ok(()) | Err(IggyError::ConsumerOffsetNotFound(..)) => {}
+                    Err(error) => return Err(refused(error)),
+                },
+            }
+            info!(consumer_group = %self.name, partition_id, before, after, "consumer group offset moved");
+            moves.push(OffsetMove {
+                partition_id,
+                before,
+                after,
+            });
+        }
+        Ok(moves)
+    }
+
+    /// The offset of the first message of a partition stamped at or after
+    /// `micros`, read without storing anything.
+    async fn first_at(&self, partition_id: u32, micros: u64) -> Result<Option<u64>, BusError> {
+        let polled = self
+            .timed(self.client.poll_messages(
+                &self.stream,
+                &self.topic,
+                Some(partition_id),
+                &self.consumer,
+                &PollingStrategy::timestamp(IggyTimestamp::from(micros)),
+                1,
+                false,
+            ))
+            .await?
+            .map_err(|error| {
+                BusError::Poll(format!(
+                    "{}: cannot read partition {partition_id} by timestamp: {error}",
+                    self.name
+                ))
+            })?;
+        Ok(polled.messages.first().map(|message| message.header.offset))
     }
 
     async fn timed<T>(&self, request: impl Future<Output = T>) -> Result<T, BusError> {

@@ -15,7 +15,10 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use crate::clock::now_micros;
-use crate::iggy::{Bus, BusError, ConsumedBatch, Consumer, ConsumerSpec, Producer, ProducerTarget};
+use crate::iggy::{
+    Bus, BusError, ConsumedBatch, Consumer, ConsumerSpec, OffsetMove, OffsetReset, Producer,
+    ProducerTarget,
+};
 use crate::message::{ConsumedMessage, OutgoingMessage};
 
 #[derive(Default, Clone)]
@@ -280,6 +283,52 @@ impl Bus for MemoryBus {
             next_partition: 0,
             appended,
         }))
+    }
+
+    async fn reset_offsets(
+        &self,
+        spec: &ConsumerSpec,
+        to: &OffsetReset,
+    ) -> Result<Vec<OffsetMove>, BusError> {
+        let Some(topic) = self.topic(&spec.stream, &spec.topic) else {
+            return Err(BusError::Setup {
+                stream: spec.stream.clone(),
+                topic: spec.topic.clone(),
+                reason: "the topic does not exist".into(),
+            });
+        };
+        let mut state = lock(&topic.state);
+        let ids: Vec<u32> = (0..state.partitions.len() as u32).collect();
+        to.check(&ids).map_err(|reason| BusError::Setup {
+            stream: spec.stream.clone(),
+            topic: spec.topic.clone(),
+            reason,
+        })?;
+        let mut moves = Vec::new();
+        for partition_id in ids {
+            let partition = &state.partitions[partition_id as usize];
+            let first_at = match to {
+                OffsetReset::Timestamp(micros) => partition
+                    .messages
+                    .iter()
+                    .find(|message| message.timestamp >= *micros)
+                    .map(|message| message.offset),
+                _ => None,
+            };
+            let before = state.next_uncommitted(&spec.group, partition_id);
+            let after = to.target(partition_id, before, partition.end(), first_at);
+            let offsets = state.committed.entry(spec.group.clone()).or_default();
+            match after.checked_sub(1) {
+                Some(last) => offsets.insert(partition_id, last),
+                None => offsets.remove(&partition_id),
+            };
+            moves.push(OffsetMove {
+                partition_id,
+                before,
+                after,
+            });
+        }
+        Ok(moves)
     }
 }
 

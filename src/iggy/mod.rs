@@ -30,6 +30,67 @@ pub trait Bus: Send + Sync {
     /// Joins (creating when missing) the consumer group on one topic and returns
     /// a consumer that resumes after the group's last committed offsets.
     async fn consumer(&self, spec: &ConsumerSpec) -> Result<Box<dyn Consumer>, BusError>;
+
+    /// Moves the consumer group's position on every partition of the spec's
+    /// topic (for a stopped sink: it resumes from there). Checks every
+    /// requested partition before it changes any.
+    async fn reset_offsets(
+        &self,
+        spec: &ConsumerSpec,
+        to: &OffsetReset,
+    ) -> Result<Vec<OffsetMove>, BusError>;
+}
+
+/// Where [`Bus::reset_offsets`] moves a group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OffsetReset {
+    /// Before the first message: everything is read again.
+    Earliest,
+    /// After the last message: only new messages are read.
+    Latest,
+    /// Before the first message stamped at or after this time (microseconds
+    /// since the epoch); after the last one when none is.
+    Timestamp(u64),
+    /// The next offset to read, per partition (past the end: the end);
+    /// partitions not named keep their position.
+    Offsets(std::collections::BTreeMap<u32, u64>),
+}
+
+/// One partition's move: the next offset the group reads, before and after.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct OffsetMove {
+    pub partition_id: u32,
+    pub before: u64,
+    pub after: u64,
+}
+
+impl OffsetReset {
+    /// The next offset to read on a partition whose next offset is `before`
+    /// and whose next message gets `end`; `first_at` finds the first offset
+    /// stamped at or after a time.
+    fn target(&self, partition_id: u32, before: u64, end: u64, first_at: Option<u64>) -> u64 {
+        match self {
+            OffsetReset::Earliest => 0,
+            OffsetReset::Latest => end,
+            OffsetReset::Timestamp(_) => first_at.unwrap_or(end),
+            OffsetReset::Offsets(offsets) => offsets
+                .get(&partition_id)
+                .map_or(before, |&next| next.min(end)),
+        }
+    }
+
+    /// Refuses partitions the topic does not have.
+    fn check(&self, partitions: &[u32]) -> Result<(), String> {
+        let OffsetReset::Offsets(offsets) = self else {
+            return Ok(());
+        };
+        match offsets.keys().find(|id| !partitions.contains(id)) {
+            Some(id) => Err(format!(
+                "the topic has no partition {id} (its partitions: {partitions:?})"
+            )),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Sends batches to one topic.

@@ -211,6 +211,27 @@ impl StateStore for FileStateStore {
         run_blocking(move || Self::write_blocking(&dir, &path, write.as_deref(), true)).await
     }
 
+    /// Removes the state file and its temp file, then fsyncs the directory.
+    async fn clear(&self, key: &str) -> Result<(), StateError> {
+        let dir = self.dir.clone();
+        let path = self.path_for(key);
+        self.lock_staged().remove(key);
+        run_blocking(move || {
+            let remove = |file: &Path| match fs::remove_file(file) {
+                Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(error),
+                _ => Ok(()),
+            };
+            remove(&path.with_extension("state.tmp"))
+                .and_then(|()| remove(&path))
+                .and_then(|()| File::open(&dir)?.sync_all())
+                .map_err(|source| StateError::Write {
+                    path: path.clone(),
+                    source,
+                })
+        })
+        .await
+    }
+
     fn location(&self, key: &str) -> String {
         self.path_for(key).display().to_string()
     }
@@ -395,6 +416,24 @@ mod tests {
         }
         store.save("key", &state(b"whole save")).await.unwrap();
         assert_eq!(store.load("key").await.unwrap(), Some(state(b"whole save")));
+    }
+
+    #[tokio::test]
+    async fn given_a_saved_and_staged_state_when_cleared_should_leave_no_file_and_load_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStateStore::new(dir.path()).unwrap();
+        store.save("key", &state(b"one")).await.unwrap();
+        store.save("key", &state(b"two")).await.unwrap();
+        store.stage("key", &state(b"three")).await.unwrap();
+        store.clear("key").await.unwrap();
+        assert_eq!(store.load("key").await.unwrap(), None);
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
+        // A publish of what was staged before the clear writes it anew.
+        store.publish("key", &state(b"three")).await.unwrap();
+        assert_eq!(store.load("key").await.unwrap(), Some(state(b"three")));
+        store.clear("key").await.unwrap();
+        store.clear("key").await.unwrap();
+        assert_eq!(store.load("key").await.unwrap(), None);
     }
 
     #[tokio::test]

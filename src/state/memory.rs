@@ -88,6 +88,11 @@ impl StateStore for MemoryStateStore {
         Ok(())
     }
 
+    async fn clear(&self, key: &str) -> Result<(), StateError> {
+        self.lock().remove(key);
+        Ok(())
+    }
+
     fn location(&self, key: &str) -> String {
         format!("memory:{key}")
     }

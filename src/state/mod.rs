@@ -2,6 +2,7 @@
 //! ended. One state per source key.
 
 pub mod file;
+pub mod json;
 pub mod memory;
 
 use std::path::PathBuf;
@@ -45,6 +46,10 @@ pub trait StateStore: Send + Sync {
     async fn publish(&self, key: &str, state: &StoredState) -> Result<(), StateError> {
         self.save(key, state).await
     }
+
+    /// Removes the state of `key`, so the source's next start is a fresh
+    /// start. Clearing a key that has no state is not an error.
+    async fn clear(&self, key: &str) -> Result<(), StateError>;
 
     /// Where the state of `key` lives, for error messages and the API.
     fn location(&self, key: &str) -> String;

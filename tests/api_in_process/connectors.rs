@@ -295,3 +295,290 @@ async fn unknown_paths_are_a_json_404_with_or_without_a_key_while_known_ones_nee
     let (status, _) = harness.get("/sources/anything").await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
 }
+
+/// A random source that stops by itself after `max_count` records.
+fn counted_source(key: &str, topic: &str, max_count: u64) -> String {
+    random_source(key, topic, "").replace(
+        "[plugin_config]\n",
+        &format!("[plugin_config]\nmax_count = {max_count}\n"),
+    )
+}
+
+impl Harness {
+    async fn send(&self, method: reqwest::Method, path: &str, body: Value) -> (StatusCode, Value) {
+        let response = self.request(method, path).json(&body).send().await.unwrap();
+        let status = response.status();
+        let text = response.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn wait_for_messages(&self, topic: &str, count: usize) {
+        let started = Instant::now();
+        while self.bus.messages("api", topic).len() < count {
+            assert!(
+                started.elapsed() < DEADLINE,
+                "{} of {count} messages in {topic}",
+                self.bus.messages("api", topic).len()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_stopped_sources_state_is_replaced_or_cleared_and_it_resumes_from_it() {
+    let (key, topic) = (unique("src"), unique("t"));
+    let harness = harness(&[("a.toml", counted_source(&key, &topic, 1_000_000))]).await;
+    harness.wait_for_status("sources", &key, "running").await;
+    let path = format!("/sources/{key}/state");
+    let new_state = json!({"state": {"messages_produced": 10}});
+    let (status, running) = harness
+        .send(reqwest::Method::PUT, &path, new_state.clone())
+        .await;
+    assert_eq!(
+        (status, running["code"].as_str()),
+        (StatusCode::CONFLICT, Some("connector_running")),
+        "{running}"
+    );
+    assert!(
+        running["reason"]
+            .as_str()
+            .unwrap()
+            .contains("stop it first")
+    );
+    let (status, _) = harness.text(reqwest::Method::DELETE, &path).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+
+    let (status, _) = harness.post(&format!("/sources/{key}/stop"), None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (_, before) = harness.get(&path).await;
+    assert!(
+        before["state"]["messages_produced"].as_u64() > Some(0),
+        "{before}"
+    );
+
+    // GET's answer, edited, goes back as it is; a new max_count makes the
+    // source stop 5 records after the replaced count.
+    let mut edited = before.clone();
+    edited["state"]["messages_produced"] = json!(10);
+    let (status, replaced) = harness.send(reqwest::Method::PUT, &path, edited).await;
+    assert_eq!(status, StatusCode::OK, "{replaced}");
+    assert_eq!(replaced["state"], json!({"messages_produced": 10}));
+    assert_eq!(replaced["connector"], "random");
+    let (_, shown) = harness.get(&path).await;
+    assert_eq!(shown["state"], json!({"messages_produced": 10}));
+    let stored = harness.state.get(&key).unwrap();
+    assert_eq!(
+        rmp_serde::from_slice::<BTreeMap<String, u64>>(&stored.data).unwrap(),
+        BTreeMap::from([("messages_produced".to_owned(), 10)])
+    );
+
+    for (body, expected) in [
+        (
+            json!({"state": {"messages_produced": 1}, "connector": "postgres"}),
+            "\"random\" connector",
+        ),
+        (json!({"state": [1, 2]}), "is a JSON object"),
+        (
+            json!({"state": {"token": "[REDACTED]"}}),
+            "give the real value",
+        ),
+    ] {
+        let (status, refused) = harness.send(reqwest::Method::PUT, &path, body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
+        assert!(
+            refused["reason"].as_str().unwrap().contains(expected),
+            "{refused}"
+        );
+    }
+    let (status, _) = harness
+        .send(reqwest::Method::PUT, &path, json!({"nope": 1}))
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        harness.state.get(&key).unwrap(),
+        stored,
+        "refusals change nothing"
+    );
+
+    let (status, _) = harness.text(reqwest::Method::DELETE, &path).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (_, cleared) = harness.get(&path).await;
+    assert_eq!(
+        (cleared["state"].clone(), cleared["size"].clone()),
+        (json!(null), json!(0))
+    );
+    assert_eq!(harness.state.get(&key), None);
+    let (status, _) = harness.text(reqwest::Method::DELETE, &path).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "clearing twice is fine");
+    let (status, _) = harness
+        .send(reqwest::Method::PUT, "/sources/nope/state", new_state)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn a_replaced_state_is_where_the_source_resumes() {
+    let (key, topic) = (unique("src"), unique("t"));
+    let harness = harness(&[("a.toml", counted_source(&key, &topic, 20))]).await;
+    harness.wait_for_messages(&topic, 20).await;
+    harness.wait_for_status("sources", &key, "stopped").await;
+    let path = format!("/sources/{key}/state");
+    let (status, _) = harness
+        .send(
+            reqwest::Method::PUT,
+            &path,
+            json!({"state": {"messages_produced": 15}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = harness.post(&format!("/sources/{key}/start"), None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    // 15 produced: it stops again after 5 more.
+    harness.wait_for_messages(&topic, 25).await;
+    harness.wait_for_status("sources", &key, "stopped").await;
+    assert_eq!(harness.bus.messages("api", &topic).len(), 25);
+
+    let (status, _) = harness.text(reqwest::Method::DELETE, &path).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    harness.post(&format!("/sources/{key}/start"), None).await;
+    // A fresh start: 20 more.
+    harness.wait_for_messages(&topic, 45).await;
+    harness.wait_for_status("sources", &key, "stopped").await;
+    assert_eq!(harness.bus.messages("api", &topic).len(), 45);
+}
+
+#[tokio::test]
+async fn a_stopped_sinks_offsets_move_to_earliest_latest_a_time_or_given_offsets() {
+    let (source, sink, topic) = (unique("src"), unique("snk"), unique("t"));
+    let harness = harness(&[
+        ("a.toml", counted_source(&source, &topic, 20)),
+        ("b.toml", stdout_sink(&sink, &topic)),
+    ])
+    .await;
+    let group = format!("iggy-connect-sink-{sink}");
+    harness.wait_for_messages(&topic, 20).await;
+    let started = Instant::now();
+    while !harness.bus.is_drained("api", &topic, &group) {
+        assert!(started.elapsed() < DEADLINE, "the sink never caught up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let path = format!("/sinks/{sink}/offsets");
+    let (status, running) = harness
+        .send(reqwest::Method::POST, &path, json!({"to": "earliest"}))
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{running}");
+    harness.post(&format!("/sinks/{sink}/stop"), None).await;
+
+    let committed = || harness.bus.committed_offset("api", &topic, &group, 0);
+    let moved = |answer: &Value| {
+        let partition = &answer["topics"][0]["partitions"][0];
+        (partition["before"].as_u64(), partition["after"].as_u64())
+    };
+    let (status, answer) = harness
+        .send(reqwest::Method::POST, &path, json!({"to": "earliest"}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["topics"][0]["topic"], topic.as_str());
+    assert_eq!(answer["topics"][0]["consumer_group"], group.as_str());
+    assert_eq!((moved(&answer), committed()), ((Some(20), Some(0)), None));
+
+    let (_, answer) = harness
+        .send(reqwest::Method::POST, &path, json!({"to": "latest"}))
+        .await;
+    assert_eq!(
+        (moved(&answer), committed()),
+        ((Some(0), Some(20)), Some(19))
+    );
+
+    let body = json!({"to": {"offsets": {"0": 5}}, "stream": "api", "topic": topic});
+    let (_, answer) = harness.send(reqwest::Method::POST, &path, body).await;
+    assert_eq!(
+        (moved(&answer), committed()),
+        ((Some(20), Some(5)), Some(4)),
+        "{answer}"
+    );
+
+    let (_, answer) = harness
+        .send(
+            reqwest::Method::POST,
+            &path,
+            json!({"to": {"timestamp": 0}}),
+        )
+        .await;
+    assert_eq!((moved(&answer), committed()), ((Some(5), Some(0)), None));
+    let (_, answer) = harness
+        .send(
+            reqwest::Method::POST,
+            &path,
+            json!({"to": {"timestamp": "2999-01-01T00:00:00Z"}}),
+        )
+        .await;
+    assert_eq!(
+        (moved(&answer), committed()),
+        ((Some(0), Some(20)), Some(19))
+    );
+
+    for (body, expected) in [
+        (json!({"to": "sideways"}), "\"sideways\""),
+        (json!({"to": {"offsets": {"7": 1}}}), "no partition 7"),
+        (json!({"to": "earliest", "stream": "api"}), "go together"),
+        (
+            json!({"to": "earliest", "stream": "api", "topic": "other"}),
+            "reads no topic api/other",
+        ),
+        (
+            json!({"to": {"timestamp": "yesterday"}}),
+            "not an RFC 3339 time",
+        ),
+    ] {
+        let (status, refused) = harness.send(reqwest::Method::POST, &path, body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
+        assert!(
+            refused["reason"].as_str().unwrap().contains(expected),
+            "{refused}"
+        );
+    }
+    assert_eq!(committed(), Some(19), "refusals move nothing");
+
+    // From offset 5, the sink writes the 15 messages after it again.
+    let (_, answer) = harness
+        .send(
+            reqwest::Method::POST,
+            &path,
+            json!({"to": {"offsets": {"0": 5}}}),
+        )
+        .await;
+    assert_eq!(moved(&answer), (Some(20), Some(5)));
+    let processed = || {
+        harness
+            .runtime
+            .view(ConnectorKind::Sink, &sink)
+            .unwrap()
+            .metrics
+            .processed
+            .get()
+    };
+    let before = processed();
+    harness.post(&format!("/sinks/{sink}/start"), None).await;
+    let started = Instant::now();
+    while processed() < before + 15 {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "the sink did not read from offset 5"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(processed(), before + 15);
+    let (status, _) = harness
+        .send(
+            reqwest::Method::POST,
+            "/sinks/nope/offsets",
+            json!({"to": "latest"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}

@@ -374,12 +374,15 @@ impl Client {
     }
 }
 
+/// A message as published: its properties and body.
+type Published = (BasicProperties, Vec<u8>);
+
 /// What the broker answered the test's publishes: the highest confirmed tag
 /// and the messages it returned as unroutable.
 #[derive(Clone, Default)]
 struct Confirms {
     acked: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    returned: std::sync::Arc<Mutex<Vec<(BasicProperties, Vec<u8>)>>>,
+    returned: std::sync::Arc<Mutex<Vec<Published>>>,
 }
 
 #[async_trait::async_trait]

@@ -207,6 +207,11 @@ impl Runtime {
         Ok(std::mem::replace(&mut *current, Arc::new(config)))
     }
 
+    /// The bus the connectors run on.
+    pub fn bus(&self) -> &dyn Bus {
+        self.bus.as_ref()
+    }
+
     pub fn view(&self, kind: ConnectorKind, key: &str) -> Result<ConnectorView, RuntimeError> {
         Ok(self.slot(kind, key)?.view())
     }

@@ -61,6 +61,10 @@ impl StateStore for HeldStore {
         self.inner.save(key, state).await
     }
 
+    async fn clear(&self, key: &str) -> Result<(), StateError> {
+        self.inner.clear(key).await
+    }
+
     fn location(&self, key: &str) -> String {
         self.inner.location(key)
     }
