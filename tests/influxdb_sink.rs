@@ -418,6 +418,36 @@ async fn v2_a_wrong_token_is_fatal_naming_the_field() {
 /// runtime against the v2 protocol test server holding its token.
 #[tokio::test]
 async fn upstreams_example_file_runs_against_the_v2_test_server() {
+    let points = run_upstreams_example("").await;
+    assert_eq!(points.len(), 6);
+    assert!(
+        points.iter().all(|point| point.contains(",offset=")),
+        "upstream's layout (offset_placement = \"tag\" by default): {points:?}"
+    );
+}
+
+/// The same file with `offset_placement = "timestamp"` added (its precision
+/// is already `ns`): three messages of one batch, one timestamp, three points.
+#[tokio::test]
+async fn upstreams_example_file_with_the_offset_in_the_timestamp_runs() {
+    let points = run_upstreams_example("offset_placement = \"timestamp\"\n").await;
+    assert_eq!(points.len(), 6, "{points:?}");
+    for point in &points {
+        assert!(!point.contains(",offset="), "{point}");
+        let offset: u64 = point
+            .split(",iggy_offset=")
+            .nth(1)
+            .and_then(|rest| rest.split('u').next())
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(point.ends_with(&format!("{offset:03}")), "{point}");
+    }
+}
+
+/// Points the test server holds once the runtime committed both topics of
+/// upstream's file, with `extra` appended to its `[plugin_config]`.
+async fn run_upstreams_example(extra: &str) -> Vec<String> {
     let server = InfluxHttp::start("replace-with-token").await;
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .ancestors()
@@ -426,7 +456,8 @@ async fn upstreams_example_file_runs_against_the_v2_test_server() {
         .expect("upstream's influxdb_sink.toml");
     let text = std::fs::read_to_string(&path)
         .unwrap()
-        .replace("http://localhost:8086", &server.url);
+        .replace("http://localhost:8086", &server.url)
+        + extra;
     let (config, _) = parse_connector_file(&path, &text, &EnvVars::from_pairs([])).unwrap();
     let bus = MemoryBus::new();
     for topic in ["users", "orders"] {
@@ -467,13 +498,8 @@ async fn upstreams_example_file_runs_against_the_v2_test_server() {
         },
     )
     .await;
-    let points = server.points();
-    assert_eq!(points.len(), 6);
-    assert!(
-        points.iter().all(|point| point.contains(",offset=")),
-        "upstream's layout (offset_placement = \"tag\" by default): {points:?}"
-    );
     runtime.shutdown().await;
+    server.points()
 }
 
 #[tokio::test]

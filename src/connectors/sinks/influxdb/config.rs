@@ -41,8 +41,8 @@ pub struct InfluxDbSinkConfig {
     /// Timestamp precision of the points: `ns`, `us`, `ms` or `s`.
     #[serde(default)]
     pub precision: Precision,
-    /// Where a point keeps its message's offset (ours). `tag` (upstream's
-    /// layout): an `offset` tag, one series per message, which InfluxDB 1.x
+    /// Where a point keeps its message's offset (ours). `tag` (the default,
+    /// upstream's layout): an `offset` tag, one series per message, which InfluxDB 1.x
     /// refuses past `max-values-per-tag` (100,000 by default) and which
     /// bloats 2.x's index. `timestamp`: an `iggy_offset` field, the point's
     /// time is the message's µs timestamp * 1000 + offset % 1000 (needs
