@@ -7,6 +7,13 @@
 //! Their points' times (µs * 1000 + offset % 1000) differ as long as fewer
 //! than 1000 messages of the partition share the timestamp: offsets of one
 //! timestamp are contiguous (timestamps never go back within a partition).
+//!
+//! The check sees a topic's batches in offset order because the sink does
+//! not write concurrently (`Sink::writes_concurrently` is false); a batch
+//! read again (a retry, a failed commit) finds its timestamps remembered.
+//! What it cannot see are the messages handled before the sink opened: after
+//! a restart inside a run of more than 1000 messages of one timestamp, it
+//! counts from the first message it sees again (README, InfluxDB sink).
 
 use std::collections::{BTreeMap, HashMap};
 
