@@ -69,11 +69,23 @@ async fn run(case: String) {
         "iggy_to_influxdb_v1" => {
             let server = InfluxDb::start();
             server.query("", "CREATE DATABASE bench").await;
+            // The offset in the points' nanoseconds: one series for the
+            // partition, so influxd's max-values-per-tag (100,000) is no
+            // limit (with the offset as a tag it refused offset 100,000 on).
             let plugin = format!(
-                "version = \"v1\"\nurl = \"{}\"\ndb = \"bench\"\nbatch_size = 5000\n",
+                "version = \"v1\"\nurl = \"{}\"\ndb = \"bench\"\nbatch_size = 5000\n\
+                 precision = \"ns\"\noffset_placement = \"timestamp\"\n",
                 server.url()
             );
             sink_case(case, &iggy, &stream, messages, "influxdb", &plugin).await;
+            let answer = server
+                .query("bench", "SELECT COUNT(payload_json) FROM iggy_messages")
+                .await;
+            assert_eq!(
+                answer["results"][0]["series"][0]["values"][0][1].as_u64(),
+                Some(messages),
+                "points in InfluxDB"
+            );
         }
         "iggy_to_doris_json" => {
             let server = Doris::start("root", "bench").await;

@@ -134,6 +134,140 @@ async fn v1_a_replayed_batch_overwrites_its_points() {
     assert_eq!(payloads[3], json!("{\"n\":3}"));
 }
 
+/// `offset_placement = "timestamp"` with the nanosecond precision it needs.
+fn in_time() -> Value {
+    json!({"offset_placement": "timestamp", "precision": "ns"})
+}
+
+/// 1.6 with `max-values-per-tag` at 1000 (100,000 by default: the same
+/// limit, reached sooner). 1.6 counts a tag's values before each request:
+/// the one that passes the limit is written, those after it are refused.
+async fn v1_server_with_1000_values_per_tag() -> InfluxDb {
+    let server = InfluxDb::start_with("  max-values-per-tag = 1000");
+    server.query("", "CREATE DATABASE db1").await;
+    server
+}
+
+/// `count` messages of partition 1, in runs of `run` sharing one timestamp
+/// (the Iggy server stamps an appended batch with one timestamp).
+fn runs(count: u64, run: u64) -> Vec<SinkMessage> {
+    (0..count)
+        .map(|n| SinkMessage {
+            timestamp: 1_700_000_000_000_000 + n / run,
+            ..message(n, Payload::Json(json!({"n": n})))
+        })
+        .collect()
+}
+
+async fn stored(server: &InfluxDb) -> u64 {
+    let answer = server
+        .query("db1", "SELECT COUNT(payload_json) FROM iggy_messages")
+        .await;
+    answer["results"][0]["series"][0]["values"][0][1]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn v1_offset_in_the_timestamp_writes_past_max_values_per_tag() {
+    let server = v1_server_with_1000_values_per_tag().await;
+    let sink = open(v1(&server, merged(in_time(), json!({"batch_size": 500})))).await;
+    sink.write(&topic(), &runs(3000, 500)).await.unwrap();
+    assert_eq!(stored(&server).await, 3000);
+    let series = server.query("db1", "SHOW SERIES FROM iggy_messages").await;
+    let series = series["results"][0]["series"][0]["values"]
+        .as_array()
+        .unwrap();
+    assert_eq!(series.len(), 1, "one series per partition: {series:?}");
+}
+
+/// What `offset_placement = "timestamp"` fixes: with the offset as a tag,
+/// the server refuses every offset past its `max-values-per-tag`.
+#[tokio::test]
+async fn v1_offset_as_a_tag_is_refused_past_max_values_per_tag() {
+    let server = v1_server_with_1000_values_per_tag().await;
+    let sink = open(v1(&server, json!({"batch_size": 500}))).await;
+    let error = sink.write(&topic(), &runs(1200, 500)).await.unwrap_err();
+    let SinkError::Rejected(rejections) = error else {
+        panic!("expected Rejected, got {error}");
+    };
+    assert!(
+        rejections[0].reason.contains("max-values-per-tag"),
+        "{}",
+        rejections[0].reason
+    );
+    let mut indexes: Vec<usize> = rejections.iter().map(|r| r.index).collect();
+    indexes.sort();
+    assert_eq!(indexes, (1000..1200).collect::<Vec<_>>());
+    assert_eq!(stored(&server).await, 1000);
+}
+
+#[tokio::test]
+async fn v1_offset_in_the_timestamp_a_replayed_batch_overwrites_its_points() {
+    let server = v1_server().await;
+    let sink = open(v1(&server, merged(in_time(), json!({"batch_size": 300})))).await;
+    let batch = runs(2000, 700);
+    sink.write(&topic(), &batch).await.unwrap();
+    sink.write(&topic(), &batch[500..1500]).await.unwrap();
+    sink.write(&topic(), &batch).await.unwrap();
+    assert_eq!(stored(&server).await, 2000);
+    let rows = server
+        .rows_epoch(
+            "db1",
+            "SELECT * FROM iggy_messages WHERE iggy_offset = 1234",
+            "ns",
+        )
+        .await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let row = &rows[0];
+    assert_eq!(row["payload_json"], json!("{\"n\":1234}"));
+    assert_eq!(row["partition"], json!("1"));
+    assert!(!row.contains_key("offset"), "no offset tag: {row:?}");
+    // The message's µs timestamp (1234 / 700 = 1 past the first) * 1000 + 234.
+    assert_eq!(row["time"], json!(1_700_000_000_000_001_234u64));
+}
+
+#[tokio::test]
+async fn v1_offset_in_the_timestamp_rejects_messages_past_1000_of_one_timestamp() {
+    let server = v1_server().await;
+    let sink = open(v1(&server, merged(in_time(), json!({"batch_size": 5000})))).await;
+    let batch = runs(1200, 1200);
+    let error = sink.write(&topic(), &batch).await.unwrap_err();
+    let SinkError::Rejected(rejections) = error else {
+        panic!("expected Rejected, got {error}");
+    };
+    assert!(
+        rejections[0].reason.contains("offset_placement = \"tag\""),
+        "{}",
+        rejections[0].reason
+    );
+    let rejected: Vec<usize> = rejections.iter().map(|r| r.index).collect();
+    assert_eq!(rejected, (1000..1200).collect::<Vec<_>>());
+    assert!(
+        server
+            .rows("db1", "SELECT * FROM iggy_messages")
+            .await
+            .is_empty(),
+        "nothing sent"
+    );
+    sink.write(&topic(), &without(&batch, &rejected))
+        .await
+        .unwrap();
+    assert_eq!(stored(&server).await, 1000);
+    // The next batch at the same timestamp is judged with what came before;
+    // a new timestamp starts again.
+    let next: Vec<SinkMessage> = (1200..1210)
+        .map(|n| SinkMessage {
+            timestamp: batch[0].timestamp + u64::from(n >= 1205),
+            ..message(n, Payload::Json(json!({"n": n})))
+        })
+        .collect();
+    let rejected = rejected_indexes(sink.write(&topic(), &next).await.unwrap_err());
+    assert_eq!(rejected, vec![0, 1, 2, 3, 4]);
+    sink.write(&topic(), &next[5..]).await.unwrap();
+    assert_eq!(stored(&server).await, 1005);
+}
+
 #[tokio::test]
 async fn v1_a_partial_write_rejects_the_refused_line_by_index_and_keeps_the_rest() {
     let server = v1_server().await;
@@ -284,6 +418,36 @@ async fn v2_a_wrong_token_is_fatal_naming_the_field() {
 /// runtime against the v2 protocol test server holding its token.
 #[tokio::test]
 async fn upstreams_example_file_runs_against_the_v2_test_server() {
+    let points = run_upstreams_example("").await;
+    assert_eq!(points.len(), 6);
+    assert!(
+        points.iter().all(|point| point.contains(",offset=")),
+        "upstream's layout (offset_placement = \"tag\" by default): {points:?}"
+    );
+}
+
+/// The same file with `offset_placement = "timestamp"` added (its precision
+/// is already `ns`): three messages of one batch, one timestamp, three points.
+#[tokio::test]
+async fn upstreams_example_file_with_the_offset_in_the_timestamp_runs() {
+    let points = run_upstreams_example("offset_placement = \"timestamp\"\n").await;
+    assert_eq!(points.len(), 6, "{points:?}");
+    for point in &points {
+        assert!(!point.contains(",offset="), "{point}");
+        let offset: u64 = point
+            .split(",iggy_offset=")
+            .nth(1)
+            .and_then(|rest| rest.split('u').next())
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(point.ends_with(&format!("{offset:03}")), "{point}");
+    }
+}
+
+/// Points the test server holds once the runtime committed both topics of
+/// upstream's file, with `extra` appended to its `[plugin_config]`.
+async fn run_upstreams_example(extra: &str) -> Vec<String> {
     let server = InfluxHttp::start("replace-with-token").await;
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .ancestors()
@@ -292,7 +456,8 @@ async fn upstreams_example_file_runs_against_the_v2_test_server() {
         .expect("upstream's influxdb_sink.toml");
     let text = std::fs::read_to_string(&path)
         .unwrap()
-        .replace("http://localhost:8086", &server.url);
+        .replace("http://localhost:8086", &server.url)
+        + extra;
     let (config, _) = parse_connector_file(&path, &text, &EnvVars::from_pairs([])).unwrap();
     let bus = MemoryBus::new();
     for topic in ["users", "orders"] {
@@ -333,8 +498,8 @@ async fn upstreams_example_file_runs_against_the_v2_test_server() {
         },
     )
     .await;
-    assert_eq!(server.points().len(), 6);
     runtime.shutdown().await;
+    server.points()
 }
 
 #[tokio::test]

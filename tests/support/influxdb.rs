@@ -25,15 +25,21 @@ impl InfluxDb {
     /// answers (a port taken between choosing it and binding it) is started
     /// again on other ports.
     pub fn start() -> Self {
+        Self::start_with("")
+    }
+
+    /// `start` with more settings of the `[data]` section (such as
+    /// `max-values-per-tag = 1000`).
+    pub fn start_with(data: &str) -> Self {
         for _ in 0..3 {
-            if let Some(server) = Self::try_start() {
+            if let Some(server) = Self::try_start(data) {
                 return server;
             }
         }
         panic!("influxd did not start in three attempts");
     }
 
-    fn try_start() -> Option<Self> {
+    fn try_start(data: &str) -> Option<Self> {
         let binary = ["/usr/bin/influxd", "/usr/sbin/influxd"]
             .into_iter()
             .find(|path| std::path::Path::new(path).exists())
@@ -53,6 +59,7 @@ bind-address = "127.0.0.1:{rpc}"
   dir = "{root}/data"
   wal-dir = "{root}/wal"
   query-log-enabled = false
+{data}
 [monitor]
   store-enabled = false
 [http]
@@ -126,11 +133,16 @@ bind-address = "127.0.0.1:{rpc}"
         }
     }
 
-    /// Runs an InfluxQL statement; the JSON answer.
+    /// Runs an InfluxQL statement; the JSON answer (times in µs).
     pub async fn query(&self, db: &str, q: &str) -> serde_json::Value {
+        self.query_epoch(db, q, "u").await
+    }
+
+    /// `query` with times in `epoch` (`ns`, `u`, `ms`, ...).
+    pub async fn query_epoch(&self, db: &str, q: &str, epoch: &str) -> serde_json::Value {
         let response = reqwest::Client::new()
             .post(format!("{}/query", self.url()))
-            .query(&[("db", db), ("q", q), ("epoch", "u")])
+            .query(&[("db", db), ("q", q), ("epoch", epoch)])
             .send()
             .await
             .unwrap();
@@ -142,7 +154,17 @@ bind-address = "127.0.0.1:{rpc}"
 
     /// The rows of a `SELECT`, each as column -> value.
     pub async fn rows(&self, db: &str, q: &str) -> Vec<serde_json::Map<String, serde_json::Value>> {
-        let answer = self.query(db, q).await;
+        self.rows_epoch(db, q, "u").await
+    }
+
+    /// `rows` with times in `epoch`.
+    pub async fn rows_epoch(
+        &self,
+        db: &str,
+        q: &str,
+        epoch: &str,
+    ) -> Vec<serde_json::Map<String, serde_json::Value>> {
+        let answer = self.query_epoch(db, q, epoch).await;
         let Some(series) = answer["results"][0]["series"].as_array() else {
             return Vec::new();
         };

@@ -41,6 +41,15 @@ pub struct InfluxDbSinkConfig {
     /// Timestamp precision of the points: `ns`, `us`, `ms` or `s`.
     #[serde(default)]
     pub precision: Precision,
+    /// Where a point keeps its message's offset (ours). `tag` (the default,
+    /// upstream's layout): an `offset` tag, one series per message, which InfluxDB 1.x
+    /// refuses past `max-values-per-tag` (100,000 by default) and which
+    /// bloats 2.x's index. `timestamp`: an `iggy_offset` field, the point's
+    /// time is the message's µs timestamp * 1000 + offset % 1000 (needs
+    /// `precision = "ns"` and the partition tag); more than 1000 messages of
+    /// one partition with one timestamp are rejected, not overwritten.
+    #[serde(default)]
+    pub offset_placement: OffsetPlacement,
     /// Points per write request.
     #[serde(default = "default_batch_size")]
     pub batch_size: u32,
@@ -151,6 +160,14 @@ impl Precision {
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
+pub enum OffsetPlacement {
+    #[default]
+    Tag,
+    Timestamp,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
 pub enum PayloadFormat {
     #[default]
     Json,
@@ -190,6 +207,20 @@ impl InfluxDbSinkConfig {
             .map_err(|message| PluginConfigError::new("measurement", message))?;
         if self.batch_size == 0 {
             return Err(PluginConfigError::new("batch_size", "expected at least 1"));
+        }
+        if self.offset_placement == OffsetPlacement::Timestamp {
+            if self.precision != Precision::Ns {
+                return Err(PluginConfigError::new(
+                    "offset_placement",
+                    "offset_placement = \"timestamp\" keeps the offset in the nanoseconds of the point's time: it needs precision = \"ns\"",
+                ));
+            }
+            if !(self.include_metadata && self.include_partition_tag) {
+                return Err(PluginConfigError::new(
+                    "offset_placement",
+                    "offset_placement = \"timestamp\" needs the partition tag (include_metadata and include_partition_tag true): two partitions' messages would share points",
+                ));
+            }
         }
         let path = match self.version {
             Version::V1 => "write",
@@ -316,5 +347,27 @@ mod tests {
         assert_eq!(error.field, "token");
         let error = parse(serde_json::json!({"version": "v4", "url": "http://h"})).unwrap_err();
         assert_eq!(error.field, "version");
+    }
+
+    #[test]
+    fn given_offset_placement_timestamp_when_validated_should_need_ns_and_the_partition_tag() {
+        let base = serde_json::json!({"version": "v1", "url": "http://h", "db": "d", "offset_placement": "timestamp"});
+        let with = |extra: serde_json::Value| {
+            let mut config = base.clone();
+            config
+                .as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            parse(config).unwrap().validate()
+        };
+        let error = with(serde_json::json!({})).unwrap_err();
+        assert_eq!(error.field, "offset_placement");
+        assert!(error.message.contains("precision = \"ns\""), "{error}");
+        assert!(with(serde_json::json!({"precision": "ns"})).is_ok());
+        let error =
+            with(serde_json::json!({"precision": "ns", "include_partition_tag": false})).unwrap_err();
+        assert!(error.message.contains("include_partition_tag"), "{error}");
+        let tag = parse(serde_json::json!({"version": "v1", "url": "http://h", "db": "d"})).unwrap();
+        assert_eq!(tag.offset_placement, OffsetPlacement::Tag);
     }
 }

@@ -2,9 +2,14 @@
 //! InfluxDB 1.x (`version = "v1"`, `/write`), 2.x (`v2`, `/api/v2/write`) or
 //! 3.x (`v3`, `/api/v3/write_lp`).
 //!
-//! Points are idempotent: a point is its series (measurement and tags, the
-//! message's offset among them) plus its timestamp (the message's), so a
-//! replayed message overwrites itself with the same fields.
+//! Points are idempotent: a point is its series (measurement and tags) plus
+//! its time, and one of the two holds the message's offset
+//! (`offset_placement`): `tag` (upstream's layout) adds an `offset` tag to the
+//! message's timestamp, one series per message; `timestamp` writes the
+//! message's µs timestamp * 1000 + offset % 1000 in nanoseconds and the
+//! offset as an `iggy_offset` field, so a partition is one series (see
+//! `stamps`). Either way a replayed message overwrites itself with the same
+//! fields.
 //!
 //! Delivery: `write` returns `Ok` once every request of the batch got a 2xx.
 //! Connection errors, timeouts, 408, 429 and 5xx are retried up to
@@ -20,7 +25,9 @@
 
 mod config;
 mod line;
+mod stamps;
 
+use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
@@ -38,14 +45,14 @@ use crate::connectors::{
 };
 use crate::message::{Payload, SinkMessage, TopicRef};
 
-pub use config::{InfluxDbSinkConfig, PayloadFormat, Precision, Version};
+pub use config::{InfluxDbSinkConfig, OffsetPlacement, PayloadFormat, Precision, Version};
 
 pub const ENTRY: SinkEntry = SinkEntry {
     name: "influxdb",
     feature: "influxdb-sink",
     description: "writes messages as line-protocol points to InfluxDB 1.x, 2.x or 3.x",
     secret_fields: &["token", "password"],
-    sample_config: "version = \"v1\"\nurl = \"http://localhost:8086\"\ndb = \"events\"\nusername = \"iggy\"\npassword = \"secret\"\n# InfluxDB 1.8+: `Token user:password` instead of username/password\ntoken = \"iggy:secret\"\nmeasurement = \"iggy_messages\"\nprecision = \"us\"\n",
+    sample_config: "version = \"v1\"\nurl = \"http://localhost:8086\"\ndb = \"events\"\nusername = \"iggy\"\npassword = \"secret\"\n# InfluxDB 1.8+: `Token user:password` instead of username/password\ntoken = \"iggy:secret\"\nmeasurement = \"iggy_messages\"\nprecision = \"ns\"\n# the offset in the point's nanoseconds: one series per partition, not per message\noffset_placement = \"timestamp\"\n",
     config_schema: schema_of::<InfluxDbSinkConfig>,
     build: |config| Ok(Box::new(InfluxDbSink::new(parse_plugin_config(config)?)?)),
 };
@@ -61,6 +68,8 @@ pub struct InfluxDbSink {
     client: Option<HttpClient>,
     breaker: Breaker,
     key: String,
+    /// `offset_placement = "timestamp"`: the timestamps seen per partition.
+    stamps: Mutex<stamps::Stamps>,
 }
 
 /// One message as a point.
@@ -104,6 +113,7 @@ impl InfluxDbSink {
             client: None,
             breaker,
             key: "influxdb".into(),
+            stamps: Mutex::default(),
             config,
         })
     }
@@ -122,8 +132,13 @@ impl InfluxDbSink {
         }
     }
 
-    /// The message as one line-protocol point.
-    fn encode(&self, topic: &TopicRef, message: &SinkMessage) -> Result<String, String> {
+    /// The message as one line-protocol point; `micros` is its timestamp.
+    fn encode(
+        &self,
+        topic: &TopicRef,
+        message: &SinkMessage,
+        micros: u64,
+    ) -> Result<String, String> {
         let config = &self.config;
         let signed = config.version == Version::V1;
         let mut out = String::with_capacity(128);
@@ -139,9 +154,16 @@ impl InfluxDbSink {
         if config.include_metadata && config.include_partition_tag {
             out.push_str(&format!(",partition={}", message.partition_id));
         }
-        // Always a tag: two messages of one timestamp stay two points.
-        out.push_str(&format!(",offset={}", message.offset));
+        // In a tag or in the time: two messages of one timestamp stay two points.
+        let in_time = config.offset_placement == OffsetPlacement::Timestamp;
+        if !in_time {
+            out.push_str(&format!(",offset={}", message.offset));
+        }
         out.push_str(&format!(" message_id=\"{}\"", message.id));
+        if in_time {
+            out.push_str(",iggy_offset=");
+            line::unsigned_field(&mut out, message.offset, signed);
+        }
         if config.include_metadata && !config.include_stream_tag {
             out.push_str(",iggy_stream=");
             line::string_field(&mut out, &topic.stream);
@@ -180,16 +202,54 @@ impl InfluxDbSink {
                 out.push('"');
             }
         }
-        let micros = if message.timestamp == 0 {
-            SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map(|since| since.as_micros() as u64)
-                .unwrap_or_default()
+        let time = if in_time {
+            stamps::point_nanos(micros, message.offset)
         } else {
-            message.timestamp
+            config.precision.from_micros(micros)
         };
-        out.push_str(&format!(" {}", config.precision.from_micros(micros)));
+        out.push_str(&format!(" {time}"));
         Ok(out)
+    }
+
+    /// The batch's points, and the messages refused before sending (a
+    /// payload or tag that does not fit; with `offset_placement =
+    /// "timestamp"`, a point that would take an earlier message's time).
+    fn encode_batch(
+        &self,
+        topic: &TopicRef,
+        messages: &[SinkMessage],
+    ) -> (Vec<Point>, Vec<Rejection>) {
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|since| since.as_micros() as u64)
+            .unwrap_or_default();
+        let mut stamps = (self.config.offset_placement == OffsetPlacement::Timestamp).then(|| {
+            self.stamps
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+        });
+        let mut partitions = stamps.as_mut().map(|stamps| stamps.topic(topic));
+        let mut points = Vec::with_capacity(messages.len());
+        let mut refused = Vec::new();
+        for (index, message) in messages.iter().enumerate() {
+            let micros = match message.timestamp {
+                0 => now,
+                timestamp => timestamp,
+            };
+            let checked = match partitions.as_mut() {
+                Some(partitions) => partitions.check(message.partition_id, micros, message.offset),
+                None => Ok(()),
+            };
+            match checked.and_then(|()| self.encode(topic, message, micros)) {
+                Ok(text) => points.push(Point {
+                    index,
+                    lines: text.matches('\n').count() + 1,
+                    text,
+                }),
+                Err(reason) => refused.push(Rejection { index, reason }),
+            }
+        }
+        (points, refused)
     }
 
     /// Sends one body, retrying transient failures.
@@ -447,6 +507,9 @@ impl Sink for InfluxDbSink {
             self.check_v1_database(&client).await?;
         }
         info!(connector_key = %self.key, url = %self.display_url, version = self.config.version_name(), measurement = %self.config.measurement, "influxdb sink open");
+        if self.config.offset_placement == OffsetPlacement::Tag && self.config.version != Version::V3 {
+            warn!(connector_key = %self.key, "offset_placement = \"tag\": one series per message; InfluxDB 1.x refuses writes past max-values-per-tag (100000 offsets per partition by default) and 2.x's index grows with every message; offset_placement = \"timestamp\" (with precision = \"ns\") keeps one series per partition");
+        }
         self.client = Some(client);
         Ok(())
     }
@@ -456,18 +519,7 @@ impl Sink for InfluxDbSink {
             .client
             .as_ref()
             .ok_or_else(|| SinkError::fatal("the influxdb sink was not opened"))?;
-        let mut points = Vec::with_capacity(messages.len());
-        let mut refused = Vec::new();
-        for (index, message) in messages.iter().enumerate() {
-            match self.encode(topic, message) {
-                Ok(text) => points.push(Point {
-                    index,
-                    lines: text.matches('\n').count() + 1,
-                    text,
-                }),
-                Err(reason) => refused.push(Rejection { index, reason }),
-            }
-        }
+        let (points, refused) = self.encode_batch(topic, messages);
         // Nothing sent: the engine writes the rest again without these.
         if !refused.is_empty() {
             return Err(SinkError::Rejected(refused));
@@ -500,12 +552,14 @@ mod tests {
         InfluxDbSink::new(parse_plugin_config(&config).unwrap()).unwrap()
     }
 
+    const MICROS: u64 = 1_700_000_000_123_456;
+
     fn message(payload: Payload) -> SinkMessage {
         SinkMessage {
             id: 42,
             offset: 7,
             partition_id: 3,
-            timestamp: 1_700_000_000_123_456,
+            timestamp: MICROS,
             origin_timestamp: 1_700_000_000_000_000,
             checksum: 99,
             headers: Vec::new(),
@@ -523,7 +577,7 @@ mod tests {
     #[test]
     fn given_a_message_when_encoded_should_write_upstreams_point() {
         let line = sink(serde_json::json!({}))
-            .encode(&topic(), &message(Payload::Json(serde_json::json!({"a": "x y"}))))
+            .encode(&topic(), &message(Payload::Json(serde_json::json!({"a": "x y"}))), MICROS)
             .unwrap();
         assert_eq!(
             line,
@@ -539,23 +593,61 @@ mod tests {
             "payload_format": "base64", "precision": "ms"
         }));
         let line = sink
-            .encode(&topic(), &message(Payload::Raw(Bytes::from_static(b"\x00\x01"))))
+            .encode(&topic(), &message(Payload::Raw(Bytes::from_static(b"\x00\x01"))), MICROS)
             .unwrap();
         assert_eq!(
             line,
             r#"iggy_messages,offset=7 message_id="42",iggy_stream="my stream",iggy_topic="t,1",iggy_partition=3u,payload_base64="AAE=" 1700000000123"#
         );
         let error = self::sink(serde_json::json!({}))
-            .encode(&topic(), &message(Payload::Text("not json".into())))
+            .encode(&topic(), &message(Payload::Text("not json".into())), MICROS)
             .unwrap_err();
         assert!(error.contains("not JSON"), "{error}");
         let v1 = self::sink(serde_json::json!({"version": "v1", "db": "d", "include_partition_tag": false}))
-            .encode(&topic(), &message(Payload::Json(serde_json::json!(1))))
+            .encode(&topic(), &message(Payload::Json(serde_json::json!(1))), MICROS)
             .unwrap();
         assert!(
             v1.contains(",iggy_partition=3i,iggy_checksum=99i,iggy_origin_timestamp=1700000000000000i,"),
             "1.x has no unsigned integers: {v1}"
         );
+    }
+
+    #[test]
+    fn given_offset_placement_timestamp_when_encoded_should_put_the_offset_in_a_field_and_the_nanoseconds() {
+        let placement = serde_json::json!({"offset_placement": "timestamp", "precision": "ns", "include_checksum": false, "include_origin_timestamp": false});
+        let mut json = message(Payload::Json(serde_json::json!(1)));
+        json.offset = 123_007;
+        let line = sink(placement.clone()).encode(&topic(), &json, MICROS).unwrap();
+        assert_eq!(
+            line,
+            r#"iggy_messages,stream=my\ stream,topic=t\,1,partition=3 message_id="42",iggy_offset=123007u,payload_json="1" 1700000000123456007"#
+        );
+        let mut v1 = placement;
+        v1.as_object_mut()
+            .unwrap()
+            .extend([("version".into(), "v1".into()), ("db".into(), "d".into())]);
+        let line = sink(v1).encode(&topic(), &json, MICROS).unwrap();
+        assert!(line.contains(" message_id=\"42\",iggy_offset=123007i,"), "{line}");
+    }
+
+    #[test]
+    fn given_1001_messages_of_one_timestamp_when_encoded_should_refuse_the_last_naming_the_fix() {
+        let sink = sink(serde_json::json!({"offset_placement": "timestamp", "precision": "ns"}));
+        let batch: Vec<SinkMessage> = (0..1001)
+            .map(|offset| SinkMessage {
+                offset,
+                ..message(Payload::Json(serde_json::json!(offset)))
+            })
+            .collect();
+        let (points, refused) = sink.encode_batch(&topic(), &batch);
+        assert_eq!(points.len(), 1000);
+        assert_eq!(refused.len(), 1, "{:?}", refused.iter().map(|r| &r.reason).collect::<Vec<_>>());
+        assert_eq!(refused[0].index, 1000);
+        assert!(refused[0].reason.contains("offset_placement = \"tag\""), "{}", refused[0].reason);
+        // The same batch again (the engine's retry) is judged the same way.
+        assert_eq!(sink.encode_batch(&topic(), &batch).1.len(), 1);
+        let tag = self::sink(serde_json::json!({}));
+        assert!(tag.encode_batch(&topic(), &batch).1.is_empty(), "tags need no check");
     }
 
     #[test]
