@@ -336,21 +336,25 @@ impl IggyBusConsumer {
                     self.name
                 ))
             };
-            match after.checked_sub(1) {
-                _ if after == before => {}
-                Some(last) => self.store(partition_id, last).await?.map_err(refused)?,
-                None => match self
-                    .timed(self.client.delete_consumer_offset(
-                        &self.consumer,
-                        &self.stream,
-                        &self.topic,
-                        Some(partition_id),
-                    ))
-                    .await?
-                {
+            if after != before {
+                // Stored is the last message handled; nothing stored reads
+                // from the start.
+                let answer = match after.checked_sub(1) {
+                    Some(last) => self.store(partition_id, last).await?,
+                    None => {
+                        self.timed(self.client.delete_consumer_offset(
+                            &self.consumer,
+                            &self.stream,
+                            &self.topic,
+                            Some(partition_id),
+                        ))
+                        .await?
+                    }
+                };
+                match answer {
                     Ok(()) | Err(IggyError::ConsumerOffsetNotFound(..)) => {}
                     Err(error) => return Err(refused(error)),
-                },
+                }
             }
             info!(consumer_group = %self.name, partition_id, before, after, "consumer group offset moved");
             moves.push(OffsetMove {
