@@ -141,31 +141,15 @@ async fn source_state(
     Path(key): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     find(&state, ConnectorKind::Source, &key)?;
-    let location = state.state_store.location(&key);
     let stored = state
         .state_store
         .load(&key)
         .await
         .map_err(|error| ApiError::Internal(error.to_string()))?;
-    let Some(stored) = stored else {
-        return Ok(Json(json!({
-            "key": key,
-            "connector": null,
-            "location": location,
-            "size": 0,
-            "state": null,
-        })));
-    };
-    let mut value = state_json::decode(&stored.data)
-        .map_err(|error| ApiError::Internal(format!("state {location} is {error}")))?;
-    redact::by_name(&mut value);
-    Ok(Json(json!({
-        "key": key,
-        "connector": stored.connector,
-        "location": location,
-        "size": stored.data.len(),
-        "state": value,
-    })))
+    let mut shown = state_json::shown(state.state_store.as_ref(), &key, stored.as_ref())
+        .map_err(ApiError::Internal)?;
+    redact::by_name(&mut shown["state"]);
+    Ok(Json(shown))
 }
 
 /// The body of `PUT /sources/{key}/state`: the state as `GET` shows it (the

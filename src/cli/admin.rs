@@ -111,20 +111,8 @@ pub async fn state(config: &Path, command: StateCommand) -> anyhow::Result<ExitC
     match command {
         StateCommand::Show { key } => {
             stopped.connector(ConnectorKind::Source, &key)?;
-            let location = store.location(&key);
-            let shown = match store.load(&key).await? {
-                Some(stored) => serde_json::json!({
-                    "key": key,
-                    "connector": stored.connector,
-                    "location": location,
-                    "size": stored.data.len(),
-                    "state": json::decode(&stored.data)
-                        .map_err(|error| anyhow::anyhow!("state {location} is {error}"))?,
-                }),
-                None => serde_json::json!({
-                    "key": key, "connector": null, "location": location, "size": 0, "state": null,
-                }),
-            };
+            let stored = store.load(&key).await?;
+            let shown = json::shown(&store, &key, stored.as_ref()).map_err(anyhow::Error::msg)?;
             println!("{}", serde_json::to_string_pretty(&shown)?);
         }
         StateCommand::Set { key, file } => {

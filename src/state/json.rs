@@ -3,6 +3,8 @@
 
 use serde_json::{Value, json};
 
+use crate::state::{StateStore, StoredState};
+
 /// The state's MessagePack as JSON: binary becomes a list of bytes, map keys
 /// that are not strings become their JSON text.
 pub fn decode(data: &[u8]) -> Result<Value, String> {
@@ -18,6 +20,27 @@ pub fn encode(state: &Value) -> Result<Vec<u8>, String> {
         return Err("a state is a JSON object (as the state's JSON shows it)".into());
     }
     rmp_serde::to_vec_named(state).map_err(|error| error.to_string())
+}
+
+/// What the API and `iggy-connect state show` print for a source's state:
+/// `{key, connector, location, size, state}` (nulls and 0 without one).
+pub fn shown(
+    store: &dyn StateStore,
+    key: &str,
+    stored: Option<&StoredState>,
+) -> Result<Value, String> {
+    let location = store.location(key);
+    let state = stored
+        .map(|stored| decode(&stored.data))
+        .transpose()
+        .map_err(|error| format!("state {location} is {error}"))?;
+    Ok(json!({
+        "key": key,
+        "connector": stored.map(|stored| stored.connector.as_str()),
+        "location": location,
+        "size": stored.map_or(0, |stored| stored.data.len()),
+        "state": state,
+    }))
 }
 
 fn to_json(value: rmpv::Value) -> Value {
