@@ -174,8 +174,12 @@ async fn the_sink_publishes_each_iggy_message_once_to_its_templated_topic(versio
     assert_eq!(received, expected, "each message once, in order");
 }
 
-on_both_versions!(a_message_without_a_valid_topic_is_rejected_before_its_batch_is_sent_and_retain_is_kept);
-async fn a_message_without_a_valid_topic_is_rejected_before_its_batch_is_sent_and_retain_is_kept(version: &str) {
+on_both_versions!(
+    a_message_without_a_valid_topic_is_rejected_before_its_batch_is_sent_and_retain_is_kept
+);
+async fn a_message_without_a_valid_topic_is_rejected_before_its_batch_is_sent_and_retain_is_kept(
+    version: &str,
+) {
     let broker = Mosquitto::start();
     let collector = Collector::start(broker.port, "routed/#", "routed/marker").await;
     let config = json!({"url": broker.url(), "topic_field": "to", "retain": true, "protocol_version": version});
@@ -337,10 +341,11 @@ async fn a_refused_login_is_fatal_at_open_naming_the_fields(version: &str) {
         .iter()
         .find(|entry| entry.name == "mqtt")
         .unwrap();
-    let mut source =
-        (entry.build)(&json!({"url": broker.url(), "topics": ["t"], "username": "nobody",
-            "protocol_version": version}))
-            .unwrap();
+    let mut source = (entry.build)(
+        &json!({"url": broker.url(), "topics": ["t"], "username": "nobody",
+            "protocol_version": version}),
+    )
+    .unwrap();
     let error = source.open(None).await.expect_err("open must fail");
     assert!(!error.is_transient(), "{error}");
     assert!(
@@ -378,7 +383,11 @@ async fn a_puback_not_authorized_on_mqtt_5_rejects_that_message_by_index() {
         Err(SinkError::Rejected(rejected)) => {
             assert_eq!(rejected.len(), 1, "{rejected:?}");
             assert_eq!(rejected[0].index, 1);
-            assert!(rejected[0].reason.contains("0x87"), "{}", rejected[0].reason);
+            assert!(
+                rejected[0].reason.contains("0x87"),
+                "{}",
+                rejected[0].reason
+            );
         }
         other => panic!(
             "expected the denied message rejected, got {other:?}; broker log:\n{}",
@@ -420,7 +429,9 @@ async fn on_mqtt_5_headers_travel_as_user_properties() {
     ];
     let config = json!({"url": broker.url(), "topic": "props/x", "protocol_version": "5"});
     let mut sink = support::sinks::open("mqtt", &config).await;
-    sink.write(&support::sinks::topic(), &[message]).await.unwrap();
+    sink.write(&support::sinks::topic(), &[message])
+        .await
+        .unwrap();
     sink.close().await.unwrap();
     let batch = tokio::time::timeout(LONG, source.poll())
         .await
@@ -434,7 +445,9 @@ async fn on_mqtt_5_headers_travel_as_user_properties() {
         ("mqtt_topic", HeaderValue::String("props/x".into())),
     ] {
         assert!(
-            headers.iter().any(|(key, value)| key == expected.0 && *value == expected.1),
+            headers
+                .iter()
+                .any(|(key, value)| key == expected.0 && *value == expected.1),
             "{expected:?} in {headers:?}"
         );
     }
@@ -445,13 +458,17 @@ async fn on_mqtt_5_headers_travel_as_user_properties() {
 // -------------------------------------------------------------- the source
 
 on_both_versions!(the_source_delivers_each_message_once_with_its_topic_and_acks_what_iggy_has);
-async fn the_source_delivers_each_message_once_with_its_topic_and_acks_what_iggy_has(version: &str) {
+async fn the_source_delivers_each_message_once_with_its_topic_and_acks_what_iggy_has(
+    version: &str,
+) {
     let (broker, iggy) = (Mosquitto::start(), IggyTestServer::start());
     create_session(broker.port, SOURCE_ID, "sensors/+").await;
     publish_ns(&broker, "sensors/eu", 0..300).await;
     let state = tempfile::tempdir().unwrap();
     let runtime = runtime(&iggy, state.path());
-    runtime.add(connector(&source_config(&broker, version))).unwrap();
+    runtime
+        .add(connector(&source_config(&broker, version)))
+        .unwrap();
     runtime.start_enabled().await;
     wait_for("every message in Iggy", LONG, || {
         covers(&in_iggy(&iggy), 0..300)
@@ -501,7 +518,9 @@ async fn while_iggy_refuses_sends_nothing_is_acked_and_everything_arrives_after(
     publish_ns(&broker, "sensors/eu", 0..20).await;
     let state = tempfile::tempdir().unwrap();
     let first = runtime(&iggy, state.path());
-    first.add(connector(&source_config(&broker, version))).unwrap();
+    first
+        .add(connector(&source_config(&broker, version)))
+        .unwrap();
     first.start_enabled().await;
     wait_for("the first messages in Iggy", LONG, || {
         covers(&in_iggy(&iggy), 0..20)
@@ -527,7 +546,9 @@ async fn while_iggy_refuses_sends_nothing_is_acked_and_everything_arrives_after(
     );
     iggy.faults().clear();
     let second = runtime(&iggy, state.path());
-    second.add(connector(&source_config(&broker, version))).unwrap();
+    second
+        .add(connector(&source_config(&broker, version)))
+        .unwrap();
     second.start_enabled().await;
     wait_for("everything in Iggy once sends are accepted", LONG, || {
         covers(&in_iggy(&iggy), 0..60)
@@ -547,7 +568,9 @@ async fn a_broker_kill_9_mid_stream_loses_nothing(version: &str) {
     broker.snapshot();
     let state = tempfile::tempdir().unwrap();
     let runtime = runtime(&iggy, state.path());
-    runtime.add(connector(&source_config(&broker, version))).unwrap();
+    runtime
+        .add(connector(&source_config(&broker, version)))
+        .unwrap();
     runtime.start_enabled().await;
     wait_for("part of the messages in Iggy", LONG, || {
         iggy.message_count("sensors", "readings") >= 100

@@ -228,7 +228,8 @@ impl MqttConnection {
         session: Session,
         capacity: usize,
     ) -> Result<(Client, EventLoop), ConnectorError> {
-        let invalid = |error: PluginConfigError| ConnectorError::fatal(format!("plugin_config.{error}"));
+        let invalid =
+            |error: PluginConfigError| ConnectorError::fatal(format!("plugin_config.{error}"));
         let (host, port) = self.check().map_err(invalid)?;
         let login = self.username.as_ref().map(|username| {
             let password = self
@@ -392,7 +393,9 @@ impl ConnectionError {
 #[derive(Debug)]
 pub enum Event {
     /// The broker accepted the connection.
-    ConnAck { session_present: bool },
+    ConnAck {
+        session_present: bool,
+    },
     /// A message came.
     Publish(Incoming),
     /// The answer to a subscribe: for each filter, whether it was refused.
@@ -432,7 +435,10 @@ pub fn puback_outcome(reason: packet5::PubAckReason) -> Result<(), PubAckRefusal
         Reason::ImplementationSpecificError => (true, "0x83 implementation specific error"),
         Reason::PacketIdentifierInUse => (true, "0x91 packet identifier in use"),
         Reason::QuotaExceeded => (true, "0x97 quota exceeded"),
-        Reason::NotAuthorized => (false, "0x87 not authorized (the broker's ACL denies the topic)"),
+        Reason::NotAuthorized => (
+            false,
+            "0x87 not authorized (the broker's ACL denies the topic)",
+        ),
         Reason::TopicNameInvalid => (false, "0x90 topic name invalid"),
         Reason::PayloadFormatInvalid => (false, "0x99 payload format invalid"),
     };
@@ -696,8 +702,16 @@ fn event5(event: v5::Event) -> Event {
 impl EventLoop {
     pub async fn poll(&mut self) -> Result<Event, ConnectionError> {
         match self {
-            Self::V4(eventloop) => eventloop.poll().await.map(event4).map_err(ConnectionError::V4),
-            Self::V5(eventloop) => eventloop.poll().await.map(event5).map_err(ConnectionError::V5),
+            Self::V4(eventloop) => eventloop
+                .poll()
+                .await
+                .map(event4)
+                .map_err(ConnectionError::V4),
+            Self::V5(eventloop) => eventloop
+                .poll()
+                .await
+                .map(event5)
+                .map_err(ConnectionError::V5),
         }
     }
 
@@ -710,7 +724,9 @@ impl EventLoop {
                 .events
                 .drain(..)
                 .filter_map(|event| match event {
-                    rumqttc::Event::Incoming(Packet::Publish(publish)) => Some(Incoming::V4(publish)),
+                    rumqttc::Event::Incoming(Packet::Publish(publish)) => {
+                        Some(Incoming::V4(publish))
+                    }
                     _ => None,
                 })
                 .collect(),
@@ -907,7 +923,11 @@ mod tests {
         for bad in ["3", "4", "5.1", "v5", ""] {
             let error = versioned(bad).check().unwrap_err();
             assert_eq!(error.field, "protocol_version", "{bad}");
-            assert!(error.message.contains("\"3.1.1\" or \"5\""), "{}", error.message);
+            assert!(
+                error.message.contains("\"3.1.1\" or \"5\""),
+                "{}",
+                error.message
+            );
         }
     }
 
@@ -931,7 +951,12 @@ mod tests {
         ] {
             assert!(!puback_outcome(reject).unwrap_err().retryable, "{reject:?}");
         }
-        assert!(puback_outcome(Reason::NotAuthorized).unwrap_err().reason.contains("0x87"));
+        assert!(
+            puback_outcome(Reason::NotAuthorized)
+                .unwrap_err()
+                .reason
+                .contains("0x87")
+        );
     }
 
     #[test]
