@@ -256,7 +256,7 @@ impl MqttConnection {
                 }
                 let (client, mut eventloop) = rumqttc::AsyncClient::new(options, capacity);
                 eventloop.network_options.set_connection_timeout(timeout);
-                Ok((Client::V4(client), EventLoop::V4(eventloop)))
+                Ok((Client::V4(client), EventLoop::V4(Box::new(eventloop))))
             }
             Protocol::V5 => {
                 let mut options = v5::MqttOptions::new(client_id, host, port);
@@ -358,7 +358,7 @@ pub enum Client {
 
 /// The event loop of either version.
 pub enum EventLoop {
-    V4(rumqttc::EventLoop),
+    V4(Box<rumqttc::EventLoop>),
     V5(Box<v5::EventLoop>),
 }
 
@@ -590,7 +590,7 @@ impl Client {
     /// Subscribes to each filter with `qos`, waiting for room in the queue
     /// (`wait`) or not.
     pub async fn subscribe(&self, filters: &[String], qos: QoS, wait: bool) -> Result<(), String> {
-        let sent = match self {
+        match self {
             Self::V4(client) => {
                 let filters: Vec<SubscribeFilter> = filters
                     .iter()
@@ -615,8 +615,7 @@ impl Client {
                 }
                 .map_err(|error| error.to_string())
             }
-        };
-        sent
+        }
     }
 
     /// Hands `message` to the client without waiting; `false` when its
