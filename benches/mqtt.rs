@@ -10,7 +10,9 @@
 //! window of 20 unacknowledged messages towards a subscriber bounds the
 //! source's batches (`max_inflight_messages`; the case raises it to 1000, as
 //! a deployment that wants throughput would). `BENCH_SCALE` (default 1.0)
-//! multiplies every case's size.
+//! multiplies every case's size. The `mqtt5` cases are the same over MQTT 5
+//! (`protocol_version = "5"`; the source then bounds the broker's window
+//! itself, Receive Maximum 2 x `batch_size`).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -23,7 +25,12 @@ use iggy_connect::connectors::ConnectorKind;
 use serde_json::json;
 use support::mosquitto::{Collector, Mosquitto, create_session, publish};
 
-const CASES: &[&str] = &["iggy_to_mqtt", "mqtt_to_iggy"];
+const CASES: &[&str] = &[
+    "iggy_to_mqtt",
+    "mqtt_to_iggy",
+    "iggy_to_mqtt5",
+    "mqtt5_to_iggy",
+];
 const TOPIC: &str = "events";
 
 fn main() {
@@ -43,13 +50,22 @@ async fn run(case: String) {
     let messages = common::scaled(100_000, 1000);
     let broker = Mosquitto::start_with("max_inflight_messages 1000");
     match case {
-        "iggy_to_mqtt" => sink_case(case, &iggy, &broker, &stream, messages).await,
-        "mqtt_to_iggy" => source_case(case, &iggy, &broker, &stream, messages).await,
+        "iggy_to_mqtt" => sink_case(case, &iggy, &broker, &stream, messages, "3.1.1").await,
+        "mqtt_to_iggy" => source_case(case, &iggy, &broker, &stream, messages, "3.1.1").await,
+        "iggy_to_mqtt5" => sink_case(case, &iggy, &broker, &stream, messages, "5").await,
+        "mqtt5_to_iggy" => source_case(case, &iggy, &broker, &stream, messages, "5").await,
         other => panic!("unknown case {other}"),
     }
 }
 
-async fn sink_case(case: &str, iggy: &Iggy, broker: &Mosquitto, stream: &str, messages: u64) {
+async fn sink_case(
+    case: &str,
+    iggy: &Iggy,
+    broker: &Mosquitto,
+    stream: &str,
+    messages: u64,
+    version: &str,
+) {
     let client = raw::topic(iggy, stream, TOPIC).await;
     raw::send(&client, stream, TOPIC, messages, 1000, payload).await;
     let collector = Collector::start(broker.port, "bench/#", "bench/events").await;
@@ -72,6 +88,7 @@ async fn sink_case(case: &str, iggy: &Iggy, broker: &Mosquitto, stream: &str, me
                 [plugin_config]
                 url = "{url}"
                 topic = "bench/events"
+                protocol_version = "{version}"
                 "#,
             url = broker.url()
         ),
@@ -97,7 +114,14 @@ async fn sink_case(case: &str, iggy: &Iggy, broker: &Mosquitto, stream: &str, me
     raw::drop_stream(&client, stream).await;
 }
 
-async fn source_case(case: &str, iggy: &Iggy, broker: &Mosquitto, stream: &str, messages: u64) {
+async fn source_case(
+    case: &str,
+    iggy: &Iggy,
+    broker: &Mosquitto,
+    stream: &str,
+    messages: u64,
+    version: &str,
+) {
     let client_id = "iggy-connect-source-bench_source";
     create_session(broker.port, client_id, "bench/#").await;
     for first in (0..messages).step_by(10_000) {
@@ -125,6 +149,7 @@ async fn source_case(case: &str, iggy: &Iggy, broker: &Mosquitto, stream: &str, 
                 url = "{url}"
                 topics = ["bench/#"]
                 batch_size = 1000
+                protocol_version = "{version}"
                 "#,
             url = broker.url()
         ),

@@ -334,6 +334,18 @@ source_conformance!(
 );
 #[cfg(feature = "mqtt-sink")]
 sink_conformance!(mqtt_sink, "mqtt", fixtures::mqtt_sink::Backend::new().await);
+#[cfg(feature = "mqtt-source")]
+source_conformance!(
+    mqtt5_source,
+    "mqtt",
+    fixtures::mqtt_source::Backend::speaking("5").await
+);
+#[cfg(feature = "mqtt-sink")]
+sink_conformance!(
+    mqtt5_sink,
+    "mqtt",
+    fixtures::mqtt_sink::Backend::speaking("5").await
+);
 
 /// The connectors the lines above cover, by kind and name.
 const COVERED_SOURCES: &[&str] = &[

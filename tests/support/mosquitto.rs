@@ -59,6 +59,21 @@ impl Mosquitto {
         Self::in_dir(dir, &auth)
     }
 
+    /// Anyone may connect; `acl` is the ACL file's text (lines before any
+    /// `user` line apply to anonymous clients).
+    pub fn with_acl(acl: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("acl");
+        std::fs::write(&file, acl).unwrap();
+        // mosquitto 2.0.11 with no limit on queued messages drops an MQTT
+        // 5 connection after a denied QoS 1 publish (instead of going on).
+        let config = format!(
+            "allow_anonymous true\nacl_file {}\nmax_queued_messages 1000\n",
+            file.display()
+        );
+        Self::in_dir(dir, &config)
+    }
+
     fn with_config(auth: &str) -> Self {
         Self::in_dir(tempfile::tempdir().unwrap(), auth)
     }
@@ -69,10 +84,15 @@ impl Mosquitto {
             "mosquitto is not installed: run scripts/ensure-debian-packages (scripts/test does)"
         );
         let port = free_port();
+        let unlimited = if auth.contains("max_queued_messages") {
+            ""
+        } else {
+            "max_queued_messages 0\n"
+        };
         let config = format!(
             "listener {port} 127.0.0.1\n{auth}\
              persistence true\npersistence_location {dir}/\n\
-             max_queued_messages 0\n\
+             {unlimited}\
              user root\n\
              log_dest file {dir}/mosquitto.log\n",
             dir = dir.path().display()

@@ -1,5 +1,5 @@
-//! `mqtt` sink: publishes each message to an MQTT 3.1.1 broker with QoS 1
-//! and reports a batch written only when the broker acknowledged every
+//! `mqtt` sink: publishes each message to an MQTT 3.1.1 or 5 broker with
+//! QoS 1 and reports a batch written only when the broker acknowledged every
 //! message of it (the PUBACK).
 //!
 //! The topic is fixed, may name the Iggy stream and topic (`{stream}`,
@@ -16,6 +16,17 @@
 //! PUBACK is depends on the broker (mosquitto writes its store to disk only
 //! every `autosave_interval`).
 //!
+//! MQTT 5 (`protocol_version = "5"`): the same, plus a PUBACK's reason code
+//! decides. 0x00 success and 0x10 no matching subscribers count as written;
+//! 0x87 not authorized (an ACL denying the topic), 0x90 topic name invalid and
+//! 0x99 payload format invalid reject that message by index (through
+//! `on_error`; the rest of the batch, already published, is published again
+//! with the engine's retry); 0x80 unspecified, 0x83 implementation specific,
+//! 0x91 packet id in use and 0x97 quota exceeded fail the batch as transient
+//! (retried with backoff). No PUBACK code is fatal; a refused login is, as on
+//! 3.1.1. Each Iggy header becomes a user property (its value as text),
+//! counted in `max_packet_size`.
+//!
 //! rumqttc numbers the packets itself: a background task drives the
 //! connection and pairs each publish, in the order sent, with the packet id
 //! it got and then with its PUBACK. After a lost connection nothing is sent
@@ -26,15 +37,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::FutureExt;
 use futures::future::join_all;
-use rumqttc::{AsyncClient, ConnectionError, Event, EventLoop, Outgoing, Packet, Publish, QoS};
+use rumqttc::QoS;
 use serde::Deserialize;
 use tokio::sync::{Notify, oneshot};
 use tracing::warn;
 
 use crate::connectors::mqtt::{
-    Driven, MqttConnection, RECONNECT, check_topic, connection_fields, qos_of,
+    Client, Driven, Event, EventLoop, Message, MqttConnection, Protocol, PubAckRefusal,
+    RECONNECT, Session, check_topic, connection_fields, qos_of,
 };
 use crate::connectors::{
     ConnectorContext, ConnectorError, PluginConfigError, Rejection, Sink, SinkEntry, SinkError,
@@ -45,9 +56,9 @@ use crate::message::{SinkMessage, TopicRef};
 pub const ENTRY: SinkEntry = SinkEntry {
     name: "mqtt",
     feature: "mqtt-sink",
-    description: "publishes to an MQTT 3.1.1 broker with QoS 1, durable at the PUBACK (not idempotent)",
+    description: "publishes to an MQTT 3.1.1 or 5 broker with QoS 1, durable at the PUBACK (not idempotent)",
     secret_fields: &["password"],
-    sample_config: "url = \"mqtt://127.0.0.1:1883\"\ntopic = \"iggy/{stream}/{topic}\"\nqos = 1\nretain = false\nusername = \"iggy\"\npassword = \"secret\"\n",
+    sample_config: "url = \"mqtt://127.0.0.1:1883\"\nprotocol_version = \"5\"\ntopic = \"iggy/{stream}/{topic}\"\nqos = 1\nretain = false\nusername = \"iggy\"\npassword = \"secret\"\n",
     config_schema: schema_of::<MqttSinkConfig>,
     build: |config| Ok(Box::new(MqttSink::new(parse_plugin_config(config)?)?)),
 };
@@ -95,8 +106,17 @@ fn default_ack_timeout() -> Duration {
 /// of unacknowledged ones); the request queue holds twice as many.
 const CHUNK: usize = 512;
 
-/// Settles one publish: `Err` says why it is not known to be written.
-type Ticket = oneshot::Sender<Result<(), String>>;
+/// Settles one publish: `Err` says why it is not known to be written (a
+/// lost connection is retryable).
+type Ticket = oneshot::Sender<Outcome>;
+type Outcome = Result<(), PubAckRefusal>;
+
+fn retryable(reason: &str) -> PubAckRefusal {
+    PubAckRefusal {
+        retryable: true,
+        reason: reason.to_owned(),
+    }
+}
 
 /// What the event loop task and `write` share.
 #[derive(Default)]
@@ -134,13 +154,15 @@ impl Tracker {
         if pkid == 0 {
             let _ = ticket.send(Ok(()));
         } else if let Some(stale) = self.unacked.insert(pkid, ticket) {
-            let _ = stale.send(Err(format!("packet id {pkid} reused before its PUBACK")));
+            let _ = stale.send(Err(retryable(&format!(
+                "packet id {pkid} reused before its PUBACK"
+            ))));
         }
     }
 
-    fn acked(&mut self, pkid: u16) {
+    fn acked(&mut self, pkid: u16, outcome: Outcome) {
         if let Some(ticket) = self.unacked.remove(&pkid) {
-            let _ = ticket.send(Ok(()));
+            let _ = ticket.send(outcome);
         }
     }
 
@@ -148,7 +170,7 @@ impl Tracker {
     fn lost(&mut self, reason: &str) {
         self.connected = false;
         for ticket in self.queued.drain(..).chain(self.unacked.drain().map(|(_, ticket)| ticket)) {
-            let _ = ticket.send(Err(reason.to_owned()));
+            let _ = ticket.send(Err(retryable(reason)));
         }
     }
 }
@@ -156,6 +178,7 @@ impl Tracker {
 pub struct MqttSink {
     config: MqttSinkConfig,
     qos: QoS,
+    protocol: Protocol,
     client_id: String,
     shared: Arc<Shared>,
     driven: Option<Driven>,
@@ -166,6 +189,7 @@ pub struct MqttSink {
 impl MqttSink {
     pub fn new(config: MqttSinkConfig) -> Result<Self, PluginConfigError> {
         config.connection().check()?;
+        let protocol = config.connection().protocol()?;
         let qos = qos_of("qos", config.qos)?;
         match (&config.topic, &config.topic_field) {
             (None, None) => {
@@ -190,6 +214,7 @@ impl MqttSink {
         Ok(Self {
             config,
             qos,
+            protocol,
             client_id: "iggy-connect-sink".into(),
             shared: Arc::new(Shared::default()),
             driven: None,
@@ -220,7 +245,7 @@ impl MqttSink {
         &self,
         topic: &TopicRef,
         messages: &[SinkMessage],
-    ) -> Result<Vec<Publish>, Vec<Rejection>> {
+    ) -> Result<Vec<Message>, Vec<Rejection>> {
         let mut publishes = Vec::with_capacity(messages.len());
         let mut rejected = Vec::new();
         for (index, message) in messages.iter().enumerate() {
@@ -231,12 +256,22 @@ impl MqttSink {
                     continue;
                 }
             };
-            let mut publish = Publish::from_bytes(chosen, self.qos, message.payload.to_bytes());
-            publish.retain = self.config.retain;
-            // The size as sent, packet id included.
-            publish.pkid = 1;
-            let size = publish.size();
-            publish.pkid = 0;
+            let user_properties = match self.protocol {
+                Protocol::V5 => message
+                    .headers
+                    .iter()
+                    .map(|(key, value)| (key.clone(), value.to_string()))
+                    .collect(),
+                Protocol::V311 => Vec::new(),
+            };
+            let publish = Message {
+                topic: chosen,
+                payload: message.payload.to_bytes(),
+                qos: self.qos,
+                retain: self.config.retain,
+                user_properties,
+            };
+            let size = publish.size(self.protocol);
             if size > self.config.max_packet_size {
                 rejected.push(Rejection {
                     index,
@@ -260,10 +295,10 @@ impl MqttSink {
     /// chunk back while there is no connection.
     fn hand_over(
         &self,
-        client: &AsyncClient,
-        chunk: Vec<Publish>,
-        settled: &mut Vec<oneshot::Receiver<Result<(), String>>>,
-    ) -> Result<Result<(), Vec<Publish>>, SinkError> {
+        client: &Client,
+        chunk: Vec<Message>,
+        settled: &mut Vec<oneshot::Receiver<Outcome>>,
+    ) -> Result<Result<(), Vec<Message>>, SinkError> {
         let mut tracker = self.shared.lock();
         if let Some(reason) = &tracker.fatal {
             return Err(SinkError::fatal(reason.clone()));
@@ -277,10 +312,7 @@ impl MqttSink {
             let (ticket, outcome) = oneshot::channel();
             tracker.queued.push_back(ticket);
             // The queue has room for a chunk, so this never waits.
-            let sent = client
-                .publish_bytes(publish.topic, publish.qos, publish.retain, publish.payload)
-                .now_or_never();
-            if !matches!(sent, Some(Ok(()))) {
+            if !client.try_publish(publish) {
                 tracker.queued.pop_back();
                 return Err(SinkError::transient(
                     "mqtt publish: the client's queue is closed or full",
@@ -291,8 +323,16 @@ impl MqttSink {
         Ok(Ok(()))
     }
 
-    /// Hands `chunk` to the client and waits until each is written.
-    async fn publish(&self, client: &AsyncClient, chunk: Vec<Publish>) -> Result<(), SinkError> {
+    /// Hands `chunk` (the messages from index `first` on) to the client and
+    /// waits until each is written; adds those the broker refused for good
+    /// to `rejected`.
+    async fn publish(
+        &self,
+        client: &Client,
+        chunk: Vec<Message>,
+        first: usize,
+        rejected: &mut Vec<Rejection>,
+    ) -> Result<(), SinkError> {
         let mut settled = Vec::with_capacity(chunk.len());
         let deadline = tokio::time::Instant::now() + self.config.ack_timeout;
         let mut chunk = Some(chunk);
@@ -317,10 +357,16 @@ impl MqttSink {
                     self.config.ack_timeout
                 ))
             })?;
-        for outcome in outcomes {
+        for (index, outcome) in (first..).zip(outcomes) {
             match outcome {
                 Ok(Ok(())) => {}
-                Ok(Err(reason)) => return Err(SinkError::transient(format!("mqtt publish: {reason}"))),
+                Ok(Err(refusal)) if refusal.retryable => {
+                    return Err(SinkError::transient(format!("mqtt publish: {}", refusal.reason)));
+                }
+                Ok(Err(refusal)) => rejected.push(Rejection {
+                    index,
+                    reason: refusal.reason,
+                }),
                 Err(_) => return Err(SinkError::transient("mqtt publish: the connection closed")),
             }
         }
@@ -335,14 +381,18 @@ async fn drive(mut eventloop: EventLoop, connection: MqttConnection, shared: Arc
     let mut failures = 0;
     loop {
         match eventloop.poll().await {
-            Ok(Event::Outgoing(Outgoing::Publish(pkid))) => shared.lock().sent(pkid),
-            Ok(Event::Incoming(Packet::PubAck(puback))) => shared.lock().acked(puback.pkid),
-            Ok(Event::Incoming(Packet::ConnAck(_))) => {
+            Ok(Event::Sent(pkid)) => shared.lock().sent(pkid),
+            Ok(Event::PubAck { pkid, outcome }) => shared.lock().acked(pkid, outcome),
+            Ok(Event::ConnAck { .. }) => {
                 failures = 0;
                 shared.lock().connected = true;
                 shared.connected.notify_waiters();
             }
-            Ok(Event::Outgoing(Outgoing::Disconnect)) | Err(ConnectionError::RequestsDone) => {
+            Ok(Event::Disconnected) => {
+                shared.lock().lost("the sink is closing");
+                return;
+            }
+            Err(error) if error.is_requests_done() => {
                 shared.lock().lost("the sink is closing");
                 return;
             }
@@ -354,13 +404,11 @@ async fn drive(mut eventloop: EventLoop, connection: MqttConnection, shared: Arc
                     // What the client kept to send again, and what waits in
                     // its queue, is dropped with the tickets (under the lock,
                     // so no write slips in between): the engine's retry
-                    // publishes it again.
-                    eventloop.clean();
-                    eventloop.pending.clear();
-                    // Events of the lost connection still queued in the
-                    // client (a publish it failed to write) would pair packet
-                    // ids of the next one with the wrong tickets.
-                    eventloop.state.events.clear();
+                    // publishes it again. Events of the lost connection still
+                    // queued in the client (a publish it failed to write)
+                    // would pair packet ids of the next one with the wrong
+                    // tickets: they go too.
+                    eventloop.forget_unsent();
                     tracker.lost(&classified.to_string());
                     if !classified.is_transient() {
                         tracker.fatal.get_or_insert(classified.to_string());
@@ -385,15 +433,12 @@ impl Sink for MqttSink {
     async fn open(&mut self) -> Result<(), ConnectorError> {
         let connection = self.config.connection();
         let client_id = self.config.client_id.clone().unwrap_or_else(|| self.client_id.clone());
-        let (client, mut eventloop) = connection.client(
-            &client_id,
-            |options| {
-                options
-                    .set_clean_session(true)
-                    .set_inflight(CHUNK as u16);
-            },
-            2 * CHUNK,
-        )?;
+        let session = Session {
+            clean: true,
+            inflight: Some(CHUNK as u16),
+            ..Session::default()
+        };
+        let (client, mut eventloop) = connection.client(&client_id, session, 2 * CHUNK)?;
         connection.connect(&mut eventloop).await?;
         self.shared.lock().connected = true;
         let driving = drive(eventloop, connection, self.shared.clone());
@@ -411,12 +456,19 @@ impl Sink for MqttSink {
         // engine's retry of the rest publishes nothing twice.
         let mut publishes = self.prepare(topic, messages).map_err(SinkError::Rejected)?;
         let _writing = self.writing.lock().await;
+        let (mut first, mut rejected) = (0, Vec::new());
         while !publishes.is_empty() {
             let rest = publishes.split_off(publishes.len().min(CHUNK));
-            self.publish(client, publishes).await?;
+            let count = publishes.len();
+            self.publish(client, publishes, first, &mut rejected).await?;
+            first += count;
             publishes = rest;
         }
-        Ok(())
+        if rejected.is_empty() {
+            Ok(())
+        } else {
+            Err(SinkError::Rejected(rejected))
+        }
     }
 
     async fn close(&mut self) -> Result<(), ConnectorError> {
@@ -518,12 +570,12 @@ mod tests {
         }
         tracker.sent(5);
         tracker.sent(0);
-        tracker.acked(5);
+        tracker.acked(5, Ok(()));
         tracker.sent(6);
         tracker.lost("gone");
         assert_eq!(outcomes[0].try_recv().unwrap(), Ok(()));
         assert_eq!(outcomes[1].try_recv().unwrap(), Ok(()));
-        assert_eq!(outcomes[2].try_recv().unwrap(), Err("gone".into()));
+        assert_eq!(outcomes[2].try_recv().unwrap(), Err(retryable("gone")));
         assert!(!tracker.connected);
     }
 }

@@ -20,6 +20,15 @@
 //! sends it again), and acknowledgements go out in the order the messages came,
 //! as MQTT 3.1.1 (4.6) asks.
 //!
+//! MQTT 5 (`protocol_version = "5"`) keeps the same contract: clean start
+//! off and a session expiry interval (`session_expiry`, 7 days by default)
+//! so the session outlives a restart or an outage of the connector up to
+//! then, manual PUBACKs in `commit`, and a Receive Maximum of twice
+//! `batch_size` bounding what the broker sends ahead. Its user properties
+//! become headers of the same name (key and value of 1 to 255 bytes; the
+//! source's own `mqtt_*` headers win; a repeated name keeps its last value),
+//! its content type the header `mqtt_content_type`.
+//!
 //! `qos = 0` subscribes at most once instead: a clean session, no
 //! acknowledgements; what arrives while Iggy refuses or the process is down
 //! is lost.
@@ -29,15 +38,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use rumqttc::{
-    AsyncClient, ConnectionError, Event, EventLoop, Outgoing, Packet, Publish, QoS,
-    SubscribeFilter, SubscribeReasonCode,
-};
+use rumqttc::QoS;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use tracing::{debug, warn};
 
-use crate::connectors::mqtt::{Driven, MqttConnection, RECONNECT, connection_fields, qos_of};
+use crate::connectors::mqtt::{
+    Client, Driven, Event, EventLoop, Incoming, MqttConnection, Protocol, RECONNECT, Session,
+    connection_fields, qos_of,
+};
 use crate::connectors::{
     BatchPolicy, ConnectorContext, ConnectorError, PluginConfigError, Source, SourceBatch,
     SourceEntry, decode_state, encode_state, parse_plugin_config, schema_of,
@@ -47,9 +56,9 @@ use crate::message::{HeaderValue, Payload, SourceRecord};
 pub const ENTRY: SourceEntry = SourceEntry {
     name: "mqtt",
     feature: "mqtt-source",
-    description: "subscribes to MQTT 3.1.1 topics with QoS 1 in a persistent session, PUBACK on commit",
+    description: "subscribes to MQTT 3.1.1 or 5 topics with QoS 1 in a persistent session, PUBACK on commit",
     secret_fields: &["password"],
-    sample_config: "url = \"mqtt://127.0.0.1:1883\"\ntopics = [\"sensors/#\"]\nclient_id = \"iggy-connect-sensors\"\nqos = 1\nbatch_size = 500\nusername = \"iggy\"\npassword = \"secret\"\n",
+    sample_config: "url = \"mqtt://127.0.0.1:1883\"\nprotocol_version = \"5\"\nsession_expiry = \"7days\"\ntopics = [\"sensors/#\"]\nclient_id = \"iggy-connect-sensors\"\nqos = 1\nbatch_size = 500\nusername = \"iggy\"\npassword = \"secret\"\n",
     config_schema: schema_of::<MqttSourceConfig>,
     build: |config| Ok(Box::new(MqttSource::new(parse_plugin_config(config)?)?)),
 };
@@ -77,7 +86,18 @@ connection_fields! {
         #[serde(default = "default_linger", with = "crate::config::duration")]
         #[schemars(with = "crate::config::duration::Text")]
         pub linger: Duration,
+        /// MQTT 5 only: how long the broker keeps the session (and what it
+        /// holds for it) after the source disconnected, default 7 days. What
+        /// arrives after that while the source is down is lost. (An MQTT
+        /// 3.1.1 persistent session has no expiry of its own.)
+        #[serde(default = "default_session_expiry", with = "crate::config::duration")]
+        #[schemars(with = "crate::config::duration::Text")]
+        pub session_expiry: Duration,
     }
+}
+
+fn default_session_expiry() -> Duration {
+    Duration::from_secs(7 * 24 * 3600)
 }
 
 fn default_qos() -> u8 {
@@ -121,13 +141,13 @@ struct Inbox {
 
 struct Received {
     connection: u64,
-    publish: Publish,
+    message: Incoming,
 }
 
 struct Staged {
     connection: u64,
     /// The QoS 1 messages of the batch, in the order they came.
-    publishes: Vec<Publish>,
+    publishes: Vec<Incoming>,
 }
 
 impl Shared {
@@ -137,12 +157,12 @@ impl Shared {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn receive(&self, publish: Publish) {
+    fn receive(&self, message: Incoming) {
         let mut inbox = self.lock();
         let connection = inbox.connection;
         inbox.received.push_back(Received {
             connection,
-            publish,
+            message,
         });
         drop(inbox);
         self.arrived.notify_one();
@@ -171,7 +191,19 @@ pub struct MqttSource {
 impl MqttSource {
     pub fn new(config: MqttSourceConfig) -> Result<Self, PluginConfigError> {
         config.connection().check()?;
+        let protocol = config.connection().protocol()?;
         let qos = qos_of("qos", config.qos)?;
+        if protocol == Protocol::V5
+            && qos != QoS::AtMostOnce
+            && (config.session_expiry < Duration::from_secs(1)
+                || u32::try_from(config.session_expiry.as_secs()).is_err())
+        {
+            return Err(PluginConfigError::new(
+                "session_expiry",
+                "expected at least 1s (a session that ends with the connection keeps nothing \
+                 for a restart) and at most 4294967295s",
+            ));
+        }
         if config.topics.is_empty() {
             return Err(PluginConfigError::new(
                 "topics",
@@ -206,24 +238,16 @@ impl MqttSource {
         }
     }
 
-    fn filters(&self) -> Vec<SubscribeFilter> {
-        self.config
-            .topics
-            .iter()
-            .map(|topic| SubscribeFilter::new(topic.clone(), self.qos))
-            .collect()
-    }
-
     /// Subscribes and waits for the broker's answer; what arrives meanwhile
     /// (a resumed session's messages) is queued.
     async fn subscribe(
         &self,
-        client: &AsyncClient,
+        client: &Client,
         eventloop: &mut EventLoop,
         connection: &MqttConnection,
     ) -> Result<(), ConnectorError> {
         client
-            .subscribe_many(self.filters())
+            .subscribe(&self.config.topics, self.qos, true)
             .await
             .map_err(|error| ConnectorError::transient(format!("mqtt subscribe: {error}")))?;
         let bound = connection.connect_timeout + Duration::from_secs(1);
@@ -233,9 +257,9 @@ impl MqttSource {
                 .map_err(|_| ConnectorError::transient("mqtt subscribe: no SUBACK in time"))?
                 .map_err(|error| connection.classify(&error))?;
             match event {
-                Event::Incoming(Packet::Publish(publish)) => self.shared.receive(publish),
-                Event::Incoming(Packet::SubAck(suback)) => {
-                    return match refused(&self.config.topics, &suback.return_codes) {
+                Event::Publish(message) => self.shared.receive(message),
+                Event::SubAck(refusals) => {
+                    return match refused(&self.config.topics, &refusals) {
                         Some(reason) => Err(ConnectorError::fatal(reason)),
                         None => Ok(()),
                     };
@@ -263,14 +287,14 @@ impl MqttSource {
         let mut publishes = Vec::new();
         for Received {
             connection: came_on,
-            publish,
+            message,
         } in received
         {
-            records.push(record(&publish));
+            records.push(record(&message));
             // One from an earlier connection is not acknowledged: its packet
             // id may name another message now, and the broker sends it again.
-            if publish.qos == QoS::AtLeastOnce && came_on == connection {
-                publishes.push(publish);
+            if message.needs_ack() && came_on == connection {
+                publishes.push(message);
             }
         }
         if self.qos == QoS::AtMostOnce {
@@ -301,12 +325,12 @@ impl MqttSource {
     }
 }
 
-/// Why a SUBACK refused some filter, if it did.
-fn refused(topics: &[String], codes: &[SubscribeReasonCode]) -> Option<String> {
+/// Why a SUBACK refused some filter, if it did (`refusals`: per filter).
+fn refused(topics: &[String], refusals: &[bool]) -> Option<String> {
     let refused: Vec<&String> = topics
         .iter()
-        .zip(codes)
-        .filter(|(_, code)| matches!(code, SubscribeReasonCode::Failure))
+        .zip(refusals)
+        .filter(|(_, refused)| **refused)
         .map(|(topic, _)| topic)
         .collect();
     (!refused.is_empty()).then(|| {
@@ -317,24 +341,38 @@ fn refused(topics: &[String], codes: &[SubscribeReasonCode]) -> Option<String> {
     })
 }
 
+/// The headers the source sets itself.
+const OWN_HEADERS: [&str; 4] = ["mqtt_topic", "mqtt_retain", "mqtt_dup", "mqtt_content_type"];
+
 /// The message as a record: its payload, its topic as header `mqtt_topic`,
-/// and `mqtt_retain` / `mqtt_dup` when those flags are set.
-fn record(publish: &Publish) -> SourceRecord {
-    let mut headers = vec![(
+/// `mqtt_retain` / `mqtt_dup` when those flags are set, and (MQTT 5) its
+/// user properties and content type.
+fn record(message: &Incoming) -> SourceRecord {
+    let fits = |text: &str| (1..=255).contains(&text.len());
+    let mut headers: Vec<(String, HeaderValue)> = message
+        .user_properties()
+        .iter()
+        .filter(|(name, value)| fits(name) && fits(value) && !OWN_HEADERS.contains(&name.as_str()))
+        .map(|(name, value)| (name.clone(), HeaderValue::String(value.clone())))
+        .collect();
+    headers.push((
         "mqtt_topic".to_owned(),
-        HeaderValue::String(publish.topic.clone()),
-    )];
-    if publish.retain {
+        HeaderValue::String(message.topic().into_owned()),
+    ));
+    if message.retain() {
         headers.push(("mqtt_retain".into(), HeaderValue::Bool(true)));
     }
-    if publish.dup {
+    if message.dup() {
         headers.push(("mqtt_dup".into(), HeaderValue::Bool(true)));
+    }
+    if let Some(content_type) = message.content_type().filter(|text| fits(text)) {
+        headers.push(("mqtt_content_type".into(), content_type.into()));
     }
     SourceRecord {
         id: None,
         stream_index: 0,
         headers,
-        payload: Payload::Raw(publish.payload.clone()),
+        payload: Payload::Raw(message.payload()),
         partition: None,
         origin_timestamp: None,
     }
@@ -345,41 +383,39 @@ fn record(publish: &Publish) -> SourceRecord {
 /// broker has no session for the client.
 async fn drive(
     mut eventloop: EventLoop,
-    client: AsyncClient,
+    client: Client,
     connection: MqttConnection,
-    filters: Vec<SubscribeFilter>,
+    qos: QoS,
     topics: Vec<String>,
     shared: Arc<Shared>,
 ) {
     let mut failures = 0;
     loop {
         match eventloop.poll().await {
-            Ok(Event::Incoming(Packet::Publish(publish))) => shared.receive(publish),
-            Ok(Event::Incoming(Packet::ConnAck(connack))) => {
+            Ok(Event::Publish(message)) => shared.receive(message),
+            Ok(Event::ConnAck { session_present }) => {
                 failures = 0;
                 shared.connected();
-                debug!(session_present = connack.session_present, "mqtt source reconnected");
-                if !connack.session_present
-                    && let Err(error) = client.try_subscribe_many(filters.clone())
+                debug!(session_present, "mqtt source reconnected");
+                if !session_present
+                    && let Err(error) = client.subscribe(&topics, qos, false).await
                 {
                     warn!(%error, "mqtt source: cannot subscribe again");
                 }
             }
-            Ok(Event::Incoming(Packet::SubAck(suback))) => {
-                if let Some(reason) = refused(&topics, &suback.return_codes) {
+            Ok(Event::SubAck(refusals)) => {
+                if let Some(reason) = refused(&topics, &refusals) {
                     shared.fail(reason);
                 }
             }
-            Ok(Event::Outgoing(Outgoing::Disconnect)) => return,
+            Ok(Event::Disconnected) => return,
             Ok(_) => {}
-            Err(ConnectionError::RequestsDone) => return,
+            Err(error) if error.is_requests_done() => return,
             Err(error) => {
                 // Messages read just before the loss are still queued in the
                 // client: they came on the connection that is gone.
-                for event in eventloop.state.events.drain(..) {
-                    if let Event::Incoming(Packet::Publish(publish)) = event {
-                        shared.receive(publish);
-                    }
+                for message in eventloop.take_received() {
+                    shared.receive(message);
                 }
                 let classified = connection.classify(&error);
                 if !classified.is_transient() {
@@ -421,15 +457,17 @@ impl Source for MqttSource {
         }
         let connection = self.config.connection();
         let persistent = self.qos != QoS::AtMostOnce;
-        let (client, mut eventloop) = connection.client(
-            &self.client_id(),
-            |options| {
-                options
-                    .set_clean_session(!persistent)
-                    .set_manual_acks(persistent);
-            },
-            REQUESTS,
-        )?;
+        let session = Session {
+            clean: !persistent,
+            manual_acks: persistent,
+            expiry: persistent
+                .then(|| u32::try_from(self.config.session_expiry.as_secs()).unwrap_or(u32::MAX)),
+            receive_maximum: Some(
+                u16::try_from(self.config.batch_size.saturating_mul(2)).unwrap_or(u16::MAX),
+            ),
+            inflight: None,
+        };
+        let (client, mut eventloop) = connection.client(&self.client_id(), session, REQUESTS)?;
         connection.connect(&mut eventloop).await?;
         self.shared.connected();
         // Every start subscribes, so a changed `topics` takes effect (the
@@ -439,7 +477,7 @@ impl Source for MqttSource {
             eventloop,
             client.clone(),
             connection,
-            self.filters(),
+            self.qos,
             self.config.topics.clone(),
             self.shared.clone(),
         );
@@ -540,6 +578,18 @@ mod tests {
             "url"
         );
         assert!(build(json!({"topics": ["a/+", "b/#"]})).is_ok());
+        assert_eq!(
+            build(json!({"topics": ["a"], "protocol_version": "4"})).err().unwrap().field,
+            "protocol_version"
+        );
+        assert_eq!(
+            build(json!({"topics": ["a"], "protocol_version": "5", "session_expiry": "0s"}))
+                .err()
+                .unwrap()
+                .field,
+            "session_expiry"
+        );
+        assert!(build(json!({"topics": ["a"], "protocol_version": "5"})).is_ok());
     }
 
     #[test]
@@ -556,12 +606,8 @@ mod tests {
     #[test]
     fn given_a_suback_when_a_filter_is_refused_should_name_it() {
         let topics = vec!["a".to_owned(), "b".to_owned()];
-        assert!(refused(&topics, &[SubscribeReasonCode::Success(QoS::AtLeastOnce); 2]).is_none());
-        let reason = refused(
-            &topics,
-            &[SubscribeReasonCode::Success(QoS::AtLeastOnce), SubscribeReasonCode::Failure],
-        )
-        .unwrap();
+        assert!(refused(&topics, &[false, false]).is_none());
+        let reason = refused(&topics, &[false, true]).unwrap();
         assert!(reason.contains("plugin_config.topics") && reason.contains("\"b\""), "{reason}");
     }
 }
