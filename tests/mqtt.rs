@@ -616,10 +616,21 @@ async fn kill_9_of_the_source_loses_nothing_the_unacked_messages_come_again(vers
         at_kill < 5000,
         "the kill must land mid-stream ({at_kill} delivered)"
     );
+    // What comes again is what the killed process had sent to Iggy without
+    // the broker holding its PUBACK: the tail before the kill (and a batch
+    // the server may still have been storing when it was counted), nothing
+    // after it. Its length is the broker's in-flight window plus the PUBACKs the
+    // process had not written out when it died: one or two batches on a quiet
+    // machine, up to about five seen on a loaded one.
     let seen = in_iggy(&iggy);
+    let repeated: Vec<u64> = seen
+        .iter()
+        .filter(|(_, times)| **times > 1)
+        .map(|(n, _)| *n)
+        .collect();
     assert!(
-        duplicates(&seen) <= 2 * BATCH,
-        "{} repeated",
-        duplicates(&seen)
+        repeated.iter().all(|&n| n < (at_kill + BATCH as u64)),
+        "only what was in Iggy before the kill comes again: {repeated:?}"
     );
+    assert!(repeated.len() <= 6 * BATCH, "{} repeated", repeated.len());
 }
