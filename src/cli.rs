@@ -47,6 +47,10 @@ pub enum Command {
             default_value = "config.toml"
         )]
         config: PathBuf,
+        /// Reload the connector directory when a file in it changes (as
+        /// `[connectors] watch = true`); SIGHUP reloads it either way.
+        #[arg(long)]
+        watch: bool,
     },
     /// Run one source into one sink in this process, through an in-memory topic.
     /// Nothing is durable: for trying connectors out and one-shot jobs.
@@ -174,7 +178,7 @@ pub fn run(cli: Cli) -> ExitCode {
             format,
         } => describe(kind, &name, example, format),
         Command::Validate { config } => validate(&config),
-        Command::Run { config } => with_runtime(|| run_config(&config)),
+        Command::Run { config, watch } => with_runtime(|| run_config(&config, watch)),
         Command::Pipe(args) => with_runtime(|| pipe::pipe(args)),
         Command::State { config, command } => with_runtime(|| admin::state(&config, command)),
         Command::Offsets {
@@ -329,8 +333,8 @@ fn validate(path: &Path) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-async fn run_config(path: &Path) -> anyhow::Result<ExitCode> {
-    let mut signals = Signals::install()?;
+async fn run_config(path: &Path, watch: bool) -> anyhow::Result<ExitCode> {
+    let mut signals = Signals::install()?.with_hangup()?;
     let vars = EnvVars::from_process();
     let (config, mut issues) = match RuntimeConfig::load(path, &vars) {
         Ok(loaded) => loaded,
@@ -378,6 +382,8 @@ async fn run_config(path: &Path) -> anyhow::Result<ExitCode> {
         state.clone(),
         config.engine.shutdown_timeout,
     );
+    let watch = watch || config.watch();
+    let connector_dir = config.connector_dir().map(Path::to_path_buf);
     let started: Vec<String> = connectors
         .iter()
         .filter(|connector| connector.enabled)
@@ -403,7 +409,7 @@ async fn run_config(path: &Path) -> anyhow::Result<ExitCode> {
         true => {
             let mut api_state = ApiState::new(runtime.clone(), state);
             if let Some(dir) = config.connector_dir() {
-                api_state = api_state.with_config_dir(dir, vars);
+                api_state = api_state.with_config_dir(dir, vars.clone());
             }
             if let Some(handle) = prometheus {
                 api_state = api_state.with_prometheus(handle);
@@ -421,13 +427,77 @@ async fn run_config(path: &Path) -> anyhow::Result<ExitCode> {
         }
         false => None,
     };
-    signals.recv().await;
+    match connector_dir {
+        Some(dir) => watch_connector_dir(&runtime, &dir, &vars, watch, &mut signals).await,
+        None => signals.recv().await,
+    }
     tracing::info!("shutting down");
     if let Some(server) = server {
         server.shutdown().await;
     }
     runtime.shutdown().await;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Until Ctrl-C or SIGTERM: reloads the connector directory on SIGHUP and,
+/// with `watch`, when its files change (checked every second).
+async fn watch_connector_dir(
+    runtime: &Arc<Runtime>,
+    dir: &Path,
+    vars: &EnvVars,
+    watch: bool,
+    signals: &mut Signals,
+) {
+    let mut seen = dir_fingerprint(dir);
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            received = signals.next() => match received {
+                Received::Stop => return,
+                Received::Reload => {
+                    tracing::info!(dir = %dir.display(), "SIGHUP: reloading the connector directory");
+                }
+            },
+            _ = tick.tick(), if watch => {
+                let now = dir_fingerprint(dir);
+                if now == seen {
+                    continue;
+                }
+                tracing::info!(dir = %dir.display(), "the connector directory changed: reloading");
+            }
+        }
+        seen = dir_fingerprint(dir);
+        let (configs, issues) = load_connector_dir(dir, vars);
+        runtime.reload(configs, &issues).await;
+    }
+}
+
+/// A hash of the connector directory's file names and contents (connector
+/// files and `.active_versions.toml`).
+fn dir_fingerprint(dir: &Path) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut files: Vec<(std::ffi::OsString, Vec<u8>)> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|entry| {
+            entry
+                .file_name()
+                .to_str()
+                .is_some_and(|name| name.ends_with(".toml"))
+        })
+        .map(|entry| {
+            (
+                entry.file_name(),
+                std::fs::read(entry.path()).unwrap_or_default(),
+            )
+        })
+        .collect();
+    files.sort();
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    files.hash(&mut hasher);
+    hasher.finish()
 }
 
 pub(crate) fn config_failure(issues: &[ConfigIssue]) -> ExitCode {
@@ -444,6 +514,15 @@ pub(crate) fn config_failure(issues: &[ConfigIssue]) -> ExitCode {
 pub struct Signals {
     interrupt: Signal,
     terminate: Signal,
+    /// SIGHUP, listened to by `run` only (it reloads the connector
+    /// directory); elsewhere it keeps its default action.
+    hangup: Option<Signal>,
+}
+
+/// What [`Signals::next`] received.
+pub enum Received {
+    Stop,
+    Reload,
 }
 
 impl Signals {
@@ -451,7 +530,29 @@ impl Signals {
         Ok(Self {
             interrupt: signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?,
             terminate: signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?,
+            hangup: None,
         })
+    }
+
+    /// Also listens to SIGHUP, for [`next`](Self::next).
+    pub fn with_hangup(mut self) -> anyhow::Result<Self> {
+        self.hangup = Some(signal(SignalKind::hangup()).context("cannot listen for SIGHUP")?);
+        Ok(self)
+    }
+
+    /// A stop (as [`recv`](Self::recv)) or a SIGHUP.
+    pub async fn next(&mut self) -> Received {
+        let hangup = async {
+            match self.hangup.as_mut() {
+                Some(hangup) => hangup.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = self.interrupt.recv() => Received::Stop,
+            _ = self.terminate.recv() => Received::Stop,
+            _ = hangup => Received::Reload,
+        }
     }
 
     /// Completes when either signal arrives (at once if one already did).

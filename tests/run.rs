@@ -228,3 +228,131 @@ fn state_and_offsets_commands_refuse_a_running_runtime_and_change_a_stopped_ones
     let (_, shown, _) = text(&admin(&workspace, &["state", "show", "random"]));
     assert!(shown.contains("\"state\": null"), "{shown}");
 }
+
+fn counting_source(key: &str, topic: &str, interval: &str) -> String {
+    format!(
+        r#"
+type = "source"
+key = "{key}"
+enabled = true
+version = 0
+name = "Random {key}"
+path = "random"
+
+[[streams]]
+stream = "hot"
+topic = "{topic}"
+schema = "json"
+
+[plugin_config]
+interval = "{interval}"
+messages_range = [1, 1]
+"#
+    )
+}
+
+/// `/health` and a source's `/sources/{key}` of the workspace's binary.
+async fn api_json(workspace: &Workspace, path: &str) -> serde_json::Value {
+    let url = workspace.api_urls().pop().expect("the API listened");
+    let text = reqwest::get(format!("{url}{path}"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_watch_restarts_a_changed_connector_starts_a_new_one_stops_a_removed_one_and_keeps_one_whose_file_breaks()
+ {
+    use support::wait::wait_for;
+    let server = IggyTestServer::start();
+    let workspace = Workspace::with_api(&server.address().to_string(), "");
+    workspace.add_connector("a.toml", &counting_source("a", "t1", "10ms"));
+    let running = workspace.run_with(&["--watch"]);
+    let count = |topic: &str| server.message_count("hot", topic);
+    wait_for("a writing to t1", LONG, || count("t1") > 0).await;
+    wait_for("the API", LONG, || !workspace.api_urls().is_empty()).await;
+
+    // Changed: a restarts alone, now writing to t2.
+    workspace.add_connector("a.toml", &counting_source("a", "t2", "10ms"));
+    wait_for("a writing to t2", LONG, || count("t2") > 0).await;
+    let t1 = count("t1");
+    // New: b starts.
+    workspace.add_connector("b.toml", &counting_source("b", "t3", "10ms"));
+    wait_for("b writing to t3", LONG, || count("t3") > 0).await;
+
+    // Broken: a keeps running its version and shows why; /health degraded.
+    workspace.add_connector(
+        "a.toml",
+        &counting_source("a", "t2", "10ms").replace("interval = \"10ms\"", "interval = \"soon\""),
+    );
+    let mut health = serde_json::Value::Null;
+    for _ in 0..300 {
+        health = api_json(&workspace, "/health").await;
+        if health["status"] == "degraded" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(health["status"], "degraded", "{health}");
+    let reason = health["connectors"][0]["degraded"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        reason.contains("config reload refused")
+            && reason.contains("a.toml")
+            && reason.contains("plugin_config.interval"),
+        "{health}"
+    );
+    let t2 = count("t2");
+    wait_for("a still writing to t2", LONG, || count("t2") > t2 + 5).await;
+    assert_eq!(
+        count("t1"),
+        t1,
+        "the broken file did not bring the old version back"
+    );
+
+    // Fixed: accepted again, no longer degraded; removed: b stops.
+    workspace.add_connector("a.toml", &counting_source("a", "t2", "10ms"));
+    std::fs::remove_file(workspace.path("connectors").join("b.toml")).unwrap();
+    let mut b = serde_json::Value::Null;
+    for _ in 0..300 {
+        health = api_json(&workspace, "/health").await;
+        b = api_json(&workspace, "/sources/b").await;
+        if health["status"] == "healthy" && b["status"] == "stopped" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        (health["status"].as_str(), b["status"].as_str()),
+        (Some("healthy"), Some("stopped")),
+        "{health} {b}"
+    );
+    let t3 = count("t3");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(count("t3"), t3, "b stopped writing");
+    running.terminate();
+    assert!(running.wait_exit(LONG).success(), "{}", workspace.stderr());
+    assert!(workspace.stderr().contains("the running version stays"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_watch_a_changed_file_waits_for_sighup() {
+    use support::wait::wait_for;
+    let server = IggyTestServer::start();
+    let workspace = Workspace::new(&server.address().to_string(), "");
+    workspace.add_connector("a.toml", &counting_source("a", "t1", "10ms"));
+    let running = workspace.run();
+    let count = |topic: &str| server.message_count("hot", topic);
+    wait_for("a writing to t1", LONG, || count("t1") > 0).await;
+    workspace.add_connector("a.toml", &counting_source("a", "t2", "10ms"));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(count("t2"), 0, "no reload without --watch or SIGHUP");
+    running.hangup();
+    wait_for("a writing to t2 after SIGHUP", LONG, || count("t2") > 0).await;
+    running.terminate();
+    assert!(running.wait_exit(LONG).success());
+}

@@ -171,6 +171,9 @@ pub enum ConnectorsConfig {
     Local {
         #[serde(default)]
         config_dir: PathBuf,
+        /// Ours: reload the directory when its files change (`run --watch`).
+        #[serde(default)]
+        watch: bool,
     },
     /// Upstream's HTTP config provider. Parsed so upstream files load; not
     /// supported by `run` yet.
@@ -184,6 +187,7 @@ impl Default for ConnectorsConfig {
     fn default() -> Self {
         ConnectorsConfig::Local {
             config_dir: PathBuf::new(),
+            watch: false,
         }
     }
 }
@@ -295,7 +299,7 @@ impl RuntimeConfig {
         issues.extend(config.check(path));
         issues.extend(check_address(path, "http.address", &config.http.address));
         issues.extend(check_address(path, "iggy.address", &config.iggy.address));
-        if let ConnectorsConfig::Local { config_dir } = &mut config.connectors
+        if let ConnectorsConfig::Local { config_dir, .. } = &mut config.connectors
             && !config_dir.as_os_str().is_empty()
         {
             match resolve_config_dir(path, config_dir) {
@@ -309,10 +313,15 @@ impl RuntimeConfig {
         Ok((config, issues))
     }
 
+    /// Whether `[connectors] watch = true` asks to reload on file changes.
+    pub fn watch(&self) -> bool {
+        matches!(self.connectors, ConnectorsConfig::Local { watch: true, .. })
+    }
+
     /// The connector directory, as [`load`](Self::load) resolved it.
     pub fn connector_dir(&self) -> Option<&Path> {
         match &self.connectors {
-            ConnectorsConfig::Local { config_dir } if !config_dir.as_os_str().is_empty() => {
+            ConnectorsConfig::Local { config_dir, .. } if !config_dir.as_os_str().is_empty() => {
                 Some(config_dir)
             }
             _ => None,
@@ -321,7 +330,7 @@ impl RuntimeConfig {
 
     fn check(&self, path: &Path) -> Option<ConfigIssue> {
         match &self.connectors {
-            ConnectorsConfig::Local { config_dir } if config_dir.as_os_str().is_empty() => {
+            ConnectorsConfig::Local { config_dir, .. } if config_dir.as_os_str().is_empty() => {
                 Some(ConfigIssue::error(
                     path,
                     "connectors.config_dir",
@@ -459,6 +468,7 @@ const IGGY: Known = &[
 const CONNECTORS: Known = &[
     leaf("config_type"),
     leaf("config_dir"),
+    leaf("watch"),
     leaf("base_url"),
     leaf("timeout"),
     Key("request_headers", FREE),

@@ -67,6 +67,11 @@ impl Workspace {
     /// Starts `iggy-connect run`; its stdout and stderr are appended to
     /// `stdout.log` and `stderr.log` in the workspace (across restarts).
     pub fn run(&self) -> Running {
+        self.run_with(&[])
+    }
+
+    /// [`run`](Self::run) with more arguments (`--watch`).
+    pub fn run_with(&self, args: &[&str]) -> Running {
         let append = |name: &str| {
             std::fs::OpenOptions::new()
                 .create(true)
@@ -77,6 +82,7 @@ impl Workspace {
         let child = Command::new(env!("CARGO_BIN_EXE_iggy-connect"))
             .args(["run", "--config"])
             .arg(self.path("config.toml"))
+            .args(args)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::from(append("stdout.log")))
@@ -102,6 +108,11 @@ pub struct Running {
 impl Running {
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// SIGHUP: `run` reloads its connector directory.
+    pub fn hangup(&self) {
+        signal(self.pid(), "HUP");
     }
 
     /// SIGTERM, as an orchestrator stops a container.

@@ -17,6 +17,7 @@ use crate::iggy::Bus;
 use crate::state::StateStore;
 
 mod factory;
+mod reload;
 mod setup;
 mod slot;
 
@@ -115,6 +116,7 @@ impl Runtime {
             status: Arc::new(StatusCell::new(config.kind)),
             metrics: Arc::new(ConnectorMetrics::new(&config.key, config.kind)),
             degraded: Degraded::default(),
+            reload_refusal: Mutex::new(None),
             config: RwLock::new(Arc::new(config)),
             task: tokio::sync::Mutex::new(None),
         }));

@@ -27,6 +27,8 @@ pub(super) struct Slot {
     pub(super) metrics: Arc<ConnectorMetrics>,
     /// Set by the running connector while it cannot make progress.
     pub(super) degraded: Degraded,
+    /// Why the last reload kept this connector at its running version.
+    pub(super) reload_refusal: std::sync::Mutex<Option<String>>,
     pub(super) task: tokio::sync::Mutex<Option<Task>>,
 }
 
@@ -123,8 +125,30 @@ impl Slot {
             config: self.config(),
             status: self.status.snapshot(),
             metrics: self.metrics.clone(),
-            degraded: self.degraded.reason(),
+            degraded: self.degraded.reason().or_else(|| self.reload_refusal()),
         }
+    }
+
+    fn reload_refusal(&self) -> Option<String> {
+        self.reload_refusal
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    pub(super) fn set_reload_refusal(&self, reason: Option<String>) {
+        *self
+            .reload_refusal
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = reason;
+    }
+
+    pub(super) async fn is_running(&self) -> bool {
+        self.task
+            .lock()
+            .await
+            .as_ref()
+            .is_some_and(|task| !task.handle.is_finished())
     }
 
     /// A fresh instance starts not degraded.

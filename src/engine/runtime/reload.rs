@@ -1,0 +1,138 @@
+//! Reloading the connector directory while running (`run --watch`, SIGHUP):
+//! each connector whose active config changed restarts alone, resuming from
+//! its committed state; a new one starts, a removed one stops. A file that
+//! does not load leaves the running version in place, and the connector it
+//! belongs to shows the refusal as its degraded reason until a reload
+//! accepts its file again.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+use tracing::{error, info};
+
+use super::Runtime;
+use crate::config::{ConfigIssue, ConnectorConfig};
+use crate::connectors::ConnectorKind;
+
+/// What a reload did, by `kind key`.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
+pub struct ReloadReport {
+    pub started: Vec<String>,
+    pub restarted: Vec<String>,
+    pub stopped: Vec<String>,
+    /// Connectors kept at their running version: `kind key: file: field: why`.
+    pub refused: Vec<String>,
+    /// Errors in files no connector runs from.
+    pub errors: Vec<String>,
+}
+
+impl ReloadReport {
+    pub fn changed(&self) -> bool {
+        !(self.started.is_empty() && self.restarted.is_empty() && self.stopped.is_empty())
+    }
+}
+
+impl Runtime {
+    /// Applies a fresh load of the connector directory (`configs` and the
+    /// `issues` found reading it).
+    pub async fn reload(
+        self: &Arc<Self>,
+        configs: Vec<ConnectorConfig>,
+        issues: &[ConfigIssue],
+    ) -> ReloadReport {
+        let mut report = ReloadReport::default();
+        let errors: Vec<&ConfigIssue> = issues.iter().filter(|issue| issue.is_error()).collect();
+        let name = |kind: ConnectorKind, key: &str| format!("{kind} {key}");
+        let mut seen = Vec::new();
+        for config in configs {
+            let (kind, key) = (config.kind, config.key.clone());
+            seen.push((kind, key.clone()));
+            let Ok(slot) = self.slot(kind, &key) else {
+                let enabled = config.enabled;
+                if self.add(config).is_ok() && enabled {
+                    let _ = self.start(kind, &key).await;
+                }
+                report.started.push(name(kind, &key));
+                continue;
+            };
+            let file = slot.config().file.clone();
+            match errors
+                .iter()
+                .find(|issue| Some(&issue.file) == file.as_ref())
+            {
+                // Its running file no longer loads: keep what runs.
+                Some(issue) => {
+                    let reason = format!("config reload refused: {issue}");
+                    report
+                        .refused
+                        .push(format!("{}: {issue}", name(kind, &key)));
+                    slot.set_reload_refusal(Some(reason));
+                    continue;
+                }
+                None => slot.set_reload_refusal(None),
+            }
+            if *slot.config() == config {
+                continue;
+            }
+            let enabled = config.enabled;
+            let _ = self.replace_config(config);
+            self.stop_slot(&slot).await;
+            if enabled {
+                self.start_slot(&slot).await;
+                report.restarted.push(name(kind, &key));
+            } else {
+                report.stopped.push(name(kind, &key));
+            }
+        }
+        let slots = self.lock_slots().clone();
+        for slot in slots {
+            if seen.contains(&(slot.kind, slot.key.clone())) {
+                continue;
+            }
+            let config = slot.config();
+            let file_gone = config.file.as_ref().is_none_or(|file| !file.exists());
+            let issue = errors
+                .iter()
+                .find(|issue| Some(&issue.file) == config.file.as_ref());
+            match (file_gone, issue) {
+                (false, Some(issue)) => {
+                    report
+                        .refused
+                        .push(format!("{}: {issue}", name(slot.kind, &slot.key)));
+                    slot.set_reload_refusal(Some(format!("config reload refused: {issue}")));
+                }
+                (false, None) => {}
+                (true, _) => {
+                    slot.set_reload_refusal(None);
+                    if slot.is_running().await {
+                        self.stop_slot(&slot).await;
+                        report.stopped.push(name(slot.kind, &slot.key));
+                    }
+                }
+            }
+        }
+        let claimed: Vec<String> = report.refused.clone();
+        report.errors = errors
+            .iter()
+            .map(|issue| issue.to_string())
+            .filter(|text| {
+                !claimed
+                    .iter()
+                    .any(|refused| refused.ends_with(text.as_str()))
+            })
+            .collect();
+        for refused in &report.refused {
+            error!("config reload: {refused}; the running version stays");
+        }
+        for issue in &report.errors {
+            error!("config reload: {issue}");
+        }
+        info!(
+            started = ?report.started,
+            restarted = ?report.restarted,
+            stopped = ?report.stopped,
+            "connector directory reloaded"
+        );
+        report
+    }
+}
