@@ -14,7 +14,9 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::api::{self, ApiServer, ApiState};
 use crate::config::env::EnvVars;
-use crate::config::{ConfigIssue, RuntimeConfig, load_connector_dir};
+use crate::config::http_provider;
+use crate::config::runtime::{ConnectorsConfig, HttpProviderConfig};
+use crate::config::{ConfigIssue, ConnectorConfig, RuntimeConfig, load_connector_dir};
 use crate::connectors::{self, ConnectorKind, Registry};
 use crate::engine::Runtime;
 use crate::iggy::{ConnectionSettings, IggyBus};
@@ -315,6 +317,14 @@ fn validate(path: &Path) -> ExitCode {
         eprintln!("{errors} error(s) found");
         return ExitCode::from(EXIT_CONFIG);
     }
+    if let Some(ConnectorsConfig::Http(http)) = runtime.as_ref().map(|runtime| &runtime.connectors)
+    {
+        println!(
+            "config OK; the connectors come from the HTTP provider {} and are checked when `run` reads them",
+            http.base_url
+        );
+        return ExitCode::SUCCESS;
+    }
     println!("config OK: {} connector(s)", connectors.len());
     for config in &connectors {
         println!(
@@ -345,10 +355,8 @@ async fn run_config(path: &Path, watch: bool) -> anyhow::Result<ExitCode> {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create connector directory {}", dir.display()))?;
     }
-    let (connectors, dir_issues) = match config.connector_dir() {
-        Some(dir) => load_connector_dir(dir, &vars),
-        None => (Vec::new(), Vec::new()),
-    };
+    let source = ConfigSource::of(&config, &vars);
+    let (connectors, dir_issues) = source.load().await.map_err(anyhow::Error::msg)?;
     issues.extend(dir_issues);
     if issues.iter().any(ConfigIssue::is_error) {
         return Ok(config_failure(&issues));
@@ -383,7 +391,6 @@ async fn run_config(path: &Path, watch: bool) -> anyhow::Result<ExitCode> {
         config.engine.shutdown_timeout,
     );
     let watch = watch || config.watch();
-    let connector_dir = config.connector_dir().map(Path::to_path_buf);
     let started: Vec<String> = connectors
         .iter()
         .filter(|connector| connector.enabled)
@@ -427,10 +434,7 @@ async fn run_config(path: &Path, watch: bool) -> anyhow::Result<ExitCode> {
         }
         false => None,
     };
-    match connector_dir {
-        Some(dir) => watch_connector_dir(&runtime, &dir, &vars, watch, &mut signals).await,
-        None => signals.recv().await,
-    }
+    reload_until_stopped(&runtime, &source, watch, &mut signals).await;
     tracing::info!("shutting down");
     if let Some(server) = server {
         server.shutdown().await;
@@ -439,37 +443,85 @@ async fn run_config(path: &Path, watch: bool) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Until Ctrl-C or SIGTERM: reloads the connector directory on SIGHUP and,
-/// with `watch`, when its files change (checked every second).
-async fn watch_connector_dir(
+/// Where `run` reads its connector configs.
+enum ConfigSource {
+    None,
+    Dir { dir: PathBuf, vars: EnvVars },
+    Http(HttpProviderConfig),
+}
+
+impl ConfigSource {
+    fn of(config: &RuntimeConfig, vars: &EnvVars) -> Self {
+        match (&config.connectors, config.connector_dir()) {
+            (ConnectorsConfig::Http(http), _) => ConfigSource::Http(http.clone()),
+            (_, Some(dir)) => ConfigSource::Dir {
+                dir: dir.to_path_buf(),
+                vars: vars.clone(),
+            },
+            (_, None) => ConfigSource::None,
+        }
+    }
+
+    async fn load(&self) -> Result<(Vec<ConnectorConfig>, Vec<ConfigIssue>), String> {
+        match self {
+            ConfigSource::None => Ok((Vec::new(), Vec::new())),
+            ConfigSource::Dir { dir, vars } => Ok(load_connector_dir(dir, vars)),
+            ConfigSource::Http(http) => http_provider::active_configs(http)
+                .await
+                .map_err(|error| error.to_string()),
+        }
+    }
+
+    /// How often `--watch` looks, and what it compares (`None`: the
+    /// provider's answer itself; a reload of unchanged configs changes
+    /// nothing).
+    fn watched(&self) -> (std::time::Duration, Option<u64>) {
+        match self {
+            ConfigSource::Dir { dir, .. } => (
+                std::time::Duration::from_secs(1),
+                Some(dir_fingerprint(dir)),
+            ),
+            ConfigSource::Http(http) => (http.watch_interval, None),
+            ConfigSource::None => (std::time::Duration::from_secs(3600), Some(0)),
+        }
+    }
+}
+
+/// Until Ctrl-C or SIGTERM: reloads the connector configs on SIGHUP and,
+/// with `watch`, when the directory's files change (checked every second)
+/// or every `watch_interval` from an HTTP provider.
+async fn reload_until_stopped(
     runtime: &Arc<Runtime>,
-    dir: &Path,
-    vars: &EnvVars,
+    source: &ConfigSource,
     watch: bool,
     signals: &mut Signals,
 ) {
-    let mut seen = dir_fingerprint(dir);
-    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    let (every, mut seen) = source.watched();
+    let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
     loop {
         tokio::select! {
             received = signals.next() => match received {
                 Received::Stop => return,
-                Received::Reload => {
-                    tracing::info!(dir = %dir.display(), "SIGHUP: reloading the connector directory");
-                }
+                Received::Reload => tracing::info!("SIGHUP: reloading the connector configs"),
             },
             _ = tick.tick(), if watch => {
-                let now = dir_fingerprint(dir);
-                if now == seen {
+                let (_, now) = source.watched();
+                if now.is_some() && now == seen {
                     continue;
                 }
-                tracing::info!(dir = %dir.display(), "the connector directory changed: reloading");
             }
         }
-        seen = dir_fingerprint(dir);
-        let (configs, issues) = load_connector_dir(dir, vars);
-        runtime.reload(configs, &issues).await;
+        seen = source.watched().1;
+        match source.load().await {
+            Ok((configs, issues)) => {
+                runtime.reload(configs, &issues).await;
+            }
+            Err(error) => {
+                tracing::error!(%error, "config reload failed; the running connectors stay as they are")
+            }
+        }
     }
 }
 

@@ -356,3 +356,139 @@ async fn without_watch_a_changed_file_waits_for_sighup() {
     running.terminate();
     assert!(running.wait_exit(LONG).success());
 }
+
+/// A config provider serving upstream's `GET /configs/active` shape inside
+/// an envelope: `{"data": {"sources": ..., "sinks": ...}, "error": ...}`;
+/// the first request of each run answers 503, requests without the
+/// `x-token` header 401.
+struct Provider {
+    url: String,
+    answer: std::sync::Arc<std::sync::Mutex<serde_json::Value>>,
+    requests: std::sync::Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl Provider {
+    async fn start(answer: serde_json::Value) -> Self {
+        use axum::http::{HeaderMap, StatusCode};
+        use std::sync::atomic::Ordering;
+        let answer = std::sync::Arc::new(std::sync::Mutex::new(answer));
+        let requests = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let (shared, counted) = (answer.clone(), requests.clone());
+        let app = axum::Router::new().route(
+            "/api/configs/active",
+            axum::routing::get(move |headers: HeaderMap| {
+                let (shared, counted) = (shared.clone(), counted.clone());
+                async move {
+                    if headers.get("x-token").map(|value| value.as_bytes()) != Some(b"secret") {
+                        return (StatusCode::UNAUTHORIZED, String::new());
+                    }
+                    if counted.fetch_add(1, Ordering::SeqCst) == 0 {
+                        return (StatusCode::SERVICE_UNAVAILABLE, "warming up".into());
+                    }
+                    (StatusCode::OK, shared.lock().unwrap().to_string())
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/api", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Self {
+            url,
+            answer,
+            requests,
+        }
+    }
+
+    /// Points the workspace's runtime config at this provider.
+    fn configure(&self, workspace: &Workspace) {
+        let path = workspace.path("config.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let start = text.find("[connectors]").unwrap();
+        let rest = &text[start + 1..];
+        let end = rest.find("\n[").map_or(text.len(), |at| start + 1 + at + 1);
+        let connectors = format!(
+            "[connectors]\nconfig_type = \"http\"\nbase_url = \"{}\"\n\
+             [connectors.request_headers]\nx-token = \"secret\"\n\
+             [connectors.response]\ndata_path = \"data\"\nerror_path = \"error\"\n\
+             [connectors.retry]\ninitial_backoff = \"50ms\"\n",
+            self.url
+        );
+        std::fs::write(
+            &path,
+            format!("{}{connectors}{}", &text[..start], &text[end..]),
+        )
+        .unwrap();
+    }
+}
+
+/// Upstream's JSON of a random source config.
+fn source_json(key: &str, topic: &str) -> serde_json::Value {
+    serde_json::json!({
+        "key": key, "enabled": true, "version": 1, "name": "Random", "path": "random",
+        "plugin_config_format": null,
+        "streams": [{"stream": "hot", "topic": topic, "schema": "json"}],
+        "plugin_config": {"interval": "10ms", "messages_range": [1, 1]}
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_config_provider_supplies_the_connectors_at_start_and_on_sighup() {
+    use support::wait::wait_for;
+    let server = IggyTestServer::start();
+    let workspace = Workspace::new(&server.address().to_string(), "");
+    let provider = Provider::start(serde_json::json!({
+        "data": {"sources": {"a": source_json("a", "t1")}, "sinks": {}},
+        "error": null
+    }))
+    .await;
+    provider.configure(&workspace);
+    let running = workspace.run();
+    let count = |topic: &str| server.message_count("hot", topic);
+    wait_for("a from the provider writing to t1", LONG, || {
+        count("t1") > 0
+    })
+    .await;
+    assert!(
+        provider.requests.load(std::sync::atomic::Ordering::SeqCst) >= 2,
+        "the 503 was retried"
+    );
+
+    *provider.answer.lock().unwrap() = serde_json::json!({
+        "data": {"sources": {"a": source_json("a", "t2"), "b": source_json("b", "t3")}},
+        "error": null
+    });
+    running.hangup();
+    wait_for("a moved to t2 and b started", LONG, || {
+        count("t2") > 0 && count("t3") > 0
+    })
+    .await;
+
+    // An answer the provider marks as an error keeps what runs.
+    *provider.answer.lock().unwrap() = serde_json::json!({"data": null, "error": "maintenance"});
+    running.hangup();
+    wait_for("the refusal logged", LONG, || {
+        workspace.stderr().contains("answered an error at `error`")
+    })
+    .await;
+    let t2 = count("t2");
+    wait_for("a still running", LONG, || count("t2") > t2).await;
+    running.terminate();
+    assert!(running.wait_exit(LONG).success(), "{}", workspace.stderr());
+
+    // At start, an error answer is fatal, naming the provider.
+    let (code, _, stderr) = text(
+        &std::process::Command::new(env!("CARGO_BIN_EXE_iggy-connect"))
+            .args(["run", "--config"])
+            .arg(workspace.path("config.toml"))
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "config provider {}/configs/active answered an error",
+            provider.url
+        )) && stderr.contains("maintenance"),
+        "{stderr}"
+    );
+}

@@ -8,6 +8,7 @@ pub mod connector;
 mod connector_dir;
 pub mod duration;
 pub mod env;
+pub mod http_provider;
 mod reader;
 pub mod runtime;
 mod streams;

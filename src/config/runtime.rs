@@ -175,12 +175,74 @@ pub enum ConnectorsConfig {
         #[serde(default)]
         watch: bool,
     },
-    /// Upstream's HTTP config provider. Parsed so upstream files load; not
-    /// supported by `run` yet.
-    Http {
-        #[serde(default)]
-        base_url: String,
-    },
+    /// Upstream's HTTP config provider: the active connector configs are read
+    /// from `GET {base_url}/configs/active` at start and on every reload.
+    Http(HttpProviderConfig),
+}
+
+/// `[connectors]` with `config_type = "http"`: upstream's fields and defaults.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct HttpProviderConfig {
+    pub base_url: String,
+    #[serde(with = "duration")]
+    pub timeout: Duration,
+    pub request_headers: std::collections::BTreeMap<String, String>,
+    /// Overrides of the request paths, by upstream's template key; only
+    /// `get_active_configs` is read here.
+    pub url_templates: std::collections::BTreeMap<String, String>,
+    pub response: ProviderResponse,
+    pub retry: ProviderRetry,
+    /// Ours: with `run --watch`, how often the active configs are read again.
+    #[serde(with = "duration")]
+    pub watch_interval: Duration,
+}
+
+impl Default for HttpProviderConfig {
+    fn default() -> Self {
+        Self {
+            base_url: String::new(),
+            timeout: Duration::from_secs(10),
+            request_headers: Default::default(),
+            url_templates: Default::default(),
+            response: ProviderResponse::default(),
+            retry: ProviderRetry::default(),
+            watch_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Where the payload (and an error) sit in the provider's answers: dot paths,
+/// numeric segments index arrays.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct ProviderResponse {
+    pub data_path: Option<String>,
+    pub error_path: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct ProviderRetry {
+    pub enabled: bool,
+    pub max_attempts: u32,
+    #[serde(with = "duration")]
+    pub initial_backoff: Duration,
+    #[serde(with = "duration")]
+    pub max_backoff: Duration,
+    pub backoff_multiplier: f64,
+}
+
+impl Default for ProviderRetry {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_attempts: 3,
+            initial_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(30),
+            backoff_multiplier: 2.0,
+        }
+    }
 }
 
 impl Default for ConnectorsConfig {
@@ -337,11 +399,17 @@ impl RuntimeConfig {
                     "missing, expected the directory holding the connector files",
                 ))
             }
-            ConnectorsConfig::Http { .. } => Some(ConfigIssue::error(
-                path,
-                "connectors.config_type",
-                "\"http\" (remote config provider) is not supported by iggy-connect yet; use \"local\"",
-            )),
+            ConnectorsConfig::Http(http) if !http.base_url.starts_with("http") => {
+                Some(ConfigIssue::error(
+                    path,
+                    "connectors.base_url",
+                    format!(
+                        "\"{}\" is not an http:// or https:// URL (config_type = \"http\" reads the connector configs from it)",
+                        http.base_url
+                    ),
+                ))
+            }
+            ConnectorsConfig::Http(_) => None,
             ConnectorsConfig::Local { .. } => None,
         }
     }
@@ -484,6 +552,7 @@ const CONNECTORS: Known = &[
             leaf("backoff_multiplier"),
         ],
     ),
+    leaf("watch_interval"),
 ];
 const OTLP: Known = &[leaf("transport"), leaf("endpoint")];
 const TELEMETRY: Known = &[

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use serde::Serialize;
-use tracing::{error, info};
+use tracing::{debug, error, info};
 
 use super::Runtime;
 use crate::config::{ConfigIssue, ConnectorConfig};
@@ -127,12 +127,16 @@ impl Runtime {
         for issue in &report.errors {
             error!("config reload: {issue}");
         }
-        info!(
-            started = ?report.started,
-            restarted = ?report.restarted,
-            stopped = ?report.stopped,
-            "connector directory reloaded"
-        );
+        if report.changed() {
+            info!(
+                started = ?report.started,
+                restarted = ?report.restarted,
+                stopped = ?report.stopped,
+                "connector configs reloaded"
+            );
+        } else {
+            debug!("connector configs reloaded: nothing changed");
+        }
         report
     }
 }
