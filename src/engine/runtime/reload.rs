@@ -49,10 +49,9 @@ impl Runtime {
             seen.push((kind, key.clone()));
             let Ok(slot) = self.slot(kind, &key) else {
                 let enabled = config.enabled;
-                if self.add(config).is_ok() && enabled {
-                    let _ = self.start(kind, &key).await;
+                if self.add(config).is_ok() && enabled && self.start(kind, &key).await.is_ok() {
+                    report.started.push(name(kind, &key));
                 }
-                report.started.push(name(kind, &key));
                 continue;
             };
             let file = slot.config().file.clone();
