@@ -8,27 +8,16 @@
 mod support;
 
 use std::collections::{BTreeMap, HashSet};
-use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use amqprs::channel::ExchangeDeclareArguments;
 use amqprs::{BasicProperties, FieldTable, FieldValue};
-use bytes::Bytes;
-use iggy::prelude::{
-    Client as _, Identifier, IggyClient, IggyMessage, MessageClient, Partitioning,
-};
 use iggy_binary_protocol::codes::SEND_MESSAGES_CODE;
-use iggy_connect::config::ConnectorConfig;
-use iggy_connect::config::connector::parse_connector_file;
-use iggy_connect::config::env::EnvVars;
 use iggy_connect::connectors::{Registry, SinkError};
-use iggy_connect::engine::Runtime;
-use iggy_connect::iggy::{ConnectionSettings, IggyBus};
 use iggy_connect::message::{Payload, SinkMessage};
-use iggy_connect::state::FileStateStore;
 use serde_json::{Value, json};
 use support::binary::Workspace;
+use support::harness::{connector, iggy_client, produce_ns, runtime};
 use support::iggy_server::{IggyTestServer, StoredMessage};
 use support::rabbitmq::{client, port, publish, publish_messages, shared, unique};
 use support::wait::{eventually, wait_for};
@@ -37,59 +26,6 @@ const LONG: Duration = Duration::from_secs(90);
 /// The source's `batch_size`: the prefetch is twice this, the most a lost
 /// connection can deliver again.
 const BATCH: usize = 50;
-
-fn connector(text: &str) -> ConnectorConfig {
-    parse_connector_file(Path::new("test.toml"), text, &EnvVars::default())
-        .unwrap_or_else(|issues| panic!("bad test config: {issues}"))
-        .0
-}
-
-fn runtime(iggy: &IggyTestServer, state: &Path) -> Arc<Runtime> {
-    Runtime::new(
-        Arc::new(IggyBus::new(ConnectionSettings::password(
-            iggy.address().to_string(),
-            "iggy",
-            "iggy",
-        ))),
-        Arc::new(FileStateStore::new(state).unwrap()),
-        Duration::from_secs(5),
-    )
-}
-
-async fn iggy_client(server: &IggyTestServer) -> IggyClient {
-    let client = IggyClient::from_connection_string(&server.connection_string()).unwrap();
-    client.connect().await.unwrap();
-    client
-}
-
-/// Sends `{"n": id}` with Iggy id `id` for each id of `ids`.
-async fn produce_to_iggy(
-    client: &IggyClient,
-    stream: &str,
-    topic: &str,
-    ids: std::ops::Range<u128>,
-) {
-    let mut messages: Vec<IggyMessage> = ids
-        .map(|id| {
-            IggyMessage::builder()
-                .id(id)
-                .payload(Bytes::from(json!({ "n": id as u64 }).to_string()))
-                .build()
-                .unwrap()
-        })
-        .collect();
-    for chunk in messages.chunks_mut(500) {
-        client
-            .send_messages(
-                &Identifier::named(stream).unwrap(),
-                &Identifier::named(topic).unwrap(),
-                &Partitioning::partition_id(0),
-                chunk,
-            )
-            .await
-            .unwrap();
-    }
-}
 
 fn bodies(range: std::ops::Range<u64>) -> impl Iterator<Item = Vec<u8>> {
     range.map(|n| json!({ "n": n }).to_string().into_bytes())
@@ -200,7 +136,7 @@ async fn the_sink_publishes_each_iggy_message_once_persistent_with_its_id_as_mes
     let (exchange, queue) = (unique("x"), unique("q"));
     topology(port, &exchange, &queue).await;
     iggy.create_topic("shop", "orders", 1);
-    produce_to_iggy(&iggy_client(&iggy).await, "shop", "orders", 1..501).await;
+    produce_ns(&iggy_client(&iggy).await, "shop", "orders", 1..501).await;
     let state = tempfile::tempdir().unwrap();
     let runtime = runtime(&iggy, state.path());
     runtime
@@ -365,7 +301,7 @@ async fn a_broker_restart_mid_stream_leaves_every_message_in_the_queue() {
     let (exchange, queue) = (unique("x"), unique("q"));
     topology(port, &exchange, &queue).await;
     iggy.create_topic("shop", "orders", 1);
-    produce_to_iggy(&iggy_client(&iggy).await, "shop", "orders", 1..3001).await;
+    produce_ns(&iggy_client(&iggy).await, "shop", "orders", 1..3001).await;
     let state = tempfile::tempdir().unwrap();
     let runtime = runtime(&iggy, state.path());
     runtime
@@ -405,7 +341,7 @@ async fn kill_9_of_the_sink_loses_nothing() {
     let (exchange, queue) = (unique("x"), unique("q"));
     topology(port, &exchange, &queue).await;
     iggy.create_topic("shop", "orders", 1);
-    produce_to_iggy(&iggy_client(&iggy).await, "shop", "orders", 1..5001).await;
+    produce_ns(&iggy_client(&iggy).await, "shop", "orders", 1..5001).await;
     let workspace = Workspace::new(&iggy.address().to_string(), "");
     workspace.add_connector("sink.toml", &sink_config("to-rabbit", port, &exchange, ""));
     let probe = client(port).await;
