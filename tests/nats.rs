@@ -7,24 +7,14 @@
 mod support;
 
 use std::collections::{BTreeMap, HashSet};
-use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use iggy::prelude::{
-    Client as _, Identifier, IggyClient, IggyMessage, MessageClient, Partitioning,
-};
 use iggy_binary_protocol::codes::SEND_MESSAGES_CODE;
-use iggy_connect::config::ConnectorConfig;
-use iggy_connect::config::connector::parse_connector_file;
-use iggy_connect::config::env::EnvVars;
-use iggy_connect::engine::Runtime;
-use iggy_connect::iggy::{ConnectionSettings, IggyBus};
 use iggy_connect::message::{Payload, SinkMessage};
-use iggy_connect::state::FileStateStore;
 use serde_json::{Value, json};
 use support::binary::Workspace;
+use support::harness::{connector, iggy_client, produce_ns, runtime};
 use support::iggy_server::{IggyTestServer, StoredMessage};
 use support::nats_server::{NatsServer, create_stream, stream_messages};
 use support::wait::{eventually, wait_for};
@@ -32,59 +22,6 @@ use support::wait::{eventually, wait_for};
 const LONG: Duration = Duration::from_secs(60);
 /// The source's `batch_size`: the most one uncommitted batch can repeat.
 const BATCH: usize = 50;
-
-fn connector(text: &str) -> ConnectorConfig {
-    parse_connector_file(Path::new("test.toml"), text, &EnvVars::default())
-        .unwrap_or_else(|issues| panic!("bad test config: {issues}"))
-        .0
-}
-
-fn runtime(iggy: &IggyTestServer, state: &Path) -> Arc<Runtime> {
-    Runtime::new(
-        Arc::new(IggyBus::new(ConnectionSettings::password(
-            iggy.address().to_string(),
-            "iggy",
-            "iggy",
-        ))),
-        Arc::new(FileStateStore::new(state).unwrap()),
-        Duration::from_secs(5),
-    )
-}
-
-async fn iggy_client(server: &IggyTestServer) -> IggyClient {
-    let client = IggyClient::from_connection_string(&server.connection_string()).unwrap();
-    client.connect().await.unwrap();
-    client
-}
-
-/// Sends `{"n": id}` with Iggy id `id` for each id of `ids`.
-async fn produce_to_iggy(
-    client: &IggyClient,
-    stream: &str,
-    topic: &str,
-    ids: std::ops::Range<u128>,
-) {
-    let mut messages: Vec<IggyMessage> = ids
-        .map(|id| {
-            IggyMessage::builder()
-                .id(id)
-                .payload(Bytes::from(json!({ "n": id as u64 }).to_string()))
-                .build()
-                .unwrap()
-        })
-        .collect();
-    for chunk in messages.chunks_mut(500) {
-        client
-            .send_messages(
-                &Identifier::named(stream).unwrap(),
-                &Identifier::named(topic).unwrap(),
-                &Partitioning::partition_id(0),
-                chunk,
-            )
-            .await
-            .unwrap();
-    }
-}
 
 /// Publishes `{"n": n}` to `subject` for each n of `range`, awaiting each PubAck.
 async fn publish(
@@ -217,7 +154,7 @@ async fn consumer_info(
 async fn the_sink_stores_each_iggy_message_once_with_its_id_as_nats_msg_id() {
     let (nats, iggy) = (NatsServer::start(), IggyTestServer::start());
     iggy.create_topic("shop", "orders", 1);
-    produce_to_iggy(&iggy_client(&iggy).await, "shop", "orders", 1..501).await;
+    produce_ns(&iggy_client(&iggy).await, "shop", "orders", 1..501).await;
     let state = tempfile::tempdir().unwrap();
     let runtime = runtime(&iggy, state.path());
     runtime
@@ -330,7 +267,7 @@ async fn a_subject_no_stream_captures_is_fatal_at_open_naming_the_field() {
 async fn a_nats_restart_mid_stream_leaves_every_message_in_the_stream_exactly_once() {
     let (mut nats, iggy) = (NatsServer::start(), IggyTestServer::start());
     iggy.create_topic("shop", "orders", 1);
-    produce_to_iggy(&iggy_client(&iggy).await, "shop", "orders", 1..3001).await;
+    produce_ns(&iggy_client(&iggy).await, "shop", "orders", 1..3001).await;
     let state = tempfile::tempdir().unwrap();
     let runtime = runtime(&iggy, state.path());
     runtime
@@ -371,7 +308,7 @@ async fn a_nats_restart_mid_stream_leaves_every_message_in_the_stream_exactly_on
 async fn kill_9_of_the_sink_loses_nothing_and_the_replay_is_deduplicated() {
     let (nats, iggy) = (NatsServer::start(), IggyTestServer::start());
     iggy.create_topic("shop", "orders", 1);
-    produce_to_iggy(&iggy_client(&iggy).await, "shop", "orders", 1..5001).await;
+    produce_ns(&iggy_client(&iggy).await, "shop", "orders", 1..5001).await;
     let workspace = Workspace::new(&iggy.address().to_string(), "");
     workspace.add_connector("sink.toml", &sink_config("to-nats", &nats, ""));
     let jetstream = nats.jetstream().await;
