@@ -1,6 +1,8 @@
 # syntax=docker/dockerfile:1
-# iggy-connect for one feature set: a static binary in a distroless image
-# (no shell, no libc, CA certificates for rustls), running as a non-root user.
+# iggy-connect for one feature set, built from source: a static binary on
+# `scratch` (no shell, no libc) with CA certificates for rustls and a non-root
+# user (uid 65532). The final stage is the same as Dockerfile.prebuilt's, which
+# takes an already built static binary instead (what CI builds and runs).
 #
 #   docker build --build-arg FEATURES=postgres-source,stdout-sink -t iggy-connect:pg .
 #   docker run --rm \
@@ -11,7 +13,8 @@
 # FEATURES is a comma-separated list of cargo features (connectors or bundles:
 # default, all-sources, all-sinks, full). The config is read from
 # IGGY_CONNECTORS_CONFIG_PATH; source state goes to the volume.
-# Checked by scripts/check-dockerfile (run in .ci/run).
+# Checked by scripts/check-dockerfile (run in .ci/run) without an engine; the
+# final stage's layout is run for real by scripts/check-docker-image.
 ARG FEATURES=default
 
 FROM rust:1.95-bookworm AS build
@@ -39,7 +42,9 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     fi \
  && /out/iggy-connect list
 
-FROM gcr.io/distroless/static-debian12:nonroot
+FROM scratch
+COPY docker/passwd docker/group /etc/
+COPY --from=build /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
 COPY --from=build /out/iggy-connect /usr/local/bin/iggy-connect
 COPY --from=build --chown=65532:65532 /out/state /var/lib/iggy-connect/state
 ENV IGGY_CONNECTORS_CONFIG_PATH=/etc/iggy-connect/config.toml \
