@@ -3,7 +3,8 @@
 //!
 //! `slot.rs` runs one connector's task, `setup.rs` builds its pipeline (the
 //! connector, its state, `open`, its producers or consumers), `factory.rs`
-//! turns a config into a connector.
+//! turns a config into a connector, `lease.rs` runs a source only while this
+//! instance holds its lease (a state store shared by several instances).
 
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -17,6 +18,7 @@ use crate::iggy::Bus;
 use crate::state::StateStore;
 
 mod factory;
+mod lease;
 mod reload;
 mod setup;
 mod slot;
