@@ -34,10 +34,19 @@ impl Runtime {
             };
             info!(connector_key = %slot.key, "lease taken; starting the source here");
             slot.status.set_starting();
-            let lost = tokio::select! {
+            let mut lost = tokio::select! {
                 () = self.run_once(slot, &shutdown) => None,
                 reason = keep_lease(leases, &slot.key, valid_until) => Some(reason),
             };
+            // A pipeline that ended on its own because its saves were fenced
+            // (the lease went before the renewal noticed) goes back to
+            // standby rather than stopping for good.
+            if lost.is_none()
+                && !shutdown.is_requested()
+                && !matches!(leases.renew(&slot.key).await, Ok(true))
+            {
+                lost = Some("its lease expired or another instance took it".to_owned());
+            }
             if let Err(error) = leases.release(&slot.key).await {
                 warn!(connector_key = %slot.key, %error, "cannot release the lease; it expires on its own");
             }
