@@ -204,7 +204,9 @@ async fn sigkill_of_the_lease_holder_hands_the_source_to_a_standby_and_loses_no_
     );
     let duplicates: usize = seen.values().map(|count| count - 1).sum();
     println!(
-        "scenario: lease_failover instances={INSTANCES} kills={kills} killed={killed:?} rows={ROWS} lost=0 duplicates={duplicates}"
+        "scenario: lease_failover produced={ROWS} delivered={} lost={} duplicates={duplicates} instances={INSTANCES} kills={kills} killed={killed:?}",
+        cluster.delivered(),
+        missing.len()
     );
     // What a killed holder had in flight, at most, is sent again.
     assert!(
