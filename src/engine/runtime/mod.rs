@@ -6,6 +6,7 @@
 //! turns a config into a connector, `lease.rs` runs a source only while this
 //! instance holds its lease (a state store shared by several instances).
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -32,7 +33,14 @@ pub struct Runtime {
     state: Arc<dyn StateStore>,
     options: RuntimeOptions,
     slots: Mutex<Vec<Arc<Slot>>>,
+    /// One lock per connector, so that changes to one connector's lifecycle
+    /// (the API's start, stop, restart, state and offset changes, a reload)
+    /// run one after the other.
+    lifecycle: Mutex<HashMap<(ConnectorKind, String), LifecycleLock>>,
 }
+
+/// See [`Runtime::lifecycle_lock`].
+pub type LifecycleLock = Arc<tokio::sync::Mutex<()>>;
 
 /// Engine settings that are not per connector.
 #[derive(Clone)]
@@ -92,6 +100,7 @@ impl Runtime {
             state,
             options,
             slots: Mutex::new(Vec::new()),
+            lifecycle: Mutex::new(HashMap::new()),
         })
     }
 
@@ -209,6 +218,18 @@ impl Runtime {
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         Ok(std::mem::replace(&mut *current, Arc::new(config)))
+    }
+
+    /// The lock of one connector's lifecycle: held across a check of its
+    /// status and the change that relies on it (a state reset only while it
+    /// is stopped), so that nothing starts or stops it in between. A key need
+    /// not be configured (yet).
+    pub fn lifecycle_lock(&self, kind: ConnectorKind, key: &str) -> LifecycleLock {
+        let mut locks = self
+            .lifecycle
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        locks.entry((kind, key.to_owned())).or_default().clone()
     }
 
     /// The bus the connectors run on.
