@@ -62,6 +62,7 @@ registry::register_connectors! {
         otlp => "otlp-sink",
         mqtt => "mqtt-sink",
         rabbitmq => "rabbitmq-sink",
+        surrealdb => "surrealdb-sink",
     }
 }
 
