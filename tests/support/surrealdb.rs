@@ -27,7 +27,8 @@
 //!
 //! Faults, for the next `/rpc` requests: a status (429/503 with
 //! `Retry-After`), a dropped connection after the statements ran (the
-//! answer is cut off), a slow answer after the statements ran.
+//! answer is cut off), a slow answer after the statements ran; down (503
+//! for every request).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
@@ -85,6 +86,7 @@ struct Shared {
     namespaces: BTreeMap<String, Databases>,
     strict: bool,
     faults: VecDeque<Fault>,
+    down: bool,
     inserted: u64,
     seen: Vec<Seen>,
 }
@@ -110,6 +112,7 @@ impl SurrealServer {
             namespaces: BTreeMap::new(),
             strict: false,
             faults: VecDeque::new(),
+            down: false,
             inserted: 0,
             seen: Vec::new(),
         }));
@@ -184,6 +187,11 @@ impl SurrealServer {
     /// Undefined tables are refused instead of created on first write.
     pub fn set_strict(&self, strict: bool) {
         self.lock().strict = strict;
+    }
+
+    /// 503 for every request while down.
+    pub fn set_down(&self, down: bool) {
+        self.lock().down = down;
     }
 
     pub fn fail_next(&self, fault: Fault) {
@@ -303,6 +311,13 @@ async fn handle(State(shared): State<Arc<Mutex<Shared>>>, request: Request) -> R
                     .into_response(),
             }
         }
+        _ if lock(&shared).down => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(
+                json!({"code": 503, "details": "down", "information": "the server is down"}),
+            ),
+        )
+            .into_response(),
         ("POST", "/rpc") => {
             let fault = lock(&shared).faults.pop_front();
             if let Some(Fault::Status(status, retry_after)) = fault {

@@ -31,7 +31,7 @@ pub struct SurrealdbSinkConfig {
     #[serde(default)]
     #[schemars(with = "Option<String>")]
     pub password: Option<SecretString>,
-    /// Where the user is defined: `root`, `namespace` (a user of
+    /// Where the user is defined: `root` (the default), `namespace` (a user of
     /// `namespace`), `database` (a user of `namespace`/`database`), or
     /// `none` (no credentials sent).
     #[serde(default)]
@@ -53,7 +53,7 @@ pub struct SurrealdbSinkConfig {
     /// Most records in one request (one statement per record).
     #[serde(default = "default_batch_size")]
     pub batch_size: usize,
-    /// How `payload` is stored: `auto` (JSON as a value, text as a string,
+    /// How `payload` is stored: `auto` (the default: JSON as a value, text as a string,
     /// anything else base64), `json` (must parse as JSON), `text` (must be
     /// UTF-8), `base64` (alias `binary`).
     #[serde(default)]
