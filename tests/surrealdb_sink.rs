@@ -387,6 +387,7 @@ async fn a_refused_record_with_on_error_skip_is_skipped_and_the_rest_committed()
             .all(|record| record["payload"]["n"] != "bad")
     );
     assert!(pipeline.bus.messages(&pipeline.stream, "dead").is_empty());
+    assert_eq!(pipeline.view().metrics.skipped.get(), 1, "skipped, not lost unseen");
     pipeline.runtime.shutdown().await;
 }
 
