@@ -40,6 +40,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
+use futures::StreamExt;
 use serde_json::{Map, Value, json};
 
 /// A request as the server saw it.
@@ -338,11 +339,15 @@ async fn handle(State(shared): State<Arc<Mutex<Shared>>>, request: Request) -> R
             let answer = rpc(&shared, session, &body);
             match fault {
                 Some(Fault::Drop) => {
-                    // Headers, then a body that breaks off.
-                    let stream = futures::stream::iter([
-                        Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"{\"id\":1,")),
-                        Err(std::io::Error::other("connection dropped")),
-                    ]);
+                    // Headers and the start of the body, then the connection breaks.
+                    let stream = futures::stream::iter([false, true]).then(|broken| async move {
+                        if broken {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            Err(std::io::Error::other("connection dropped"))
+                        } else {
+                            Ok(bytes::Bytes::from_static(b"{\"id\":1,"))
+                        }
+                    });
                     Response::builder()
                         .status(StatusCode::OK)
                         .header("content-type", "application/json")
