@@ -250,6 +250,42 @@ async fn records_refused_by_a_field_type_or_a_unique_index_are_rejected_by_index
     );
 }
 
+fn padded(range: std::ops::Range<u64>, sizes: &[usize]) -> Vec<SinkMessage> {
+    let mut batch = messages(range);
+    for (message, size) in batch.iter_mut().zip(sizes) {
+        message.payload = Payload::Json(json!({"pad": "x".repeat(*size)}));
+    }
+    batch
+}
+
+#[tokio::test]
+async fn a_413_splits_the_request_and_a_record_over_the_limit_alone_is_rejected() {
+    let server = SurrealServer::start().await;
+    server.set_rpc_body_limit(3000);
+    let sink = open(&config(&server, json!({}))).await;
+    let batch = padded(0..6, &[400, 400, 400, 5000, 400, 400]);
+    assert_eq!(rejected_indexes(sink.write(&topic(), &batch).await), [3]);
+    assert_eq!(stored(&server).len(), 5);
+    let sizes: Vec<usize> = server
+        .rpc_requests()
+        .iter()
+        .map(|seen| seen.body.len())
+        .collect();
+    assert!(sizes.len() > 3, "split down: {sizes:?}");
+}
+
+#[tokio::test]
+async fn max_request_bytes_splits_before_sending_and_rejects_a_record_over_it() {
+    let server = SurrealServer::start().await;
+    let sink = open(&config(&server, json!({"max_request_bytes": 2048}))).await;
+    let batch = padded(0..5, &[600, 600, 600, 3000, 600]);
+    assert_eq!(rejected_indexes(sink.write(&topic(), &batch).await), [3]);
+    assert_eq!(stored(&server).len(), 4);
+    let requests = server.rpc_requests();
+    assert!(requests.len() >= 2, "{} requests", requests.len());
+    assert!(requests.iter().all(|seen| seen.body.len() <= 2048));
+}
+
 /// A sink on a `MemoryBus` topic holding `payloads`, run by the engine.
 struct Pipeline {
     bus: MemoryBus,
@@ -387,7 +423,11 @@ async fn a_refused_record_with_on_error_skip_is_skipped_and_the_rest_committed()
             .all(|record| record["payload"]["n"] != "bad")
     );
     assert!(pipeline.bus.messages(&pipeline.stream, "dead").is_empty());
-    assert_eq!(pipeline.view().metrics.skipped.get(), 1, "skipped, not lost unseen");
+    assert_eq!(
+        pipeline.view().metrics.skipped.get(),
+        1,
+        "skipped, not lost unseen"
+    );
     pipeline.runtime.shutdown().await;
 }
 

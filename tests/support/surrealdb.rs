@@ -28,7 +28,7 @@
 //! Faults, for the next `/rpc` requests: a status (429/503 with
 //! `Retry-After`), a dropped connection after the statements ran (the
 //! answer is cut off), a slow answer after the statements ran; down (503
-//! for every request).
+//! for every request). `/rpc` bodies over the body limit are answered 413.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
@@ -88,6 +88,7 @@ struct Shared {
     strict: bool,
     faults: VecDeque<Fault>,
     down: bool,
+    rpc_body_limit: usize,
     inserted: u64,
     seen: Vec<Seen>,
 }
@@ -114,6 +115,7 @@ impl SurrealServer {
             strict: false,
             faults: VecDeque::new(),
             down: false,
+            rpc_body_limit: 4 << 20,
             inserted: 0,
             seen: Vec::new(),
         }));
@@ -188,6 +190,12 @@ impl SurrealServer {
     /// Undefined tables are refused instead of created on first write.
     pub fn set_strict(&self, strict: bool) {
         self.lock().strict = strict;
+    }
+
+    /// Largest `/rpc` body taken (`SURREAL_HTTP_MAX_RPC_BODY_SIZE`, 4 MiB
+    /// by default); 413 past it.
+    pub fn set_rpc_body_limit(&self, bytes: usize) {
+        self.lock().rpc_body_limit = bytes;
     }
 
     /// 503 for every request while down.
@@ -320,6 +328,9 @@ async fn handle(State(shared): State<Arc<Mutex<Shared>>>, request: Request) -> R
         )
             .into_response(),
         ("POST", "/rpc") => {
+            if body.len() > lock(&shared).rpc_body_limit {
+                return (StatusCode::PAYLOAD_TOO_LARGE, "length limit exceeded").into_response();
+            }
             let fault = lock(&shared).faults.pop_front();
             if let Some(Fault::Status(status, retry_after)) = fault {
                 let status = StatusCode::from_u16(status).expect("a valid status");

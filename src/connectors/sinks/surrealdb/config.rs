@@ -53,6 +53,12 @@ pub struct SurrealdbSinkConfig {
     /// Most records in one request (one statement per record).
     #[serde(default = "default_batch_size")]
     pub batch_size: usize,
+    /// Largest request body in bytes (ours; SurrealDB refuses `/rpc` bodies
+    /// over `SURREAL_HTTP_MAX_RPC_BODY_SIZE`, 4 MiB by default): a batch is
+    /// split to stay under it, a request answered 413 is split in halves,
+    /// and a record too large alone is rejected (`on_error`).
+    #[serde(default = "default_max_request_bytes")]
+    pub max_request_bytes: usize,
     /// How `payload` is stored: `auto` (the default: JSON as a value, text as a string,
     /// anything else base64), `json` (must parse as JSON), `text` (must be
     /// UTF-8), `base64` (alias `binary`).
@@ -130,6 +136,10 @@ fn default_batch_size() -> usize {
     1000
 }
 
+fn default_max_request_bytes() -> usize {
+    4 << 20
+}
+
 fn default_query_timeout() -> Duration {
     Duration::from_secs(30)
 }
@@ -167,6 +177,12 @@ impl SurrealdbSinkConfig {
         }
         if self.batch_size == 0 {
             return Err(PluginConfigError::new("batch_size", "expected at least 1"));
+        }
+        if self.max_request_bytes < 1024 {
+            return Err(PluginConfigError::new(
+                "max_request_bytes",
+                "expected at least 1024",
+            ));
         }
         if self.auth_scope != AuthScope::None {
             if self.username.as_deref().is_none_or(str::is_empty) {
@@ -270,6 +286,7 @@ mod tests {
         assert!(config.include_metadata && config.include_headers);
         assert!(config.include_checksum && config.include_origin_timestamp);
         assert_eq!(config.batch_size, 1000);
+        assert_eq!(config.max_request_bytes, 4 * 1024 * 1024);
         assert_eq!(config.query_timeout, Duration::from_secs(30));
         assert_eq!(config.attempts(), 3);
         assert_eq!(config.retry_delay, Duration::from_millis(100));
@@ -302,6 +319,7 @@ mod tests {
             ("endpoint", serde_json::json!("http://u:p@h"), "endpoint"),
             ("table", serde_json::json!(""), "table"),
             ("batch_size", serde_json::json!(0), "batch_size"),
+            ("max_request_bytes", serde_json::json!(10), "max_request_bytes"),
             ("auth_scope", serde_json::json!("scope"), "auth_scope"),
             ("payload_format", serde_json::json!("xml"), "payload_format"),
             ("username", serde_json::Value::Null, "username"),

@@ -80,6 +80,8 @@ enum Failure {
         reason: String,
         retry_after: Option<Duration>,
     },
+    /// 413: the request body is over SurrealDB's limit.
+    TooLarge(String),
     Fatal(String),
 }
 
@@ -94,7 +96,7 @@ impl Failure {
     fn into_connector_error(self) -> ConnectorError {
         match self {
             Failure::Transient { reason, .. } => ConnectorError::transient(reason),
-            Failure::Fatal(reason) => ConnectorError::fatal(reason),
+            Failure::TooLarge(reason) | Failure::Fatal(reason) => ConnectorError::fatal(reason),
         }
     }
 }
@@ -239,6 +241,7 @@ impl SurrealdbSink {
         let reason = format!("{what}: answered {status} {}", error_text(&body));
         Err(match status {
             401 | 403 => Failure::Fatal(self.credentials_refused(&reason)),
+            413 => Failure::TooLarge(reason),
             _ => match classify(status) {
                 StatusClass::Transient => Failure::Transient {
                     reason,
@@ -455,6 +458,12 @@ impl SurrealdbSink {
         }
     }
 
+    /// At most what one record adds to a request body: its statement
+    /// (JSON-escaped) and its variable.
+    fn statement_bytes(&self, record: &[u8]) -> usize {
+        record.len() + 2 * self.table.len() + 64
+    }
+
     /// Writes `records` (index into the batch, record JSON) of one request,
     /// retrying what fails transiently; the rejected records.
     async fn write_chunk(
@@ -516,6 +525,23 @@ impl SurrealdbSink {
                     (last, None)
                 }
                 Err(Failure::Fatal(reason)) => return Err(SinkError::fatal(reason)),
+                Err(Failure::TooLarge(reason)) => {
+                    if pending.len() == 1 {
+                        let (index, _) = pending.remove(0);
+                        rejections.push(Rejection {
+                            index,
+                            reason: format!(
+                                "{reason}: the record alone is over SurrealDB's body limit (SURREAL_HTTP_MAX_RPC_BODY_SIZE)"
+                            ),
+                        });
+                    } else {
+                        let second = pending.split_off(pending.len() / 2);
+                        for half in [std::mem::take(&mut pending), second] {
+                            rejections.extend(Box::pin(self.write_chunk(client, half)).await?);
+                        }
+                    }
+                    break;
+                }
                 Err(Failure::Transient {
                     reason,
                     retry_after,
@@ -656,10 +682,31 @@ impl Sink for SurrealdbSink {
                 Err(reason) => rejections.push(Rejection { index, reason }),
             }
         }
-        let mut records = records.into_iter().peekable();
-        while records.peek().is_some() {
-            let chunk: Vec<(usize, Vec<u8>)> =
-                records.by_ref().take(self.config.batch_size).collect();
+        // Requests of at most batch_size records and max_request_bytes.
+        let budget = self.config.max_request_bytes - 64;
+        let mut chunk: Vec<(usize, Vec<u8>)> = Vec::new();
+        let mut size = 0;
+        for (index, record) in records {
+            let cost = self.statement_bytes(&record);
+            if cost > budget {
+                rejections.push(Rejection {
+                    index,
+                    reason: format!(
+                        "the record makes a {cost}-byte request, more than max_request_bytes ({})",
+                        self.config.max_request_bytes
+                    ),
+                });
+                continue;
+            }
+            let full = chunk.len() == self.config.batch_size || size + cost > budget;
+            if full && !chunk.is_empty() {
+                rejections.extend(self.write_chunk(client, std::mem::take(&mut chunk)).await?);
+                size = 0;
+            }
+            size += cost;
+            chunk.push((index, record));
+        }
+        if !chunk.is_empty() {
             rejections.extend(self.write_chunk(client, chunk).await?);
         }
         let written = messages.len() - rejections.len();
