@@ -196,13 +196,7 @@ impl SurrealdbSink {
 
     fn credentials_refused(&self, what: &str) -> String {
         format!(
-            "{what}: SurrealDB refuses the credentials: check username and password (a {} user, auth_scope = \"{}\")",
-            match self.config.auth_scope {
-                AuthScope::Root => "root",
-                AuthScope::Namespace => "namespace",
-                AuthScope::Database => "database",
-                AuthScope::None => "no",
-            },
+            "{what}: SurrealDB refuses the credentials: check username and password, and that the user is a {} user allowed to write (auth_scope)",
             scope_name(self.config.auth_scope)
         )
     }
