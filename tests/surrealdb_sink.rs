@@ -505,6 +505,30 @@ async fn a_dropped_or_late_answer_is_retried_and_stores_nothing_twice() {
 }
 
 #[tokio::test]
+async fn a_statement_failing_with_a_retryable_conflict_is_sent_again_alone() {
+    let server = SurrealServer::start().await;
+    server.fail_next(Fault::Conflict);
+    let sink = open(&config(&server, json!({}))).await;
+    sink.write(&topic(), &messages(0..3)).await.unwrap();
+    assert_eq!(stored(&server).len(), 3);
+    let requests = server.rpc_requests();
+    assert_eq!(requests.len(), 2);
+    let retry: Value = serde_json::from_slice(&requests[1].body).unwrap();
+    assert_eq!(
+        retry["params"][0]
+            .as_str()
+            .unwrap()
+            .matches("INSERT")
+            .count(),
+        1
+    );
+    assert_eq!(
+        retry["params"][1]["r0"]["iggy_offset"], "0",
+        "the conflicting one"
+    );
+}
+
+#[tokio::test]
 async fn failing_past_max_retries_is_transient_and_the_engines_retry_writes_the_batch() {
     let server = SurrealServer::start().await;
     server.fail_next(Fault::Status(503, None));

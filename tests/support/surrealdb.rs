@@ -27,7 +27,8 @@
 //!
 //! Faults, for the next `/rpc` requests: a status (429/503 with
 //! `Retry-After`), a dropped connection after the statements ran (the
-//! answer is cut off), a slow answer after the statements ran; down (503
+//! answer is cut off), a slow answer after the statements ran, the first
+//! statement failing with a retryable transaction conflict; down (503
 //! for every request). `/rpc` bodies over the body limit are answered 413.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -69,6 +70,8 @@ pub enum Fault {
     Drop,
     /// Run the statements, then answer after this long.
     Slow(Duration),
+    /// The first statement fails with a retryable transaction conflict.
+    Conflict,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -347,7 +350,12 @@ async fn handle(State(shared): State<Arc<Mutex<Shared>>>, request: Request) -> R
             let Some(session) = session(&shared, &parts.headers) else {
                 return auth_failed();
             };
-            let answer = rpc(&shared, session, &body);
+            let answer = rpc(
+                &shared,
+                session,
+                &body,
+                matches!(fault, Some(Fault::Conflict)),
+            );
             match fault {
                 Some(Fault::Drop) => {
                     // Headers and the start of the body, then the connection breaks.
@@ -437,7 +445,7 @@ fn session(shared: &Mutex<Shared>, headers: &HeaderMap) -> Option<Session> {
     })
 }
 
-fn rpc(shared: &Mutex<Shared>, session: Session, body: &[u8]) -> Value {
+fn rpc(shared: &Mutex<Shared>, session: Session, body: &[u8], conflict: bool) -> Value {
     let Ok(request) = serde_json::from_slice::<Value>(body) else {
         return json!({"id": null, "error": {"code": -32700, "message": "Parse error"}});
     };
@@ -452,8 +460,19 @@ fn rpc(shared: &Mutex<Shared>, session: Session, body: &[u8]) -> Value {
         .as_object()
         .cloned()
         .unwrap_or_default();
-    match run(&mut lock(shared), session, sql, &vars) {
-        Ok(results) => json!({"id": id, "result": results}),
+    // A conflicting statement runs nothing: left out, answered its error.
+    let sql = if conflict {
+        sql.split_once(';').map_or("", |(_, rest)| rest).to_owned()
+    } else {
+        sql.to_owned()
+    };
+    match run(&mut lock(shared), session, &sql, &vars) {
+        Ok(mut results) => {
+            if conflict {
+                results.insert(0, err("Failed to commit transaction due to a read or write conflict. This transaction can be retried".into()));
+            }
+            json!({"id": id, "result": results})
+        }
         Err(parse_error) => json!({"id": id, "error": {
             "code": -32000,
             "message": format!("There was a problem with the database: {parse_error}"),
