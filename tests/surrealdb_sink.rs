@@ -668,3 +668,67 @@ async fn upstreams_example_file_runs_against_the_test_server() {
         "define_indexes = true"
     );
 }
+
+/// Against a real SurrealDB when `IGGY_CONNECT_TEST_SURREALDB_URL` names
+/// one (`http://127.0.0.1:8000`, root user from `..._USER` / `..._PASS`,
+/// default root/root), e.g. `surreal start --user root --pass root memory`.
+/// Not run in CI here (no SurrealDB binary): says so and returns.
+#[tokio::test]
+async fn a_real_surrealdb_when_configured_stores_each_record_once_and_refuses_by_index() {
+    let Ok(url) = std::env::var("IGGY_CONNECT_TEST_SURREALDB_URL") else {
+        eprintln!("IGGY_CONNECT_TEST_SURREALDB_URL is not set: no real SurrealDB checked");
+        return;
+    };
+    let user = std::env::var("IGGY_CONNECT_TEST_SURREALDB_USER").unwrap_or("root".into());
+    let pass = std::env::var("IGGY_CONNECT_TEST_SURREALDB_PASS").unwrap_or("root".into());
+    let table = format!(
+        "iggy_test_{}_{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    let config = json!({
+        "endpoint": url, "namespace": "iggy_test", "database": "sink", "table": table,
+        "username": user, "password": pass, "auto_define_table": true, "define_indexes": true,
+    });
+    let sink = open(&config).await;
+    sink.write(&topic(), &messages(0..5)).await.unwrap();
+    sink.write(&topic(), &messages(0..5)).await.unwrap();
+    sink.write(&topic(), &messages(3..8)).await.unwrap();
+    let sql = |query: String| {
+        let url = url.clone();
+        let (user, pass) = (user.clone(), pass.clone());
+        async move {
+            let answer: Value = reqwest::Client::new()
+                .post(format!("{}/sql", url.trim_end_matches('/')))
+                .basic_auth(user, Some(pass))
+                .header("surreal-ns", "iggy_test")
+                .header("surreal-db", "sink")
+                .header("accept", "application/json")
+                .body(query)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            answer
+        }
+    };
+    let answer = sql(format!("SELECT * FROM `{table}`;")).await;
+    assert_eq!(answer[0]["status"], "OK", "{answer}");
+    assert_eq!(answer[0]["result"].as_array().unwrap().len(), 8, "{answer}");
+    let answer = sql(format!("DEFINE FIELD payload ON TABLE `{table}` TYPE object; DEFINE FIELD payload.n ON TABLE `{table}` TYPE number;")).await;
+    assert_eq!(answer[1]["status"], "OK", "{answer}");
+    let mut batch = messages(10..13);
+    batch[1].payload = Payload::Json(json!({"n": "not a number"}));
+    assert_eq!(rejected_indexes(sink.write(&topic(), &batch).await), [1]);
+    let answer = sql(format!("SELECT * FROM `{table}`;")).await;
+    assert_eq!(
+        answer[0]["result"].as_array().unwrap().len(),
+        10,
+        "{answer}"
+    );
+}
