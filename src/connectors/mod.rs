@@ -66,6 +66,7 @@ registry::register_connectors! {
         otlp => "otlp-sink",
         mqtt => "mqtt-sink",
         rabbitmq => "rabbitmq-sink",
+        surrealdb => "surrealdb-sink",
     }
 }
 
