@@ -21,6 +21,12 @@ pub struct MongoDbSourceConfig {
     pub database: String,
     /// Collection to read.
     pub collection: String,
+    /// `polling` (by `tracking_field`) or `change_stream` (ours): the
+    /// collection's change stream (inserts, updates, replaces, deletes) from
+    /// the source's first poll on, resumed after the saved resume token. A
+    /// change stream needs a replica set or a sharded cluster.
+    #[serde(default)]
+    pub mode: MongoDbSourceMode,
     /// Wait between polls once the collection is caught up (a poll that filled
     /// a whole batch is followed by the next one at once).
     #[serde(default = "default_poll_interval", with = "crate::config::duration")]
@@ -63,9 +69,33 @@ pub struct MongoDbSourceConfig {
     pub verbose_logging: bool,
 }
 
+/// See [`MongoDbSourceConfig::mode`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum MongoDbSourceMode {
+    #[default]
+    Polling,
+    ChangeStream,
+}
+
 impl MongoDbSourceConfig {
     /// Checks the values serde accepts but the source cannot use.
     pub fn validate(&self) -> Result<(), PluginConfigError> {
+        if self.mode == MongoDbSourceMode::ChangeStream {
+            for (field, set) in [
+                ("delete_after_read", self.delete_after_read),
+                ("processed_field", self.processed_field.is_some()),
+                ("filter", self.filter.is_some()),
+                ("initial_offset", self.initial_offset.is_some()),
+            ] {
+                if set {
+                    return Err(PluginConfigError::new(
+                        field,
+                        "applies to mode = \"polling\" only; a change stream reads every change of the collection",
+                    ));
+                }
+            }
+        }
         crate::connectors::mongodb::check_connection_uri(&self.connection_uri)?;
         for (field, value) in [
             ("database", &self.database),
@@ -205,6 +235,14 @@ mod tests {
                 "processed_field",
             ),
             (serde_json::json!({"connection_uri": "postgres://x"}), "connection_uri"),
+            (
+                serde_json::json!({"mode": "change_stream", "delete_after_read": true}),
+                "delete_after_read",
+            ),
+            (
+                serde_json::json!({"mode": "change_stream", "filter": "{}"}),
+                "filter",
+            ),
         ] {
             assert_eq!(parse(extra.clone()).unwrap_err().field, field, "{extra}");
         }

@@ -11,6 +11,12 @@
 //! (`updated_at`) `_id` breaks ties, so documents sharing a tracking value
 //! across a batch boundary are all read. In cursor mode documents without the
 //! tracking field are not read (they would sort first forever).
+//!
+//! `mode = "change_stream"` reads the collection's change stream instead:
+//! one record per change event (MongoDB's event document: `operationType`,
+//! `documentKey`, `fullDocument` looked up for updates, `updateDescription`,
+//! ...), the resume token of the last delivered event as the state, moved on
+//! commit; a restart or a failed read resumes after the committed token.
 
 mod config;
 
@@ -22,11 +28,14 @@ use async_trait::async_trait;
 use futures::TryStreamExt;
 use mongodb::bson::{Bson, Document, doc};
 use mongodb::error::Error as DriverError;
+use mongodb::change_stream::ChangeStream;
+use mongodb::change_stream::event::ResumeToken;
+use mongodb::options::FullDocumentType;
 use mongodb::{Client, Collection};
 use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
-pub use config::{MongoDbSourceConfig, parse_value};
+pub use config::{MongoDbSourceConfig, MongoDbSourceMode, parse_value};
 
 use crate::connectors::mongodb::{client, describe, is_auth_error, is_transient, ping};
 use crate::connectors::{
@@ -41,7 +50,7 @@ const OPEN_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3
 pub const ENTRY: SourceEntry = SourceEntry {
     name: "mongodb",
     feature: "mongodb-source",
-    description: "reads documents of a MongoDB collection by polling a tracking field (cursor, delete or mark), at-least-once",
+    description: "reads documents of a MongoDB collection by polling a tracking field (cursor, delete or mark) or its change stream (resume token as state), at-least-once",
     secret_fields: &["connection_uri"],
     sample_config: "connection_uri = \"mongodb://app:secret@localhost:27017\"\ndatabase = \"app\"\ncollection = \"orders\"\ntracking_field = \"updated_at\"\npoll_interval = \"1s\"\n",
     config_schema: schema_of::<MongoDbSourceConfig>,
@@ -62,6 +71,9 @@ pub struct MongoDbState {
     pub tracking_id: Option<String>,
     #[serde(default)]
     pub processed_documents: u64,
+    /// `mode = "change_stream"`: the resume token of the last delivered change.
+    #[serde(default)]
+    pub resume_token: Option<String>,
 }
 
 pub struct MongoDbSource {
@@ -75,6 +87,9 @@ pub struct MongoDbSource {
     staged: Mutex<VecDeque<Staged>>,
     /// The last poll read less than a batch: wait `poll_interval` first.
     caught_up: AtomicBool,
+    /// `mode = "change_stream"`: the open stream, positioned after the last
+    /// polled change (dropped on an error: reopened at the committed token).
+    changes: tokio::sync::Mutex<Option<ChangeStream<Document>>>,
 }
 
 #[derive(Debug)]
@@ -141,6 +156,7 @@ impl MongoDbSource {
             committed: Mutex::new(MongoDbState::default()),
             staged: Mutex::new(VecDeque::new()),
             caught_up: AtomicBool::new(false),
+            changes: tokio::sync::Mutex::new(None),
         })
     }
 
@@ -241,6 +257,73 @@ impl MongoDbSource {
     }
 }
 
+impl MongoDbSource {
+    /// Up to `batch_size` changes from the change stream, opened after the
+    /// committed resume token when none is open.
+    async fn poll_changes(&self) -> Result<SourceBatch, ConnectorError> {
+        let base = self.lock_committed().clone();
+        let mut changes = self.changes.lock().await;
+        let stream = match changes.as_mut() {
+            Some(stream) => stream,
+            None => {
+                let token = base
+                    .resume_token
+                    .as_deref()
+                    .map(parse_token)
+                    .transpose()?;
+                let opened = self
+                    .collection()?
+                    .watch()
+                    .full_document(FullDocumentType::UpdateLookup)
+                    .max_await_time(self.config.poll_interval)
+                    .batch_size(self.config.batch_size)
+                    .resume_after(token)
+                    .await
+                    .map_err(|error| self.failed(error))?;
+                changes.insert(opened.with_type::<Document>())
+            }
+        };
+        let mut events = Vec::new();
+        while events.len() < self.config.batch_size as usize {
+            match stream.next_if_any().await {
+                Ok(Some(event)) => events.push(event),
+                Ok(None) => break,
+                Err(error) => {
+                    // What it read of this batch is read again from the
+                    // committed token.
+                    *changes = None;
+                    return Err(self.failed(error).into());
+                }
+            }
+        }
+        drop(changes);
+        self.caught_up.store(
+            events.len() < self.config.batch_size as usize,
+            Ordering::SeqCst,
+        );
+        let mut next = base;
+        if let Some(token) = events.last().and_then(|event| event.get("_id")) {
+            next.resume_token = Some(state_text(token.clone()));
+        }
+        next.processed_documents += events.len() as u64;
+        let records: Vec<SourceRecord> = events
+            .into_iter()
+            .map(|event| SourceRecord::new(Payload::Json(Bson::Document(event).into_relaxed_extjson())))
+            .collect();
+        let state = (!records.is_empty()).then(|| encode_state(&next)).transpose()?;
+        debug!(changes = records.len(), "mongodb source polled a batch of changes");
+        self.lock_staged().push_back(Staged {
+            state: next,
+            ids: Vec::new(),
+        });
+        Ok(SourceBatch {
+            records,
+            state,
+            finished: false,
+        })
+    }
+}
+
 #[async_trait]
 impl Source for MongoDbSource {
     async fn open(&mut self, state: Option<&[u8]>) -> Result<(), ConnectorError> {
@@ -248,6 +331,9 @@ impl Source for MongoDbSource {
             let restored: MongoDbState = decode_state(bytes)?;
             for text in [&restored.tracking_value, &restored.tracking_id].into_iter().flatten() {
                 parse_state(text)?;
+            }
+            if let Some(token) = &restored.resume_token {
+                parse_token(token)?;
             }
             info!(tracking_value = ?restored.tracking_value, tracking_id = ?restored.tracking_id, "mongodb source restored its cursor");
             *self.lock_committed() = restored;
@@ -281,6 +367,9 @@ impl Source for MongoDbSource {
     async fn poll(&self) -> Result<SourceBatch, ConnectorError> {
         if self.caught_up.load(Ordering::SeqCst) {
             tokio::time::sleep(self.config.poll_interval).await;
+        }
+        if self.config.mode == MongoDbSourceMode::ChangeStream {
+            return self.poll_changes().await;
         }
         let base = self.lock_committed().clone();
         let query = self.query(&base)?;
@@ -350,6 +439,7 @@ impl Source for MongoDbSource {
     }
 
     async fn close(&mut self) -> Result<(), ConnectorError> {
+        *self.changes.get_mut() = None;
         if let Some(client) = self.client.take() {
             client.shutdown().await;
         }
@@ -369,6 +459,13 @@ fn field_of<'a>(document: &'a Document, path: &str) -> Option<&'a Bson> {
 
 fn state_text(value: Bson) -> String {
     value.into_canonical_extjson().to_string()
+}
+
+/// A saved resume token (its canonical Extended JSON).
+fn parse_token(text: &str) -> Result<ResumeToken, MongoDbSourceError> {
+    let value = parse_state(text)?;
+    mongodb::bson::from_bson(value)
+        .map_err(|error| MongoDbSourceError::State(format!("resume token: {error}")))
 }
 
 fn parse_state(text: &str) -> Result<Bson, MongoDbSourceError> {
