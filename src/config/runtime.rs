@@ -269,11 +269,50 @@ pub struct LoggingConfig {
     pub format: LogFormat,
 }
 
+/// Upstream's `[telemetry]`: OTLP export of the runtime's logs and traces
+/// (src/telemetry.rs).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
 pub struct TelemetryConfig {
     pub enabled: bool,
+    /// `service.name` of the exported resource; upstream's default when unset.
     pub service_name: Option<String>,
+    pub logs: OtlpExport,
+    pub traces: OtlpExport,
+}
+
+impl TelemetryConfig {
+    pub fn service_name(&self) -> &str {
+        self.service_name.as_deref().unwrap_or("iggy-connectors")
+    }
+}
+
+/// Where one signal is exported.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct OtlpExport {
+    pub transport: OtlpTransport,
+    /// gRPC: the collector's address (`http://host:4317`); HTTP: the URL
+    /// posted to, `/v1/logs` or `/v1/traces` appended when it has no path.
+    pub endpoint: String,
+}
+
+impl Default for OtlpExport {
+    fn default() -> Self {
+        Self {
+            transport: OtlpTransport::Grpc,
+            endpoint: "http://localhost:4317".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OtlpTransport {
+    /// OTLP/gRPC (tonic).
+    Grpc,
+    /// OTLP/HTTP with protobuf bodies.
+    Http,
 }
 
 /// Ours: settings of the engine itself.

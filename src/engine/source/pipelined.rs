@@ -219,7 +219,7 @@ impl SourcePipeline {
             tokio::task::yield_now().await;
         }
         self.metrics.produced.add(count as u64);
-        let groups = self.prepare(records);
+        let (groups, _) = self.prepare(records);
         let prepared = started.elapsed();
         self.metrics.record_duration(Stage::Prepare, prepared);
         let phase = if groups.iter().all(Vec::is_empty) {
