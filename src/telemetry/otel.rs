@@ -189,12 +189,27 @@ impl Batch {
         span.set_attributes([
             KeyValue::new("records", records as i64),
             KeyValue::new("nacks", i64::from(nacks)),
-            KeyValue::new("outcome", outcome.as_str()),
         ]);
-        if outcome == Outcome::Nack {
-            span.set_status(Status::error("the batch was not committed"));
+        end(&span, outcome);
+    }
+}
+
+fn end(span: &opentelemetry::trace::SpanRef<'_>, outcome: Outcome) {
+    span.set_attribute(KeyValue::new("outcome", outcome.as_str()));
+    if outcome == Outcome::Nack {
+        span.set_status(Status::error("the batch was not committed"));
+    }
+    span.end();
+}
+
+/// A batch dropped before [`Batch::end`] (discarded after a NACK, or left in
+/// flight at a stop) was not committed.
+impl Drop for Batch {
+    fn drop(&mut self) {
+        let span = self.context.span();
+        if span.is_recording() {
+            end(&span, Outcome::Nack);
         }
-        span.end();
     }
 }
 
