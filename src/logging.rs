@@ -9,12 +9,12 @@ use std::io::IsTerminal;
 use serde_json::{Map, Value};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
-use tracing_subscriber::layer::SubscriberExt;
-use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::{EnvFilter, Layer, Registry};
 use tracing_subscriber::fmt::format::{JsonFields, Writer};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
+use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer, Registry};
 
 use crate::config::runtime::LogFormat;
 
@@ -33,14 +33,13 @@ fn env_filter() -> EnvFilter {
 /// The filter of exported log events: that of standard error, without the
 /// exporters' own crates (an export reporting on itself would loop).
 pub fn export_filter() -> EnvFilter {
+    // Directives match target prefixes: `opentelemetry` covers `_sdk`,
+    // `-otlp`; `hyper` covers `hyper_util`.
     [
         "opentelemetry=off",
-        "opentelemetry_sdk=off",
-        "opentelemetry_otlp=off",
         "tonic=off",
         "h2=off",
         "hyper=off",
-        "hyper_util=off",
         "reqwest=off",
         "tower=off",
     ]

@@ -121,7 +121,12 @@ fn assert_batch_spans(receiver: &OtlpReceiver) {
             "source",
             &["commit", "poll", "send", "state_save", "transform"][..],
         ),
-        ("sink batch", "stdout", "sink", &["commit", "decode", "write"][..]),
+        (
+            "sink batch",
+            "stdout",
+            "sink",
+            &["commit", "decode", "write"][..],
+        ),
     ] {
         let found = batches(&spans, name);
         assert!(!found.is_empty(), "no {name} span in {spans:#?}");
@@ -146,11 +151,14 @@ fn assert_batch_spans(receiver: &OtlpReceiver) {
     }
     let children_share_the_trace = spans.iter().all(|span| {
         span.parent_span_id.is_empty()
-            || spans
-                .iter()
-                .any(|parent| parent.span_id == span.parent_span_id && parent.trace_id == span.trace_id)
+            || spans.iter().any(|parent| {
+                parent.span_id == span.parent_span_id && parent.trace_id == span.trace_id
+            })
     });
-    assert!(children_share_the_trace, "every stage is in its batch's trace");
+    assert!(
+        children_share_the_trace,
+        "every stage is in its batch's trace"
+    );
 }
 
 #[test]
@@ -161,7 +169,8 @@ fn batch_spans_with_their_stages_and_the_logs_reach_an_otlp_grpc_receiver() {
     assert_batch_spans(&receiver);
     let logs = receiver.log_bodies();
     assert!(
-        logs.iter().any(|body| body.contains("iggy-connect starting")),
+        logs.iter()
+            .any(|body| body.contains("iggy-connect starting")),
         "{logs:?}\n{}",
         workspace.stderr()
     );
@@ -175,7 +184,8 @@ fn batch_spans_and_logs_reach_an_otlp_http_receiver_at_the_signal_paths() {
     assert_batch_spans(&receiver);
     let logs = receiver.log_bodies();
     assert!(
-        logs.iter().any(|body| body.contains("iggy-connect starting")),
+        logs.iter()
+            .any(|body| body.contains("iggy-connect starting")),
         "{logs:?}\n{}",
         workspace.stderr()
     );
@@ -197,6 +207,24 @@ fn with_telemetry_off_nothing_is_exported_and_no_connection_is_made() {
 }
 
 #[test]
+fn an_unreachable_collector_costs_the_pipeline_nothing_and_is_reported() {
+    let server = IggyTestServer::start();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let started = std::time::Instant::now();
+    let workspace = run_pipeline(&server, &telemetry(true, "grpc", &endpoint));
+    assert_eq!(workspace.stdout().lines().count() as u64, RECORDS);
+    let stderr = workspace.stderr();
+    assert!(
+        stderr.contains("opentelemetry"),
+        "the failed export is logged: {stderr}"
+    );
+    // Not a timing target: the exit must not wait out retries forever.
+    assert!(started.elapsed() < LONG, "{:?}", started.elapsed());
+}
+
+#[test]
 fn a_bad_endpoint_is_a_config_error_naming_the_field() {
     let server = IggyTestServer::start();
     let workspace = Workspace::new(
@@ -206,7 +234,10 @@ fn a_bad_endpoint_is_a_config_error_naming_the_field() {
     let status = workspace.run().wait_exit(LONG);
     assert_eq!(status.code(), Some(2), "{}", workspace.stderr());
     let stderr = workspace.stderr();
-    assert!(stderr.contains("telemetry.logs.endpoint") || stderr.contains("telemetry.traces.endpoint"), "{stderr}");
+    assert!(
+        stderr.contains("telemetry.logs.endpoint") || stderr.contains("telemetry.traces.endpoint"),
+        "{stderr}"
+    );
     assert_eq!(server.connection_count(), 0, "nothing starts");
 }
 
@@ -266,7 +297,11 @@ address = "{address}"
     let [link] = &batch.links[..] else {
         panic!("one link expected: {:?}", batch.links);
     };
-    let hex: String = link.trace_id.iter().map(|byte| format!("{byte:02x}")).collect();
+    let hex: String = link
+        .trace_id
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect();
     assert_eq!(hex, trace_id);
     assert_eq!(link.trace_state, "vendor=opaque");
 }

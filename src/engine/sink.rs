@@ -366,7 +366,9 @@ impl TopicLoop<'_> {
         let writing = Instant::now();
         let to_write = messages.len();
         let mut nacks = 0;
-        let wrote = self.write(topic, &mut messages, &mut dead, &mut nacks).await;
+        let wrote = self
+            .write(topic, &mut messages, &mut dead, &mut nacks)
+            .await;
         let written = writing.elapsed();
         let failed = wrote.as_ref().err().map(|_| "the write gave up");
         trace.stage("write", writing, writing + written, failed);

@@ -3,7 +3,7 @@
 
 use std::str::FromStr;
 use std::sync::OnceLock;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use opentelemetry::trace::{
     SpanContext, SpanId, Status, TraceContextExt, TraceFlags, TraceId, TraceState, Tracer as _,
@@ -24,6 +24,9 @@ use crate::config::runtime::{OtlpExport, OtlpTransport, TelemetryConfig};
 
 /// The tracer of the batch spans, set once when telemetry is installed.
 static TRACER: OnceLock<SdkTracer> = OnceLock::new();
+
+/// How long one export may take (the last one included, at shutdown).
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The instrumentation scope of everything exported.
 const SCOPE: &str = "iggy-connect";
@@ -59,11 +62,16 @@ impl Providers {
         Ok((Self { traces, logs }, layer))
     }
 
+    /// Both signals flush at once, so an unresponsive collector delays the
+    /// exit by one [`EXPORT_TIMEOUT`], not two.
     pub(super) fn shutdown(self) {
-        if let Err(error) = self.traces.shutdown() {
+        let Self { traces, logs } = self;
+        let logs = std::thread::spawn(move || logs.shutdown());
+        if let Err(error) = traces.shutdown() {
             tracing::warn!(%error, "flushing the OTLP traces failed");
         }
-        if let Err(error) = self.logs.shutdown() {
+        if let Ok(Err(error)) = logs.join() {
+            // The log export is gone; standard error is not.
             eprintln!("flushing the OTLP logs failed: {error}");
         }
     }
@@ -95,11 +103,13 @@ fn span_exporter(export: &OtlpExport) -> Result<opentelemetry_otlp::SpanExporter
         OtlpTransport::Grpc => builder
             .with_tonic()
             .with_endpoint(export.endpoint.clone())
+            .with_timeout(EXPORT_TIMEOUT)
             .build(),
         OtlpTransport::Http => builder
             .with_http()
             .with_protocol(Protocol::HttpBinary)
             .with_endpoint(http_url(&export.endpoint, "/v1/traces"))
+            .with_timeout(EXPORT_TIMEOUT)
             .build(),
     };
     built.map_err(|error| exporter_error("traces", export)(error.to_string()))
@@ -111,11 +121,13 @@ fn log_exporter(export: &OtlpExport) -> Result<opentelemetry_otlp::LogExporter, 
         OtlpTransport::Grpc => builder
             .with_tonic()
             .with_endpoint(export.endpoint.clone())
+            .with_timeout(EXPORT_TIMEOUT)
             .build(),
         OtlpTransport::Http => builder
             .with_http()
             .with_protocol(Protocol::HttpBinary)
             .with_endpoint(http_url(&export.endpoint, "/v1/logs"))
+            .with_timeout(EXPORT_TIMEOUT)
             .build(),
     };
     built.map_err(|error| exporter_error("logs", export)(error.to_string()))
@@ -158,7 +170,13 @@ impl Batch {
         }
     }
 
-    pub(super) fn stage(&mut self, name: &'static str, from: Instant, to: Instant, error: Option<&str>) {
+    pub(super) fn stage(
+        &mut self,
+        name: &'static str,
+        from: Instant,
+        to: Instant,
+        error: Option<&str>,
+    ) {
         let mut span = self
             .tracer
             .span_builder(name)

@@ -96,7 +96,12 @@ struct StageMark {
 }
 
 impl Timings {
-    fn mark<T, E: std::fmt::Display>(&mut self, name: &'static str, from: Instant, outcome: &Result<T, E>) {
+    fn mark<T, E: std::fmt::Display>(
+        &mut self,
+        name: &'static str,
+        from: Instant,
+        outcome: &Result<T, E>,
+    ) {
         if self.traced {
             self.stages.push(StageMark {
                 name,
@@ -617,16 +622,15 @@ impl SourcePipeline {
 fn link_requests(trace: &mut BatchSpan, records: &[SourceRecord]) {
     let mut seen: Vec<&str> = Vec::new();
     for record in records {
-        let header = |name: &str| {
-            record
-                .headers
-                .iter()
-                .find(|(key, _)| key == name)
-                .and_then(|(_, value)| match value {
-                    crate::message::HeaderValue::String(text) => Some(text.as_str()),
-                    _ => None,
-                })
-        };
+        let header =
+            |name: &str| {
+                record.headers.iter().find(|(key, _)| key == name).and_then(
+                    |(_, value)| match value {
+                        crate::message::HeaderValue::String(text) => Some(text.as_str()),
+                        _ => None,
+                    },
+                )
+            };
         if let Some(parent) = header(telemetry::TRACEPARENT)
             && !seen.contains(&parent)
         {
