@@ -192,6 +192,71 @@ fn batch_spans_and_logs_reach_an_otlp_http_receiver_at_the_signal_paths() {
 }
 
 #[test]
+fn a_sink_batch_span_counts_its_nacks_and_says_when_records_were_rejected() {
+    let server = IggyTestServer::start();
+    let receiver = OtlpReceiver::start();
+    let workspace = Workspace::new(
+        &server.address().to_string(),
+        &telemetry(true, "grpc", receiver.grpc_url()),
+    );
+    let failing = workspace.path("writes.fail");
+    std::fs::write(&failing, "").unwrap();
+    workspace.add_connector("random.toml", RANDOM_SOURCE);
+    workspace.add_connector(
+        "faulty.toml",
+        &format!(
+            r#"
+type = "sink"
+key = "faulty"
+path = "faulty"
+on_error = "skip"
+[[streams]]
+stream = "traced"
+topics = ["numbers"]
+schema = "json"
+batch_length = 1000
+poll_interval = "5ms"
+consumer_group = "traced_faulty"
+[plugin_config]
+fail_while_exists = "{failing}"
+reject_containing = "\"seq\":13,"
+"#,
+            failing = failing.display()
+        ),
+    );
+    let running = workspace.run();
+    wait_until("a write NACKed", LONG, || {
+        workspace.stderr().contains("retrying the same batch")
+    });
+    std::fs::remove_file(&failing).unwrap();
+    wait_until("every record committed", LONG, || {
+        server.stored_offset("traced", "numbers", "traced_faulty", 0) == Some(RECORDS - 1)
+    });
+    running.terminate();
+    let status = running.wait_exit(LONG);
+    assert!(status.success(), "exit {status:?}\n{}", workspace.stderr());
+    let spans: Vec<Span> = receiver.spans().into_iter().map(|(_, span)| span).collect();
+    let sink_batches = batches(&spans, "sink batch");
+    let outcome = |span: &Span| string_attribute(&span.attributes, "outcome").unwrap();
+    assert!(
+        sink_batches
+            .iter()
+            .any(|(span, _)| int_attribute(&span.attributes, "nacks").unwrap() >= 1),
+        "a batch was NACKed: {sink_batches:#?}"
+    );
+    let rejected: Vec<_> = sink_batches
+        .iter()
+        .filter(|(span, _)| outcome(span) == "rejected")
+        .collect();
+    assert_eq!(rejected.len(), 1, "the batch holding seq 13");
+    assert!(
+        sink_batches
+            .iter()
+            .all(|(span, _)| matches!(outcome(span).as_str(), "ok" | "rejected"))
+    );
+}
+
+#[test]
 fn with_telemetry_off_nothing_is_exported_and_no_connection_is_made() {
     let server = IggyTestServer::start();
     // A listener that would see any connection attempt.
