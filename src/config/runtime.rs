@@ -771,6 +771,32 @@ mod tests {
     }
 
     #[test]
+    fn given_a_telemetry_section_when_loaded_should_read_upstreams_fields_and_defaults() {
+        let (dir, path) = file("");
+        let text = with_dir(
+            &dir,
+            "[telemetry]\nenabled = true\n[telemetry.traces]\ntransport = \"http\"\n\
+             endpoint = \"http://127.0.0.1:4318\"\n",
+        );
+        std::fs::write(&path, text).unwrap();
+        let (config, _) = RuntimeConfig::load(&path, &EnvVars::default()).unwrap();
+        let telemetry = config.telemetry;
+        assert!(telemetry.enabled);
+        assert_eq!(telemetry.service_name(), "iggy-connectors");
+        assert_eq!(telemetry.traces.transport, OtlpTransport::Http);
+        assert_eq!(telemetry.traces.endpoint, "http://127.0.0.1:4318");
+        assert_eq!(telemetry.logs.transport, OtlpTransport::Grpc);
+        assert_eq!(telemetry.logs.endpoint, "http://localhost:4317");
+
+        let text = with_dir(&dir, "[telemetry.logs]\ntransport = \"udp\"\n");
+        std::fs::write(&path, text).unwrap();
+        let found = errors(&path);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].field, "telemetry.logs.transport");
+        assert!(found[0].message.contains("grpc"), "{}", found[0].message);
+    }
+
+    #[test]
     fn given_addresses_run_cannot_use_when_loaded_should_refuse_them() {
         let (dir, path) = file("");
         let text = with_dir(
