@@ -20,7 +20,6 @@ use crate::config::{ConfigIssue, ConnectorConfig, RuntimeConfig, load_connector_
 use crate::connectors::{self, ConnectorKind, Registry};
 use crate::engine::Runtime;
 use crate::iggy::{ConnectionSettings, IggyBus};
-use crate::state::{FileStateStore, StateStore};
 use crate::telemetry::Telemetry;
 
 /// Exit code for configuration errors.
@@ -403,10 +402,10 @@ async fn run_logged(
     };
     // Held until the runtime exits: one runtime per state directory, and
     // `state` / `offsets` refuse to run beside it.
-    let _lock = admin::RuntimeLock::take(&config.state.path)?;
-    let state: Arc<dyn StateStore> = Arc::new(
-        FileStateStore::new(&config.state.path).context("cannot prepare the state directory")?,
-    );
+    let _lock = admin::RuntimeLock::for_state(&config.state)?;
+    let state = crate::state::open(&config.state)
+        .await
+        .context("cannot open the state store")?;
     // Before any connector is added: metric handles resolved earlier record nowhere.
     let prometheus = match config.http.enabled && config.http.metrics.enabled {
         true => Some(api::metrics::install().context("cannot install the Prometheus recorder")?),

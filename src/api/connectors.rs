@@ -197,7 +197,7 @@ async fn replace_source_state(
         .state_store
         .save(&key, &stored)
         .await
-        .map_err(|error| ApiError::Internal(error.to_string()))?;
+        .map_err(|error| state_change_refused(&key, error))?;
     tracing::warn!(
         connector_key = %key,
         location = %state.state_store.location(&key),
@@ -222,7 +222,7 @@ async fn clear_source_state(
         .state_store
         .clear(&key)
         .await
-        .map_err(|error| ApiError::Internal(error.to_string()))?;
+        .map_err(|error| state_change_refused(&key, error))?;
     tracing::warn!(
         connector_key = %key,
         location = %state.state_store.location(&key),
@@ -328,7 +328,21 @@ async fn load_state(state: &ApiState, key: &str) -> Result<Option<StoredState>, 
             "cannot read state file {}: {source}",
             path.display()
         ))),
+        Err(error @ StateError::Database { .. }) => Err(ApiError::Internal(error.to_string())),
         Err(_) => Ok(None),
+    }
+}
+
+/// A refused state change: a source another instance runs (a shared store)
+/// is a conflict like one running here.
+fn state_change_refused(key: &str, error: StateError) -> ApiError {
+    match error {
+        StateError::Leased { holder, .. } => ApiError::Running {
+            kind: ConnectorKind::Source,
+            key: key.to_owned(),
+            status: format!("running on instance {holder}"),
+        },
+        other => ApiError::Internal(other.to_string()),
     }
 }
 

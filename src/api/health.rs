@@ -68,7 +68,7 @@ pub async fn live() -> Json<Value> {
 
 fn is_failing(view: &ConnectorView) -> bool {
     match view.status.status {
-        Status::Running | Status::Stopped => false,
+        Status::Running | Status::Stopped | Status::Standby => false,
         Status::Error => true,
         Status::Starting | Status::Stopping => view.config.enabled,
     }

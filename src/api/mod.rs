@@ -17,9 +17,8 @@ mod render;
 mod server;
 mod stats;
 
-use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::Router;
 use axum::routing::get;
@@ -37,18 +36,15 @@ pub use provider::LocalProvider;
 pub use server::{ApiServer, ApiSetupError};
 
 /// What the handlers share.
+use crate::engine::runtime::LifecycleLock;
+
 pub struct ApiState {
     runtime: Arc<Runtime>,
     state_store: Arc<dyn StateStore>,
     provider: Option<LocalProvider>,
     prometheus: Option<PrometheusHandle>,
     started_at: u64,
-    /// One lock per connector, so two lifecycle requests for the same
-    /// connector (restart, stop, start) run one after the other.
-    lifecycle: Mutex<HashMap<(ConnectorKind, String), LifecycleLock>>,
 }
-
-type LifecycleLock = Arc<tokio::sync::Mutex<()>>;
 
 impl ApiState {
     pub fn new(runtime: Arc<Runtime>, state_store: Arc<dyn StateStore>) -> Self {
@@ -58,7 +54,6 @@ impl ApiState {
             provider: None,
             prometheus: None,
             started_at: now_micros(),
-            lifecycle: Mutex::new(HashMap::new()),
         }
     }
 
@@ -76,12 +71,10 @@ impl ApiState {
         self
     }
 
+    /// The runtime's lock of one connector's lifecycle (see
+    /// [`Runtime::lifecycle_lock`]): hot reload takes it too.
     fn lifecycle_lock(&self, kind: ConnectorKind, key: &str) -> LifecycleLock {
-        let mut locks = self
-            .lifecycle
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        locks.entry((kind, key.to_owned())).or_default().clone()
+        self.runtime.lifecycle_lock(kind, key)
     }
 }
 

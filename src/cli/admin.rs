@@ -11,11 +11,12 @@ use anyhow::{Context, bail};
 use clap::Subcommand;
 
 use crate::config::env::EnvVars;
+use crate::config::runtime::{StateConfig, StateKind};
 use crate::config::{ConnectorConfig, RuntimeConfig, load_connector_dir};
 use crate::connectors::ConnectorKind;
 use crate::engine::offsets;
 use crate::iggy::{ConnectionSettings, IggyBus};
-use crate::state::{FileStateStore, StateStore, StoredState, json};
+use crate::state::{StoredState, json};
 
 #[derive(Debug, Subcommand)]
 pub enum StateCommand {
@@ -34,6 +35,16 @@ pub struct RuntimeLock {
 }
 
 impl RuntimeLock {
+    /// The lock a runtime with this `[state]` needs: the file store's
+    /// directory lock; none for the postgres store, whose leases let several
+    /// runtimes share it.
+    pub fn for_state(state: &StateConfig) -> anyhow::Result<Option<Self>> {
+        match state.kind {
+            StateKind::File => Self::take(&state.path).map(Some),
+            StateKind::Postgres => Ok(None),
+        }
+    }
+
     /// Takes the lock of `dir` (created when missing), or says who holds it.
     pub fn take(dir: &Path) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir)
@@ -64,7 +75,7 @@ impl RuntimeLock {
 struct Stopped {
     config: RuntimeConfig,
     connectors: Vec<ConnectorConfig>,
-    _lock: RuntimeLock,
+    _lock: Option<RuntimeLock>,
 }
 
 impl Stopped {
@@ -85,7 +96,7 @@ impl Stopped {
             Some(dir) => load_connector_dir(dir, &vars).0,
             None => Vec::new(),
         };
-        let lock = RuntimeLock::take(&config.state.path)?;
+        let lock = RuntimeLock::for_state(&config.state)?;
         Ok(Self {
             config,
             connectors,
@@ -107,12 +118,13 @@ impl Stopped {
 
 pub async fn state(config: &Path, command: StateCommand) -> anyhow::Result<ExitCode> {
     let stopped = Stopped::load(config)?;
-    let store = FileStateStore::new(&stopped.config.state.path)?;
+    let store = crate::state::open(&stopped.config.state).await?;
+    let store = store.as_ref();
     match command {
         StateCommand::Show { key } => {
             stopped.connector(ConnectorKind::Source, &key)?;
             let stored = store.load(&key).await?;
-            let shown = json::shown(&store, &key, stored.as_ref()).map_err(anyhow::Error::msg)?;
+            let shown = json::shown(store, &key, stored.as_ref()).map_err(anyhow::Error::msg)?;
             println!("{}", serde_json::to_string_pretty(&shown)?);
         }
         StateCommand::Set { key, file } => {

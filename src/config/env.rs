@@ -115,7 +115,20 @@ const RUNTIME_FIELDS: &[(&str, &[&str], Kind)] = &[
     ("IGGY_TLS_ENABLED", &["iggy", "tls", "enabled"], Kind::Bool),
     ("IGGY_TLS_CA_FILE", &["iggy", "tls", "ca_file"], Kind::Str),
     ("IGGY_TLS_DOMAIN", &["iggy", "tls", "domain"], Kind::Str),
+    ("STATE_TYPE", &["state", "type"], Kind::Str),
     ("STATE_PATH", &["state", "path"], Kind::Str),
+    (
+        "STATE_CONNECTION_STRING",
+        &["state", "connection_string"],
+        Kind::Str,
+    ),
+    ("STATE_TABLE", &["state", "table"], Kind::Str),
+    (
+        "STATE_LEASE_DURATION",
+        &["state", "lease_duration"],
+        Kind::Str,
+    ),
+    ("STATE_INSTANCE_ID", &["state", "instance_id"], Kind::Str),
     (
         "CONNECTORS_CONFIG_TYPE",
         &["connectors", "config_type"],

@@ -150,18 +150,117 @@ pub struct IggyTlsConfig {
     pub domain: String,
 }
 
+/// `[state]`: where sources keep their committed state. Upstream has `path`
+/// only (the file store); `type = "postgres"` and its fields are ours.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default)]
 pub struct StateConfig {
+    #[serde(rename = "type")]
+    pub kind: StateKind,
+    /// The file store's directory.
     pub path: PathBuf,
+    /// The postgres store's database.
+    pub connection_string: SecretString,
+    /// The postgres store's table; its leases live in `{table}_leases`.
+    pub table: String,
+    /// How long a source's lease lasts without renewal: a standby takes over
+    /// a dead instance's sources this long after its last renewal.
+    #[serde(with = "duration")]
+    pub lease_duration: Duration,
+    /// Names this instance in the leases it holds (with a random suffix per
+    /// start); the host name and process id when empty.
+    pub instance_id: String,
+}
+
+/// See [`StateConfig::kind`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StateKind {
+    #[default]
+    File,
+    Postgres,
 }
 
 impl Default for StateConfig {
     fn default() -> Self {
         Self {
+            kind: StateKind::File,
             path: PathBuf::from("local_state"),
+            connection_string: SecretString::from(""),
+            table: "iggy_connect_state".into(),
+            lease_duration: Duration::from_secs(15),
+            instance_id: String::new(),
         }
     }
+}
+
+impl StateConfig {
+    fn check(&self, path: &Path) -> Vec<ConfigIssue> {
+        use secrecy::ExposeSecret;
+        let mut issues = Vec::new();
+        if self.kind != StateKind::Postgres {
+            return issues;
+        }
+        if !cfg!(feature = "postgres-state") {
+            issues.push(ConfigIssue::error(
+                path,
+                "state.type",
+                "\"postgres\" needs a build with the postgres-state feature \
+                 (cargo install --features postgres-state)",
+            ));
+        }
+        if self.connection_string.expose_secret().trim().is_empty() {
+            issues.push(ConfigIssue::error(
+                path,
+                "state.connection_string",
+                "missing, expected a postgres:// URL (type = \"postgres\" keeps source state in that database)",
+            ));
+        } else {
+            #[cfg(feature = "postgres-state")]
+            if let Err(error) =
+                crate::connectors::postgres::check_connection_string(&self.connection_string)
+            {
+                issues.push(ConfigIssue::error(
+                    path,
+                    "state.connection_string",
+                    error.message,
+                ));
+            }
+        }
+        if !is_table_name(&self.table) {
+            issues.push(ConfigIssue::error(
+                path,
+                "state.table",
+                format!(
+                    "\"{}\" is not a table name: expected letters, digits and underscores, optionally schema-qualified (schema.table)",
+                    self.table
+                ),
+            ));
+        }
+        if self.lease_duration < Duration::from_secs(2) {
+            issues.push(ConfigIssue::error(
+                path,
+                "state.lease_duration",
+                "expected at least 2s (a lease is renewed every third of it)",
+            ));
+        }
+        issues
+    }
+}
+
+/// `name` or `schema.name`, each part an unquoted SQL identifier.
+fn is_table_name(table: &str) -> bool {
+    let parts: Vec<&str> = table.split('.').collect();
+    parts.len() <= 2
+        && parts.iter().all(|part| {
+            part.len() <= 50
+                && part.starts_with(|character: char| {
+                    character.is_ascii_alphabetic() || character == '_'
+                })
+                && part
+                    .chars()
+                    .all(|character| character.is_ascii_alphanumeric() || character == '_')
+        })
 }
 
 /// Where connector configs come from. Upstream's internally tagged table.
@@ -398,6 +497,7 @@ impl RuntimeConfig {
             }
         };
         issues.extend(config.check(path));
+        issues.extend(config.state.check(path));
         issues.extend(check_address(path, "http.address", &config.http.address));
         issues.extend(check_address(path, "iggy.address", &config.iggy.address));
         if let ConnectorsConfig::Local { config_dir, .. } = &mut config.connectors
@@ -535,7 +635,17 @@ const FREE: Known = &[leaf("*")];
 const KNOWN_KEYS: Known = &[
     Key("http", HTTP),
     Key("iggy", IGGY),
-    Key("state", &[leaf("path")]),
+    Key(
+        "state",
+        &[
+            leaf("type"),
+            leaf("path"),
+            leaf("connection_string"),
+            leaf("table"),
+            leaf("lease_duration"),
+            leaf("instance_id"),
+        ],
+    ),
     Key("connectors", CONNECTORS),
     Key("logging", &[leaf("format")]),
     Key("telemetry", TELEMETRY),
@@ -717,7 +827,10 @@ mod tests {
             ("iggy.pasword", "did you mean `password`?"),
             ("logging.formatt", "did you mean `format`?"),
             ("engine.shutdown_timout", "did you mean `shutdown_timeout`?"),
-            ("state.bogus", "expected one of path"),
+            (
+                "state.bogus",
+                "expected one of type, path, connection_string",
+            ),
             (
                 "http.cors.allowed_orgins",
                 "did you mean `allowed_origins`?",
@@ -752,6 +865,58 @@ mod tests {
         );
         std::fs::write(&path, text).unwrap();
         assert_eq!(errors(&path), Vec::new());
+    }
+
+    #[test]
+    fn given_a_postgres_state_store_without_its_settings_when_loaded_should_name_each_field() {
+        let (dir, path) = file("");
+        let text = with_dir(
+            &dir,
+            "[state]\ntype = \"postgres\"\ntable = \"bad-name\"\nlease_duration = \"1s\"\n",
+        );
+        std::fs::write(&path, text).unwrap();
+        let fields: Vec<String> = errors(&path).into_iter().map(|issue| issue.field).collect();
+        assert_eq!(
+            fields,
+            [
+                "state.connection_string",
+                "state.table",
+                "state.lease_duration"
+            ],
+            "{fields:?}"
+        );
+        let text = with_dir(
+            &dir,
+            "[state]\ntype = \"postgres\"\nconnection_string = \"mysql://u@db/x\"\n",
+        );
+        std::fs::write(&path, text).unwrap();
+        let issues = errors(&path);
+        assert_eq!(issues.len(), 1, "{issues:?}");
+        assert_eq!(issues[0].field, "state.connection_string");
+        assert!(issues[0].message.contains("postgres://"), "{issues:?}");
+    }
+
+    #[test]
+    fn given_a_postgres_state_store_from_the_environment_when_loaded_should_take_it() {
+        let (dir, path) = file("");
+        std::fs::write(&path, with_dir(&dir, "")).unwrap();
+        let vars = EnvVars::from_pairs(
+            [
+                ("IGGY_CONNECTORS_STATE_TYPE", "postgres"),
+                (
+                    "IGGY_CONNECTORS_STATE_CONNECTION_STRING",
+                    "postgres://user:secret@db:5432/state",
+                ),
+                ("IGGY_CONNECTORS_STATE_LEASE_DURATION", "30s"),
+                ("IGGY_CONNECTORS_STATE_INSTANCE_ID", "pod-1"),
+            ]
+            .map(|(name, value)| (name.to_owned(), value.to_owned())),
+        );
+        let (config, _) = RuntimeConfig::load(&path, &vars).unwrap();
+        assert_eq!(config.state.kind, StateKind::Postgres);
+        assert_eq!(config.state.lease_duration, Duration::from_secs(30));
+        assert_eq!(config.state.instance_id, "pod-1");
+        assert_eq!(config.state.table, "iggy_connect_state");
     }
 
     #[test]

@@ -18,8 +18,12 @@ mod mysql;
 mod nats;
 #[cfg(any(feature = "otlp-source", feature = "otlp-sink"))]
 pub mod otlp;
-#[cfg(any(feature = "postgres-source", feature = "postgres-sink"))]
-mod postgres;
+#[cfg(any(
+    feature = "postgres-source",
+    feature = "postgres-sink",
+    feature = "postgres-state"
+))]
+pub(crate) mod postgres;
 #[cfg(any(feature = "rabbitmq-source", feature = "rabbitmq-sink"))]
 mod rabbitmq;
 #[cfg(any(feature = "redis-source", feature = "redis-sink"))]
@@ -62,6 +66,7 @@ registry::register_connectors! {
         otlp => "otlp-sink",
         mqtt => "mqtt-sink",
         rabbitmq => "rabbitmq-sink",
+        surrealdb => "surrealdb-sink",
     }
 }
 

@@ -11,6 +11,9 @@ use crate::connectors::ConnectorKind;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Status {
+    /// A source another instance runs: this one waits for its lease (ours:
+    /// `[state] type = "postgres"`).
+    Standby,
     Starting,
     Running,
     Stopping,
@@ -110,6 +113,11 @@ impl StatusCell {
 
     pub fn set_starting(&self) {
         self.transition(Status::Starting, None, true);
+    }
+
+    /// Waiting for the lease another instance holds.
+    pub fn set_standby(&self) {
+        self.transition(Status::Standby, None, false);
     }
 
     pub fn set_running(&self) {

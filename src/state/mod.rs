@@ -4,8 +4,12 @@
 pub mod file;
 pub mod json;
 pub mod memory;
+#[cfg(feature = "postgres-state")]
+pub mod postgres;
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 
@@ -53,6 +57,62 @@ pub trait StateStore: Send + Sync {
 
     /// Where the state of `key` lives, for error messages and the API.
     fn location(&self, key: &str) -> String;
+
+    /// A store shared by several instances hands each source key to one of
+    /// them at a time; `None` (the file and memory stores) runs every source
+    /// here.
+    fn leases(&self) -> Option<&dyn Leases> {
+        None
+    }
+}
+
+/// Leases on source keys, held by one instance at a time. A lease is taken
+/// for [`duration`](Self::duration) and renewed while its source runs; a
+/// standby takes it once it has expired. Each taking raises the key's epoch,
+/// and the store refuses a save under an epoch that is no longer current
+/// (fencing), so an instance that lost its lease cannot overwrite the state of
+/// the one that took it.
+#[async_trait]
+pub trait Leases: Send + Sync {
+    /// Takes the lease of `key` when nobody holds it or it expired.
+    async fn acquire(&self, key: &str) -> Result<Acquired, StateError>;
+
+    /// Extends the lease this instance holds on `key`; `Ok(false)` when it is
+    /// no longer ours (expired, or taken by another instance).
+    async fn renew(&self, key: &str) -> Result<bool, StateError>;
+
+    /// Gives the lease of `key` up, so a standby takes it at once.
+    async fn release(&self, key: &str) -> Result<(), StateError>;
+
+    /// How long a lease lasts without renewal.
+    fn duration(&self) -> Duration;
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Acquired {
+    Taken,
+    /// Another instance holds it, for `expires_in` more unless renewed.
+    HeldBy {
+        holder: String,
+        expires_in: Duration,
+    },
+}
+
+/// The state store `[state]` asks for.
+pub async fn open(
+    config: &crate::config::runtime::StateConfig,
+) -> Result<Arc<dyn StateStore>, StateError> {
+    match config.kind {
+        crate::config::runtime::StateKind::File => Ok(Arc::new(FileStateStore::new(&config.path)?)),
+        #[cfg(feature = "postgres-state")]
+        crate::config::runtime::StateKind::Postgres => {
+            Ok(Arc::new(postgres::PostgresStateStore::open(config).await?))
+        }
+        #[cfg(not(feature = "postgres-state"))]
+        crate::config::runtime::StateKind::Postgres => Err(StateError::Unavailable(
+            "[state] type = \"postgres\" needs a build with the postgres-state feature".into(),
+        )),
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -96,4 +156,19 @@ pub enum StateError {
     DanglingLink { path: PathBuf, target: PathBuf },
     #[error("state store refused the save: {0}")]
     Unavailable(String),
+    /// The database of a shared store failed or could not be reached.
+    #[error("cannot {action} {location}: {message}")]
+    Database {
+        action: &'static str,
+        location: String,
+        message: String,
+    },
+    /// A save or renewal under a lease this instance no longer holds.
+    #[error(
+        "the lease of source \"{key}\" is no longer held by this instance (another instance may run it now); the save was refused"
+    )]
+    LeaseLost { key: String },
+    /// A change to the state of a source another instance runs.
+    #[error("source \"{key}\" runs on instance {holder} (it holds the lease); stop it there first")]
+    Leased { key: String, holder: String },
 }

@@ -346,6 +346,12 @@ sink_conformance!(
     "mqtt",
     fixtures::mqtt_sink::Backend::speaking("5").await
 );
+#[cfg(feature = "surrealdb-sink")]
+sink_conformance!(
+    surrealdb_sink,
+    "surrealdb",
+    fixtures::surrealdb_sink::Backend::new().await
+);
 
 /// The connectors the lines above cover, by kind and name.
 const COVERED_SOURCES: &[&str] = &[
@@ -411,6 +417,8 @@ const COVERED_SINKS: &[&str] = &[
     "mqtt",
     #[cfg(feature = "rabbitmq-sink")]
     "rabbitmq",
+    #[cfg(feature = "surrealdb-sink")]
+    "surrealdb",
 ];
 
 #[test]

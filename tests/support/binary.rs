@@ -26,15 +26,28 @@ impl Workspace {
         )
     }
 
+    /// A workspace (no HTTP API) whose `[state]` section holds `state` (the
+    /// lines after the header) instead of a file store in the workspace.
+    pub fn with_state(iggy_address: &str, state: &str) -> Self {
+        Self::build(iggy_address, "[http]\nenabled = false\n", Some(state), "")
+    }
+
     fn create(iggy_address: &str, http: &str, extra: &str) -> Self {
+        Self::build(iggy_address, http, None, extra)
+    }
+
+    fn build(iggy_address: &str, http: &str, state: Option<&str>, extra: &str) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         std::fs::create_dir(dir.path().join("connectors")).expect("connectors dir");
+        let state = match state {
+            Some(state) => state.to_owned(),
+            None => format!("path = \"{}\"", dir.path().join("state").display()),
+        };
         let config = format!(
             "[iggy]\naddress = \"{iggy_address}\"\nusername = \"iggy\"\npassword = \"iggy\"\n\
              {http}\
-             [state]\npath = \"{state}\"\n\
+             [state]\n{state}\n\
              [connectors]\nconfig_type = \"local\"\nconfig_dir = \"{connectors}\"\n{extra}\n",
-            state = dir.path().join("state").display(),
             connectors = dir.path().join("connectors").display(),
         );
         std::fs::write(dir.path().join("config.toml"), config).expect("config.toml");

@@ -37,4 +37,6 @@ pub mod redis;
 #[cfg(feature = "schema-registry")]
 pub mod schema_registry;
 pub mod sinks;
+#[cfg(feature = "surrealdb-sink")]
+pub mod surrealdb;
 pub mod wait;

@@ -33,6 +33,7 @@ pub mod row_id;
 #[cfg(any(
     feature = "postgres-source",
     feature = "postgres-sink",
+    feature = "postgres-state",
     feature = "mysql-source",
     feature = "mysql-sink"
 ))]

@@ -3,8 +3,10 @@
 //!
 //! `slot.rs` runs one connector's task, `setup.rs` builds its pipeline (the
 //! connector, its state, `open`, its producers or consumers), `factory.rs`
-//! turns a config into a connector.
+//! turns a config into a connector, `lease.rs` runs a source only while this
+//! instance holds its lease (a state store shared by several instances).
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -17,6 +19,7 @@ use crate::iggy::Bus;
 use crate::state::StateStore;
 
 mod factory;
+mod lease;
 mod reload;
 mod setup;
 mod slot;
@@ -30,7 +33,14 @@ pub struct Runtime {
     state: Arc<dyn StateStore>,
     options: RuntimeOptions,
     slots: Mutex<Vec<Arc<Slot>>>,
+    /// One lock per connector, so that changes to one connector's lifecycle
+    /// (the API's start, stop, restart, state and offset changes, a reload)
+    /// run one after the other.
+    lifecycle: Mutex<HashMap<(ConnectorKind, String), LifecycleLock>>,
 }
+
+/// See [`Runtime::lifecycle_lock`].
+pub type LifecycleLock = Arc<tokio::sync::Mutex<()>>;
 
 /// Engine settings that are not per connector.
 #[derive(Clone)]
@@ -90,6 +100,7 @@ impl Runtime {
             state,
             options,
             slots: Mutex::new(Vec::new()),
+            lifecycle: Mutex::new(HashMap::new()),
         })
     }
 
@@ -207,6 +218,18 @@ impl Runtime {
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         Ok(std::mem::replace(&mut *current, Arc::new(config)))
+    }
+
+    /// The lock of one connector's lifecycle: held across a check of its
+    /// status and the change that relies on it (a state reset only while it
+    /// is stopped), so that nothing starts or stops it in between. A key need
+    /// not be configured (yet).
+    pub fn lifecycle_lock(&self, kind: ConnectorKind, key: &str) -> LifecycleLock {
+        let mut locks = self
+            .lifecycle
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        locks.entry((kind, key.to_owned())).or_default().clone()
     }
 
     /// The bus the connectors run on.

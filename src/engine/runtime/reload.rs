@@ -47,6 +47,8 @@ impl Runtime {
         for config in configs {
             let (kind, key) = (config.kind, config.key.clone());
             seen.push((kind, key.clone()));
+            let lock = self.lifecycle_lock(kind, &key);
+            let _serialized = lock.lock().await;
             let Ok(slot) = self.slot(kind, &key) else {
                 let enabled = config.enabled;
                 if self.add(config).is_ok() && enabled && self.start(kind, &key).await.is_ok() {
@@ -88,6 +90,8 @@ impl Runtime {
             if seen.contains(&(slot.kind, slot.key.clone())) {
                 continue;
             }
+            let lock = self.lifecycle_lock(slot.kind, &slot.key);
+            let _serialized = lock.lock().await;
             let config = slot.config();
             let file_gone = config.file.as_ref().is_none_or(|file| !file.exists());
             let issue = errors

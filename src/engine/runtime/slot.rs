@@ -93,8 +93,18 @@ impl Runtime {
     }
 
     async fn run_slot(&self, slot: &Slot, shutdown: Shutdown) {
+        match (slot.kind, self.state.leases()) {
+            (ConnectorKind::Source, Some(leases)) => {
+                self.run_leased(slot, shutdown, leases).await;
+            }
+            _ => self.run_once(slot, &shutdown).await,
+        }
+    }
+
+    /// Builds the connector's pipeline and runs it until it ends.
+    pub(super) async fn run_once(&self, slot: &Slot, shutdown: &Shutdown) {
         let config = slot.config();
-        let prepared = self.prepare(slot, &config, &shutdown).await;
+        let prepared = self.prepare(slot, &config, shutdown).await;
         match prepared {
             Ok(Prepared::Source(pipeline)) => {
                 pipeline.run().await;
