@@ -20,6 +20,7 @@ use crate::config::{ConfigIssue, ConnectorConfig, RuntimeConfig, load_connector_
 use crate::connectors::{self, ConnectorKind, Registry};
 use crate::engine::Runtime;
 use crate::iggy::{ConnectionSettings, IggyBus};
+use crate::telemetry::Telemetry;
 
 /// Exit code for configuration errors.
 const EXIT_CONFIG: u8 = 2;
@@ -345,11 +346,37 @@ fn validate(path: &Path) -> ExitCode {
 async fn run_config(path: &Path, watch: bool) -> anyhow::Result<ExitCode> {
     let mut signals = Signals::install()?.with_hangup()?;
     let vars = EnvVars::from_process();
-    let (config, mut issues) = match RuntimeConfig::load(path, &vars) {
+    let (config, issues) = match RuntimeConfig::load(path, &vars) {
         Ok(loaded) => loaded,
         Err(found) => return Ok(config_failure(&found.0)),
     };
-    crate::logging::init(config.logging.format);
+    let (telemetry, export) = match Telemetry::init(&config.telemetry) {
+        Ok(installed) => installed.unzip(),
+        Err(error) => {
+            return Ok(config_failure(&[ConfigIssue::error(
+                path,
+                error.field(),
+                error.to_string(),
+            )]));
+        }
+    };
+    crate::logging::init(config.logging.format, export);
+    let ended = run_logged(path, watch, config, issues, vars, &mut signals).await;
+    if let Some(telemetry) = telemetry {
+        // Blocks until the last batches are exported.
+        let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+    }
+    ended
+}
+
+async fn run_logged(
+    path: &Path,
+    watch: bool,
+    config: RuntimeConfig,
+    mut issues: Vec<ConfigIssue>,
+    vars: EnvVars,
+    signals: &mut Signals,
+) -> anyhow::Result<ExitCode> {
     if let Some(dir) = config.connector_dir() {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create connector directory {}", dir.display()))?;
@@ -433,7 +460,7 @@ async fn run_config(path: &Path, watch: bool) -> anyhow::Result<ExitCode> {
         }
         false => None,
     };
-    reload_until_stopped(&runtime, &source, watch, &mut signals).await;
+    reload_until_stopped(&runtime, &source, watch, signals).await;
     tracing::info!("shutting down");
     if let Some(server) = server {
         server.shutdown().await;

@@ -15,4 +15,5 @@ pub mod iggy;
 pub mod logging;
 pub mod message;
 pub mod state;
+pub mod telemetry;
 pub mod transforms;

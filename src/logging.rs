@@ -9,10 +9,12 @@ use std::io::IsTerminal;
 use serde_json::{Map, Value};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
-use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::format::{JsonFields, Writer};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
+use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer, Registry};
 
 use crate::config::runtime::LogFormat;
 
@@ -21,21 +23,48 @@ use crate::config::runtime::LogFormat;
 pub const DEFAULT_FILTER: &str =
     "info,iggy=warn,iggy_common=warn,iggy_binary_protocol=warn,iggy_connect=info";
 
-pub fn init(format: LogFormat) {
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+/// A layer of the global subscriber (the OTLP log export, src/telemetry.rs).
+pub type BoxedLayer = Box<dyn Layer<Registry> + Send + Sync>;
+
+fn env_filter() -> EnvFilter {
+    EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER))
+}
+
+/// The filter of exported log events: that of standard error, without the
+/// exporters' own crates (an export reporting on itself would loop).
+pub fn export_filter() -> EnvFilter {
+    // Directives match target prefixes: `opentelemetry` covers `_sdk`,
+    // `-otlp`; `hyper` covers `hyper_util`.
+    [
+        "opentelemetry=off",
+        "tonic=off",
+        "h2=off",
+        "hyper=off",
+        "reqwest=off",
+        "tower=off",
+    ]
+    .into_iter()
+    .filter_map(|directive| directive.parse().ok())
+    .fold(env_filter(), EnvFilter::add_directive)
+}
+
+/// Installs the global subscriber: standard error in `format`, plus `export`
+/// when given.
+pub fn init(format: LogFormat, export: Option<BoxedLayer>) {
+    let stderr = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
-    // A second init (tests) keeps the first subscriber.
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder
+    let stderr = match format {
+        LogFormat::Text => stderr.with_filter(env_filter()).boxed(),
+        LogFormat::Json => stderr
             .fmt_fields(JsonFields::new())
             .event_format(JsonLine)
-            .try_init(),
+            .with_filter(env_filter())
+            .boxed(),
     };
+    let layers: Vec<BoxedLayer> = std::iter::once(stderr).chain(export).collect();
+    // A second init (tests) keeps the first subscriber.
+    let _ = tracing_subscriber::registry().with(layers).try_init();
 }
 
 /// One JSON object per event: `timestamp`, `level`, `target`, `message`, the

@@ -185,6 +185,50 @@ async fn a_client_that_got_200_finds_its_message_in_the_topic() {
 }
 
 #[tokio::test]
+async fn a_requests_w3c_trace_context_is_copied_into_each_of_its_messages() {
+    let harness = Harness::start("trace-context", json!({}), 1).await;
+    let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let response = harness
+        .post("/messages")
+        .header("traceparent", traceparent)
+        .header("tracestate", "vendor=opaque")
+        .json(&json!([{"n": 1}, {"n": 2}]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    // An invalid traceparent (all-zero trace id) is not copied.
+    let invalid = harness
+        .post("/messages")
+        .header(
+            "traceparent",
+            "00-00000000000000000000000000000000-b7ad6b7169203331-01",
+        )
+        .json(&json!({"n": 3}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(invalid.status(), 200);
+    let headers: Vec<_> = harness
+        .messages(0)
+        .into_iter()
+        .map(|message| message.headers)
+        .collect();
+    let context = vec![
+        (
+            "traceparent".to_owned(),
+            HeaderValue::String(traceparent.into()),
+        ),
+        (
+            "tracestate".to_owned(),
+            HeaderValue::String("vendor=opaque".into()),
+        ),
+    ];
+    assert_eq!(headers, vec![context.clone(), context, Vec::new()]);
+    harness.runtime.shutdown().await;
+}
+
+#[tokio::test]
 async fn arrays_ndjson_text_and_raw_bodies_become_messages_on_their_endpoints_streams() {
     let harness = Harness::start(
         "bodies",

@@ -90,7 +90,7 @@ pub async fn pipe(args: PipeArgs) -> anyhow::Result<ExitCode> {
         "json" => LogFormat::Json,
         _ => LogFormat::Text,
     };
-    crate::logging::init(format);
+    crate::logging::init(format, None);
     let out = Reporter { format };
     let plan = match plan(&args) {
         Ok(plan) => plan,

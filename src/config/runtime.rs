@@ -368,11 +368,50 @@ pub struct LoggingConfig {
     pub format: LogFormat,
 }
 
+/// Upstream's `[telemetry]`: OTLP export of the runtime's logs and traces
+/// (src/telemetry.rs).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
 pub struct TelemetryConfig {
     pub enabled: bool,
+    /// `service.name` of the exported resource; upstream's default when unset.
     pub service_name: Option<String>,
+    pub logs: OtlpExport,
+    pub traces: OtlpExport,
+}
+
+impl TelemetryConfig {
+    pub fn service_name(&self) -> &str {
+        self.service_name.as_deref().unwrap_or("iggy-connectors")
+    }
+}
+
+/// Where one signal is exported.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct OtlpExport {
+    pub transport: OtlpTransport,
+    /// gRPC: the collector's address (`http://host:4317`); HTTP: the URL
+    /// posted to, `/v1/logs` or `/v1/traces` appended when it has no path.
+    pub endpoint: String,
+}
+
+impl Default for OtlpExport {
+    fn default() -> Self {
+        Self {
+            transport: OtlpTransport::Grpc,
+            endpoint: "http://localhost:4317".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OtlpTransport {
+    /// OTLP/gRPC (tonic).
+    Grpc,
+    /// OTLP/HTTP with protobuf bodies.
+    Http,
 }
 
 /// Ours: settings of the engine itself.
@@ -894,6 +933,32 @@ mod tests {
             ["http.enabled", "iggy.username", "logging.format"],
             "{fields:?}"
         );
+    }
+
+    #[test]
+    fn given_a_telemetry_section_when_loaded_should_read_upstreams_fields_and_defaults() {
+        let (dir, path) = file("");
+        let text = with_dir(
+            &dir,
+            "[telemetry]\nenabled = true\n[telemetry.traces]\ntransport = \"http\"\n\
+             endpoint = \"http://127.0.0.1:4318\"\n",
+        );
+        std::fs::write(&path, text).unwrap();
+        let (config, _) = RuntimeConfig::load(&path, &EnvVars::default()).unwrap();
+        let telemetry = config.telemetry;
+        assert!(telemetry.enabled);
+        assert_eq!(telemetry.service_name(), "iggy-connectors");
+        assert_eq!(telemetry.traces.transport, OtlpTransport::Http);
+        assert_eq!(telemetry.traces.endpoint, "http://127.0.0.1:4318");
+        assert_eq!(telemetry.logs.transport, OtlpTransport::Grpc);
+        assert_eq!(telemetry.logs.endpoint, "http://localhost:4317");
+
+        let text = with_dir(&dir, "[telemetry.logs]\ntransport = \"udp\"\n");
+        std::fs::write(&path, text).unwrap();
+        let found = errors(&path);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].field, "telemetry.logs.transport");
+        assert!(found[0].message.contains("grpc"), "{}", found[0].message);
     }
 
     #[test]

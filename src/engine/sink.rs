@@ -26,6 +26,7 @@ use crate::engine::status::{StatusCell, StopReason};
 use crate::engine::{BENCHMARK_TARGET, Shutdown, catch_panic, dead_letter};
 use crate::iggy::{BusError, ConsumedBatch, Consumer, Producer};
 use crate::message::{ConsumedMessage, OutgoingMessage, Payload, SinkMessage, TopicRef};
+use crate::telemetry::{BatchSpan, Outcome};
 use crate::transforms::{TransformChain, Verdict};
 
 /// One topic a sink reads, through its own consumer.
@@ -78,6 +79,9 @@ struct Prepared {
     dead: Vec<OutgoingMessage>,
     started: Instant,
     decoded: Duration,
+    /// Messages that failed to decode or transform.
+    rejected: usize,
+    trace: BatchSpan,
 }
 
 /// A batch the sink stored (written or set aside), ready to commit.
@@ -89,6 +93,10 @@ struct Delivered {
     started: Instant,
     decoded: Duration,
     written: Duration,
+    /// Messages not written: failed to decode, or refused by the backend.
+    rejected: usize,
+    nacks: u32,
+    trace: BatchSpan,
 }
 
 /// Awaits the future if there is one; otherwise never completes.
@@ -321,11 +329,13 @@ impl TopicLoop<'_> {
         let consumed = batch.messages.len();
         self.pipeline.metrics.consumed.add(consumed as u64);
         let mut dead = Vec::new();
-        let messages = self.prepare(topic, schema, batch.messages, &mut dead);
+        let (messages, rejected) = self.prepare(topic, schema, batch.messages, &mut dead);
         let decoded = started.elapsed();
         self.pipeline
             .metrics
             .record_duration(Stage::Decode, decoded);
+        let mut trace = BatchSpan::start("sink", &self.pipeline.key, started);
+        trace.stage("decode", started, started + decoded, None);
         Some(Prepared {
             partition_id: batch.partition_id,
             last_offset,
@@ -334,6 +344,8 @@ impl TopicLoop<'_> {
             dead,
             started,
             decoded,
+            rejected,
+            trace,
         })
     }
 
@@ -348,11 +360,32 @@ impl TopicLoop<'_> {
             mut dead,
             started,
             decoded,
+            rejected,
+            mut trace,
         } = prepared;
         let writing = Instant::now();
-        self.write(topic, &mut messages, &mut dead).await?;
+        let to_write = messages.len();
+        let mut nacks = 0;
+        let wrote = self
+            .write(topic, &mut messages, &mut dead, &mut nacks)
+            .await;
         let written = writing.elapsed();
-        self.send_dead_letters(&dead).await?;
+        let failed = wrote.as_ref().err().map(|_| "the write gave up");
+        trace.stage("write", writing, writing + written, failed);
+        let stored = match wrote {
+            Ok(()) if !dead.is_empty() => {
+                let sending = Instant::now();
+                let sent = self.send_dead_letters(&dead).await;
+                let failed = sent.as_ref().err().map(|_| "the dead-letter send gave up");
+                trace.stage("dead_letter", sending, Instant::now(), failed);
+                sent
+            }
+            wrote => wrote,
+        };
+        if let Err(ended) = stored {
+            trace.end(consumed, nacks, Outcome::Nack);
+            return Err(ended);
+        }
         Ok(Delivered {
             partition_id,
             last_offset,
@@ -361,6 +394,9 @@ impl TopicLoop<'_> {
             started,
             decoded,
             written,
+            rejected: rejected + (to_write - messages.len()),
+            nacks,
+            trace,
         })
     }
 
@@ -375,12 +411,26 @@ impl TopicLoop<'_> {
             started,
             decoded,
             written,
+            rejected,
+            nacks,
+            mut trace,
         } = delivered;
         let committing = Instant::now();
         let committed = consumer.commit(partition_id, last_offset).await;
-        pipeline
-            .metrics
-            .record_duration(Stage::Commit, committing.elapsed());
+        let commit_time = committing.elapsed();
+        pipeline.metrics.record_duration(Stage::Commit, commit_time);
+        let failed = committed.as_ref().err().map(ToString::to_string);
+        trace.stage(
+            "commit",
+            committing,
+            committing + commit_time,
+            failed.as_deref(),
+        );
+        let outcome = match rejected {
+            0 => Outcome::Ok,
+            _ => Outcome::Rejected,
+        };
+        trace.end(count, nacks, outcome);
         if let Err(error) = committed {
             // The batch is written; a later commit covers it, or it is redelivered
             // (at-least-once).
@@ -428,8 +478,9 @@ impl TopicLoop<'_> {
         schema: &Schema,
         consumed: Vec<ConsumedMessage>,
         dead: &mut Vec<OutgoingMessage>,
-    ) -> Vec<SinkMessage> {
+    ) -> (Vec<SinkMessage>, usize) {
         let pipeline = self.pipeline;
+        let mut rejected = 0;
         let mut messages = Vec::with_capacity(consumed.len());
         // Without transforms, a sink that writes JSON as text gets the stored
         // bytes, checked, instead of a value it would serialize again.
@@ -459,6 +510,7 @@ impl TopicLoop<'_> {
                         offset,
                     };
                     self.drop_message(stage, &error, id, headers, payload, origin, dead);
+                    rejected += 1;
                     continue;
                 }
             };
@@ -473,7 +525,7 @@ impl TopicLoop<'_> {
                 payload: decoded,
             });
         }
-        messages
+        (messages, rejected)
     }
 
     /// One message's payload, decoded under its schema and transformed; `None`
@@ -530,13 +582,15 @@ impl TopicLoop<'_> {
         }
     }
 
-    /// Writes the batch, retrying transient failures and applying `on_error` to
-    /// rejected messages, until everything left is written.
+    /// Writes the batch, retrying transient failures (counted in `nacks`) and
+    /// applying `on_error` to rejected messages, until everything left is
+    /// written.
     async fn write(
         &self,
         topic: &TopicRef,
         messages: &mut Vec<SinkMessage>,
         dead: &mut Vec<OutgoingMessage>,
+        nacks: &mut u32,
     ) -> Result<(), Ended> {
         let pipeline = self.pipeline;
         retry_with(
@@ -549,6 +603,7 @@ impl TopicLoop<'_> {
                 ((messages, dead), outcome)
             },
             |failure| {
+                *nacks += 1;
                 let message = format!("write to {topic} failed: {}", failure.error);
                 warn!(connector_key = %pipeline.key, attempt = failure.attempt, retry_in_ms = failure.delay.as_millis() as u64, %message, "retrying the same batch");
                 pipeline.status.record_error(message);

@@ -25,6 +25,8 @@ pub mod mongodb;
 pub mod mosquitto;
 #[cfg(any(feature = "nats-source", feature = "nats-sink"))]
 pub mod nats_server;
+#[cfg(all(feature = "telemetry", feature = "otlp-source"))]
+pub mod otlp_receiver;
 pub mod prometheus;
 #[cfg(feature = "quickwit-sink")]
 pub mod quickwit;

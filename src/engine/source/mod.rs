@@ -25,6 +25,7 @@ use crate::engine::{BENCHMARK_TARGET, Shutdown, catch_panic, dead_letter};
 use crate::iggy::Producer;
 use crate::message::{OutgoingMessage, Payload, SourceRecord};
 use crate::state::{StateStore, StoredState};
+use crate::telemetry::{self, BatchSpan, Outcome};
 use crate::transforms::{TransformChain, Verdict};
 
 mod pipelined;
@@ -72,11 +73,44 @@ pub enum Ended {
     Stopped(StopReason, String),
 }
 
-/// Where the time of one delivered batch went, for the benchmark event.
+/// Where the time of one delivered batch went, for the benchmark event and
+/// the batch span.
 #[derive(Debug, Default)]
 struct Timings {
     iggy_send: Duration,
     state_save: Option<Duration>,
+    /// NACKed delivery attempts.
+    nacks: u32,
+    /// Collect `stages` (the batch span records): off unless telemetry is on.
+    traced: bool,
+    stages: Vec<StageMark>,
+}
+
+/// One timed stage of a delivery attempt, for the batch span.
+#[derive(Debug)]
+struct StageMark {
+    name: &'static str,
+    from: Instant,
+    to: Instant,
+    error: Option<String>,
+}
+
+impl Timings {
+    fn mark<T, E: std::fmt::Display>(
+        &mut self,
+        name: &'static str,
+        from: Instant,
+        outcome: &Result<T, E>,
+    ) {
+        if self.traced {
+            self.stages.push(StageMark {
+                name,
+                from,
+                to: Instant::now(),
+                error: outcome.as_ref().err().map(ToString::to_string),
+            });
+        }
+    }
 }
 
 /// What of a batch's delivery already succeeded, so a retry repeats only the rest.
@@ -135,11 +169,12 @@ impl SourcePipeline {
             return self.run_pipelined().await;
         }
         loop {
+            let polling = Instant::now();
             let batch = match self.poll_next().await {
                 Ok(batch) => batch,
                 Err(ended) => return ended,
             };
-            if let Err(ended) = self.handle(batch).await {
+            if let Err(ended) = self.handle(batch, polling).await {
                 return ended;
             }
         }
@@ -159,8 +194,9 @@ impl SourcePipeline {
         .map_err(|gave_up| gave_up.or(|| Ended::Shutdown))
     }
 
-    /// Delivers one batch and commits it. `Err` ends the pipeline.
-    async fn handle(&self, batch: SourceBatch) -> Result<(), Ended> {
+    /// Delivers one batch (polled from `polling` on) and commits it. `Err`
+    /// ends the pipeline.
+    async fn handle(&self, batch: SourceBatch, polling: Instant) -> Result<(), Ended> {
         let started = Instant::now();
         let SourceBatch {
             records,
@@ -174,19 +210,44 @@ impl SourcePipeline {
             return self.commit().await;
         }
         self.metrics.produced.add(count as u64);
-        let groups = self.prepare(records);
+        let mut trace = BatchSpan::start("source", &self.key, polling);
+        if trace.is_recording() {
+            trace.stage("poll", polling, started, None);
+            link_requests(&mut trace, &records);
+        }
+        let (groups, rejected) = self.prepare(records);
         let prepared = started.elapsed();
         self.metrics.record_duration(Stage::Prepare, prepared);
+        trace.stage("transform", started, started + prepared, None);
         let state = state.map(|data| StoredState {
             connector: self.connector.clone(),
             data,
         });
-        let mut timings = Timings::default();
-        self.deliver(&groups, state.as_ref(), &mut timings).await?;
+        let mut timings = Timings {
+            traced: trace.is_recording(),
+            ..Timings::default()
+        };
+        let delivered = self.deliver(&groups, state.as_ref(), &mut timings).await;
+        for mark in &timings.stages {
+            trace.stage(mark.name, mark.from, mark.to, mark.error.as_deref());
+        }
         let committing = Instant::now();
-        self.commit().await?;
-        self.metrics
-            .record_duration(Stage::Commit, committing.elapsed());
+        let committed = match delivered {
+            Ok(()) => self.commit().await,
+            Err(ended) => Err(ended),
+        };
+        if let Err(ended) = committed {
+            trace.end(count, timings.nacks, Outcome::Nack);
+            return Err(ended);
+        }
+        let commit_time = committing.elapsed();
+        self.metrics.record_duration(Stage::Commit, commit_time);
+        trace.stage("commit", committing, committing + commit_time, None);
+        let outcome = match rejected {
+            0 => Outcome::Ok,
+            _ => Outcome::Rejected,
+        };
+        trace.end(count, timings.nacks, outcome);
         self.committed(&groups, count, started, prepared, &timings);
         if finished {
             return Err(Ended::Stopped(
@@ -262,9 +323,11 @@ impl SourcePipeline {
     }
 
     /// Transforms and encodes every record. Returns one group of messages per
-    /// route, plus a last group for the dead-letter topic. A record that fails
-    /// is counted and dead-lettered (when configured), never failing the batch.
-    fn prepare(&self, records: Vec<SourceRecord>) -> Vec<Vec<OutgoingMessage>> {
+    /// route, plus a last group for the dead-letter topic, and how many
+    /// records failed. A record that fails is counted and dead-lettered (when
+    /// configured), never failing the batch.
+    fn prepare(&self, records: Vec<SourceRecord>) -> (Vec<Vec<OutgoingMessage>>, usize) {
+        let mut rejected = 0;
         let mut groups: Vec<Vec<OutgoingMessage>> =
             (0..=self.routes.len()).map(|_| Vec::new()).collect();
         if let Some(first) = groups.first_mut() {
@@ -301,6 +364,7 @@ impl SourcePipeline {
                     match self.routes[stream_index].producer.check(&message) {
                         Ok(()) => groups[stream_index].push(message),
                         Err(error) => {
+                            rejected += 1;
                             let OutgoingMessage { id, headers, .. } = message;
                             self.reject(
                                 &mut groups,
@@ -315,11 +379,12 @@ impl SourcePipeline {
                 }
                 Ok(None) => self.metrics.filtered.add(1),
                 Err((stage, error)) => {
+                    rejected += 1;
                     self.reject(&mut groups, stage, &error, id, headers, &payload);
                 }
             }
         }
-        groups
+        (groups, rejected)
     }
 
     /// One record's payload, transformed and encoded with its route's schema;
@@ -391,7 +456,10 @@ impl SourcePipeline {
             |(mut progress, timings)| async move {
                 let outcome = match self.attempt(groups, state, &mut progress, timings).await {
                     Ok(()) => Attempt::Done(()),
-                    Err(nack) => Attempt::Failed(nack),
+                    Err(nack) => {
+                        timings.nacks += 1;
+                        Attempt::Failed(nack)
+                    }
                 };
                 ((progress, timings), outcome)
             },
@@ -455,13 +523,12 @@ impl SourcePipeline {
         sends?;
         if let (Some(state), false) = (state, *saved) {
             let started = Instant::now();
-            self.state_store
-                .publish(&self.key, state)
-                .await
-                .map_err(|error| Nack {
-                    stage: ErrorStage::StateSave,
-                    message: format!("state save failed: {error}"),
-                })?;
+            let published = self.state_store.publish(&self.key, state).await;
+            timings.mark("state_save", started, &published);
+            published.map_err(|error| Nack {
+                stage: ErrorStage::StateSave,
+                message: format!("state save failed: {error}"),
+            })?;
             let elapsed = started.elapsed();
             self.metrics.record_duration(Stage::StateSave, elapsed);
             timings.state_save = Some(elapsed);
@@ -488,7 +555,16 @@ impl SourcePipeline {
                 },
             };
             let started = Instant::now();
-            producer.send(messages).await.map_err(|error| Nack {
+            let sent_now = producer.send(messages).await;
+            timings.mark(
+                match stage {
+                    ErrorStage::Send => "send",
+                    _ => "dead_letter",
+                },
+                started,
+                &sent_now,
+            );
+            sent_now.map_err(|error| Nack {
                 stage,
                 message: match self.routes.get(index) {
                     Some(route) => format!("send to {} failed: {error}", route.target),
@@ -538,6 +614,29 @@ impl SourcePipeline {
     fn abandon(&self) -> Ended {
         warn!(connector_key = %self.key, "stop requested and the grace period ran out; the batch in flight stays uncommitted and will be read again");
         Ended::Shutdown
+    }
+}
+
+/// Links the batch span to the request trace each record carries (the HTTP
+/// source copies `traceparent` into the headers), once per distinct trace.
+fn link_requests(trace: &mut BatchSpan, records: &[SourceRecord]) {
+    let mut seen: Vec<&str> = Vec::new();
+    for record in records {
+        let header =
+            |name: &str| {
+                record.headers.iter().find(|(key, _)| key == name).and_then(
+                    |(_, value)| match value {
+                        crate::message::HeaderValue::String(text) => Some(text.as_str()),
+                        _ => None,
+                    },
+                )
+            };
+        if let Some(parent) = header(telemetry::TRACEPARENT)
+            && !seen.contains(&parent)
+        {
+            seen.push(parent);
+            trace.link(parent, header(telemetry::TRACESTATE));
+        }
     }
 }
 

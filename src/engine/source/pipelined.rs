@@ -22,13 +22,14 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use tracing::warn;
 
-use super::{Ended, Nack, SourcePipeline, Timings};
+use super::{Ended, Nack, SourcePipeline, Timings, link_requests};
 use crate::connectors::SourceBatch;
 use crate::engine::catch_panic;
 use crate::engine::metrics::{ErrorStage, Stage};
 use crate::engine::status::StopReason;
 use crate::message::OutgoingMessage;
 use crate::state::StoredState;
+use crate::telemetry::{BatchSpan, Outcome};
 
 /// One polled batch on its way to being committed.
 struct InFlight {
@@ -40,6 +41,15 @@ struct InFlight {
     started: Instant,
     prepared: Duration,
     timings: Timings,
+    /// Records that failed to transform or encode.
+    rejected: usize,
+    trace: BatchSpan,
+}
+
+/// When a group's state save and commits ran, for the batch spans.
+struct GroupCommit {
+    state_save: Option<(Instant, Duration)>,
+    commits: (Instant, Instant),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,7 +73,7 @@ impl SourcePipeline {
         let mut pending: VecDeque<InFlight> = VecDeque::with_capacity(self.max_in_flight);
         let mut polling: Option<BoxFuture<'_, Result<InFlight, Ended>>> = None;
         let mut sending: Option<BoxFuture<'_, (Result<(), Nack>, Timings)>> = None;
-        let mut committing: Option<BoxFuture<'_, Result<Option<Duration>, CommitFailure>>> = None;
+        let mut committing: Option<BoxFuture<'_, Result<GroupCommit, CommitFailure>>> = None;
         // How many batches at the front of `pending` the running commit covers.
         let mut committing_count = 0;
         let mut nacks = 0;
@@ -86,7 +96,8 @@ impl SourcePipeline {
                     .find(|batch| batch.phase == Phase::Polled)
             {
                 batch.phase = Phase::Sending;
-                sending = Some(Box::pin(self.send_batch(batch.groups.clone())));
+                let traced = batch.trace.is_recording();
+                sending = Some(Box::pin(self.send_batch(batch.groups.clone(), traced)));
             }
             if committing.is_none() {
                 let acked = pending
@@ -114,9 +125,9 @@ impl SourcePipeline {
                 committed = next(&mut committing) => {
                     committing = None;
                     match committed {
-                        Ok(state_save) => {
+                        Ok(group) => {
                             nacks = 0;
-                            if self.finish_group(&mut pending, committing_count, state_save) {
+                            if self.finish_group(&mut pending, committing_count, &group) {
                                 return Ended::Stopped(
                                     StopReason::Completed,
                                     "the source has nothing more to produce".into(),
@@ -140,22 +151,27 @@ impl SourcePipeline {
                 }
                 (sent, timings) = next(&mut sending) => {
                     sending = None;
-                    match sent {
-                        Ok(()) => {
-                            if let Some(batch) = pending.iter_mut().find(|batch| batch.phase == Phase::Sending) {
-                                batch.phase = Phase::Acked;
-                                batch.timings = timings;
-                            }
+                    let batch = pending.iter_mut().find(|batch| batch.phase == Phase::Sending);
+                    if let Some(batch) = batch {
+                        for mark in &timings.stages {
+                            batch.trace.stage(mark.name, mark.from, mark.to, mark.error.as_deref());
                         }
+                        if sent.is_ok() {
+                            batch.phase = Phase::Acked;
+                            batch.timings = timings;
+                        }
+                    }
+                    match sent {
+                        Ok(()) => {}
                         Err(nack) => {
                             polling = None;
                             if let Some(commit) = committing.take() {
                                 // The batches it covers were acknowledged before
                                 // the failed one: they may still be committed.
                                 match commit.await {
-                                    Ok(state_save) => {
+                                    Ok(group) => {
                                         nacks = 0;
-                                        self.finish_group(&mut pending, committing_count, state_save);
+                                        self.finish_group(&mut pending, committing_count, &group);
                                     }
                                     Err(CommitFailure::End(ended)) => return ended,
                                     Err(CommitFailure::Nack(_)) => {}
@@ -174,9 +190,9 @@ impl SourcePipeline {
                                     .rev()
                                     .find_map(|batch| batch.state.clone());
                                 match self.commit_group(state, acked).await {
-                                    Ok(state_save) => {
+                                    Ok(group) => {
                                         nacks = 0;
-                                        self.finish_group(&mut pending, acked, state_save);
+                                        self.finish_group(&mut pending, acked, &group);
                                     }
                                     Err(CommitFailure::End(ended)) => return ended,
                                     Err(CommitFailure::Nack(_)) => {}
@@ -207,6 +223,7 @@ impl SourcePipeline {
 
     /// Polls and prepares the next batch.
     async fn poll_in_flight(&self) -> Result<InFlight, Ended> {
+        let polling = Instant::now();
         let SourceBatch {
             records,
             state,
@@ -214,14 +231,22 @@ impl SourcePipeline {
         } = self.poll_next().await?;
         let started = Instant::now();
         let count = records.len();
+        let mut trace = BatchSpan::default();
         if count == 0 && state.is_none() {
             // Nothing to deliver; let the source finish whatever it staged.
             tokio::task::yield_now().await;
+        } else {
+            trace = BatchSpan::start("source", &self.key, polling);
+            if trace.is_recording() {
+                trace.stage("poll", polling, started, None);
+                link_requests(&mut trace, &records);
+            }
         }
         self.metrics.produced.add(count as u64);
-        let groups = self.prepare(records);
+        let (groups, rejected) = self.prepare(records);
         let prepared = started.elapsed();
         self.metrics.record_duration(Stage::Prepare, prepared);
+        trace.stage("transform", started, started + prepared, None);
         let phase = if groups.iter().all(Vec::is_empty) {
             Phase::Acked
         } else {
@@ -239,26 +264,32 @@ impl SourcePipeline {
             started,
             prepared,
             timings: Timings::default(),
+            rejected,
+            trace,
         })
     }
 
     async fn send_batch(
         &self,
         groups: Arc<Vec<Vec<OutgoingMessage>>>,
+        traced: bool,
     ) -> (Result<(), Nack>, Timings) {
-        let mut timings = Timings::default();
+        let mut timings = Timings {
+            traced,
+            ..Timings::default()
+        };
         let mut sent = vec![false; groups.len()];
         let result = self.send_all(&groups, &mut sent, &mut timings).await;
         (result, timings)
     }
 
     /// Saves `state` (the newest of the group) once, then commits the group's
-    /// `count` batches in poll order. Returns how long the save took.
+    /// `count` batches in poll order. Returns when the save and the commits ran.
     async fn commit_group(
         &self,
         state: Option<StoredState>,
         count: usize,
-    ) -> Result<Option<Duration>, CommitFailure> {
+    ) -> Result<GroupCommit, CommitFailure> {
         let mut state_save = None;
         if let Some(state) = &state {
             let started = Instant::now();
@@ -273,24 +304,29 @@ impl SourcePipeline {
                 })?;
             let elapsed = started.elapsed();
             self.metrics.record_duration(Stage::StateSave, elapsed);
-            state_save = Some(elapsed);
+            state_save = Some((started, elapsed));
         }
+        let commits_started = Instant::now();
         for _ in 0..count {
             let started = Instant::now();
             self.commit().await.map_err(CommitFailure::End)?;
             self.metrics
                 .record_duration(Stage::Commit, started.elapsed());
         }
-        Ok(state_save)
+        Ok(GroupCommit {
+            state_save,
+            commits: (commits_started, Instant::now()),
+        })
     }
 
     /// Takes the `count` committed batches off the front. Returns whether one
-    /// of them was the source's last.
+    /// of them was the source's last. Each batch span gets the group's state
+    /// save (it covers every batch of the group) and commits.
     fn finish_group(
         &self,
         pending: &mut VecDeque<InFlight>,
         count: usize,
-        state_save: Option<Duration>,
+        group: &GroupCommit,
     ) -> bool {
         let mut finished = false;
         for index in 0..count {
@@ -298,8 +334,19 @@ impl SourcePipeline {
                 break;
             };
             if index + 1 == count {
-                batch.timings.state_save = state_save;
+                batch.timings.state_save = group.state_save.map(|(_, elapsed)| elapsed);
             }
+            if let Some((from, elapsed)) = group.state_save {
+                batch.trace.stage("state_save", from, from + elapsed, None);
+            }
+            batch
+                .trace
+                .stage("commit", group.commits.0, group.commits.1, None);
+            let outcome = match batch.rejected {
+                0 => Outcome::Ok,
+                _ => Outcome::Rejected,
+            };
+            std::mem::take(&mut batch.trace).end(batch.count, 0, outcome);
             self.committed(
                 &batch.groups,
                 batch.count,

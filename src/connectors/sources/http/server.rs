@@ -244,6 +244,7 @@ fn records(
             })
         })
         .collect();
+    let user_headers = with_trace_context(user_headers, headers);
     let idempotency_key = headers
         .get(&shared.idempotency_header)
         .map(|value| value.as_bytes())
@@ -263,6 +264,26 @@ fn records(
             origin_timestamp: None,
         })
         .collect()
+}
+
+/// The request's W3C trace context (a valid `traceparent`, and `tracestate`
+/// beside it) added to the message headers, unless `forward_headers` already
+/// copied it: the source's batch span links to it (src/telemetry.rs) and
+/// downstream consumers can continue the trace.
+fn with_trace_context(mut user_headers: Headers, headers: &HeaderMap) -> Headers {
+    use crate::telemetry::{TRACEPARENT, TRACESTATE, TraceParent};
+    let text = |name: &str| headers.get(name).and_then(|value| value.to_str().ok());
+    let Some(parent) = text(TRACEPARENT).filter(|value| TraceParent::parse(value).is_some()) else {
+        return user_headers;
+    };
+    if user_headers.iter().any(|(name, _)| name == TRACEPARENT) {
+        return user_headers;
+    }
+    user_headers.push((TRACEPARENT.to_owned(), HeaderValue::String(parent.to_owned())));
+    if let Some(state) = text(TRACESTATE) {
+        user_headers.push((TRACESTATE.to_owned(), HeaderValue::String(state.to_owned())));
+    }
+    user_headers
 }
 
 /// The id of message `index` of a request with this idempotency key: the same
