@@ -1,9 +1,10 @@
-//! Throughput of the mongodb sink: Iggy -> sink -> MongoDB (the nx-27017
+//! Throughput of the mongodb sink (Iggy -> sink -> MongoDB) and source
+//! (MongoDB -> source, polling by `_id` -> Iggy), against the nx-27017
 //! emulator of `tests/support/mongodb.rs`, a Python server on SQLite, so its
 //! figures measure the emulator as much as the sink; a real mongod with
 //! `IGGY_CONNECT_TEST_MONGODB_URL`):
 //!
-//!     cargo bench --features mongodb-sink --bench mongodb
+//!     cargo bench --features mongodb-sink,mongodb-source --bench mongodb
 //!
 //! Iggy is `IGGY_ADDRESS` or the test server (see `benches/common/mod.rs`);
 //! the case prints one `bench:` line. `BENCH_SCALE` (default 1.0) multiplies
@@ -19,7 +20,7 @@ use iggy_connect::connectors::ConnectorKind;
 use serde_json::json;
 use support::mongodb::{MongoServer, unique_database};
 
-const CASES: &[&str] = &["iggy_to_mongodb_sink"];
+const CASES: &[&str] = &["iggy_to_mongodb_sink", "mongodb_source_to_iggy"];
 const TOPIC: &str = "events";
 
 fn main() {
@@ -29,7 +30,71 @@ fn main() {
 async fn run(case: String) {
     let iggy = Iggy::start();
     let stream = common::unique(&case);
-    sink_case(&case, &iggy, &stream, common::scaled(20_000, 500)).await;
+    match case.as_str() {
+        "iggy_to_mongodb_sink" => {
+            sink_case(&case, &iggy, &stream, common::scaled(20_000, 500)).await
+        }
+        _ => source_case(&case, &iggy, &stream, common::scaled(20_000, 500)).await,
+    }
+}
+
+/// Documents already in the collection, read by `_id` in batches of 1000.
+async fn source_case(case: &str, iggy: &Iggy, stream: &str, documents: u64) {
+    let server = MongoServer::start();
+    let database = unique_database("bench");
+    let collection = server
+        .client()
+        .await
+        .database(&database)
+        .collection::<mongodb::bson::Document>("bench");
+    for first in (0..documents).step_by(1000) {
+        let chunk: Vec<mongodb::bson::Document> = (first..documents.min(first + 1000))
+            .map(|n| mongodb::bson::doc! { "_id": n as i64, "name": "bench", "text": "x".repeat(100) })
+            .collect();
+        collection.insert_many(chunk).await.expect("seed documents");
+    }
+    let client = raw::topic(iggy, stream, TOPIC).await;
+    let stages = Stages::install();
+    let uri = server.uri();
+    let pipeline = Pipeline::new(
+        iggy,
+        &format!(
+            r#"
+                type = "source"
+                key = "mongodb_source"
+                path = "mongodb"
+                [[streams]]
+                stream = "{stream}"
+                topic = "{TOPIC}"
+                schema = "json"
+                [plugin_config]
+                connection_uri = "{uri}"
+                database = "{database}"
+                collection = "bench"
+                batch_size = 1000
+                poll_interval = "10ms"
+                "#
+        ),
+    );
+    let elapsed = pipeline
+        .run_until_done(ConnectorKind::Source, "mongodb_source", documents)
+        .await;
+    pipeline.runtime.shutdown().await;
+    Report {
+        name: case,
+        messages: documents,
+        elapsed,
+        latencies: stages.latencies("mongodb_source"),
+        extra: vec![
+            (
+                "backend",
+                if server.real { "mongod" } else { "nx-27017" }.into(),
+            ),
+            ("server", iggy.kind().into()),
+        ],
+    }
+    .print();
+    raw::drop_stream(&client, stream).await;
 }
 
 async fn sink_case(case: &str, iggy: &Iggy, stream: &str, messages: u64) {
