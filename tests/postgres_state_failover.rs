@@ -250,7 +250,14 @@ async fn a_stopped_holder_releases_its_lease_and_a_standby_goes_on_from_its_stat
     // Resumed from the shared cursor: nothing read again.
     let duplicates: usize = cluster.ids().values().map(|count| count - 1).sum();
     assert_eq!(duplicates, 0, "{}", cluster.logs());
+    // Back, it waits in standby (and has its signal handlers when stopped).
     cluster.running[holder] = Some(cluster.workspaces[holder].run());
+    wait_for("the restarted instance in standby", LONG, || {
+        cluster.workspaces[holder]
+            .stderr()
+            .contains("standby: another instance holds the lease")
+    })
+    .await;
     cluster.stop();
 }
 

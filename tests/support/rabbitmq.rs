@@ -356,21 +356,42 @@ impl Client {
     }
 
     /// Takes every ready message of `queue` (acked): its properties and body.
+    ///
+    /// On a channel of its own, opened again when a `basic.get` fails:
+    /// amqprs 2.1 can lose the race between registering a get's responder
+    /// and the broker's fast answer ("get responder must be registered"),
+    /// which kills the channel. A message got and not yet acked goes back
+    /// to the queue with the dead channel, so nothing is lost or doubled.
     pub async fn drain(&self, queue: &str) -> Vec<(BasicProperties, Vec<u8>)> {
         let mut messages = Vec::new();
-        while let Some((get_ok, properties, body)) = self
-            .channel
-            .basic_get(BasicGetArguments::new(queue))
-            .await
-            .unwrap()
-        {
-            self.channel
-                .basic_ack(BasicAckArguments::new(get_ok.delivery_tag(), false))
-                .await
-                .unwrap();
-            messages.push((properties, body));
+        for attempt in 1..=5 {
+            let channel = self.connection.open_channel(None).await.unwrap();
+            loop {
+                let got = match channel.basic_get(BasicGetArguments::new(queue)).await {
+                    Ok(got) => got,
+                    Err(error) if attempt < 5 => {
+                        eprintln!("drain {queue}: basic.get failed ({error}); on a new channel");
+                        break;
+                    }
+                    Err(error) => {
+                        panic!("drain {queue}: basic.get failed {attempt} times: {error}")
+                    }
+                };
+                let Some((get_ok, properties, body)) = got else {
+                    let _ = channel.close().await;
+                    return messages;
+                };
+                if channel
+                    .basic_ack(BasicAckArguments::new(get_ok.delivery_tag(), false))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+                messages.push((properties, body));
+            }
         }
-        messages
+        unreachable!("the last attempt returns or panics")
     }
 }
 

@@ -52,7 +52,7 @@ pub const ENTRY: SinkEntry = SinkEntry {
     feature: "surrealdb-sink",
     description: "writes records to a SurrealDB table over HTTP (INSERT IGNORE with deterministic record ids: replays write nothing twice)",
     secret_fields: &["password"],
-    sample_config: "endpoint = \"127.0.0.1:8000\"\nnamespace = \"iggy\"\ndatabase = \"connectors\"\ntable = \"iggy_messages\"\nusername = \"root\"\npassword = \"root\"\nauto_define_table = true\n",
+    sample_config: "endpoint = \"127.0.0.1:8000\"\nnamespace = \"iggy\"\ndatabase = \"connectors\"\ntable = \"iggy_messages\"\nusername = \"root\"\npassword = \"secret\"\nauto_define_table = true\n",
     config_schema: schema_of::<SurrealdbSinkConfig>,
     build: |config| {
         Ok(Box::new(SurrealdbSink::new(parse_plugin_config(config)?)?))
