@@ -54,7 +54,7 @@ impl Runtime {
                 return;
             };
             error!(connector_key = %slot.key, %reason, "source stopped here: it no longer holds its lease");
-            metrics::counter!("iggy_connect_leases_lost_total", "connector_key" => slot.key.clone())
+            metrics::counter!("iggy_connector_leases_lost_total", "connector_key" => slot.key.clone())
                 .increment(1);
             slot.status
                 .record_error(format!("source stopped: {reason}"));
