@@ -15,5 +15,6 @@ pub mod iggy;
 pub mod logging;
 pub mod message;
 pub mod state;
+mod sync;
 pub mod telemetry;
 pub mod transforms;

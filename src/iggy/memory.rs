@@ -7,9 +7,12 @@
 //! the topic holds `capacity` uncommitted messages, so memory stays flat however
 //! many records pass through.
 
+// Its guarded data stays consistent even if a holder panicked: every
+// update is a single push, insert or drain.
+use crate::sync::lock;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use tokio::sync::watch;
@@ -486,14 +489,6 @@ fn take_one(budget: &AtomicU32) -> bool {
             left.checked_sub(1)
         })
         .is_ok()
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // The guarded data stays consistent even if a holder panicked: every update
-    // is a single push, insert or drain.
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]

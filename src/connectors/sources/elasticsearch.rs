@@ -19,6 +19,7 @@
 //! Limit: a document indexed later with a timestamp older than the cursor is
 //! never read (the cursor only moves forward).
 
+use crate::sync::lock;
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -453,12 +454,6 @@ fn record_id(index: &str, id: &str) -> u128 {
         hash = hash.wrapping_mul(PRIME);
     }
     hash.max(1)
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[async_trait]

@@ -34,8 +34,9 @@ mod answer;
 mod config;
 mod row_binary;
 
+use crate::sync::lock;
 use std::collections::HashSet;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -597,12 +598,6 @@ fn parse_columns(text: &str) -> Result<Vec<Column>, ConnectorError> {
     Ok(columns)
 }
 
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
 
 #[cfg(test)]
 mod tests {

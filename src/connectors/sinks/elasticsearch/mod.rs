@@ -19,8 +19,9 @@ mod config;
 mod document;
 mod template;
 
+use crate::sync::lock;
 use std::collections::{HashMap, HashSet};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
@@ -384,12 +385,6 @@ fn truncate(text: &str) -> String {
         .collect::<String>()
         .trim()
         .to_owned()
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[async_trait]

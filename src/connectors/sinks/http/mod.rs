@@ -23,9 +23,10 @@
 mod body;
 mod config;
 
+use crate::sync::lock;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
@@ -476,8 +477,3 @@ async fn read_some(mut response: reqwest::Response) -> String {
         .to_owned()
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}

@@ -22,8 +22,9 @@
 mod config;
 mod document;
 
+use crate::sync::lock;
 use std::collections::{HashMap, HashSet};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
@@ -405,12 +406,6 @@ fn truncate(text: &str) -> String {
         .collect::<String>()
         .trim()
         .to_owned()
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// What a write does with a chunk that failed.

@@ -20,8 +20,9 @@
 
 mod config;
 
+use crate::sync::lock;
 use std::collections::{HashMap, HashSet};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
@@ -314,12 +315,6 @@ fn error_text(body: &[u8]) -> String {
         .trim()
         .to_owned();
     if text.is_empty() { text } else { format!("({text})") }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[async_trait]

@@ -23,7 +23,8 @@
 mod config;
 mod record;
 
-use std::sync::{Mutex, MutexGuard};
+use crate::sync::lock;
+use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
@@ -612,12 +613,6 @@ fn error_text(body: &[u8]) -> String {
         .unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
     let text = shorten(&text);
     if text.is_empty() { text } else { format!("({text})") }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[async_trait]

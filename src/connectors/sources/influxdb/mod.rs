@@ -26,6 +26,7 @@ mod config;
 mod rows;
 mod time;
 
+use crate::sync::lock;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -487,12 +488,6 @@ async fn read_answer(response: reqwest::Response) -> Result<String, String> {
         body.extend_from_slice(&chunk);
     }
     String::from_utf8(body).map_err(|_| "the answer is not UTF-8".to_owned())
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[async_trait]
