@@ -7,7 +7,7 @@
 //! Beside it, `Proxy`: a loopback TCP relay in front of the server that can be
 //! taken down (it then drops every connection), for transient faults.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,19 +38,12 @@ fn binary() -> Command {
     );
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 impl ClickHouse {
     pub fn start() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
-        let port = free_port();
+        let port = super::ports::free_port();
         // Its native TCP and interserver ports are left unset: only HTTP listens.
         let config = format!(
             r#"<?xml version="1.0"?>

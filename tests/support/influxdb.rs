@@ -12,13 +12,6 @@ pub struct InfluxDb {
     pub port: u16,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 impl InfluxDb {
     /// Starts influxd on free loopback ports. A server that exits before it
@@ -48,8 +41,8 @@ impl InfluxDb {
             });
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().display().to_string();
-        let port = free_port();
-        let rpc = free_port();
+        let port = super::ports::free_port();
+        let rpc = super::ports::free_port();
         let config = format!(
             r#"reporting-enabled = false
 bind-address = "127.0.0.1:{rpc}"

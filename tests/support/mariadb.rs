@@ -106,7 +106,7 @@ impl MariaDb {
         // Its own temp files: servers sharing /tmp collide on temp table names.
         let tmp = dir.join("tmp");
         std::fs::create_dir(&tmp).unwrap();
-        let port = free_port();
+        let port = super::ports::free_port();
         let mut command = Command::new(mariadbd);
         command
             .arg("--no-defaults")
@@ -267,10 +267,3 @@ fn copy_dir(from: &Path, to: &Path) {
     assert!(status.success(), "cp -a {from:?} {to:?} failed");
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}

@@ -27,6 +27,7 @@ pub mod mosquitto;
 pub mod nats_server;
 #[cfg(all(feature = "telemetry", feature = "otlp-source"))]
 pub mod otlp_receiver;
+pub mod ports;
 pub mod prometheus;
 #[cfg(feature = "quickwit-sink")]
 pub mod quickwit;

@@ -44,7 +44,7 @@ impl MongoServer {
             .trim()
             .to_owned();
         let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
+        let port = super::ports::free_port();
         let mut command = Command::new(&binary);
         command
             .args(["--db", "memory", "--host", "127.0.0.1", "-p"])
@@ -154,10 +154,3 @@ pub fn unique_database(prefix: &str) -> String {
     )
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}

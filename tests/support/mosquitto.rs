@@ -22,13 +22,6 @@ pub struct Mosquitto {
     pub port: u16,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 const BINARY: &str = "/usr/sbin/mosquitto";
 
@@ -83,7 +76,7 @@ impl Mosquitto {
             std::path::Path::new(BINARY).exists(),
             "mosquitto is not installed: run scripts/ensure-debian-packages (scripts/test does)"
         );
-        let port = free_port();
+        let port = super::ports::free_port();
         let unlimited = if auth.contains("max_queued_messages") {
             ""
         } else {

@@ -12,13 +12,6 @@ pub struct NatsServer {
     pub port: u16,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 const BINARY: &str = "/usr/sbin/nats-server";
 
@@ -31,7 +24,7 @@ impl NatsServer {
         let mut server = Self {
             child: None,
             dir: tempfile::tempdir().unwrap(),
-            port: free_port(),
+            port: super::ports::free_port(),
         };
         server.spawn();
         server

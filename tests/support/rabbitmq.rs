@@ -36,13 +36,6 @@ pub struct RabbitServer {
     epmd_port: u16,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Runs `job` on a thread that lives as long as the test binary, so a
 /// process it spawns (dying with its parent thread) outlives any one test.
@@ -132,9 +125,9 @@ impl RabbitServer {
             epmd: None,
             node: format!("{}@localhost", unique("rabbit").replace('-', "_")),
             dir,
-            port: free_port(),
-            dist_port: free_port(),
-            epmd_port: free_port(),
+            port: super::ports::free_port(),
+            dist_port: super::ports::free_port(),
+            epmd_port: super::ports::free_port(),
         };
         server.spawn();
         server

@@ -18,13 +18,6 @@ pub struct RedisServer {
     password: Option<String>,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 impl RedisServer {
     pub fn start() -> Self {
@@ -40,7 +33,7 @@ impl RedisServer {
         let mut server = Self {
             child: None,
             dir: tempfile::tempdir().unwrap(),
-            port: free_port(),
+            port: super::ports::free_port(),
             password,
         };
         server.spawn();

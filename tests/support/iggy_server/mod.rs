@@ -178,13 +178,17 @@ pub struct IggyTestServer {
 }
 
 impl IggyTestServer {
-    /// Starts a server on `127.0.0.1:0` with the default user `iggy`/`iggy`.
+    /// Starts a server on a free local port with the default user `iggy`/`iggy`.
     pub fn start() -> Self {
         Self::start_with(ServerConfig::default())
     }
 
     pub fn start_with(config: ServerConfig) -> Self {
-        let listener = bind(SocketAddr::from(([127, 0, 0, 1], 0)));
+        // Below the ephemeral range: an outage listens again on this port.
+        let listener = super::ports::listener();
+        listener
+            .set_nonblocking(true)
+            .expect("the listener can be made non-blocking");
         let address = listener
             .local_addr()
             .expect("a bound listener has an address");
