@@ -2,7 +2,7 @@
 //! (`cargo bench --bench engine`):
 //!
 //! - `state_save`: one `StateStore::save` of a source's state: the file store
-//!   (temp file, fsync, rename, directory fsync) and the memory store;
+//!   (the older of its two copies overwritten, one fdatasync) and the memory store;
 //! - `random_source_poll`: the random source generating a poll of 1000
 //!   records of about 200 bytes;
 //! - `engine_source`: the source pipeline's own cost per message on the

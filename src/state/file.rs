@@ -1,45 +1,48 @@
 //! The embedded default store: one file per source, `{dir}/source_{key}.state`.
 //!
-//! Each file is a small MessagePack envelope (format version, connector name,
-//! CRC32 of the data, the source's own bytes). A save writes a temp file
-//! (`source_{key}.state.tmp`), fsyncs it, renames it over the target and fsyncs
-//! the directory, so a crash leaves either the old or the new state. A file
-//! that does not decode, or whose checksum does not match, is refused: a
-//! corrupt state must never turn into a silent fresh start.
+//! The state itself is a small MessagePack envelope (format version, source
+//! key, connector name, CRC32 of the data, the source's own bytes). The file
+//! holds two copies of it, each in its own slot of a fixed size (a power of
+//! two, at least 4 KiB): a header (magic, sequence number, length, CRC32 of
+//! the three) and the envelope. A save overwrites the slot that does not hold
+//! the newest intact copy with a copy numbered one higher, and fsyncs the
+//! file's data: one flush, where a temp file and a rename take two fsyncs and
+//! a journal commit. A crash during it leaves that slot torn, its checksum
+//! wrong, and a load takes the other copy: the state saved before. A load
+//! takes the intact copy with the highest number; a file with none, or whose
+//! envelope does not decode or match its checksum, is refused: a corrupt
+//! state must never turn into a silent fresh start.
 //!
-//! The rename is an exchange where the file system has one
-//! (`renameat2(RENAME_EXCHANGE)`, atomic like a rename): the old state's file
-//! becomes the next temp file, which the next save overwrites in place instead
-//! of allocating a new file. The temp file therefore holds the previous state
-//! between saves; nothing reads it. Where the exchange is not possible (no
-//! state file yet, a file system without it) it is a plain rename. A whole
-//! save took 412 µs with a new temp file each time and 299 µs this way on the
-//! development machine's ext4 (`cargo bench --bench engine -- state_save`).
-//!
-//! The engine stages a state while its batch is being sent (the temp file is
-//! written and fsynced) and publishes it once the batch is acknowledged (the
-//! rename and the directory fsync), so only half of the save's two fsyncs
-//! waits for the acknowledgement. The state a restart sees still changes only
-//! at the rename.
+//! A state too big for its slot, a missing file and a file of the older
+//! one-envelope format (still read) are saved the old way: the whole file,
+//! with the slots doubled until the state fits, written to
+//! `source_{key}.state.tmp`, fsynced, renamed over the state file, and the
+//! directory fsynced. `cargo bench --bench engine -- state_save` measures a
+//! save.
 
-use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
+use std::io::Read;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
+use tracing::warn;
 
 use crate::state::{StateError, StateStore, StoredState};
 
 const FORMAT_VERSION: u32 = 1;
 
+/// The start of each copy's header.
+const MAGIC: &[u8; 8] = b"IGCSTATE";
+/// Magic, sequence number (u64), envelope length (u32), CRC32 (u32).
+const HEADER: usize = 24;
+/// The smallest slot: a page, so a torn write of one slot never reaches the other.
+const MIN_SLOT: usize = 4096;
+
 #[derive(Debug, Clone)]
 pub struct FileStateStore {
     dir: PathBuf,
-    /// Per key, the file bytes a stage left fsynced in the temp file.
-    staged: Arc<Mutex<HashMap<String, Vec<u8>>>>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -55,6 +58,110 @@ struct Envelope {
     data: Vec<u8>,
 }
 
+/// An intact copy in a file of the two-slot format.
+#[derive(Clone, Copy)]
+struct Intact<'a> {
+    slot: usize,
+    sequence: u64,
+    envelope: &'a [u8],
+}
+
+/// What a file of the two-slot format holds.
+struct Slots<'a> {
+    size: usize,
+    newest: Option<Intact<'a>>,
+    /// Why the slot of the other copy does not count, when it has a header.
+    damaged: Option<(u64, &'static str)>,
+}
+
+impl<'a> Slots<'a> {
+    /// `None` when `bytes` are not of the two-slot format.
+    fn parse(bytes: &'a [u8]) -> Option<Self> {
+        let size = bytes.len() / 2;
+        let slots = [&bytes[..size], &bytes[size..]];
+        let formatted = bytes.len().is_multiple_of(2)
+            && size >= MIN_SLOT
+            && size.is_power_of_two()
+            && slots.iter().any(|slot| slot.starts_with(MAGIC));
+        if !formatted {
+            return None;
+        }
+        let mut found = Self {
+            size,
+            newest: None,
+            damaged: None,
+        };
+        for (slot, bytes) in slots.into_iter().enumerate() {
+            match read_copy(slot, bytes) {
+                Slot::Intact(copy) => {
+                    if found
+                        .newest
+                        .is_none_or(|newest| copy.sequence > newest.sequence)
+                    {
+                        found.newest = Some(copy);
+                    }
+                }
+                Slot::Damaged { sequence, why } => found.damaged = Some((sequence, why)),
+                Slot::Empty => {}
+            }
+        }
+        Some(found)
+    }
+}
+
+/// What one slot holds.
+enum Slot<'a> {
+    Empty,
+    Damaged { sequence: u64, why: &'static str },
+    Intact(Intact<'a>),
+}
+
+fn read_copy(slot: usize, bytes: &[u8]) -> Slot<'_> {
+    if !bytes.starts_with(MAGIC) {
+        return Slot::Empty;
+    }
+    let field = |range: std::ops::Range<usize>| &bytes[range];
+    let sequence = u64::from_le_bytes(field(8..16).try_into().unwrap_or_default());
+    let length = u32::from_le_bytes(field(16..20).try_into().unwrap_or_default()) as usize;
+    let crc = u32::from_le_bytes(field(20..24).try_into().unwrap_or_default());
+    let Some(envelope) = bytes.get(HEADER..HEADER + length) else {
+        return Slot::Damaged {
+            sequence,
+            why: "a copy longer than its slot",
+        };
+    };
+    if copy_crc(sequence, envelope) != crc {
+        return Slot::Damaged {
+            sequence,
+            why: "checksum mismatch",
+        };
+    }
+    Slot::Intact(Intact {
+        slot,
+        sequence,
+        envelope,
+    })
+}
+
+fn copy_crc(sequence: u64, envelope: &[u8]) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&sequence.to_le_bytes());
+    hasher.update(&(envelope.len() as u32).to_le_bytes());
+    hasher.update(envelope);
+    hasher.finalize()
+}
+
+/// The bytes of a copy: its header and `envelope`.
+fn encode_copy(sequence: u64, envelope: &[u8]) -> Vec<u8> {
+    let mut copy = Vec::with_capacity(HEADER + envelope.len());
+    copy.extend_from_slice(MAGIC);
+    copy.extend_from_slice(&sequence.to_le_bytes());
+    copy.extend_from_slice(&(envelope.len() as u32).to_le_bytes());
+    copy.extend_from_slice(&copy_crc(sequence, envelope).to_le_bytes());
+    copy.extend_from_slice(envelope);
+    copy
+}
+
 impl FileStateStore {
     /// A store in `dir`, which is created (with its parents) when missing.
     pub fn new(dir: impl Into<PathBuf>) -> Result<Self, StateError> {
@@ -63,10 +170,7 @@ impl FileStateStore {
             path: dir.clone(),
             source,
         })?;
-        Ok(Self {
-            dir,
-            staged: Arc::default(),
-        })
+        Ok(Self { dir })
     }
 
     pub fn path_for(&self, key: &str) -> PathBuf {
@@ -93,8 +197,33 @@ impl FileStateStore {
             path: path.to_owned(),
             reason,
         };
+        let envelope = match Slots::parse(&bytes) {
+            None => &bytes[..],
+            Some(Slots {
+                newest: Some(newest),
+                damaged,
+                ..
+            }) => {
+                if let Some((sequence, why)) =
+                    damaged.filter(|(sequence, _)| *sequence > newest.sequence)
+                {
+                    warn!(
+                        path = %path.display(),
+                        "the newest copy of the state (save {sequence}) is damaged ({why}), as a crash during its save leaves it; loading the copy saved before it (save {})",
+                        newest.sequence
+                    );
+                }
+                newest.envelope
+            }
+            Some(Slots { damaged, .. }) => {
+                let why = damaged.map_or("no copy", |(_, why)| why);
+                return Err(corrupt(format!(
+                    "neither of its two copies is intact: {why}"
+                )));
+            }
+        };
         let envelope: Envelope =
-            rmp_serde::from_slice(&bytes).map_err(|error| corrupt(error.to_string()))?;
+            rmp_serde::from_slice(envelope).map_err(|error| corrupt(error.to_string()))?;
         if envelope.format != FORMAT_VERSION {
             return Err(corrupt(format!(
                 "unknown format version {}",
@@ -120,7 +249,7 @@ impl FileStateStore {
         }))
     }
 
-    /// The file's bytes for `state`.
+    /// The envelope's bytes for `state`.
     fn encode(path: &Path, key: &str, state: &StoredState) -> Result<Vec<u8>, StateError> {
         let envelope = Envelope {
             format: FORMAT_VERSION,
@@ -135,39 +264,35 @@ impl FileStateStore {
         })
     }
 
-    /// Writes `bytes` to the temp file and fsyncs it (the stage), then, when
-    /// `publish`, moves it over the state file and fsyncs the directory.
-    fn write_blocking(
-        dir: &Path,
-        path: &Path,
-        bytes: Option<&[u8]>,
-        publish: bool,
-    ) -> Result<(), StateError> {
-        let temp = path.with_extension("state.tmp");
-        let write_error = |source| StateError::Write {
+    /// Overwrites the older copy in the file with `envelope`, or writes the
+    /// whole file anew when there is no file of the two-slot format yet or
+    /// its slots are too small.
+    fn save_blocking(dir: &Path, path: &Path, envelope: &[u8]) -> Result<(), StateError> {
+        refuse_dangling_link(path)?;
+        let write = || -> std::io::Result<()> {
+            let mut file = match OpenOptions::new().read(true).write(true).open(path) {
+                Ok(file) => file,
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                    return write_whole(dir, path, 1, envelope);
+                }
+                Err(error) => return Err(error),
+            };
+            let mut bytes = Vec::new();
+            file.read_to_end(&mut bytes)?;
+            let (size, newest) =
+                Slots::parse(&bytes).map_or((0, None), |slots| (slots.size, slots.newest));
+            let sequence = newest.map_or(1, |newest| newest.sequence + 1);
+            if HEADER + envelope.len() > size {
+                return write_whole(dir, path, sequence, envelope);
+            }
+            let slot = newest.map_or(0, |newest| 1 - newest.slot);
+            file.write_all_at(&encode_copy(sequence, envelope), (slot * size) as u64)?;
+            file.sync_data()
+        };
+        write().map_err(|source| StateError::Write {
             path: path.to_owned(),
             source,
-        };
-        refuse_dangling_link(path)?;
-        let result = bytes
-            .map_or(Ok(()), |bytes| write_synced(&temp, bytes))
-            .and_then(|()| {
-                if publish {
-                    replace(&temp, path).and_then(|()| File::open(dir)?.sync_all())
-                } else {
-                    Ok(())
-                }
-            });
-        if result.is_err() {
-            let _ = fs::remove_file(&temp);
-        }
-        result.map_err(write_error)
-    }
-
-    fn lock_staged(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<u8>>> {
-        self.staged
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        })
     }
 }
 
@@ -182,40 +307,14 @@ impl StateStore for FileStateStore {
     async fn save(&self, key: &str, state: &StoredState) -> Result<(), StateError> {
         let dir = self.dir.clone();
         let path = self.path_for(key);
-        let bytes = Self::encode(&path, key, state)?;
-        self.lock_staged().remove(key);
-        run_blocking(move || Self::write_blocking(&dir, &path, Some(&bytes), true)).await
-    }
-
-    async fn stage(&self, key: &str, state: &StoredState) -> Result<(), StateError> {
-        let dir = self.dir.clone();
-        let path = self.path_for(key);
-        let bytes = Self::encode(&path, key, state)?;
-        self.lock_staged().remove(key);
-        let staged = run_blocking(move || {
-            Self::write_blocking(&dir, &path, Some(&bytes), false).map(|()| bytes)
-        })
-        .await?;
-        self.lock_staged().insert(key.to_owned(), staged);
-        Ok(())
-    }
-
-    async fn publish(&self, key: &str, state: &StoredState) -> Result<(), StateError> {
-        let dir = self.dir.clone();
-        let path = self.path_for(key);
-        let bytes = Self::encode(&path, key, state)?;
-        // Only the very bytes staged in the temp file may be renamed into
-        // place; anything else is written again first.
-        let staged = self.lock_staged().remove(key);
-        let write = (staged.as_ref() != Some(&bytes)).then_some(bytes);
-        run_blocking(move || Self::write_blocking(&dir, &path, write.as_deref(), true)).await
+        let envelope = Self::encode(&path, key, state)?;
+        run_blocking(move || Self::save_blocking(&dir, &path, &envelope)).await
     }
 
     /// Removes the state file and its temp file, then fsyncs the directory.
     async fn clear(&self, key: &str) -> Result<(), StateError> {
         let dir = self.dir.clone();
         let path = self.path_for(key);
-        self.lock_staged().remove(key);
         run_blocking(move || {
             let remove = |file: &Path| match fs::remove_file(file) {
                 Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(error),
@@ -237,18 +336,34 @@ impl StateStore for FileStateStore {
     }
 }
 
-/// Writes `bytes` over the start of the file at `path` (created mode 0600 when
-/// missing), cuts it to their length and fsyncs it. Overwriting an existing
-/// temp file in place allocates nothing new.
+/// Writes a whole file of the two-slot format, `envelope` as copy
+/// `sequence` in the first slot, through a temp file (created mode 0600),
+/// fsynced and renamed over `path`, and fsyncs the directory.
+fn write_whole(dir: &Path, path: &Path, sequence: u64, envelope: &[u8]) -> std::io::Result<()> {
+    let copy = encode_copy(sequence, envelope);
+    let size = copy.len().next_power_of_two().max(MIN_SLOT);
+    let mut bytes = vec![0; 2 * size];
+    bytes[..copy.len()].copy_from_slice(&copy);
+    let temp = path.with_extension("state.tmp");
+    let result = write_synced(&temp, &bytes)
+        .and_then(|()| fs::rename(&temp, path))
+        .and_then(|()| File::open(dir)?.sync_all());
+    if result.is_err() {
+        let _ = fs::remove_file(&temp);
+    }
+    result
+}
+
+/// Writes `bytes` as the whole file at `path` (created mode 0600 when
+/// missing) and fsyncs it.
 fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let file = OpenOptions::new()
         .write(true)
         .create(true)
-        .truncate(false)
+        .truncate(true)
         .mode(0o600)
         .open(path)?;
     file.write_all_at(bytes, 0)?;
-    file.set_len(bytes.len() as u64)?;
     file.sync_all()
 }
 
@@ -266,20 +381,6 @@ fn refuse_dangling_link(path: &Path) -> Result<(), StateError> {
         });
     }
     Ok(())
-}
-
-/// Moves `temp` over `path` atomically: an exchange of the two where
-/// possible (see the module docs), otherwise a rename. A failed exchange
-/// changes nothing, so the rename after it is the plain save.
-fn replace(temp: &Path, path: &Path) -> std::io::Result<()> {
-    #[cfg(target_os = "linux")]
-    {
-        use rustix::fs::{CWD, RenameFlags, renameat_with};
-        if renameat_with(CWD, temp, CWD, path, RenameFlags::EXCHANGE).is_ok() {
-            return Ok(());
-        }
-    }
-    fs::rename(temp, path)
 }
 
 async fn run_blocking<T: Send + 'static>(
@@ -359,7 +460,9 @@ mod tests {
         bytes[at] ^= 0x01;
         fs::write(&path, bytes).unwrap();
         let error = store.load("key").await.unwrap_err();
+        assert!(matches!(error, StateError::Corrupt { .. }), "{error}");
         assert!(error.to_string().contains("checksum mismatch"), "{error}");
+        assert!(error.to_string().contains("source_key.state"), "{error}");
     }
 
     #[tokio::test]
@@ -376,60 +479,131 @@ mod tests {
         assert_eq!(store.load("key").await.unwrap(), Some(state(b"new")));
     }
 
+    /// Flips a byte inside the copy of `data` in the state file.
+    fn damage_copy_of(path: &Path, data: &[u8]) {
+        let mut bytes = fs::read(path).unwrap();
+        let at = bytes
+            .windows(data.len())
+            .position(|window| window == data)
+            .unwrap();
+        bytes[at] ^= 0x01;
+        fs::write(path, bytes).unwrap();
+    }
+
     #[tokio::test]
-    async fn given_a_staged_state_when_not_yet_published_should_leave_the_old_state_in_place() {
+    async fn given_saves_in_turn_when_saved_should_overwrite_the_older_copy_in_place() {
         let dir = tempfile::tempdir().unwrap();
         let store = FileStateStore::new(dir.path()).unwrap();
-        store.save("key", &state(b"old")).await.unwrap();
-        store.stage("key", &state(b"new")).await.unwrap();
-        // A crash now: a restart (a new store on the same directory) sees the old state.
-        let restarted = FileStateStore::new(dir.path()).unwrap();
-        assert_eq!(restarted.load("key").await.unwrap(), Some(state(b"old")));
-        store.publish("key", &state(b"new")).await.unwrap();
-        assert_eq!(restarted.load("key").await.unwrap(), Some(state(b"new")));
-        // The publish exchanged the files: the temp file now holds the old
-        // state, for the next save to overwrite in place.
-        let temp = store.path_for("key").with_extension("state.tmp");
+        store.save("key", &state(b"first")).await.unwrap();
+        let path = store.path_for("key");
+        let inode = |path: &Path| std::os::unix::fs::MetadataExt::ino(&fs::metadata(path).unwrap());
+        let created = inode(&path);
+        for data in [&b"second"[..], b"third", b"fourth"] {
+            store.save("key", &state(data)).await.unwrap();
+            let restarted = FileStateStore::new(dir.path()).unwrap();
+            assert_eq!(restarted.load("key").await.unwrap(), Some(state(data)));
+        }
         assert_eq!(
-            FileStateStore::load_blocking(&temp, None).unwrap(),
-            Some(state(b"old"))
+            inode(&path),
+            created,
+            "saves rewrote the file instead of a slot"
         );
+        assert!(!path.with_extension("state.tmp").exists());
+        let bytes = fs::read(&path).unwrap();
+        assert_eq!(bytes.len(), 2 * MIN_SLOT);
+        let contains = |data: &[u8]| bytes.windows(data.len()).any(|window| window == data);
+        assert!(
+            contains(b"third") && contains(b"fourth"),
+            "the newest two saves are the copies"
+        );
+        assert!(!contains(b"second"), "the older copy was overwritten");
+    }
+
+    #[tokio::test]
+    async fn given_a_torn_newest_copy_when_loaded_should_read_the_state_saved_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStateStore::new(dir.path()).unwrap();
+        for data in [&b"one"[..], b"two", b"three"] {
+            store.save("key", &state(data)).await.unwrap();
+        }
+        // What a crash in the middle of the save of "three" leaves.
+        let path = store.path_for("key");
+        damage_copy_of(&path, b"three");
+        assert_eq!(store.load("key").await.unwrap(), Some(state(b"two")));
+        // The next save goes into the damaged slot and keeps "two" until it lands.
+        store.save("key", &state(b"four")).await.unwrap();
+        assert_eq!(store.load("key").await.unwrap(), Some(state(b"four")));
+        damage_copy_of(&path, b"four");
+        assert_eq!(store.load("key").await.unwrap(), Some(state(b"two")));
+    }
+
+    #[tokio::test]
+    async fn given_both_copies_damaged_when_loaded_should_refuse_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStateStore::new(dir.path()).unwrap();
+        store.save("key", &state(b"one")).await.unwrap();
+        store.save("key", &state(b"two")).await.unwrap();
+        let path = store.path_for("key");
+        damage_copy_of(&path, b"one");
+        damage_copy_of(&path, b"two");
+        let error = store.load("key").await.unwrap_err();
+        assert!(matches!(error, StateError::Corrupt { .. }), "{error}");
+        let message = error.to_string();
+        assert!(message.contains("neither of its two copies"), "{message}");
+        assert!(message.contains("source_key.state"), "{message}");
+        // Replacing the state (an operator's `state set`) writes it anew.
+        store.save("key", &state(b"given")).await.unwrap();
+        assert_eq!(store.load("key").await.unwrap(), Some(state(b"given")));
     }
 
     #[tokio::test]
     async fn given_states_of_changing_sizes_when_saved_in_turn_should_load_exactly_the_last() {
         let dir = tempfile::tempdir().unwrap();
         let store = FileStateStore::new(dir.path()).unwrap();
-        let long = vec![7u8; 4096];
-        for data in [&long[..], b"s", &long[..100], b"", &long[..]] {
-            store.stage("key", &state(data)).await.unwrap();
-            store.publish("key", &state(data)).await.unwrap();
+        let long = vec![7u8; 3 * MIN_SLOT];
+        for data in [
+            &long[..100],
+            &long[..],
+            b"s",
+            &long[..MIN_SLOT],
+            b"",
+            &long[..],
+        ] {
+            store.save("key", &state(data)).await.unwrap();
             let restarted = FileStateStore::new(dir.path()).unwrap();
             assert_eq!(restarted.load("key").await.unwrap(), Some(state(data)));
-            let path = store.path_for("key");
-            let expected = FileStateStore::encode(&path, "key", &state(data)).unwrap();
-            assert_eq!(
-                fs::read(&path).unwrap(),
-                expected,
-                "no bytes of a longer state left"
-            );
         }
-        store.save("key", &state(b"whole save")).await.unwrap();
-        assert_eq!(store.load("key").await.unwrap(), Some(state(b"whole save")));
+        // The slots grew to hold the longest state once, and stayed.
+        let size = fs::metadata(store.path_for("key")).unwrap().len();
+        assert_eq!(size, 2 * 4 * MIN_SLOT as u64);
     }
 
     #[tokio::test]
-    async fn given_a_saved_and_staged_state_when_cleared_should_leave_no_file_and_load_none() {
+    async fn given_a_state_file_of_the_one_envelope_format_when_loaded_should_be_read_and_the_next_save_converts_it()
+     {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStateStore::new(dir.path()).unwrap();
+        let path = store.path_for("key");
+        let envelope = FileStateStore::encode(&path, "key", &state(b"old")).unwrap();
+        fs::write(&path, envelope).unwrap();
+        assert_eq!(store.load("key").await.unwrap(), Some(state(b"old")));
+        store.save("key", &state(b"new")).await.unwrap();
+        assert_eq!(fs::metadata(&path).unwrap().len(), 2 * MIN_SLOT as u64);
+        assert_eq!(store.load("key").await.unwrap(), Some(state(b"new")));
+        store.save("key", &state(b"newer")).await.unwrap();
+        assert_eq!(store.load("key").await.unwrap(), Some(state(b"newer")));
+    }
+
+    #[tokio::test]
+    async fn given_a_saved_state_when_cleared_should_leave_no_file_and_load_none() {
         let dir = tempfile::tempdir().unwrap();
         let store = FileStateStore::new(dir.path()).unwrap();
         store.save("key", &state(b"one")).await.unwrap();
         store.save("key", &state(b"two")).await.unwrap();
-        store.stage("key", &state(b"three")).await.unwrap();
         store.clear("key").await.unwrap();
         assert_eq!(store.load("key").await.unwrap(), None);
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
-        // A publish of what was staged before the clear writes it anew.
-        store.publish("key", &state(b"three")).await.unwrap();
+        store.save("key", &state(b"three")).await.unwrap();
         assert_eq!(store.load("key").await.unwrap(), Some(state(b"three")));
         store.clear("key").await.unwrap();
         store.clear("key").await.unwrap();
@@ -451,31 +625,6 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
-    }
-
-    #[tokio::test]
-    async fn given_a_publish_of_another_state_than_staged_when_published_should_store_the_published_one()
-     {
-        let dir = tempfile::tempdir().unwrap();
-        let store = FileStateStore::new(dir.path()).unwrap();
-        store.stage("key", &state(b"staged")).await.unwrap();
-        store.publish("key", &state(b"other")).await.unwrap();
-        assert_eq!(store.load("key").await.unwrap(), Some(state(b"other")));
-        // Publishing with nothing staged is a whole save.
-        store.publish("key", &state(b"third")).await.unwrap();
-        assert_eq!(store.load("key").await.unwrap(), Some(state(b"third")));
-    }
-
-    #[tokio::test]
-    async fn given_a_temp_file_changed_after_staging_when_saved_in_between_should_not_publish_stale_bytes()
-     {
-        let dir = tempfile::tempdir().unwrap();
-        let store = FileStateStore::new(dir.path()).unwrap();
-        store.stage("key", &state(b"a")).await.unwrap();
-        // A whole save rewrites the temp file and forgets the stage.
-        store.save("key", &state(b"b")).await.unwrap();
-        store.publish("key", &state(b"a")).await.unwrap();
-        assert_eq!(store.load("key").await.unwrap(), Some(state(b"a")));
     }
 
     #[tokio::test]
@@ -540,8 +689,6 @@ mod tests {
         assert!(error.to_string().contains("missing.state"), "{error}");
         let error = store.save("key", &state(b"new")).await.unwrap_err();
         assert!(matches!(error, StateError::DanglingLink { .. }), "{error}");
-        store.stage("key", &state(b"new")).await.unwrap_err();
-        store.publish("key", &state(b"new")).await.unwrap_err();
         assert!(
             fs::symlink_metadata(&path)
                 .unwrap()
@@ -556,12 +703,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = FileStateStore::new(dir.path()).unwrap();
         store.save("key", &state(b"old")).await.unwrap();
-        // A directory where the temp file must go makes the write fail for
-        // every user, root included.
+        // A state too big for its slot is written through the temp file; a
+        // directory in its place makes that fail for every user, root included.
         let path = store.path_for("key");
         fs::create_dir(path.with_extension("state.tmp")).unwrap();
-        let error = store.save("key", &state(b"new")).await.unwrap_err();
+        let big = vec![1u8; 2 * MIN_SLOT];
+        let error = store.save("key", &state(&big)).await.unwrap_err();
         assert!(matches!(error, StateError::Write { .. }), "{error}");
+        assert!(error.to_string().contains("source_key.state"), "{error}");
         assert_eq!(store.load("key").await.unwrap(), Some(state(b"old")));
     }
 }

@@ -35,22 +35,6 @@ pub trait StateStore: Send + Sync {
     /// old or the new state, never a mix.
     async fn save(&self, key: &str, state: &StoredState) -> Result<(), StateError>;
 
-    /// The first half of a save, which the engine runs while the batch the
-    /// state covers is still being sent: gets `state` ready to replace the
-    /// state of `key` without replacing it (a restart still sees the old one).
-    /// [`publish`](Self::publish) with the same state then replaces it. A
-    /// failed stage only means `publish` does the whole save.
-    async fn stage(&self, key: &str, state: &StoredState) -> Result<(), StateError> {
-        let _ = (key, state);
-        Ok(())
-    }
-
-    /// Replaces the state of `key` with `state`, as atomically as `save`;
-    /// cheaper when the same state was staged.
-    async fn publish(&self, key: &str, state: &StoredState) -> Result<(), StateError> {
-        self.save(key, state).await
-    }
-
     /// Removes the state of `key`, so the source's next start is a fresh
     /// start. Clearing a key that has no state is not an error.
     async fn clear(&self, key: &str) -> Result<(), StateError>;

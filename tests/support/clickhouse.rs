@@ -38,7 +38,6 @@ fn binary() -> Command {
     );
 }
 
-
 impl ClickHouse {
     pub fn start() -> Self {
         let dir = tempfile::tempdir().unwrap();

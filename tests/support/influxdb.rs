@@ -12,7 +12,6 @@ pub struct InfluxDb {
     pub port: u16,
 }
 
-
 impl InfluxDb {
     /// Starts influxd on free loopback ports. A server that exits before it
     /// answers (a port taken between choosing it and binding it) is started

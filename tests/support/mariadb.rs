@@ -266,4 +266,3 @@ fn copy_dir(from: &Path, to: &Path) {
         .expect("run cp");
     assert!(status.success(), "cp -a {from:?} {to:?} failed");
 }
-

@@ -153,4 +153,3 @@ pub fn unique_database(prefix: &str) -> String {
             .subsec_nanos()
     )
 }
-

@@ -22,7 +22,6 @@ pub struct Mosquitto {
     pub port: u16,
 }
 
-
 const BINARY: &str = "/usr/sbin/mosquitto";
 
 impl Mosquitto {

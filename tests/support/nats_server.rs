@@ -12,7 +12,6 @@ pub struct NatsServer {
     pub port: u16,
 }
 
-
 const BINARY: &str = "/usr/sbin/nats-server";
 
 impl NatsServer {

@@ -36,7 +36,6 @@ pub struct RabbitServer {
     epmd_port: u16,
 }
 
-
 /// Runs `job` on a thread that lives as long as the test binary, so a
 /// process it spawns (dying with its parent thread) outlives any one test.
 fn on_keeper<T: Send + 'static>(job: impl FnOnce() -> T + Send + 'static) -> T {

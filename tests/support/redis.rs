@@ -18,7 +18,6 @@ pub struct RedisServer {
     password: Option<String>,
 }
 
-
 impl RedisServer {
     pub fn start() -> Self {
         Self::launch(None)

@@ -117,8 +117,6 @@ impl Timings {
 struct Progress {
     /// Per group: sent and acknowledged.
     sent: Vec<bool>,
-    /// The state is staged (written, not yet published).
-    staged: bool,
     saved: bool,
 }
 
@@ -445,7 +443,6 @@ impl SourcePipeline {
     ) -> Result<(), Ended> {
         let progress = Progress {
             sent: vec![false; groups.len()],
-            staged: false,
             saved: state.is_none(),
         };
         retry_with(
@@ -488,9 +485,8 @@ impl SourcePipeline {
         .map_err(|gave_up| gave_up.or(|| self.abandon()))
     }
 
-    /// Sends what is not sent yet and saves the state. The state is staged
-    /// while the sends run and published only once they all succeeded, so the
-    /// saved state never covers a batch Iggy has not acknowledged.
+    /// Sends what is not sent yet, then saves the state, so the saved state
+    /// never covers a batch Iggy has not acknowledged.
     async fn attempt(
         &self,
         groups: &[Vec<OutgoingMessage>],
@@ -498,34 +494,13 @@ impl SourcePipeline {
         progress: &mut Progress,
         timings: &mut Timings,
     ) -> Result<(), Nack> {
-        let Progress {
-            sent,
-            staged,
-            saved,
-        } = progress;
-        let stage = async {
-            match state {
-                Some(state) if !*saved && !*staged => {
-                    match self.state_store.stage(&self.key, state).await {
-                        Ok(()) => true,
-                        Err(error) => {
-                            // Publishing does the whole save and reports its error.
-                            debug!(connector_key = %self.key, %error, "staging the state failed");
-                            false
-                        }
-                    }
-                }
-                _ => *staged,
-            }
-        };
-        let (sends, now_staged) = tokio::join!(self.send_all(groups, sent, timings), stage);
-        *staged = now_staged;
-        sends?;
+        let Progress { sent, saved } = progress;
+        self.send_all(groups, sent, timings).await?;
         if let (Some(state), false) = (state, *saved) {
             let started = Instant::now();
-            let published = self.state_store.publish(&self.key, state).await;
-            timings.mark("state_save", started, &published);
-            published.map_err(|error| Nack {
+            let save = self.state_store.save(&self.key, state).await;
+            timings.mark("state_save", started, &save);
+            save.map_err(|error| Nack {
                 stage: ErrorStage::StateSave,
                 message: format!("state save failed: {error}"),
             })?;

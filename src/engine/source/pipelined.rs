@@ -294,7 +294,7 @@ impl SourcePipeline {
         if let Some(state) = &state {
             let started = Instant::now();
             self.state_store
-                .publish(&self.key, state)
+                .save(&self.key, state)
                 .await
                 .map_err(|error| {
                     CommitFailure::Nack(Nack {

@@ -1,5 +1,5 @@
 //! The delivery contract on the engine's fast paths: JSON handed to a sink as
-//! checked text, and a source state staged during the send.
+//! checked text, and a source state saved to a file store only after the send.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -89,7 +89,7 @@ async fn given_a_sink_taking_json_text_and_a_transform_when_consuming_should_han
 }
 
 #[tokio::test]
-async fn given_a_file_store_and_refused_sends_when_retried_should_publish_the_state_only_after_the_send()
+async fn given_a_file_store_and_refused_sends_when_retried_should_save_the_state_only_after_the_send()
  {
     let dir = tempfile::tempdir().unwrap();
     let bus = MemoryBus::new();
@@ -112,7 +112,7 @@ async fn given_a_file_store_and_refused_sends_when_retried_should_publish_the_st
 
     let view = || runtime.view(ConnectorKind::Source, "src").unwrap();
     wait_for("three refused sends", || view().metrics.nacks.get() >= 3).await;
-    // What a restart would see now: no state, although it may be staged.
+    // What a restart would see now: no state.
     let on_disk = FileStateStore::new(dir.path()).unwrap();
     assert_eq!(on_disk.load("src").await.unwrap(), None);
     bus.refuse_sends(0);
