@@ -262,6 +262,56 @@ async fn a_stopped_holder_releases_its_lease_and_a_standby_goes_on_from_its_stat
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_change_on_a_standby_is_refused_with_409_naming_the_instance_that_runs_the_source()
+{
+    let cluster = Cluster::start("60s").await;
+    insert_rows(&cluster.pool, &cluster.table, 1, 10).await;
+    wait_for("the first rows", LONG, || cluster.ids().len() >= 10).await;
+    let holder = cluster.holder().await;
+    let standby = (holder + 1) % INSTANCES;
+    let api = cluster.workspaces[standby]
+        .api_urls()
+        .pop()
+        .expect("the standby's API");
+    let (client, path) = (
+        reqwest::Client::new(),
+        format!("{api}/sources/{}/state", cluster.key),
+    );
+    // Stopped here, the source still runs on the holder.
+    let stopped = client
+        .post(format!("{api}/sources/{}/stop", cluster.key))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stopped.status(), reqwest::StatusCode::NO_CONTENT);
+    let shown: serde_json::Value = client
+        .get(&path)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        shown["state"].is_object(),
+        "the shared state is shown: {shown}"
+    );
+    let replaced = client.put(&path).json(&shown).send().await.unwrap();
+    let cleared = client.delete(&path).send().await.unwrap();
+    for (what, answer) in [("PUT", replaced), ("DELETE", cleared)] {
+        assert_eq!(answer.status(), reqwest::StatusCode::CONFLICT, "{what}");
+        let body: serde_json::Value = answer.json().await.unwrap();
+        let reason = body["reason"].as_str().unwrap_or_default();
+        assert_eq!(body["code"], "connector_running", "{what}: {body}");
+        assert!(
+            reason.contains(&format!("instance-{holder}")),
+            "{what} names the holder: {body}"
+        );
+    }
+    cluster.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_whose_lease_is_taken_stops_the_source_and_a_later_holder_delivers_the_rest() {
     const ROWS: i64 = 200;
     let cluster = Cluster::start("2s").await;

@@ -26,10 +26,16 @@ impl Workspace {
         )
     }
 
-    /// A workspace (no HTTP API) whose `[state]` section holds `state` (the
-    /// lines after the header) instead of a file store in the workspace.
+    /// A workspace with the HTTP API (as [`with_api`](Self::with_api))
+    /// whose `[state]` section holds `state` (the lines after the header)
+    /// instead of a file store in the workspace.
     pub fn with_state(iggy_address: &str, state: &str) -> Self {
-        Self::build(iggy_address, "[http]\nenabled = false\n", Some(state), "")
+        Self::build(
+            iggy_address,
+            "[http]\nenabled = true\naddress = \"127.0.0.1:0\"\n",
+            Some(state),
+            "",
+        )
     }
 
     fn create(iggy_address: &str, http: &str, extra: &str) -> Self {
