@@ -67,6 +67,7 @@ registry::register_connectors! {
         mqtt => "mqtt-sink",
         rabbitmq => "rabbitmq-sink",
         surrealdb => "surrealdb-sink",
+        s3 => "s3-sink",
     }
 }
 
