@@ -17,7 +17,8 @@ use iggy_connect::config::env::EnvVars;
 use iggy_connect::connectors::ConnectorKind;
 use iggy_connect::engine::{Runtime, Status};
 use iggy_connect::iggy::{Bus, MemoryBus, ProducerTarget};
-use iggy_connect::message::OutgoingMessage;
+use iggy_connect::connectors::Flush;
+use iggy_connect::message::{OutgoingMessage, Payload, SinkMessage};
 use iggy_connect::state::MemoryStateStore;
 use serde_json::{Value, json};
 use support::harness::{connector, iggy_client, produce_ns, runtime};
@@ -417,4 +418,57 @@ async fn upstreams_example_file_runs_against_the_s3_server() {
             .collect();
         assert_eq!(ns, [1, 2, 3, 4, 5]);
     }
+}
+
+/// A file above `part_size` goes up as a multipart upload, and its offsets
+/// are durable only once the upload completed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_above_the_part_size_is_uploaded_in_parts_and_durable_once_complete() {
+    let s3 = S3Server::start().await;
+    s3.create_bucket(BUCKET).await;
+    let config = json!({
+        "bucket": BUCKET,
+        "region": "us-east-1",
+        "endpoint": s3.endpoint(),
+        "access_key_id": "test",
+        "secret_access_key": "test",
+        "prefix": "big",
+        "output_format": "raw",
+        "max_file_size": "6MiB",
+        "part_size": "5MiB",
+    });
+    let sink = support::sinks::open("s3", &config).await;
+    let topic = support::sinks::topic();
+    let chunk = 64 * 1024;
+    let messages: Vec<SinkMessage> = (0..100u64)
+        .map(|offset| SinkMessage {
+            id: u128::from(offset),
+            offset,
+            partition_id: 3,
+            timestamp: 1_709_214_300_000_000,
+            origin_timestamp: 0,
+            checksum: 0,
+            headers: Vec::new(),
+            payload: Payload::Raw(Bytes::from(vec![b'a' + (offset % 26) as u8; chunk])),
+        })
+        .collect();
+    sink.write(&topic, &messages).await.unwrap();
+    assert!(sink.durable(&topic).is_empty(), "nothing durable before a flush");
+    sink.flush(&topic, Flush::Due).await.unwrap();
+    // 96 messages of 64 KiB fill 6 MiB: that file is up, the other 4 wait.
+    assert_eq!(sink.durable(&topic), [(3, 95)]);
+    let objects = s3.objects(BUCKET);
+    assert_eq!(objects.len(), 1);
+    let (key, body) = &objects[0];
+    assert!(key.ends_with("/00003-00000000000000000000-00000000000000000095.bin"), "{key}");
+    let expected: Vec<u8> = messages[..96]
+        .iter()
+        .flat_map(|message| message.payload.to_bytes().to_vec())
+        .collect();
+    assert!(body == &expected, "the object holds the 96 payloads in order");
+    let etag = s3.etag(BUCKET, key);
+    assert!(etag.trim_matches('"').ends_with("-2"), "two parts: {etag}");
+    sink.flush(&topic, Flush::All).await.unwrap();
+    assert_eq!(sink.durable(&topic), [(3, 99)]);
+    assert_eq!(s3.objects(BUCKET).len(), 2);
 }

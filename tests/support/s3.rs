@@ -140,6 +140,25 @@ print(json.dumps(out))
     }
 }
 
+impl S3Server {
+    /// The ETag S3 gave `key` (a multipart upload's ends in `-{parts}`).
+    pub fn etag(&self, bucket: &str, key: &str) -> String {
+        const SCRIPT: &str = r#"
+import sys, boto3
+s3 = boto3.client("s3", endpoint_url=sys.argv[1], region_name="us-east-1",
+                  aws_access_key_id="test", aws_secret_access_key="test")
+print(s3.head_object(Bucket=sys.argv[2], Key=sys.argv[3])["ETag"])
+"#;
+        let output = Command::new(&self.python)
+            .args(["-c", SCRIPT, &self.direct, bucket, key])
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("moto's python runs");
+        assert!(output.status.success(), "head of {key} failed");
+        String::from_utf8(output.stdout).unwrap().trim().to_owned()
+    }
+}
+
 impl Drop for S3Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
