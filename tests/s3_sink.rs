@@ -15,9 +15,9 @@ use bytes::Bytes;
 use iggy_connect::config::connector::parse_connector_file;
 use iggy_connect::config::env::EnvVars;
 use iggy_connect::connectors::ConnectorKind;
+use iggy_connect::connectors::Flush;
 use iggy_connect::engine::{Runtime, Status};
 use iggy_connect::iggy::{Bus, MemoryBus, ProducerTarget};
-use iggy_connect::connectors::Flush;
 use iggy_connect::message::{OutgoingMessage, Payload, SinkMessage};
 use iggy_connect::state::MemoryStateStore;
 use serde_json::{Value, json};
@@ -453,22 +453,70 @@ async fn a_file_above_the_part_size_is_uploaded_in_parts_and_durable_once_comple
         })
         .collect();
     sink.write(&topic, &messages).await.unwrap();
-    assert!(sink.durable(&topic).is_empty(), "nothing durable before a flush");
+    assert!(
+        sink.durable(&topic).is_empty(),
+        "nothing durable before a flush"
+    );
     sink.flush(&topic, Flush::Due).await.unwrap();
     // 96 messages of 64 KiB fill 6 MiB: that file is up, the other 4 wait.
     assert_eq!(sink.durable(&topic), [(3, 95)]);
     let objects = s3.objects(BUCKET);
     assert_eq!(objects.len(), 1);
     let (key, body) = &objects[0];
-    assert!(key.ends_with("/00003-00000000000000000000-00000000000000000095.bin"), "{key}");
+    assert!(
+        key.ends_with("/00003-00000000000000000000-00000000000000000095.bin"),
+        "{key}"
+    );
     let expected: Vec<u8> = messages[..96]
         .iter()
         .flat_map(|message| message.payload.to_bytes().to_vec())
         .collect();
-    assert!(body == &expected, "the object holds the 96 payloads in order");
+    assert!(
+        body == &expected,
+        "the object holds the 96 payloads in order"
+    );
     let etag = s3.etag(BUCKET, key);
     assert!(etag.trim_matches('"').ends_with("-2"), "two parts: {etag}");
     sink.flush(&topic, Flush::All).await.unwrap();
     assert_eq!(sink.durable(&topic), [(3, 99)]);
     assert_eq!(s3.objects(BUCKET).len(), 2);
+}
+
+/// Rule K6 through the real binary: killed (SIGKILL) with a partial file in
+/// memory, a restart reads that data again from Iggy; every message ends in
+/// exactly one object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_killed_with_a_file_buffered_loses_nothing_after_a_restart() {
+    let (s3, iggy) = (S3Server::start().await, IggyTestServer::start());
+    s3.create_bucket(BUCKET).await;
+    iggy.create_topic("shop", "orders", 1);
+    produce_ns(&iggy_client(&iggy).await, "shop", "orders", 1..1001).await;
+    let workspace = support::binary::Workspace::new(&iggy.address().to_string(), "");
+    let file = |extra: &str| {
+        format!("enabled = true\n{}", sink_config("out", &s3, extra))
+            .replace("path = \"s3\"", "path = \"s3\"\nname = \"s3\"")
+    };
+    workspace.add_connector("out.toml", &file("flush_interval = \"0s\""));
+    let running = workspace.run();
+    wait_for("three files committed", LONG, || {
+        iggy.stored_offset("shop", "orders", &group("out"), 0) == Some(899)
+    })
+    .await;
+    running.kill();
+    assert_eq!(objects(&s3, "out").await.len(), 3, "{}", workspace.stderr());
+    assert_eq!(
+        iggy.stored_offset("shop", "orders", &group("out"), 0),
+        Some(899)
+    );
+
+    workspace.add_connector("out.toml", &file("flush_interval = \"100ms\""));
+    let running = workspace.run();
+    wait_for("the rest read again and committed", LONG, || {
+        iggy.stored_offset("shop", "orders", &group("out"), 0) == Some(999)
+    })
+    .await;
+    running.terminate();
+    let status = running.wait_exit(LONG);
+    assert!(status.success(), "exit {status:?}\n{}", workspace.stderr());
+    assert_each_once(&objects(&s3, "out").await, 1000);
 }

@@ -118,6 +118,17 @@ impl<B> Deferral<B> {
             .min()
     }
 
+    /// An age flush started: the next is due `flush_interval` from now at
+    /// the earliest, even if this one leaves something not durable.
+    pub fn flush_started(&mut self) {
+        let now = Instant::now();
+        for partition in self.partitions.values_mut() {
+            for pending in &mut partition.pending {
+                pending.accepted_at = pending.accepted_at.max(now);
+            }
+        }
+    }
+
     /// Applies the sink's durable report and returns the partitions that may
     /// now be committed further, with the batches each commit covers.
     pub fn ready(&mut self, durable: &[(u32, u64)]) -> Vec<Ready<B>> {
@@ -248,6 +259,10 @@ mod tests {
         deferral.accepted_batch(0, 1, Some(1), "a");
         let due = deferral.flush_deadline().unwrap();
         assert!(due >= before + Duration::from_secs(5));
+        // A flush that leaves the batch not durable is not due again at once.
+        let flushed = Instant::now();
+        deferral.flush_started();
+        assert!(deferral.flush_deadline().unwrap() >= flushed + Duration::from_secs(5));
         deferral.ready(&[(0, 1)]);
         assert_eq!(deferral.flush_deadline(), None);
     }

@@ -237,7 +237,7 @@ impl TopicLoop<'_> {
                 }
             }
             let stopping = self.shutdown.is_requested();
-            if let Some(deferral) = &deferral
+            if let Some(deferral) = deferral.as_mut()
                 && !stopping
                 && in_flight.is_empty()
                 && deferral
@@ -245,6 +245,7 @@ impl TopicLoop<'_> {
                     .is_some_and(|due| due <= Instant::now())
             {
                 // The oldest batch the sink holds is `flush_interval` old.
+                deferral.flush_started();
                 in_flight.push_back(Either::Right(self.flush_all(topic)));
             }
             while !stopping && in_flight.len() < writes {
