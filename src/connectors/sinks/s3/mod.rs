@@ -49,7 +49,7 @@ pub const ENTRY: SinkEntry = SinkEntry {
     feature: "s3-sink",
     description: "writes messages as objects to S3 or an S3-compatible store (files closed by size or count, keys from their offsets: a replay overwrites; offsets committed once the object is uploaded)",
     secret_fields: &["access_key_id", "secret_access_key"],
-    sample_config: "bucket = \"iggy-data\"\nregion = \"us-east-1\"\nprefix = \"iggy/raw\"\nendpoint = \"http://127.0.0.1:9000\"\naccess_key_id = \"minioadmin\"\nsecret_access_key = \"minioadmin\"\nfile_rotation = \"messages\"\nmax_messages_per_file = 10000\noutput_format = \"json_lines\"\ncompression = \"gzip\"\nflush_interval = \"60s\"\n",
+    sample_config: "bucket = \"iggy-data\"\nregion = \"us-east-1\"\nprefix = \"iggy/raw\"\nendpoint = \"http://127.0.0.1:9000\"\naccess_key_id = \"key-id-secret\"\nsecret_access_key = \"secret\"\nfile_rotation = \"messages\"\nmax_messages_per_file = 10000\noutput_format = \"json_lines\"\ncompression = \"gzip\"\nflush_interval = \"60s\"\n",
     config_schema: schema_of::<S3SinkConfig>,
     build: |config| Ok(Box::new(S3Sink::new(parse_plugin_config(config)?)?)),
 };
