@@ -652,3 +652,71 @@ async fn sigterm_commits_the_batch_in_flight_and_a_restart_continues_without_gap
         "a graceful stop commits what the sink wrote"
     );
 }
+
+/// Rule K6 (docs/ARCHITECTURE.md): a sink that buffers (the faulty sink with
+/// `buffer_messages`) has its offsets committed only as far as it made data
+/// durable; killed with data buffered, a restart reads that data again and
+/// nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_of_a_deferred_sink_with_data_buffered_loses_nothing_after_a_restart() {
+    let server = IggyTestServer::start();
+    let workspace = Workspace::with_api(&server.address().to_string(), "");
+    workspace.add_connector("rnd.toml", &random_source(Some(1000), ""));
+    let buffered = |extra: &str| {
+        faulty_sink(
+            "out",
+            &workspace,
+            "",
+            &format!("buffer_messages = 300\n{extra}"),
+        )
+    };
+    workspace.add_connector("out.toml", &buffered(""));
+    let running = workspace.run();
+    wait_for("all 1000 in the topic", LONG, || {
+        topic(&server).len() == 1000
+    })
+    .await;
+    eventually("the sink to have accepted all 1000", LONG, async || {
+        let labels = [("connector_key", "out")];
+        metric(
+            &workspace,
+            1,
+            "iggy_connector_messages_processed_total",
+            &labels,
+        )
+        .await
+            >= 1000.0
+    })
+    .await;
+    wait_for("three files of 300 durable", LONG, || {
+        sink_output(&workspace, "out").len() == 900
+    })
+    .await;
+    wait_for("the offset to cover the durable files", LONG, || {
+        server.stored_offset(STREAM, TOPIC, SINK_GROUP, 0) == Some(899)
+    })
+    .await;
+    // The last 100 are only buffered: their offsets stay uncommitted.
+    running.kill();
+    assert_eq!(
+        server.stored_offset(STREAM, TOPIC, SINK_GROUP, 0),
+        Some(899)
+    );
+    assert_eq!(sink_output(&workspace, "out").len(), 900);
+
+    workspace.add_connector("out.toml", &buffered("flush_interval = \"100ms\""));
+    let running = workspace.run();
+    wait_for("the buffered 100 read again and flushed", LONG, || {
+        sink_output(&workspace, "out").len() >= 1000
+    })
+    .await;
+    wait_for("the offset to cover everything", LONG, || {
+        server.stored_offset(STREAM, TOPIC, SINK_GROUP, 0) == Some(999)
+    })
+    .await;
+    stop(running, &workspace);
+    let (in_topic, at_sink) = (topic(&server), sink_output(&workspace, "out"));
+    report("sigkill_deferred_sink", 1000, &in_topic, &at_sink);
+    assert!(missing(&at_sink, 1000).is_empty(), "the sink lacks records");
+    assert_eq!(duplicates(&at_sink), 0);
+}

@@ -67,6 +67,7 @@ registry::register_connectors! {
         mqtt => "mqtt-sink",
         rabbitmq => "rabbitmq-sink",
         surrealdb => "surrealdb-sink",
+        s3 => "s3-sink",
     }
 }
 
@@ -184,7 +185,56 @@ pub trait Sink: Send + Sync {
         false
     }
 
+    /// Deferred acknowledgement (rule K6 in docs/ARCHITECTURE.md). `None`, the
+    /// default, means `Ok` from `write` is durable. A sink that returns
+    /// `Some` buffers instead: `Ok` from `write` means the whole batch is
+    /// accepted into its buffer (a write that returns `Rejected` accepts
+    /// nothing), [`flush`](Sink::flush) makes buffered messages durable, and
+    /// [`durable`](Sink::durable) says how far they are. The engine commits
+    /// offsets only up to what `durable` reports, writes such a sink's
+    /// batches one at a time, and never hands it a message again that it
+    /// accepted in the same run.
+    fn deferred(&self) -> Option<Deferred> {
+        None
+    }
+
+    /// A deferred sink makes buffered messages of `topic` durable:
+    /// [`Flush::Due`] what its own triggers (size, count) sealed, called
+    /// after every accepted batch; [`Flush::All`] everything it holds, called
+    /// when the oldest buffered batch is `flush_interval` old and at a stop.
+    /// `Transient` is retried with the engine's backoff; `Fatal` (and
+    /// `Rejected`, which a flush cannot apply to single messages) stops the
+    /// sink. Either way nothing past what `durable` reports is committed.
+    async fn flush(&self, _topic: &TopicRef, _scope: Flush) -> Result<(), SinkError> {
+        Ok(())
+    }
+
+    /// A deferred sink's progress on `topic`: per partition, the offset up to
+    /// which every message it accepted is durable. Partitions it has made
+    /// nothing durable on yet may be left out.
+    fn durable(&self, _topic: &TopicRef) -> Vec<(u32, u64)> {
+        Vec::new()
+    }
+
     async fn close(&mut self) -> Result<(), ConnectorError>;
+}
+
+/// How a sink that defers acknowledgement wants to be flushed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Deferred {
+    /// Flush everything once the oldest batch accepted and not yet durable
+    /// is this old; `None` flushes on the sink's own triggers and at a stop
+    /// only.
+    pub flush_interval: Option<std::time::Duration>,
+}
+
+/// What [`Sink::flush`] is asked to make durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flush {
+    /// What the sink's own triggers (size, count) made ready.
+    Due,
+    /// Everything it holds for the topic (age, stop).
+    All,
 }
 
 /// What the runtime tells a connector about the instance it runs as.

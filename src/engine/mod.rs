@@ -1,10 +1,11 @@
 //! The pipelines and their lifecycle. The engine knows no connector by name: it
 //! drives `Source`/`Sink` trait objects over the `Bus` and enforces the delivery
-//! contract whose numbered rules (S1-S7 for sources, K1-K4 for sinks) are in
+//! contract whose numbered rules (S1-S7 for sources, K1-K6 for sinks) are in
 //! docs/ARCHITECTURE.md; the engine tests name the rule each one proves.
 
 pub mod backoff;
 pub mod dead_letter;
+mod deferral;
 pub mod metrics;
 pub mod offsets;
 pub mod retry;

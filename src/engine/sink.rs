@@ -6,19 +6,23 @@
 //! errors retry the same batch with capped backoff; messages the backend refuses
 //! go through the sink's `on_error` policy; a message that does not decode under
 //! its schema is counted and skipped (or dead-lettered), never failing the batch.
+//! A sink that defers acknowledgement (rule K6) has its offsets committed only
+//! as far as it reports durable, with flushes at its own triggers, at
+//! `flush_interval` and at a stop.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::future::BoxFuture;
+use futures::future::{BoxFuture, Either};
 use futures::stream::{FuturesOrdered, FuturesUnordered, StreamExt};
 use tracing::{debug, error, info, warn};
 
 use crate::codec::Schema;
-use crate::connectors::{Rejection, Sink, SinkError};
+use crate::connectors::{Flush, Rejection, Sink, SinkError};
 use crate::delivery::OnError;
 use crate::engine::backoff::Backoff;
+use crate::engine::deferral::Deferral;
 use crate::engine::metrics::{ConnectorMetrics, ErrorStage, Stage};
 use crate::engine::retry::{Attempt, Until, retry, retry_with};
 use crate::engine::source::Ended;
@@ -97,6 +101,8 @@ struct Delivered {
     rejected: usize,
     nacks: u32,
     trace: BatchSpan,
+    /// The last offset of the messages the sink took (`None`: it got none).
+    last_written: Option<u64>,
 }
 
 /// Awaits the future if there is one; otherwise never completes.
@@ -193,7 +199,16 @@ impl TopicLoop<'_> {
             consumer,
         } = reader;
         let (topic, schema) = (&*topic, &*schema);
-        let writes = if self.pipeline.sink.writes_concurrently() {
+        // Rule K6: a sink that defers acknowledgement gets one batch at a time
+        // and its offsets move only as far as it reports durable.
+        let mut deferral: Option<Deferral<Delivered>> = self
+            .pipeline
+            .sink
+            .deferred()
+            .map(|deferred| Deferral::new(deferred.flush_interval));
+        // A stop's flush of what a deferred sink still holds has started.
+        let mut flushed_for_stop = false;
+        let writes = if deferral.is_none() && self.pipeline.sink.writes_concurrently() {
             CONCURRENT_WRITES
         } else {
             1
@@ -209,30 +224,85 @@ impl TopicLoop<'_> {
         let mut found_nothing = false;
         let ended = loop {
             if let Some(consumer) = idle.as_deref_mut() {
-                while let Some(delivered) = written.pop_front() {
-                    self.commit(topic, consumer.as_mut(), delivered).await;
+                match deferral.as_mut() {
+                    None => {
+                        while let Some(delivered) = written.pop_front() {
+                            self.commit(topic, consumer.as_mut(), delivered).await;
+                        }
+                    }
+                    Some(deferral) => {
+                        self.commit_durable(topic, consumer.as_mut(), deferral, &mut written)
+                            .await;
+                    }
                 }
             }
             let stopping = self.shutdown.is_requested();
+            if let Some(deferral) = deferral.as_mut()
+                && !stopping
+                && in_flight.is_empty()
+                && deferral
+                    .flush_deadline()
+                    .is_some_and(|due| due <= Instant::now())
+            {
+                // The oldest batch the sink holds is `flush_interval` old.
+                deferral.flush_started();
+                in_flight.push_back(Either::Right(self.flush_all(topic)));
+            }
             while !stopping && in_flight.len() < writes {
-                let Some(batch) = prefetched.take() else {
+                let Some(mut batch) = prefetched.take() else {
                     break;
                 };
+                if let Some(deferral) = deferral.as_mut() {
+                    // Read again (a failed commit, a new session): what the
+                    // sink already holds is not handed to it twice.
+                    if let Some(accepted) = deferral.accepted(batch.partition_id) {
+                        batch.messages.retain(|message| message.offset > accepted);
+                    }
+                    if let Some(last_offset) = batch.last_offset() {
+                        deferral.handing(batch.partition_id, last_offset);
+                    }
+                }
                 if let Some(prepared) = self.prepare_batch(topic, schema, batch) {
-                    in_flight.push_back(self.deliver(topic, prepared));
+                    in_flight.push_back(Either::Left(self.deliver_batch(topic, prepared)));
                 }
             }
             if in_flight.is_empty() && polling.is_none() && written.is_empty() {
                 if stopping {
+                    if let Some(deferral) = &deferral
+                        && deferral.has_pending()
+                        && !flushed_for_stop
+                    {
+                        // What the sink holds gets the grace period to become
+                        // durable; what does not is read again after a restart.
+                        flushed_for_stop = true;
+                        in_flight.push_back(Either::Right(self.flush_all(topic)));
+                        continue;
+                    }
                     break Ended::Shutdown;
                 }
                 if prefetched.is_none()
                     && let Some(consumer) = idle.as_deref_mut()
                 {
                     // Nothing in flight: wait for the next batch (a stop
-                    // request ends the wait).
-                    match self.poll(topic, consumer.as_mut()).await {
-                        Ok(batch) => prefetched = Some(batch),
+                    // request ends the wait), or until a deferred sink's
+                    // flush is due.
+                    let due = deferral.as_ref().and_then(|deferral| {
+                        // A refused commit of durable data is tried again soon.
+                        let retry_commit = deferral
+                            .commit_owed()
+                            .then(|| Instant::now() + self.pipeline.backoff.delay(1));
+                        deferral
+                            .flush_deadline()
+                            .into_iter()
+                            .chain(retry_commit)
+                            .min()
+                    });
+                    match self.poll_until(topic, consumer.as_mut(), due).await {
+                        Ok(Some(batch)) => prefetched = Some(batch),
+                        Ok(None) => {}
+                        // A stop request: the next turn ends the loop (after
+                        // a deferred sink's flush).
+                        Err(Ended::Shutdown) if self.shutdown.is_requested() => {}
                         Err(ended) => break ended,
                     }
                 }
@@ -254,7 +324,7 @@ impl TopicLoop<'_> {
                 Some(delivered) = in_flight.next() => match delivered {
                     Ok(delivered) => {
                         found_nothing = false;
-                        written.push_back(delivered);
+                        written.extend(delivered);
                     }
                     Err(ended) => break ended,
                 },
@@ -308,6 +378,23 @@ impl TopicLoop<'_> {
         .map_err(|gave_up| gave_up.or(|| Ended::Shutdown))
     }
 
+    /// [`poll`](Self::poll) until `due`, when it gives `None`.
+    async fn poll_until(
+        &self,
+        topic: &TopicRef,
+        consumer: &mut dyn Consumer,
+        due: Option<Instant>,
+    ) -> Result<Option<ConsumedBatch>, Ended> {
+        let Some(due) = due else {
+            return self.poll(topic, consumer).await.map(Some);
+        };
+        tokio::select! {
+            biased;
+            polled = self.poll(topic, consumer) => polled.map(Some),
+            () = tokio::time::sleep_until(due.into()) => Ok(None),
+        }
+    }
+
     /// Reports a failed poll (`attempt` 0: a prefetch, not retried itself).
     fn poll_failed(&self, topic: &TopicRef, attempt: u32, error: &BusError) {
         let pipeline = self.pipeline;
@@ -349,6 +436,15 @@ impl TopicLoop<'_> {
         })
     }
 
+    /// [`deliver`](Self::deliver), for the queue of writes in flight.
+    async fn deliver_batch(
+        &self,
+        topic: &TopicRef,
+        prepared: Prepared,
+    ) -> Result<Option<Delivered>, Ended> {
+        self.deliver(topic, prepared).await.map(Some)
+    }
+
     /// Writes one batch and dead-letters what was set aside. `Err` ends the
     /// loop without committing it or anything polled after it.
     async fn deliver(&self, topic: &TopicRef, prepared: Prepared) -> Result<Delivered, Ended> {
@@ -382,6 +478,18 @@ impl TopicLoop<'_> {
             }
             wrote => wrote,
         };
+        // A deferred sink holds the batch now: it uploads what its own
+        // triggers sealed.
+        let stored = match stored {
+            Ok(()) if self.pipeline.sink.deferred().is_some() => {
+                let flushing = Instant::now();
+                let flushed = self.flush(topic, Flush::Due, &mut nacks).await;
+                let failed = flushed.as_ref().err().map(|_| "the flush gave up");
+                trace.stage("flush", flushing, Instant::now(), failed);
+                flushed
+            }
+            stored => stored,
+        };
         if let Err(ended) = stored {
             trace.end(consumed, nacks, Outcome::Nack);
             return Err(ended);
@@ -397,11 +505,139 @@ impl TopicLoop<'_> {
             rejected: rejected + (to_write - messages.len()),
             nacks,
             trace,
+            last_written: messages.last().map(|message| message.offset),
         })
+    }
+
+    /// A deferred sink's flush of everything it holds for `topic` (age, stop).
+    async fn flush_all(&self, topic: &TopicRef) -> Result<Option<Delivered>, Ended> {
+        let mut nacks = 0;
+        self.flush(topic, Flush::All, &mut nacks)
+            .await
+            .map(|()| None)
+    }
+
+    /// Flushes a deferred sink, retrying transient failures (counted in
+    /// `nacks`) until the grace period after a stop ran out.
+    async fn flush(&self, topic: &TopicRef, scope: Flush, nacks: &mut u32) -> Result<(), Ended> {
+        let pipeline = self.pipeline;
+        retry(
+            pipeline.backoff,
+            &self.shutdown,
+            Until::GraceExpired,
+            async || {
+                let error = match catch_panic(pipeline.sink.flush(topic, scope)).await {
+                    Err(panic) => return Attempt::Stop(Ended::Stopped(StopReason::Panic, panic)),
+                    Ok(Ok(())) => return Attempt::Done(()),
+                    Ok(Err(error)) => error,
+                };
+                pipeline.metrics.error(ErrorStage::Write, 1);
+                match error {
+                    SinkError::Transient(error) => Attempt::Failed(error),
+                    error => Attempt::Stop(Ended::Stopped(
+                        StopReason::Fatal,
+                        format!("flush to {topic} failed: {error}"),
+                    )),
+                }
+            },
+            |failure| {
+                *nacks += 1;
+                let message = format!("flush to {topic} failed: {}", failure.error);
+                warn!(connector_key = %pipeline.key, attempt = failure.attempt, retry_in_ms = failure.delay.as_millis() as u64, %message, "retrying the flush");
+                pipeline.status.record_error(message);
+                pipeline.metrics.retries.add(1);
+                Ok(())
+            },
+        )
+        .await
+        .map_err(|gave_up| gave_up.or(|| self.abandon()))
+    }
+
+    /// Rule K6: takes the batches a deferred sink accepted into its
+    /// bookkeeping and commits each partition as far as the sink reports
+    /// durable.
+    async fn commit_durable(
+        &self,
+        topic: &TopicRef,
+        consumer: &mut dyn Consumer,
+        deferral: &mut Deferral<Delivered>,
+        written: &mut VecDeque<Delivered>,
+    ) {
+        for delivered in written.drain(..) {
+            let (partition_id, last_offset, last_written) = (
+                delivered.partition_id,
+                delivered.last_offset,
+                delivered.last_written,
+            );
+            deferral.accepted_batch(partition_id, last_offset, last_written, delivered);
+        }
+        if !deferral.has_pending() {
+            return;
+        }
+        let durable = self.pipeline.sink.durable(topic);
+        for ready in deferral.ready(&durable) {
+            let committing = Instant::now();
+            let committed = consumer.commit(ready.partition_id, ready.offset).await;
+            let commit_time = committing.elapsed();
+            self.pipeline
+                .metrics
+                .record_duration(Stage::Commit, commit_time);
+            let failed = match committed {
+                Ok(()) => {
+                    deferral.committed(ready.partition_id, ready.offset);
+                    None
+                }
+                Err(error) => {
+                    self.commit_failed(topic, ready.partition_id, ready.offset, &error);
+                    Some(error.to_string())
+                }
+            };
+            for delivered in ready.batches {
+                self.report(topic, delivered, committing, commit_time, failed.as_deref());
+            }
+        }
     }
 
     /// Commits a delivered batch's offsets and reports it.
     async fn commit(&self, topic: &TopicRef, consumer: &mut dyn Consumer, delivered: Delivered) {
+        let committing = Instant::now();
+        let committed = consumer
+            .commit(delivered.partition_id, delivered.last_offset)
+            .await;
+        let commit_time = committing.elapsed();
+        self.pipeline
+            .metrics
+            .record_duration(Stage::Commit, commit_time);
+        let failed = match committed {
+            Ok(()) => None,
+            Err(error) => {
+                // The batch is written; a later commit covers it, or it is
+                // redelivered (at-least-once).
+                self.commit_failed(topic, delivered.partition_id, delivered.last_offset, &error);
+                Some(error.to_string())
+            }
+        };
+        self.report(topic, delivered, committing, commit_time, failed.as_deref());
+    }
+
+    fn commit_failed(&self, topic: &TopicRef, partition_id: u32, offset: u64, error: &BusError) {
+        let pipeline = self.pipeline;
+        pipeline.metrics.error(ErrorStage::OffsetCommit, 1);
+        let message = format!("offset commit on {topic} failed: {error}");
+        warn!(connector_key = %pipeline.key, partition_id, offset, %message);
+        pipeline.status.record_error(message);
+    }
+
+    /// Reports a batch whose offsets were committed (`failed`: why the
+    /// commit failed).
+    fn report(
+        &self,
+        topic: &TopicRef,
+        delivered: Delivered,
+        committing: Instant,
+        commit_time: Duration,
+        failed: Option<&str>,
+    ) {
         let pipeline = self.pipeline;
         let Delivered {
             partition_id,
@@ -414,31 +650,14 @@ impl TopicLoop<'_> {
             rejected,
             nacks,
             mut trace,
+            last_written: _,
         } = delivered;
-        let committing = Instant::now();
-        let committed = consumer.commit(partition_id, last_offset).await;
-        let commit_time = committing.elapsed();
-        pipeline.metrics.record_duration(Stage::Commit, commit_time);
-        let failed = committed.as_ref().err().map(ToString::to_string);
-        trace.stage(
-            "commit",
-            committing,
-            committing + commit_time,
-            failed.as_deref(),
-        );
+        trace.stage("commit", committing, committing + commit_time, failed);
         let outcome = match rejected {
             0 => Outcome::Ok,
             _ => Outcome::Rejected,
         };
         trace.end(count, nacks, outcome);
-        if let Err(error) = committed {
-            // The batch is written; a later commit covers it, or it is redelivered
-            // (at-least-once).
-            pipeline.metrics.error(ErrorStage::OffsetCommit, 1);
-            let message = format!("offset commit on {topic} failed: {error}");
-            warn!(connector_key = %pipeline.key, partition_id, offset = last_offset, %message);
-            pipeline.status.record_error(message);
-        }
         let total = started.elapsed();
         // Upstream's `prepare`: whatever is neither decoding nor the write.
         let prepared = total.saturating_sub(decoded + written);

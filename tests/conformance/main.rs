@@ -352,6 +352,8 @@ sink_conformance!(
     "surrealdb",
     fixtures::surrealdb_sink::Backend::new().await
 );
+#[cfg(feature = "s3-sink")]
+sink_conformance!(s3_sink, "s3", fixtures::s3_sink::Backend::new().await);
 
 /// The connectors the lines above cover, by kind and name.
 const COVERED_SOURCES: &[&str] = &[
@@ -419,6 +421,8 @@ const COVERED_SINKS: &[&str] = &[
     "rabbitmq",
     #[cfg(feature = "surrealdb-sink")]
     "surrealdb",
+    #[cfg(feature = "s3-sink")]
+    "s3",
 ];
 
 #[test]

@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use iggy_connect::connectors::{PluginConfigError, Registry, Sink, SinkError};
+use iggy_connect::connectors::{Flush, PluginConfigError, Registry, Sink, SinkError};
 use iggy_connect::message::{Payload, SinkMessage, TopicRef};
 use serde_json::{Value, json};
 
@@ -173,7 +173,7 @@ async fn write_rejecting(
 ) -> Result<Vec<String>, String> {
     let mut rejected_keys = Vec::new();
     for _ in 0..=batch.len() {
-        let rejected = match sink.write(&topic(), &batch).await {
+        let rejected = match write_durably(sink, &batch).await {
             Ok(()) => return Ok(rejected_keys),
             Err(SinkError::Rejected(rejected)) => rejected,
             Err(error) => return Err(format!("expected Ok or Rejected, got {error}")),
@@ -217,7 +217,7 @@ pub async fn transient_error_retried(subject: &SinkSubject, backend: &dyn SinkBa
         return Ok(());
     }
     let batch = messages(0..8);
-    let failed = sink.write(&topic(), &batch).await;
+    let failed = write_durably(sink.as_ref(), &batch).await;
     backend.heal().await;
     let outcome = async {
         match failed {
@@ -304,9 +304,19 @@ fn topic() -> TopicRef {
 }
 
 async fn write(sink: &dyn Sink, batch: &[SinkMessage]) -> Outcome {
-    sink.write(&topic(), batch)
+    write_durably(sink, batch)
         .await
         .map_err(|error| format!("write: {error}"))
+}
+
+/// `write`, and for a sink that defers acknowledgement (rule K6) the flush
+/// of everything it holds that the engine would call: `Ok` means durable.
+async fn write_durably(sink: &dyn Sink, batch: &[SinkMessage]) -> Result<(), SinkError> {
+    sink.write(&topic(), batch).await?;
+    if sink.deferred().is_some() {
+        sink.flush(&topic(), Flush::All).await?;
+    }
+    Ok(())
 }
 
 async fn close(sink: &mut dyn Sink) -> Outcome {

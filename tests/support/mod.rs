@@ -35,6 +35,8 @@ pub mod quickwit;
 pub mod rabbitmq;
 #[cfg(any(feature = "redis-sink", feature = "redis-source"))]
 pub mod redis;
+#[cfg(feature = "s3-sink")]
+pub mod s3;
 #[cfg(feature = "schema-registry")]
 pub mod schema_registry;
 pub mod sinks;

@@ -1,6 +1,7 @@
 //! The delivery contract, tested through the runtime with scripted connectors on
 //! the in-memory bus. Each test names one guarantee and fails without it.
 
+mod deferred;
 mod fast_paths;
 mod pipelined;
 mod prefetch;

@@ -189,6 +189,27 @@ pub struct SinkControl {
     /// `failing_number_left` is above 0 (counting down).
     pub failing_number: Mutex<Option<u64>>,
     pub failing_number_left: AtomicU32,
+    /// Set: the sink defers acknowledgement (rule K6), sealing a partition's
+    /// buffer every `seal_every` messages; `written` then holds what flushes
+    /// made durable.
+    pub deferred: Mutex<Option<DeferredScript>>,
+    /// Accepted and not durable yet: per partition, then sealed ones.
+    pub buffered: Mutex<std::collections::BTreeMap<u32, Vec<SinkMessage>>>,
+    pub sealed: Mutex<Vec<Vec<SinkMessage>>>,
+    /// Per partition, the last offset flushes made durable.
+    pub durable: Mutex<std::collections::BTreeMap<u32, u64>>,
+    /// Flushes called, and how many of the next ones fail transiently.
+    pub flushes: AtomicUsize,
+    pub flush_failures: AtomicU32,
+    /// Every flush takes this long.
+    pub flush_delay: Mutex<Duration>,
+}
+
+/// How a scripted sink defers acknowledgement.
+#[derive(Debug, Clone, Copy)]
+pub struct DeferredScript {
+    pub seal_every: usize,
+    pub flush_interval: Option<Duration>,
 }
 
 impl SinkControl {
@@ -226,6 +247,59 @@ impl Sink for ControlledSink {
 
     fn writes_concurrently(&self) -> bool {
         self.0.concurrent.load(Ordering::SeqCst)
+    }
+
+    fn deferred(&self) -> Option<crate::connectors::Deferred> {
+        let script = (*self.0.deferred.lock().unwrap())?;
+        Some(crate::connectors::Deferred {
+            flush_interval: script.flush_interval,
+        })
+    }
+
+    async fn flush(
+        &self,
+        _topic: &TopicRef,
+        scope: crate::connectors::Flush,
+    ) -> Result<(), SinkError> {
+        let control = &self.0;
+        control.flushes.fetch_add(1, Ordering::SeqCst);
+        let delay = *control.flush_delay.lock().unwrap();
+        tokio::time::sleep(delay).await;
+        if scope == crate::connectors::Flush::All {
+            let mut buffered = control.buffered.lock().unwrap();
+            let mut sealed = control.sealed.lock().unwrap();
+            sealed.extend(std::mem::take(&mut *buffered).into_values());
+        }
+        let failing = control
+            .flush_failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                left.checked_sub(1)
+            })
+            .is_ok();
+        if failing {
+            return Err(SinkError::transient("scripted flush failure"));
+        }
+        for file in control.sealed.lock().unwrap().drain(..) {
+            if let Some(last) = file.last() {
+                control
+                    .durable
+                    .lock()
+                    .unwrap()
+                    .insert(last.partition_id, last.offset);
+            }
+            control.written.lock().unwrap().extend(file);
+        }
+        Ok(())
+    }
+
+    fn durable(&self, _topic: &TopicRef) -> Vec<(u32, u64)> {
+        self.0
+            .durable
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(&partition, &offset)| (partition, offset))
+            .collect()
     }
 
     async fn write(&self, topic: &TopicRef, messages: &[SinkMessage]) -> Result<(), SinkError> {
@@ -291,7 +365,20 @@ impl ControlledSink {
                 return Err(SinkError::Rejected(rejected));
             }
         }
-        control.written.lock().unwrap().extend_from_slice(messages);
+        let deferred = *control.deferred.lock().unwrap();
+        let Some(script) = deferred else {
+            control.written.lock().unwrap().extend_from_slice(messages);
+            return Ok(());
+        };
+        let mut buffered = control.buffered.lock().unwrap();
+        for message in messages {
+            let buffer = buffered.entry(message.partition_id).or_default();
+            buffer.push(message.clone());
+            if buffer.len() >= script.seal_every {
+                let file = std::mem::take(buffer);
+                control.sealed.lock().unwrap().push(file);
+            }
+        }
         Ok(())
     }
 }

@@ -1,0 +1,349 @@
+//! The `s3` sink's `plugin_config`: upstream's fields and defaults, plus
+//! `compression`, `part_size` and `flush_interval`.
+
+use std::time::Duration;
+
+use secrecy::SecretString;
+use serde::Deserialize;
+
+use crate::connectors::PluginConfigError;
+
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct S3SinkConfig {
+    /// Bucket the objects are written to (it must exist: a missing bucket is
+    /// fatal at open).
+    pub bucket: String,
+    /// The bucket's region (`us-east-1`, ...; any value for most S3-compatible
+    /// stores).
+    pub region: String,
+    /// Key prefix of every object (slashes around it are trimmed).
+    #[serde(default)]
+    pub prefix: Option<String>,
+    /// S3-compatible endpoint URL (MinIO, R2, a local test server). Implies
+    /// path-style addressing; `http://` is allowed.
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// Access key; set both or neither of it and `secret_access_key`.
+    /// Neither: `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and
+    /// `AWS_SESSION_TOKEN` from the environment, then the instance's role.
+    #[serde(default)]
+    #[schemars(with = "Option<String>")]
+    pub access_key_id: Option<SecretString>,
+    /// Secret key that goes with `access_key_id`.
+    #[serde(default)]
+    #[schemars(with = "Option<String>")]
+    pub secret_access_key: Option<SecretString>,
+    /// The key's directory part: `{stream}`, `{topic}`, `{partition}`, and
+    /// `{date}` (`YYYY-MM-DD`), `{hour}` (`HH`) and `{timestamp}` (epoch
+    /// milliseconds) of the file's first message (UTC, its Iggy timestamp:
+    /// the same after a replay).
+    #[serde(default = "default_path_template")]
+    pub path_template: String,
+    /// What closes a file: `size` (`max_file_size` of encoded messages,
+    /// before compression) or `messages` (`max_messages_per_file`).
+    #[serde(default)]
+    pub file_rotation: FileRotation,
+    /// With `file_rotation = "size"`: a file is closed once its encoded
+    /// messages reach this size (`"8MiB"`, `"500KB"`, or a number of bytes).
+    #[serde(default = "default_max_file_size")]
+    pub max_file_size: String,
+    /// With `file_rotation = "messages"` (required there): messages per file.
+    #[serde(default)]
+    pub max_messages_per_file: Option<u64>,
+    /// `json_lines` (alias `jsonl`), `json_array`, or `raw` (the payloads'
+    /// bytes back to back).
+    #[serde(default)]
+    pub output_format: OutputFormat,
+    /// With JSON output: each line carries `offset`, `timestamp`, `stream`,
+    /// `topic` and `partition_id` beside `payload`.
+    #[serde(default = "default_true")]
+    pub include_metadata: bool,
+    /// With JSON output: each line carries the message's `headers`.
+    #[serde(default)]
+    pub include_headers: bool,
+    /// Attempts of one upload inside one flush when it fails transiently
+    /// (alias `max_retries`, 0 counts as 1). Past them the engine retries
+    /// the flush with its backoff, committing nothing meanwhile.
+    #[serde(default = "default_max_attempts", alias = "max_retries")]
+    pub max_attempts: u32,
+    /// Delay before the second attempt (doubling, capped at 60 s).
+    #[serde(default = "default_retry_delay", with = "crate::config::duration")]
+    #[schemars(with = "crate::config::duration::Text")]
+    pub retry_delay: Duration,
+    /// Path-style addressing (`endpoint/bucket/key`); on whenever `endpoint`
+    /// is set.
+    #[serde(default)]
+    pub path_style: Option<bool>,
+    /// Compression of each object: `none` (the default), `gzip` (key ends
+    /// `.gz`) or `zstd` (`.zst`).
+    #[serde(default)]
+    pub compression: Compression,
+    /// An object larger than this (after compression) is uploaded in parts
+    /// of this size (S3's multipart upload; at least 5 MiB).
+    #[serde(default = "default_part_size")]
+    pub part_size: String,
+    /// Upload what is buffered once the oldest message waiting is this old,
+    /// even if its file is not full (`"0s"`: only on rotation and at a stop).
+    /// Such a file ends where the data happened to end, so after a crash
+    /// between its upload and the offset commit, the data read again can
+    /// land in a differently bounded object (duplicates, never loss).
+    #[serde(default = "default_flush_interval", with = "crate::config::duration")]
+    #[schemars(with = "crate::config::duration::Text")]
+    pub flush_interval: Duration,
+    /// Timeout of one request to S3.
+    #[serde(default = "default_request_timeout", with = "crate::config::duration")]
+    #[schemars(with = "crate::config::duration::Text")]
+    pub request_timeout: Duration,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FileRotation {
+    #[default]
+    Size,
+    Messages,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputFormat {
+    #[default]
+    #[serde(alias = "jsonl", alias = "jsonlines")]
+    JsonLines,
+    JsonArray,
+    Raw,
+}
+
+impl OutputFormat {
+    pub fn extension(self) -> &'static str {
+        match self {
+            OutputFormat::JsonLines => "jsonl",
+            OutputFormat::JsonArray => "json",
+            OutputFormat::Raw => "bin",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Compression {
+    #[default]
+    None,
+    Gzip,
+    Zstd,
+}
+
+impl Compression {
+    pub fn extension(self) -> &'static str {
+        match self {
+            Compression::None => "",
+            Compression::Gzip => ".gz",
+            Compression::Zstd => ".zst",
+        }
+    }
+}
+
+/// When a file is closed, in checked numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rotation {
+    Bytes(u64),
+    Messages(u64),
+}
+
+/// S3 refuses parts smaller than this (but the last).
+pub const MIN_PART_SIZE: u64 = 5 << 20;
+
+impl S3SinkConfig {
+    /// Checks what serde cannot, naming the field.
+    pub fn validate(&self) -> Result<(Rotation, u64), PluginConfigError> {
+        for (field, value) in [("bucket", &self.bucket), ("region", &self.region)] {
+            if value.trim().is_empty() {
+                return Err(PluginConfigError::new(field, "must not be empty"));
+            }
+        }
+        if self.path_template.trim().is_empty() {
+            return Err(PluginConfigError::new(
+                "path_template",
+                "must not be empty (the default is \"{stream}/{topic}/{date}/{hour}\")",
+            ));
+        }
+        if self.access_key_id.is_some() != self.secret_access_key.is_some() {
+            return Err(PluginConfigError::new(
+                "access_key_id",
+                "set both access_key_id and secret_access_key, or neither (then the AWS_* environment variables are used)",
+            ));
+        }
+        if let Some(endpoint) = &self.endpoint
+            && !(endpoint.starts_with("http://") || endpoint.starts_with("https://"))
+        {
+            return Err(PluginConfigError::new(
+                "endpoint",
+                format!("expected an http:// or https:// URL, found \"{endpoint}\""),
+            ));
+        }
+        let rotation = match self.file_rotation {
+            FileRotation::Size => {
+                let bytes = parse_size(&self.max_file_size)
+                    .map_err(|message| PluginConfigError::new("max_file_size", message))?;
+                if bytes == 0 {
+                    return Err(PluginConfigError::new("max_file_size", "must be above 0"));
+                }
+                Rotation::Bytes(bytes)
+            }
+            FileRotation::Messages => match self.max_messages_per_file {
+                Some(count) if count > 0 => Rotation::Messages(count),
+                Some(_) => {
+                    return Err(PluginConfigError::new(
+                        "max_messages_per_file",
+                        "must be above 0",
+                    ));
+                }
+                None => {
+                    return Err(PluginConfigError::new(
+                        "max_messages_per_file",
+                        "required with file_rotation = \"messages\"",
+                    ));
+                }
+            },
+        };
+        let part_size = parse_size(&self.part_size)
+            .map_err(|message| PluginConfigError::new("part_size", message))?;
+        if part_size < MIN_PART_SIZE {
+            return Err(PluginConfigError::new(
+                "part_size",
+                "must be at least 5MiB (S3's smallest part)",
+            ));
+        }
+        Ok((rotation, part_size))
+    }
+
+    /// Path-style addressing: asked for, or implied by `endpoint`.
+    pub fn path_style(&self) -> bool {
+        self.path_style.unwrap_or(self.endpoint.is_some())
+    }
+}
+
+/// A size such as `"8MiB"`, `"500 KB"`, `"1GB"` or `"1048576"` in bytes
+/// (KB, MB, GB are powers of 1000; KiB, MiB, GiB of 1024).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|character: char| !(character.is_ascii_digit() || character == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let expected = || format!("expected a size such as \"8MiB\" or \"500KB\", found \"{text}\"");
+    let number: f64 = number.parse().map_err(|_| expected())?;
+    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kb" => 1_000,
+        "kib" | "k" => 1 << 10,
+        "mb" => 1_000_000,
+        "mib" | "m" => 1 << 20,
+        "gb" => 1_000_000_000,
+        "gib" | "g" => 1 << 30,
+        _ => return Err(expected()),
+    };
+    Ok((number * multiplier as f64) as u64)
+}
+
+fn default_path_template() -> String {
+    "{stream}/{topic}/{date}/{hour}".to_owned()
+}
+
+fn default_max_file_size() -> String {
+    "8MiB".to_owned()
+}
+
+fn default_part_size() -> String {
+    "8MiB".to_owned()
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_max_attempts() -> u32 {
+    3
+}
+
+fn default_retry_delay() -> Duration {
+    Duration::from_secs(1)
+}
+
+fn default_flush_interval() -> Duration {
+    Duration::from_secs(60)
+}
+
+fn default_request_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(extra: serde_json::Value) -> Result<S3SinkConfig, PluginConfigError> {
+        let mut value = serde_json::json!({"bucket": "b", "region": "us-east-1"});
+        for (key, field) in extra.as_object().unwrap() {
+            value[key] = field.clone();
+        }
+        crate::connectors::parse_plugin_config(&value)
+    }
+
+    #[test]
+    fn given_upstreams_required_fields_when_parsed_should_take_upstreams_defaults() {
+        let config = config(serde_json::json!({})).unwrap();
+        assert_eq!(config.path_template, "{stream}/{topic}/{date}/{hour}");
+        assert_eq!(config.file_rotation, FileRotation::Size);
+        assert_eq!(config.output_format, OutputFormat::JsonLines);
+        assert!(config.include_metadata && !config.include_headers);
+        assert_eq!(config.max_attempts, 3);
+        assert_eq!(config.retry_delay, Duration::from_secs(1));
+        assert_eq!(
+            config.validate().unwrap(),
+            (Rotation::Bytes(8 << 20), 8 << 20)
+        );
+        assert!(!config.path_style());
+    }
+
+    #[test]
+    fn given_bad_values_when_validated_should_name_the_field() {
+        let cases = [
+            (serde_json::json!({"bucket": " "}), "bucket"),
+            (serde_json::json!({"access_key_id": "a"}), "access_key_id"),
+            (
+                serde_json::json!({"max_file_size": "8 parsecs"}),
+                "max_file_size",
+            ),
+            (
+                serde_json::json!({"file_rotation": "messages"}),
+                "max_messages_per_file",
+            ),
+            (
+                serde_json::json!({"file_rotation": "messages", "max_messages_per_file": 0}),
+                "max_messages_per_file",
+            ),
+            (serde_json::json!({"part_size": "1MiB"}), "part_size"),
+            (
+                serde_json::json!({"endpoint": "localhost:9000"}),
+                "endpoint",
+            ),
+        ];
+        for (extra, field) in cases {
+            let error = config(extra.clone()).unwrap().validate().unwrap_err();
+            assert_eq!(error.field, field, "{extra}: {error}");
+        }
+        let error = config(serde_json::json!({"output_format": "csv"})).unwrap_err();
+        assert_eq!(error.field, "output_format");
+    }
+
+    #[test]
+    fn given_sizes_when_parsed_should_follow_their_unit() {
+        assert_eq!(parse_size("8MiB"), Ok(8 << 20));
+        assert_eq!(parse_size("500 KB"), Ok(500_000));
+        assert_eq!(parse_size("1048576"), Ok(1 << 20));
+        assert_eq!(parse_size("1.5KiB"), Ok(1536));
+        assert!(parse_size("MiB").is_err());
+    }
+}
