@@ -120,13 +120,7 @@ impl Backend {
 async fn sink_case(case: &str, iggy: &Iggy, stream: &str, messages: u64) {
     let backend = Backend::start(case).await;
     let (path, plugin_config) = backend.connector();
-    let client = raw::topic(iggy, stream, TOPIC).await;
-    raw::send(&client, stream, TOPIC, messages, 1000, |n| {
-        serde_json::to_vec(&json!({"id": n, "name": "bench", "text": "x".repeat(100)}))
-            .expect("json")
-            .into()
-    })
-    .await;
+    let client = raw::topic_of_documents(iggy, stream, TOPIC, messages).await;
     let stages = Stages::install();
     let poll_interval = humantime::format_duration(common::poll_interval());
     let pipeline = Pipeline::new(

@@ -19,10 +19,8 @@ mod support;
 
 mod common;
 
-use bytes::Bytes;
 use common::{Iggy, Pipeline, Report, Stages, raw};
 use iggy_connect::connectors::ConnectorKind;
-use serde_json::json;
 use support::mosquitto::{Collector, Mosquitto, create_session, publish};
 
 const CASES: &[&str] = &[
@@ -35,12 +33,6 @@ const TOPIC: &str = "events";
 
 fn main() {
     common::main(CASES, run);
-}
-
-fn payload(n: u64) -> Bytes {
-    serde_json::to_vec(&json!({"id": n, "name": "bench", "text": "x".repeat(100)}))
-        .expect("json")
-        .into()
 }
 
 async fn run(case: String) {
@@ -67,7 +59,7 @@ async fn sink_case(
     version: &str,
 ) {
     let client = raw::topic(iggy, stream, TOPIC).await;
-    raw::send(&client, stream, TOPIC, messages, 1000, payload).await;
+    raw::send(&client, stream, TOPIC, messages, 1000, raw::document).await;
     let collector = Collector::start(broker.port, "bench/#", "bench/events").await;
     let stages = Stages::install();
     let poll_interval = humantime::format_duration(common::poll_interval());
@@ -129,7 +121,7 @@ async fn source_case(
         publish(
             broker.port,
             "bench/events",
-            (first..last).map(payload).collect(),
+            (first..last).map(raw::document).collect(),
         )
         .await;
     }

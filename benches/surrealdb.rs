@@ -17,7 +17,6 @@ mod common;
 
 use common::{Iggy, Pipeline, Report, Stages, raw};
 use iggy_connect::connectors::ConnectorKind;
-use serde_json::json;
 use support::surrealdb::SurrealServer;
 
 const CASES: &[&str] = &["iggy_to_surrealdb_sink"];
@@ -35,13 +34,7 @@ async fn run(case: String) {
 
 async fn sink_case(case: &str, iggy: &Iggy, stream: &str, messages: u64) {
     let server = SurrealServer::start().await;
-    let client = raw::topic(iggy, stream, TOPIC).await;
-    raw::send(&client, stream, TOPIC, messages, 1000, |n| {
-        serde_json::to_vec(&json!({"id": n, "name": "bench", "text": "x".repeat(100)}))
-            .expect("json")
-            .into()
-    })
-    .await;
+    let client = raw::topic_of_documents(iggy, stream, TOPIC, messages).await;
     let stages = Stages::install();
     let poll_interval = humantime::format_duration(common::poll_interval());
     let endpoint = server.url();

@@ -47,6 +47,25 @@ pub async fn topic(iggy: &Iggy, stream: &str, topic: &str) -> Arc<IggyClient> {
     client
 }
 
+/// The sink cases' message `n`: a JSON document of about 130 bytes.
+pub fn document(n: u64) -> Bytes {
+    serde_json::to_vec(&serde_json::json!({"id": n, "name": "bench", "text": "x".repeat(100)}))
+        .expect("json")
+        .into()
+}
+
+/// A topic (as [`topic`]) holding `count` [`document`]s, for a sink case.
+pub async fn topic_of_documents(
+    iggy: &Iggy,
+    stream: &str,
+    topic_name: &str,
+    count: u64,
+) -> Arc<IggyClient> {
+    let client = topic(iggy, stream, topic_name).await;
+    send(&client, stream, topic_name, count, 1000, document).await;
+    client
+}
+
 /// Sends `count` messages with payloads from `payload(n)`, `batch` per
 /// request, one request in flight. Returns each request's duration.
 pub async fn send(
