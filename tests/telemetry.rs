@@ -161,11 +161,12 @@ fn assert_batch_spans(receiver: &OtlpReceiver) {
     );
 }
 
-#[test]
-fn batch_spans_with_their_stages_and_the_logs_reach_an_otlp_grpc_receiver() {
+/// Runs the pipeline exporting over `protocol` to the receiver's endpoint
+/// for it, and checks the batch spans and the startup log arrived.
+fn assert_spans_and_logs_over(protocol: &str, endpoint: fn(&OtlpReceiver) -> &str) {
     let server = IggyTestServer::start();
     let receiver = OtlpReceiver::start();
-    let workspace = run_pipeline(&server, &telemetry(true, "grpc", receiver.grpc_url()));
+    let workspace = run_pipeline(&server, &telemetry(true, protocol, endpoint(&receiver)));
     assert_batch_spans(&receiver);
     let logs = receiver.log_bodies();
     assert!(
@@ -177,18 +178,13 @@ fn batch_spans_with_their_stages_and_the_logs_reach_an_otlp_grpc_receiver() {
 }
 
 #[test]
+fn batch_spans_with_their_stages_and_the_logs_reach_an_otlp_grpc_receiver() {
+    assert_spans_and_logs_over("grpc", OtlpReceiver::grpc_url);
+}
+
+#[test]
 fn batch_spans_and_logs_reach_an_otlp_http_receiver_at_the_signal_paths() {
-    let server = IggyTestServer::start();
-    let receiver = OtlpReceiver::start();
-    let workspace = run_pipeline(&server, &telemetry(true, "http", receiver.http_url()));
-    assert_batch_spans(&receiver);
-    let logs = receiver.log_bodies();
-    assert!(
-        logs.iter()
-            .any(|body| body.contains("iggy-connect starting")),
-        "{logs:?}\n{}",
-        workspace.stderr()
-    );
+    assert_spans_and_logs_over("http", OtlpReceiver::http_url);
 }
 
 #[test]
