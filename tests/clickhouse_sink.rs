@@ -9,13 +9,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use iggy_connect::config::env::EnvVars;
 use iggy_connect::config::parse_connector_file;
 use iggy_connect::connectors::{Sink, SinkError};
 use iggy_connect::engine::Runtime;
-use iggy_connect::iggy::{Bus, MemoryBus, ProducerTarget};
-use iggy_connect::message::{OutgoingMessage, Payload, SinkMessage};
+use iggy_connect::iggy::MemoryBus;
+use iggy_connect::message::{Payload, SinkMessage};
 use iggy_connect::state::MemoryStateStore;
 use serde_json::{Value, json};
 use support::clickhouse::{ClickHouse, Proxy};
@@ -331,28 +330,14 @@ async fn upstreams_example_file_runs_against_the_server() {
     let text = text.replace("http://localhost:8123", &server.url());
     let (config, _) = parse_connector_file(&path, &text, &EnvVars::from_pairs([])).unwrap();
     let bus = MemoryBus::new();
-    let producer = bus
-        .producer(&ProducerTarget {
-            stream: "example_stream".into(),
-            topic: "example_topic".into(),
-            partitions: 1,
-            batch_length: 1000,
-            linger_time: Duration::ZERO,
-        })
-        .await
-        .unwrap();
-    let messages: Vec<OutgoingMessage> = (1..=5)
-        .map(|id| OutgoingMessage {
-            id: Some(id),
-            headers: Vec::new(),
-            payload: Bytes::from(
-                serde_json::to_vec(&json!({"id": id as u64, "name": "x", "n": 1})).unwrap(),
-            ),
-            partition: None,
-            origin_timestamp: None,
-        })
-        .collect();
-    producer.send(&messages).await.unwrap();
+    support::sinks::send(
+        &bus,
+        "example_stream",
+        "example_topic",
+        1,
+        (1..=5u64).map(|id| serde_json::to_vec(&json!({"id": id, "name": "x", "n": 1})).unwrap()),
+    )
+    .await;
     let runtime = Runtime::new(
         Arc::new(bus.clone()),
         Arc::new(MemoryStateStore::new()),

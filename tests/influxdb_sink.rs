@@ -8,13 +8,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use iggy_connect::config::env::EnvVars;
 use iggy_connect::config::parse_connector_file;
 use iggy_connect::connectors::{Sink, SinkError};
 use iggy_connect::engine::Runtime;
-use iggy_connect::iggy::{Bus, MemoryBus, ProducerTarget};
-use iggy_connect::message::{OutgoingMessage, Payload, SinkMessage, TopicRef};
+use iggy_connect::iggy::MemoryBus;
+use iggy_connect::message::{Payload, SinkMessage, TopicRef};
 use iggy_connect::state::MemoryStateStore;
 use serde_json::{Value, json};
 use support::influxdb::InfluxDb;
@@ -461,26 +460,14 @@ async fn run_upstreams_example(extra: &str) -> Vec<String> {
     let (config, _) = parse_connector_file(&path, &text, &EnvVars::from_pairs([])).unwrap();
     let bus = MemoryBus::new();
     for topic in ["users", "orders"] {
-        let producer = bus
-            .producer(&ProducerTarget {
-                stream: "user_events".into(),
-                topic: topic.into(),
-                partitions: 1,
-                batch_length: 1000,
-                linger_time: Duration::ZERO,
-            })
-            .await
-            .unwrap();
-        let messages: Vec<OutgoingMessage> = (1..=3)
-            .map(|id| OutgoingMessage {
-                id: Some(id),
-                headers: Vec::new(),
-                payload: Bytes::from(serde_json::to_vec(&json!({"id": id as u64})).unwrap()),
-                partition: None,
-                origin_timestamp: None,
-            })
-            .collect();
-        producer.send(&messages).await.unwrap();
+        support::sinks::send(
+            &bus,
+            "user_events",
+            topic,
+            1,
+            (1..=3u64).map(|id| serde_json::to_vec(&json!({"id": id})).unwrap()),
+        )
+        .await;
     }
     let runtime = Runtime::new(
         Arc::new(bus.clone()),

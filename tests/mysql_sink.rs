@@ -13,8 +13,8 @@ use iggy_connect::config::env::EnvVars;
 use iggy_connect::config::{ConnectorConfig, parse_connector_file};
 use iggy_connect::connectors::{ConnectorKind, SinkError};
 use iggy_connect::engine::{Runtime, Status, StopReason};
-use iggy_connect::iggy::{Bus, MemoryBus, ProducerTarget};
-use iggy_connect::message::{OutgoingMessage, Payload, SinkMessage};
+use iggy_connect::iggy::MemoryBus;
+use iggy_connect::message::{Payload, SinkMessage};
 use iggy_connect::state::MemoryStateStore;
 use sqlx::MySqlPool;
 use support::mariadb::{connect, count, create_database, execute, unique};
@@ -54,29 +54,10 @@ impl Pipeline {
 
     /// Sends payloads as one batch; ids continue from `first_id`.
     async fn produce(&self, first_id: u128, payloads: &[Vec<u8>]) {
-        let producer = self
-            .bus
-            .producer(&ProducerTarget {
-                stream: self.stream.clone(),
-                topic: TOPIC.into(),
-                partitions: 1,
-                batch_length: 1000,
-                linger_time: Duration::ZERO,
-            })
-            .await
-            .unwrap();
-        let messages: Vec<OutgoingMessage> = payloads
+        let payloads = payloads
             .iter()
-            .enumerate()
-            .map(|(index, payload)| OutgoingMessage {
-                id: Some(first_id + index as u128),
-                headers: Vec::new(),
-                payload: Bytes::copy_from_slice(payload),
-                partition: None,
-                origin_timestamp: None,
-            })
-            .collect();
-        producer.send(&messages).await.unwrap();
+            .map(|payload| Bytes::copy_from_slice(payload));
+        support::sinks::send(&self.bus, &self.stream, TOPIC, first_id, payloads).await;
     }
 
     fn drained(&self) -> bool {

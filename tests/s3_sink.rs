@@ -17,8 +17,8 @@ use iggy_connect::config::env::EnvVars;
 use iggy_connect::connectors::ConnectorKind;
 use iggy_connect::connectors::Flush;
 use iggy_connect::engine::{Runtime, Status};
-use iggy_connect::iggy::{Bus, MemoryBus, ProducerTarget};
-use iggy_connect::message::{OutgoingMessage, Payload, SinkMessage};
+use iggy_connect::iggy::MemoryBus;
+use iggy_connect::message::{Payload, SinkMessage};
 use iggy_connect::state::MemoryStateStore;
 use serde_json::{Value, json};
 use support::harness::{connector, iggy_client, produce_ns, runtime};
@@ -357,26 +357,14 @@ async fn upstreams_example_file_runs_against_the_s3_server() {
     let (config, _) = parse_connector_file(&path, &text, &EnvVars::from_pairs([])).unwrap();
     let bus = MemoryBus::new();
     for topic in ["api_requests", "errors"] {
-        let producer = bus
-            .producer(&ProducerTarget {
-                stream: "application_logs".into(),
-                topic: topic.into(),
-                partitions: 1,
-                batch_length: 1000,
-                linger_time: Duration::ZERO,
-            })
-            .await
-            .unwrap();
-        let messages: Vec<OutgoingMessage> = (1..=5)
-            .map(|n| OutgoingMessage {
-                id: Some(n),
-                headers: Vec::new(),
-                payload: Bytes::from(json!({ "n": n as u64 }).to_string()),
-                partition: None,
-                origin_timestamp: None,
-            })
-            .collect();
-        producer.send(&messages).await.unwrap();
+        support::sinks::send(
+            &bus,
+            "application_logs",
+            topic,
+            1,
+            (1..=5u64).map(|n| json!({ "n": n }).to_string()),
+        )
+        .await;
     }
     let runtime = Runtime::new(
         Arc::new(bus.clone()),

@@ -13,8 +13,8 @@ use iggy_connect::codec::Schema;
 use iggy_connect::config::{ConnectorConfig, DeadLetterTarget, KindConfig, OnError, SinkStream};
 use iggy_connect::connectors::{ConnectorKind, Sink, SinkError};
 use iggy_connect::engine::{Runtime, Status, StopReason};
-use iggy_connect::iggy::{Bus, MemoryBus, ProducerTarget};
-use iggy_connect::message::{HeaderValue, OutgoingMessage, Payload, SinkMessage};
+use iggy_connect::iggy::MemoryBus;
+use iggy_connect::message::{HeaderValue, Payload, SinkMessage};
 use iggy_connect::state::MemoryStateStore;
 use serde_json::{Value, json};
 use support::sinks::{self, topic};
@@ -306,28 +306,16 @@ impl Pipeline {
     ) -> Self {
         let stream = format!("surrealdb-sink-{name}");
         let bus = MemoryBus::new();
-        let producer = bus
-            .producer(&ProducerTarget {
-                stream: stream.clone(),
-                topic: TOPIC.into(),
-                partitions: 1,
-                batch_length: 1000,
-                linger_time: Duration::ZERO,
-            })
-            .await
-            .unwrap();
-        let outgoing: Vec<OutgoingMessage> = payloads
-            .iter()
-            .enumerate()
-            .map(|(index, payload)| OutgoingMessage {
-                id: Some(index as u128 + 1),
-                headers: Vec::new(),
-                payload: Bytes::from(serde_json::to_vec(payload).unwrap()),
-                partition: None,
-                origin_timestamp: None,
-            })
-            .collect();
-        producer.send(&outgoing).await.unwrap();
+        support::sinks::send(
+            &bus,
+            &stream,
+            TOPIC,
+            1,
+            payloads
+                .iter()
+                .map(|payload| serde_json::to_vec(payload).unwrap()),
+        )
+        .await;
         let runtime = Runtime::new(
             Arc::new(bus.clone()),
             Arc::new(MemoryStateStore::new()),
