@@ -6,6 +6,8 @@
 //! - `row_id` (with the SQL sources): deterministic ids of database rows, snake_case columns;
 //! - `sql` (with the SQL connectors): the open-time check, pool timeouts explained
 //!   by their cause, client errors worth retrying, a sink's payload bytes;
+//! - `cdc` (with the SQL sources): change kinds, the snapshot setting and the
+//!   `DatabaseRecord` envelope of their change-data-capture modes;
 //! - `sql_poll` (with the SQL sources): the polling core (cursor state, staged
 //!   batches, caught-up and finish logic) and the config pieces they share;
 //! - `row_id` (with the SQL and rabbitmq sources): deterministic ids of database rows
@@ -18,6 +20,8 @@
 pub mod backoff;
 pub mod batch;
 pub mod breaker;
+#[cfg(any(feature = "postgres-source", feature = "mysql-source"))]
+pub mod cdc;
 #[cfg(feature = "kit-http")]
 pub mod gzip;
 #[cfg(feature = "kit-http")]

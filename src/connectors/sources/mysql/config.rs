@@ -8,6 +8,7 @@ use secrecy::SecretString;
 use serde::Deserialize;
 
 use crate::connectors::PluginConfigError;
+pub use crate::connectors::kit::cdc::{Operation, SnapshotMode};
 pub use crate::connectors::kit::sql_poll::Consume;
 use crate::connectors::kit::sql::{default_max_connections, default_true};
 use crate::connectors::kit::sql_poll::{
@@ -22,8 +23,8 @@ pub struct MySqlSourceConfig {
     /// MySQL or MariaDB URL (`mysql://user:password@host:3306/database`); a secret.
     #[schemars(with = "String")]
     pub connection_string: SecretString,
-    /// `polling` (read tables with a query). `cdc` (the row binlog) is not
-    /// built yet and is refused.
+    /// `polling` (read tables with a query) or `cdc` (read the row binlog as
+    /// a replica does).
     #[serde(default)]
     pub mode: Mode,
     /// Tables to read (`table` or `database.table`), each polled in turn.
@@ -74,6 +75,16 @@ pub struct MySqlSourceConfig {
     pub max_retries: Option<u32>,
     /// Accepted, unused (the engine retries).
     pub retry_delay: Option<String>,
+    /// CDC: which changes to produce, of `INSERT`, `UPDATE`, `DELETE`,
+    /// `TRUNCATE` (default: the first three).
+    pub capture_operations: Option<Vec<String>>,
+    /// CDC: `initial` produces the tables' rows first (consistent with the
+    /// binlog position, resumable), `never` only the changes from now on.
+    #[serde(default)]
+    pub snapshot: SnapshotMode,
+    /// CDC: the replica id the binlog connection registers with (unique among
+    /// the server's replicas). Default: derived from the connector key.
+    pub server_id: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
@@ -103,10 +114,7 @@ impl MySqlSourceConfig {
     pub fn validate(&self) -> Result<(), PluginConfigError> {
         check_connection_string(&self.connection_string)?;
         if self.mode == Mode::Cdc {
-            return Err(PluginConfigError::new(
-                "mode",
-                "mode = \"cdc\" (the row binlog) is not available in this build yet; use mode = \"polling\"",
-            ));
+            self.validate_cdc()?;
         }
         if self.tables.is_empty() {
             return Err(PluginConfigError::new(
@@ -137,6 +145,35 @@ impl MySqlSourceConfig {
             initial_offset: self.initial_offset.as_ref(),
         }
         .validate()
+    }
+
+    fn validate_cdc(&self) -> Result<(), PluginConfigError> {
+        let polling_only = [
+            ("custom_query", self.custom_query.is_some()),
+            ("payload_column", self.payload_column.is_some()),
+            ("delete_after_read", self.delete_after_read),
+            ("processed_column", self.processed_column.is_some()),
+        ];
+        for (field, set) in polling_only {
+            if set {
+                return Err(PluginConfigError::new(
+                    field,
+                    "applies to mode = \"polling\" only; remove it or use polling",
+                ));
+            }
+        }
+        if self.server_id == Some(0) {
+            return Err(PluginConfigError::new(
+                "server_id",
+                "expected 1 to 4294967295 (0 is refused by the server)",
+            ));
+        }
+        self.operations().map(drop)
+    }
+
+    /// The change kinds `mode = "cdc"` produces (`capture_operations`).
+    pub fn operations(&self) -> Result<Vec<Operation>, PluginConfigError> {
+        crate::connectors::kit::cdc::operations(self.capture_operations.as_deref())
     }
 
     pub fn consume(&self) -> Consume {
@@ -194,7 +231,9 @@ mod tests {
     fn given_contradictory_or_unavailable_settings_when_parsed_should_name_the_field() {
         for (field, value) in [
             ("delete_after_read", serde_json::json!({"delete_after_read": true, "processed_column": "done"})),
-            ("mode", serde_json::json!({"mode": "cdc"})),
+            ("custom_query", serde_json::json!({"mode": "cdc", "custom_query": "SELECT 1"})),
+            ("capture_operations", serde_json::json!({"mode": "cdc", "capture_operations": ["MERGE"]})),
+            ("server_id", serde_json::json!({"mode": "cdc", "server_id": 0})),
             ("tables", serde_json::json!({"tables": ["a.b.c"]})),
             ("initial_offset", serde_json::json!({"custom_query": "SELECT * FROM t WHERE id > $offset"})),
             ("payload_format", serde_json::json!({"payload_column": "p", "payload_format": "xml"})),

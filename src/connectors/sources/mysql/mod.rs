@@ -11,9 +11,10 @@
 //! (`updated_at`) the table's primary key (or `primary_key_column`) breaks
 //! ties, so rows sharing a tracking value across a batch boundary are all read.
 //!
-//! `mode = "cdc"` (the row binlog) is not built yet: such a config is refused
-//! at validation, naming the field.
+//! `mode = "cdc"` (module `cdc`) reads the tables' changes from the row
+//! binlog instead.
 
+mod cdc;
 mod config;
 mod query;
 mod record;
@@ -26,7 +27,8 @@ use sqlx::{AssertSqlSafe, Row};
 use tokio::sync::OnceCell;
 use tracing::{info, warn};
 
-pub use config::{Consume, Mode, MySqlSourceConfig, PayloadFormat};
+pub use cdc::{CdcSource, CdcState};
+pub use config::{Consume, Mode, MySqlSourceConfig, PayloadFormat, SnapshotMode};
 pub use record::write_value;
 
 use crate::connectors::kit::sql;
@@ -43,14 +45,17 @@ use record::{RowError, RowShape};
 pub const ENTRY: SourceEntry = SourceEntry {
     name: "mysql",
     feature: "mysql-source",
-    description: "reads rows of MySQL or MariaDB tables by polling (cursor, delete or mark), at-least-once",
+    description: "reads rows of MySQL or MariaDB tables by polling (cursor, delete or mark) or their changes from the row binlog (mode = \"cdc\"), at-least-once",
     secret_fields: &["connection_string"],
     sample_config: "connection_string = \"mysql://app:secret@localhost:3306/app\"\ntables = [\"users\"]\ntracking_column = \"id\"\npoll_interval = \"1s\"\nbatch_size = 1000\n",
     config_schema: schema_of::<MySqlSourceConfig>,
     build: |config| {
         let config: MySqlSourceConfig = parse_plugin_config(config)?;
         config.validate()?;
-        Ok(Box::new(MySqlSource::new(config)))
+        Ok(match config.mode {
+            Mode::Polling => Box::new(MySqlSource::new(config)),
+            Mode::Cdc => Box::new(CdcSource::new(config)),
+        })
     },
 };
 

@@ -219,7 +219,7 @@ impl TablePlan {
     }
 }
 
-fn column(catalog: &CatalogColumn) -> Column {
+pub fn column(catalog: &CatalogColumn) -> Column {
     Column {
         quoted: quote_identifier(&catalog.name).unwrap_or_default(),
         cast: cast_type(&catalog.data_type, &catalog.column_type),

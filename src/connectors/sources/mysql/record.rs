@@ -120,28 +120,46 @@ impl RowShape {
             write_string(&mut out, now);
             out.extend_from_slice(b",\"data\":");
         }
-        out.push(b'{');
-        for (position, column) in row.columns().iter().enumerate().skip(2) {
-            if position > 2 {
-                out.push(b',');
-            }
-            if self.snake_case_columns {
-                write_string(&mut out, &to_snake_case(column.name()));
-            } else {
-                write_string(&mut out, column.name());
-            }
-            out.push(b':');
-            match self.bytes(row, position)? {
-                None => out.extend_from_slice(b"null"),
-                Some(value) => write_value(&mut out, column.type_info().name(), value),
-            }
-        }
-        out.push(b'}');
+        write_columns(&mut out, row, 2, self.snake_case_columns).map_err(|source| RowError::Decode {
+            table: self.table.clone(),
+            source,
+        })?;
         if self.include_metadata {
             out.extend_from_slice(b",\"old_data\":null}");
         }
         Ok(out)
     }
+}
+
+/// The row's columns from index `from` as a JSON object, each value in the
+/// JSON form of its type ([`write_value`]).
+pub fn write_columns(
+    out: &mut Vec<u8>,
+    row: &MySqlRow,
+    from: usize,
+    snake_case_columns: bool,
+) -> Result<(), sqlx::Error> {
+    out.push(b'{');
+    for (position, column) in row.columns().iter().enumerate().skip(from) {
+        if position > from {
+            out.push(b',');
+        }
+        if snake_case_columns {
+            write_string(out, &to_snake_case(column.name()));
+        } else {
+            write_string(out, column.name());
+        }
+        out.push(b':');
+        let value = row.try_get_raw(position)?;
+        if value.is_null() {
+            out.extend_from_slice(b"null");
+            continue;
+        }
+        let bytes = <&[u8] as sqlx::Decode<sqlx::MySql>>::decode(value).map_err(sqlx::Error::Decode)?;
+        write_value(out, column.type_info().name(), bytes);
+    }
+    out.push(b'}');
+    Ok(())
 }
 
 /// A value in the JSON form of its type: numbers as numbers (DECIMAL keeps

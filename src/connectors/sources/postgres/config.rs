@@ -7,6 +7,7 @@ use secrecy::SecretString;
 use serde::Deserialize;
 
 use crate::connectors::PluginConfigError;
+pub use crate::connectors::kit::cdc::{Operation, SnapshotMode};
 pub use crate::connectors::kit::sql_poll::Consume;
 use crate::connectors::kit::sql::{default_max_connections, default_true};
 use crate::connectors::kit::sql_poll::{
@@ -95,41 +96,6 @@ pub struct PostgresSourceConfig {
     /// CDC: WAL bytes the slot may retain before `/health` says degraded.
     #[serde(default = "default_slot_lag_warning")]
     pub slot_lag_warning: u64,
-}
-
-/// Whether a CDC source first produces the rows already in its tables.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum SnapshotMode {
-    #[default]
-    Initial,
-    Never,
-}
-
-/// A change kind `capture_operations` can name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Operation {
-    Insert,
-    Update,
-    Delete,
-    Truncate,
-}
-
-impl Operation {
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Insert => "INSERT",
-            Self::Update => "UPDATE",
-            Self::Delete => "DELETE",
-            Self::Truncate => "TRUNCATE",
-        }
-    }
-
-    fn parse(text: &str) -> Option<Self> {
-        [Self::Insert, Self::Update, Self::Delete, Self::Truncate]
-            .into_iter()
-            .find(|operation| operation.name().eq_ignore_ascii_case(text.trim()))
-    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
@@ -240,20 +206,7 @@ impl PostgresSourceConfig {
 
     /// The change kinds a CDC source produces (`capture_operations`).
     pub fn operations(&self) -> Result<Vec<Operation>, PluginConfigError> {
-        match &self.capture_operations {
-            None => Ok(vec![Operation::Insert, Operation::Update, Operation::Delete]),
-            Some(names) => names
-                .iter()
-                .map(|name| {
-                    Operation::parse(name).ok_or_else(|| {
-                        PluginConfigError::new(
-                            "capture_operations",
-                            format!("unknown operation {name:?}; expected INSERT, UPDATE, DELETE or TRUNCATE"),
-                        )
-                    })
-                })
-                .collect(),
-        }
+        crate::connectors::kit::cdc::operations(self.capture_operations.as_deref())
     }
 
     pub fn consume(&self) -> Consume {

@@ -29,7 +29,6 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgConnection, PgPool, Postgres};
 use sqlx::{AssertSqlSafe, Connection, Row, Transaction};
@@ -37,7 +36,8 @@ use tracing::{debug, info, warn};
 
 use super::config::{Operation, PostgresSourceConfig, SnapshotMode};
 use super::query::{CATALOG_SQL, quote_identifier, quote_qualified};
-use super::record::{message_id, to_snake_case};
+use super::record::message_id;
+use crate::connectors::kit::cdc::RecordShape;
 use crate::connectors::postgres::{describe, is_transient, lazy_pool, with_connect_cause};
 use crate::connectors::{
     ConnectorContext, ConnectorError, Degraded, Source, SourceBatch, decode_state, encode_state,
@@ -828,42 +828,11 @@ impl CdcSource {
         data: Option<&str>,
         old_data: Option<&str>,
     ) -> Payload {
-        let rename = |text: &str| -> String {
-            if !self.config.snake_case_columns {
-                return text.to_owned();
-            }
-            match serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(text) {
-                Ok(columns) => serde_json::Value::Object(
-                    columns
-                        .into_iter()
-                        .map(|(name, value)| (to_snake_case(&name), value))
-                        .collect(),
-                )
-                .to_string(),
-                Err(_) => text.to_owned(),
-            }
-        };
-        let data = data.map(rename);
-        let old_data = old_data.map(rename);
-        if !self.config.include_metadata {
-            return Payload::JsonBytes(Bytes::from(data.unwrap_or_else(|| "null".into())));
+        RecordShape {
+            include_metadata: self.config.include_metadata,
+            snake_case_columns: self.config.snake_case_columns,
         }
-        let quoted = |text: &str| serde_json::Value::String(text.to_owned()).to_string();
-        let mut out = String::with_capacity(
-            96 + table.len() + data.as_ref().map_or(4, String::len) + old_data.as_ref().map_or(4, String::len),
-        );
-        out.push_str("{\"table_name\":");
-        out.push_str(&quoted(table));
-        out.push_str(",\"operation_type\":");
-        out.push_str(&quoted(operation));
-        out.push_str(",\"timestamp\":");
-        out.push_str(&quoted(timestamp));
-        out.push_str(",\"data\":");
-        out.push_str(data.as_deref().unwrap_or("null"));
-        out.push_str(",\"old_data\":");
-        out.push_str(old_data.as_deref().unwrap_or("null"));
-        out.push('}');
-        Payload::JsonBytes(Bytes::from(out))
+        .payload(table, operation, timestamp, data, old_data)
     }
 
     /// Caught up, and the slot still retains WAL (other tables' changes,

@@ -1,0 +1,184 @@
+//! What the change-data-capture modes of the SQL sources (postgres's logical
+//! replication, mysql's row binlog) share: the change kinds
+//! `capture_operations` names, the initial snapshot setting, and upstream's
+//! `DatabaseRecord` envelope around a change.
+
+use bytes::Bytes;
+use serde::Deserialize;
+
+use super::row_id::to_snake_case;
+use crate::connectors::PluginConfigError;
+use crate::message::Payload;
+
+/// Whether a CDC source first produces the rows already in its tables.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum SnapshotMode {
+    #[default]
+    Initial,
+    Never,
+}
+
+/// A change kind `capture_operations` can name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    Insert,
+    Update,
+    Delete,
+    Truncate,
+}
+
+impl Operation {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Insert => "INSERT",
+            Self::Update => "UPDATE",
+            Self::Delete => "DELETE",
+            Self::Truncate => "TRUNCATE",
+        }
+    }
+
+    fn parse(text: &str) -> Option<Self> {
+        [Self::Insert, Self::Update, Self::Delete, Self::Truncate]
+            .into_iter()
+            .find(|operation| operation.name().eq_ignore_ascii_case(text.trim()))
+    }
+}
+
+/// The change kinds of `capture_operations` (default: inserts, updates and
+/// deletes, as upstream), or the field's error naming the unknown one.
+pub fn operations(names: Option<&[String]>) -> Result<Vec<Operation>, PluginConfigError> {
+    match names {
+        None => Ok(vec![Operation::Insert, Operation::Update, Operation::Delete]),
+        Some(names) => names
+            .iter()
+            .map(|name| {
+                Operation::parse(name).ok_or_else(|| {
+                    PluginConfigError::new(
+                        "capture_operations",
+                        format!("unknown operation {name:?}; expected INSERT, UPDATE, DELETE or TRUNCATE"),
+                    )
+                })
+            })
+            .collect(),
+    }
+}
+
+/// How a change becomes a payload.
+#[derive(Debug, Clone, Copy)]
+pub struct RecordShape {
+    /// Upstream's `{table_name, operation_type, timestamp, data, old_data}`
+    /// envelope; without it the payload is `data` alone.
+    pub include_metadata: bool,
+    pub snake_case_columns: bool,
+}
+
+impl RecordShape {
+    /// The payload of one change: `data` and `old_data` are rows already
+    /// rendered as JSON objects (text), kept as they are unless columns are
+    /// renamed.
+    pub fn payload(
+        self,
+        table: &str,
+        operation: &str,
+        timestamp: &str,
+        data: Option<&str>,
+        old_data: Option<&str>,
+    ) -> Payload {
+        let rename = |text: &str| -> String {
+            if !self.snake_case_columns {
+                return text.to_owned();
+            }
+            match serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(text) {
+                Ok(columns) => serde_json::Value::Object(
+                    columns
+                        .into_iter()
+                        .map(|(name, value)| (to_snake_case(&name), value))
+                        .collect(),
+                )
+                .to_string(),
+                Err(_) => text.to_owned(),
+            }
+        };
+        let data = data.map(rename);
+        let old_data = old_data.map(rename);
+        if !self.include_metadata {
+            return Payload::JsonBytes(Bytes::from(data.unwrap_or_else(|| "null".into())));
+        }
+        let quoted = |text: &str| serde_json::Value::String(text.to_owned()).to_string();
+        let mut out = String::with_capacity(
+            96 + table.len()
+                + data.as_ref().map_or(4, String::len)
+                + old_data.as_ref().map_or(4, String::len),
+        );
+        out.push_str("{\"table_name\":");
+        out.push_str(&quoted(table));
+        out.push_str(",\"operation_type\":");
+        out.push_str(&quoted(operation));
+        out.push_str(",\"timestamp\":");
+        out.push_str(&quoted(timestamp));
+        out.push_str(",\"data\":");
+        out.push_str(data.as_deref().unwrap_or("null"));
+        out.push_str(",\"old_data\":");
+        out.push_str(old_data.as_deref().unwrap_or("null"));
+        out.push('}');
+        Payload::JsonBytes(Bytes::from(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(payload: Payload) -> String {
+        match payload {
+            Payload::JsonBytes(bytes) => String::from_utf8(bytes.to_vec()).unwrap(),
+            other => panic!("expected JSON text, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn given_a_change_when_wrapped_should_keep_the_rendered_rows_and_rename_only_when_asked() {
+        let envelope = RecordShape {
+            include_metadata: true,
+            snake_case_columns: true,
+        };
+        let payload = envelope.payload(
+            "shop.users",
+            "UPDATE",
+            "2024-01-02T03:04:05Z",
+            Some(r#"{"userId":2}"#),
+            Some(r#"{"userId":1}"#),
+        );
+        assert_eq!(
+            text(payload),
+            r#"{"table_name":"shop.users","operation_type":"UPDATE","timestamp":"2024-01-02T03:04:05Z","data":{"user_id":2},"old_data":{"user_id":1}}"#
+        );
+        let bare = RecordShape {
+            include_metadata: false,
+            snake_case_columns: false,
+        };
+        assert_eq!(
+            text(bare.payload("t", "DELETE", "", None, Some("{}"))),
+            "null"
+        );
+        assert_eq!(
+            text(bare.payload("t", "INSERT", "", Some(r#"{"userId":2}"#), None)),
+            r#"{"userId":2}"#
+        );
+    }
+
+    #[test]
+    fn given_operation_names_when_parsed_should_ignore_case_and_name_the_field_for_unknown_ones() {
+        let names = ["insert".to_owned(), " DELETE ".to_owned()];
+        assert_eq!(
+            operations(Some(&names)).unwrap(),
+            [Operation::Insert, Operation::Delete]
+        );
+        assert_eq!(operations(None).unwrap().len(), 3);
+        let error = operations(Some(&["MERGE".to_owned()])).unwrap_err();
+        assert_eq!(error.field, "capture_operations");
+    }
+}
