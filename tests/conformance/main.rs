@@ -186,6 +186,12 @@ source_conformance!(
     "mysql",
     fixtures::mysql_source::Backend::processed_column().await
 );
+#[cfg(feature = "mysql-source")]
+source_conformance!(
+    mysql_source_cdc,
+    "mysql",
+    fixtures::mysql_source::Backend::binlog().await
+);
 #[cfg(feature = "http-source")]
 source_conformance!(http_source, "http", fixtures::http_source::Backend::new());
 #[cfg(feature = "iggy-source")]
