@@ -12,11 +12,12 @@ use std::time::Duration;
 use iggy_connect::config::env::EnvVars;
 use iggy_connect::config::parse_connector_file;
 use iggy_connect::connectors::sources::mysql::CdcState;
-use iggy_connect::connectors::{ConnectorKind, Registry, Source, decode_state};
+use iggy_connect::connectors::{ConnectorKind, decode_state};
 use iggy_connect::engine::{Runtime, Status};
 use iggy_connect::iggy::MemoryBus;
 use iggy_connect::state::{MemoryStateStore, StateStore};
 use serde_json::{Value, json};
+use support::drive::{build, drain};
 use support::mariadb::{connect, create_database, execute, unique};
 use support::wait::eventually as wait_for;
 
@@ -400,44 +401,6 @@ async fn a_restart_resumes_from_the_saved_position_without_loss_or_repeats() {
     );
 }
 
-fn build(config: Value) -> Box<dyn Source> {
-    let entry = Registry::sources()
-        .iter()
-        .find(|entry| entry.name == "mysql")
-        .unwrap();
-    (entry.build)(&config).unwrap()
-}
-
-/// Polls and commits until `done` holds for what was produced so far;
-/// returns the last state.
-async fn drain(
-    source: &dyn Source,
-    payloads: &mut Vec<Value>,
-    done: impl Fn(&[Value]) -> bool,
-) -> Option<Vec<u8>> {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let mut state = None;
-    while !done(payloads) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out; got {} payloads",
-            payloads.len()
-        );
-        let batch = source.poll().await.unwrap();
-        payloads.extend(
-            batch
-                .records
-                .iter()
-                .map(|record| serde_json::from_slice(&record.payload.to_bytes()).unwrap()),
-        );
-        if batch.state.is_some() {
-            state = batch.state;
-        }
-        source.commit().await.unwrap();
-    }
-    state
-}
-
 #[tokio::test]
 async fn an_interrupted_snapshot_resumes_after_its_last_delivered_key_and_streams_what_changed() {
     let url = create_database("cdc_snapshot").await;
@@ -459,10 +422,10 @@ async fn an_interrupted_snapshot_resumes_after_its_last_delivered_key_and_stream
         "batch_size": 100,
         "poll_interval": "20ms",
     });
-    let mut source = build(config.clone());
+    let mut source = build("mysql", config.clone());
     source.open(None).await.unwrap();
     let mut first = Vec::new();
-    let state = drain(source.as_ref(), &mut first, |payloads| {
+    let state = drain(source.as_ref(), &mut first, WAIT, |payloads| {
         payloads.len() >= 300
     })
     .await
@@ -479,7 +442,7 @@ async fn an_interrupted_snapshot_resumes_after_its_last_delivered_key_and_stream
          INSERT INTO items VALUES (1001, 'late')",
     )
     .await;
-    let mut source = build(config);
+    let mut source = build("mysql", config);
     source.open(Some(&state)).await.unwrap();
     let mut second = Vec::new();
     let streamed = |payloads: &[Value]| {
@@ -488,7 +451,7 @@ async fn an_interrupted_snapshot_resumes_after_its_last_delivered_key_and_stream
             .filter(|payload| payload["operation_type"] != "SELECT")
             .count()
     };
-    drain(source.as_ref(), &mut second, |payloads| {
+    drain(source.as_ref(), &mut second, WAIT, |payloads| {
         streamed(payloads) >= 5
     })
     .await;

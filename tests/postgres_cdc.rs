@@ -3,13 +3,15 @@
 //! runtime over the in-memory bus, or directly through the `Source` interface
 //! where a test must stop between two batches.
 
+#[path = "support/drive.rs"]
+mod drive;
 mod postgres_common;
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use iggy_connect::connectors::{Registry, Source};
+use drive::{build, drain};
 use iggy_connect::engine::{Runtime, Status};
 use iggy_connect::iggy::MemoryBus;
 use iggy_connect::state::{MemoryStateStore, StateStore};
@@ -321,42 +323,6 @@ async fn a_restart_resumes_from_the_saved_position_without_loss_or_repeats() {
     drop_slot(&pool, &slot_of(&key)).await;
 }
 
-fn build(config: Value) -> Box<dyn Source> {
-    let entry = Registry::sources()
-        .iter()
-        .find(|entry| entry.name == "postgres")
-        .unwrap();
-    (entry.build)(&config).unwrap()
-}
-
-/// Polls and commits until `done` holds for what was produced so far.
-async fn drain(
-    source: &dyn Source,
-    payloads: &mut Vec<Value>,
-    done: impl Fn(&[Value]) -> bool,
-) -> Option<Vec<u8>> {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let mut state = None;
-    while !done(payloads) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out; got {payloads:?}"
-        );
-        let batch = source.poll().await.unwrap();
-        payloads.extend(
-            batch
-                .records
-                .iter()
-                .map(|record| serde_json::from_slice(&record.payload.to_bytes()).unwrap()),
-        );
-        if batch.state.is_some() {
-            state = batch.state;
-        }
-        source.commit().await.unwrap();
-    }
-    state
-}
-
 #[tokio::test]
 async fn an_interrupted_snapshot_resumes_after_its_last_delivered_key_and_streams_what_changed() {
     let pool = connect(&database_url()).await;
@@ -375,7 +341,7 @@ async fn an_interrupted_snapshot_resumes_after_its_last_delivered_key_and_stream
         "batch_size": 100,
         "poll_interval": "20ms",
     });
-    let mut source = build(config.clone());
+    let mut source = build("postgres", config.clone());
     source.open(None).await.unwrap();
     // After the slot exists, before the snapshot: these inserts are in the
     // slot and in the snapshot; they must come once.
@@ -385,7 +351,7 @@ async fn an_interrupted_snapshot_resumes_after_its_last_delivered_key_and_stream
     )
     .await;
     let mut first = Vec::new();
-    let state = drain(source.as_ref(), &mut first, |payloads| {
+    let state = drain(source.as_ref(), &mut first, WAIT, |payloads| {
         payloads.len() >= 300
     })
     .await
@@ -402,7 +368,7 @@ async fn an_interrupted_snapshot_resumes_after_its_last_delivered_key_and_stream
         ),
     )
     .await;
-    let mut source = build(config);
+    let mut source = build("postgres", config);
     source.open(Some(&state)).await.unwrap();
     let mut second = Vec::new();
     let streamed = |payloads: &[Value]| {
@@ -411,7 +377,7 @@ async fn an_interrupted_snapshot_resumes_after_its_last_delivered_key_and_stream
             .filter(|payload| payload["operation_type"] != "SELECT")
             .count()
     };
-    drain(source.as_ref(), &mut second, |payloads| {
+    drain(source.as_ref(), &mut second, WAIT, |payloads| {
         streamed(payloads) >= 4
     })
     .await;
@@ -669,7 +635,7 @@ async fn a_batch_saved_but_not_acknowledged_to_the_slot_is_not_produced_again() 
         "snapshot": "never",
         "poll_interval": "20ms",
     });
-    let mut source = build(config.clone());
+    let mut source = build("postgres", config.clone());
     source.open(None).await.unwrap();
     let start = confirmed_flush(&pool, &slot).await.unwrap();
     execute(
@@ -687,7 +653,7 @@ async fn a_batch_saved_but_not_acknowledged_to_the_slot_is_not_produced_again() 
         "no commit, no advance"
     );
 
-    let mut source = build(config);
+    let mut source = build("postgres", config);
     source.open(Some(&saved)).await.unwrap();
     execute(
         &pool,
@@ -695,7 +661,10 @@ async fn a_batch_saved_but_not_acknowledged_to_the_slot_is_not_produced_again() 
     )
     .await;
     let mut again = Vec::new();
-    drain(source.as_ref(), &mut again, |payloads| payloads.len() >= 3).await;
+    drain(source.as_ref(), &mut again, WAIT, |payloads| {
+        payloads.len() >= 3
+    })
+    .await;
     source.close().await.unwrap();
     let ids: Vec<i64> = again
         .iter()

@@ -7,6 +7,7 @@ pub mod clickhouse;
 pub mod clickhouse_http;
 #[cfg(feature = "doris-sink")]
 pub mod doris;
+pub mod drive;
 #[cfg(any(feature = "elasticsearch-sink", feature = "elasticsearch-source"))]
 pub mod elasticsearch;
 pub mod gunzip;

@@ -66,6 +66,18 @@ pub fn operations(names: Option<&[String]>) -> Result<Vec<Operation>, PluginConf
     }
 }
 
+/// Refuses, in `mode = "cdc"`, the first of the polling mode's fields that
+/// is set.
+pub fn refuse_polling_fields(fields: &[(&'static str, bool)]) -> Result<(), PluginConfigError> {
+    match fields.iter().find(|(_, set)| *set) {
+        Some(&(field, _)) => Err(PluginConfigError::new(
+            field,
+            "applies to mode = \"polling\" only; remove it or use polling",
+        )),
+        None => Ok(()),
+    }
+}
+
 /// How a change becomes a payload.
 #[derive(Debug, Clone, Copy)]
 pub struct RecordShape {

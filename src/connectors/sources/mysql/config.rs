@@ -148,20 +148,12 @@ impl MySqlSourceConfig {
     }
 
     fn validate_cdc(&self) -> Result<(), PluginConfigError> {
-        let polling_only = [
+        crate::connectors::kit::cdc::refuse_polling_fields(&[
             ("custom_query", self.custom_query.is_some()),
             ("payload_column", self.payload_column.is_some()),
             ("delete_after_read", self.delete_after_read),
             ("processed_column", self.processed_column.is_some()),
-        ];
-        for (field, set) in polling_only {
-            if set {
-                return Err(PluginConfigError::new(
-                    field,
-                    "applies to mode = \"polling\" only; remove it or use polling",
-                ));
-            }
-        }
+        ])?;
         if self.server_id == Some(0) {
             return Err(PluginConfigError::new(
                 "server_id",
