@@ -300,6 +300,8 @@ async fn a_broker_restart_mid_stream_leaves_every_message_in_the_queue() {
     let (port, iggy) = (port(), IggyTestServer::start());
     let (exchange, queue) = (unique("x"), unique("q"));
     topology(port, &exchange, &queue).await;
+    // Else the kill below can roll the exchange, queue or binding back.
+    shared().sync_definitions();
     iggy.create_topic("shop", "orders", 1);
     produce_ns(&iggy_client(&iggy).await, "shop", "orders", 1..3001).await;
     let state = tempfile::tempdir().unwrap();
@@ -494,6 +496,8 @@ async fn a_broker_restart_mid_stream_loses_nothing() {
     let (port, iggy) = (port(), IggyTestServer::start());
     let queue = unique("q");
     client(port).await.queue(&queue, None).await;
+    // Else the kill below can roll the queue back, with what it holds.
+    shared().sync_definitions();
     publish(port, &queue, bodies(0..2000)).await;
     let state = tempfile::tempdir().unwrap();
     let runtime = runtime(&iggy, state.path());

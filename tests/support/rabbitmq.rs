@@ -227,6 +227,8 @@ impl RabbitServer {
     }
 
     /// Kills the broker (SIGKILL, by its PID) and waits until it is gone.
+    /// Definitions declared since the last
+    /// [`sync_definitions`](Self::sync_definitions) may not survive it.
     pub fn kill(&mut self) {
         if let Some(mut broker) = self.broker.take() {
             let _ = broker.kill();
@@ -252,22 +254,13 @@ impl RabbitServer {
     /// The messages of `queue` ready and delivered-unacknowledged, as the
     /// broker counts them (`rabbitmqctl list_queues`).
     pub fn counts(&self, queue: &str) -> (u64, u64) {
-        let output = Command::new("/usr/lib/rabbitmq/bin/rabbitmqctl")
-            .args(["-n", &self.node, "-q", "--no-table-headers", "list_queues"])
-            .args(["name", "messages_ready", "messages_unacknowledged"])
-            .env("HOME", self.dir.path().join("home"))
-            .env("ERL_EPMD_PORT", self.epmd_port.to_string())
-            .env(
-                "RABBITMQ_CONF_ENV_FILE",
-                self.dir.path().join("rabbitmq-env.conf"),
-            )
-            .env(
-                "RABBITMQ_ENABLED_PLUGINS_FILE",
-                self.dir.path().join("enabled_plugins"),
-            )
-            .output()
-            .expect("run rabbitmqctl");
-        let text = String::from_utf8_lossy(&output.stdout);
+        let text = self.ctl(&[
+            "list_queues",
+            "--no-table-headers",
+            "name",
+            "messages_ready",
+            "messages_unacknowledged",
+        ]);
         for line in text.lines() {
             let fields: Vec<&str> = line.split_whitespace().collect();
             if let [name, ready, unacked] = fields[..]
@@ -276,10 +269,50 @@ impl RabbitServer {
                 return (ready.parse().unwrap(), unacked.parse().unwrap());
             }
         }
-        panic!(
-            "rabbitmqctl lists no queue {queue}: {text}{}",
+        panic!("rabbitmqctl lists no queue {queue}: {text}");
+    }
+
+    /// Writes the broker's definitions (queues, exchanges, bindings) to disk
+    /// now, so that a [`kill`](Self::kill) after this keeps them.
+    ///
+    /// RabbitMQ 3.10 keeps its definitions in Mnesia. A declaration changes
+    /// a RAM table and a disc table, so Mnesia commits it with its
+    /// asymmetric protocol and logs two records: the change, marked
+    /// "presume abort", and then its outcome, "committed". The outcome goes
+    /// through `disk_log:alog`, whose write cache holds it for up to two
+    /// seconds, and `declare-ok` does not wait for it. A broker killed in
+    /// that window rolls the declaration back on restart: the queue is gone,
+    /// with the messages it had confirmed. `mnesia:sync_log()` writes and
+    /// fsyncs that cache.
+    pub fn sync_definitions(&self) {
+        let answer = self.ctl(&["eval", "mnesia:sync_log()."]);
+        assert_eq!(answer.trim(), "ok", "mnesia:sync_log() answered {answer}");
+    }
+
+    /// `rabbitmqctl` with `args` against this broker: its standard output,
+    /// after it succeeded.
+    fn ctl(&self, args: &[&str]) -> String {
+        let home = self.dir.path();
+        let output = Command::new("/usr/lib/rabbitmq/bin/rabbitmqctl")
+            .args(["-n", &self.node, "-q"])
+            .args(args)
+            .env("HOME", home.join("home"))
+            .env("ERL_EPMD_PORT", self.epmd_port.to_string())
+            .env("RABBITMQ_CONF_ENV_FILE", home.join("rabbitmq-env.conf"))
+            .env(
+                "RABBITMQ_ENABLED_PLUGINS_FILE",
+                home.join("enabled_plugins"),
+            )
+            .output()
+            .expect("run rabbitmqctl");
+        assert!(
+            output.status.success(),
+            "rabbitmqctl {args:?} failed ({}): {}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
             String::from_utf8_lossy(&output.stderr)
         );
+        String::from_utf8_lossy(&output.stdout).into_owned()
     }
 }
 
@@ -387,15 +420,12 @@ impl Client {
     }
 }
 
-/// A message as published: its properties and body.
-type Published = (BasicProperties, Vec<u8>);
-
 /// What the broker answered the test's publishes: the highest confirmed tag
-/// and the messages it returned as unroutable.
+/// and how many messages it returned as unroutable.
 #[derive(Clone, Default)]
 struct Confirms {
     acked: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    returned: std::sync::Arc<Mutex<Vec<Published>>>,
+    returned: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 #[async_trait::async_trait]
@@ -425,14 +455,11 @@ impl amqprs::callbacks::ChannelCallback for Confirms {
         &mut self,
         _: &Channel,
         _: amqprs::Return,
-        properties: BasicProperties,
-        body: Vec<u8>,
+        _: BasicProperties,
+        _: Vec<u8>,
     ) {
         // The broker sends a return before the confirm of the same message.
-        self.returned
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .push((properties, body));
+        self.returned.fetch_add(1, Ordering::SeqCst);
     }
 }
 
@@ -451,10 +478,10 @@ pub async fn publish_to(
 }
 
 /// Publishes each (properties, body) `mandatory` and waits until every one
-/// was confirmed and routed to a queue. A broker that has just restarted can
-/// accept connections a moment before its durable queues route again and
-/// return what it could not route: those are published again, for up to
-/// 30 s (a test's wrong binding fails then, naming how many were returned).
+/// was confirmed and routed to a queue; a message the broker returns as
+/// unroutable fails the test. A restarted broker recovers its durable queues
+/// and bindings before it listens, so a return means a wrong binding or a
+/// definition the restart lost (see [`RabbitServer::sync_definitions`]).
 pub async fn publish_messages(
     port: u16,
     exchange: &str,
@@ -473,51 +500,35 @@ pub async fn publish_messages(
         .confirm_select(ConfirmSelectArguments::new(false))
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut pending: Vec<_> = messages.into_iter().collect();
     let mut count = 0u64;
-    while !pending.is_empty() {
-        for (properties, body) in pending {
-            client
-                .channel
-                .basic_publish(
-                    properties,
-                    body,
-                    BasicPublishArguments::new(exchange, key)
-                        .mandatory(true)
-                        .finish(),
-                )
-                .await
-                .unwrap();
-            count += 1;
-        }
-        while confirms.acked.load(Ordering::SeqCst) < count {
-            assert!(
-                Instant::now() < deadline,
-                "the broker did not confirm the test's messages"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        pending = std::mem::take(
-            &mut *confirms
-                .returned
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()),
-        );
-        assert!(
-            pending.is_empty() || Instant::now() < deadline,
-            "the broker returned {} test messages as unroutable for 30 s \
-             (exchange {exchange:?}, routing key {key:?})",
-            pending.len()
-        );
-        if !pending.is_empty() {
-            eprintln!(
-                "the broker returned {} test messages as unroutable; publishing them again",
-                pending.len()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+    for (properties, body) in messages {
+        client
+            .channel
+            .basic_publish(
+                properties,
+                body,
+                BasicPublishArguments::new(exchange, key)
+                    .mandatory(true)
+                    .finish(),
+            )
+            .await
+            .unwrap();
+        count += 1;
     }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while confirms.acked.load(Ordering::SeqCst) < count {
+        assert!(
+            Instant::now() < deadline,
+            "the broker did not confirm the test's messages within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let returned = confirms.returned.load(Ordering::SeqCst);
+    assert_eq!(
+        returned, 0,
+        "the broker returned {returned} of {count} test messages as unroutable \
+         (exchange {exchange:?}, routing key {key:?})"
+    );
     let _ = client.channel.close().await;
     let _ = client.connection.close().await;
 }
