@@ -569,3 +569,49 @@ async fn a_killed_binlog_connection_reconnects_after_the_last_transaction_taken_
         "every change once, in order, across reconnects"
     );
 }
+
+#[tokio::test]
+async fn a_restart_before_any_change_streams_what_was_written_while_down_in_transactions_of_a_whole_batch()
+ {
+    let url = create_database("cdc_large").await;
+    let pool = connect(&url).await;
+    execute(
+        &pool,
+        "CREATE TABLE items (id BIGINT PRIMARY KEY, body TEXT)",
+    )
+    .await;
+    let key = unique("cdc_large");
+    let state = memory_state();
+    let bus = MemoryBus::new();
+    let config = cdc_config(&url, &["items"], "snapshot = \"never\"\nbatch_size = 1000");
+    let first = Pipeline::start(&key, &config, bus.clone(), state.clone()).await;
+    wait_for("the saved position", WAIT, || async {
+        first.saved().await.is_some()
+    })
+    .await;
+    first.runtime.shutdown().await;
+    for start in [0, 1000, 2000] {
+        execute(
+            &pool,
+            &format!(
+                "INSERT INTO items SELECT seq, REPEAT(MD5(seq), 29) FROM seq_{}_to_{}",
+                start + 1,
+                start + 1000
+            ),
+        )
+        .await;
+    }
+    let second = Pipeline::start(&key, &config, bus, state).await;
+    second.wait_for_count(3000).await;
+    second.runtime.shutdown().await;
+    let ids: Vec<i64> = second
+        .payloads()
+        .iter()
+        .map(|payload| payload["data"]["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        (1..=3000).collect::<Vec<_>>(),
+        "every row once, in order"
+    );
+}

@@ -485,23 +485,38 @@ pub fn scaled(base: u64, min: u64) -> u64 {
 /// Iggy bus, a file state store (in a temporary directory), a 10 s grace.
 pub struct Pipeline {
     pub runtime: Arc<iggy_connect::engine::Runtime>,
-    _state: tempfile::TempDir,
+    state: tempfile::TempDir,
 }
 
 impl Pipeline {
     /// The runtime with the connector of the connector file `text`.
     pub fn new(iggy: &Iggy, text: &str) -> Self {
-        let state = tempfile::tempdir().expect("state dir");
+        Self::with_state(iggy, text, tempfile::tempdir().expect("state dir"))
+    }
+
+    /// As [`Pipeline::new`], resuming from the state an earlier pipeline left
+    /// in `state` (see [`Pipeline::into_state`]).
+    pub fn with_state(iggy: &Iggy, text: &str, state: tempfile::TempDir) -> Self {
         let runtime = iggy_connect::engine::Runtime::new(
             Arc::new(iggy_connect::iggy::IggyBus::new(iggy.settings())),
             Arc::new(iggy_connect::state::FileStateStore::new(state.path()).expect("state store")),
             Duration::from_secs(10),
         );
         runtime.add(connector(text)).expect("add the connector");
-        Self {
-            runtime,
-            _state: state,
-        }
+        Self { runtime, state }
+    }
+
+    /// Whether connector `key` has saved a state yet.
+    pub async fn has_state(&self, key: &str) -> bool {
+        use iggy_connect::state::StateStore;
+        let store =
+            iggy_connect::state::FileStateStore::new(self.state.path()).expect("state store");
+        store.load(key).await.expect("read the state").is_some()
+    }
+
+    /// The state directory, for a later [`Pipeline::with_state`].
+    pub fn into_state(self) -> tempfile::TempDir {
+        self.state
     }
 
     /// Starts the runtime and waits (10 minutes at most) until connector

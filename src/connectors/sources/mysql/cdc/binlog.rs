@@ -93,6 +93,8 @@ pub enum ReadError {
     Silent { position: Position },
     #[error("reading the binlog from {position}: the server closed the stream")]
     Closed { position: Position },
+    #[error("the binlog reader ended without an error (see the log for a panic); restarting it")]
+    Ended,
     #[error("table {table} at binlog {position}: {source}")]
     Render {
         table: String,
@@ -120,7 +122,7 @@ impl ReadError {
             Self::Client { source: mysql_async::Error::Server(error), .. } => {
                 is_transient_number(error.code)
             }
-            Self::Client { .. } | Self::Silent { .. } | Self::Closed { .. } => true,
+            Self::Client { .. } | Self::Silent { .. } | Self::Closed { .. } | Self::Ended => true,
             Self::Render { .. } | Self::Shape { .. } => false,
         }
     }
@@ -202,15 +204,19 @@ impl Reader {
         Self { receiver, task }
     }
 
-    /// The next transaction; waits for one. `None` when the task ended
-    /// (after it sent its error). Cancel-safe.
-    pub async fn next(&mut self) -> Option<Result<Txn, ReadError>> {
-        self.receiver.recv().await
+    /// The next transaction; waits for one. After the task's error,
+    /// [`ReadError::Ended`] (also what a panicked task leaves). Cancel-safe.
+    pub async fn next(&mut self) -> Result<Txn, ReadError> {
+        self.receiver.recv().await.unwrap_or(Err(ReadError::Ended))
     }
 
     /// The next transaction if one is ready.
     pub fn try_next(&mut self) -> Option<Result<Txn, ReadError>> {
-        self.receiver.try_recv().ok()
+        match self.receiver.try_recv() {
+            Ok(read) => Some(read),
+            Err(mpsc::error::TryRecvError::Empty) => None,
+            Err(mpsc::error::TryRecvError::Disconnected) => Some(Err(ReadError::Ended)),
+        }
     }
 }
 
@@ -457,6 +463,22 @@ fn file_number(file: &str) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn given_a_reader_task_that_panicked_when_read_should_report_it_ended() {
+        let (sender, receiver) = mpsc::channel(1);
+        let task = tokio::spawn(async move {
+            let _sender = sender;
+            panic!("a decoding bug");
+        });
+        while !task.is_finished() {
+            tokio::task::yield_now().await;
+        }
+        let mut reader = Reader { receiver, task };
+        assert!(matches!(reader.try_next(), Some(Err(ReadError::Ended))));
+        assert!(matches!(reader.next().await, Err(ReadError::Ended)));
+        assert!(ReadError::Ended.is_transient());
+    }
 
     #[test]
     fn given_truncate_statements_when_read_should_name_their_table() {

@@ -494,9 +494,9 @@ impl CdcSource {
         let mut failure = None;
         if lock(&self.pending).is_empty() {
             match tokio::time::timeout(self.config.poll_interval, task.next()).await {
-                Ok(Some(Ok(txn))) => lock(&self.pending).push_back(txn),
-                Ok(Some(Err(error))) => failure = Some(error),
-                Ok(None) | Err(_) => {}
+                Ok(Ok(txn)) => lock(&self.pending).push_back(txn),
+                Ok(Err(error)) => failure = Some(error),
+                Err(_) => {}
             }
         }
         while failure.is_none() && queued(&lock(&self.pending)) < limit {
