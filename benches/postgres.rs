@@ -24,7 +24,7 @@
 //!   a filled table -> Iggy;
 //! - `postgres_cdc_changes_to_iggy`: `mode = "cdc"`, changes already in the
 //!   slot (inserts in 1000-row transactions, then as many updates) -> Iggy:
-//!   the decode rate of the SQL peek route.
+//!   the decode rate of the replication stream.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -616,7 +616,7 @@ async fn wait_for_slot(pool: &PgPool, slot: &str) {
 }
 
 /// Drops what a CDC source named `name` created: its slot (once the last
-/// peek's session let go of it) and its publication.
+/// walsender let go of it) and its publication.
 async fn drop_cdc(pool: &PgPool, name: &str) {
     let slot = iggy_connect::connectors::sources::postgres::derived_slot_name(name).expect("slot");
     let dropped = "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use drive::{build, drain};
+use iggy_connect::connectors::sources::postgres::CdcState;
 use iggy_connect::engine::{Runtime, Status};
 use iggy_connect::iggy::MemoryBus;
 use iggy_connect::state::{MemoryStateStore, StateStore};
@@ -723,6 +724,173 @@ async fn an_idle_source_lets_its_slot_move_past_other_tables_wal() {
     assert!(
         pipeline.payloads().is_empty(),
         "nothing of the other table is produced"
+    );
+    drop_slot(&pool, &slot).await;
+}
+
+/// The replication connection stays open while nothing changes: it answers
+/// the walsender's keepalives, so a `wal_sender_timeout` of one second does
+/// not end it, and the idle polls do not reconnect. What it reports is only
+/// what was committed: WAL written meanwhile to a table outside the
+/// publication (which the keepalives' `wal_end` moves past) does not take
+/// `confirmed_flush_lsn` beyond the LSN in the saved state (which a heartbeat
+/// may move, once the slot retains enough WAL).
+#[tokio::test]
+async fn an_idle_stream_outlives_wal_sender_timeout_and_confirms_only_committed_changes() {
+    let pool = connect(&database_url()).await;
+    let (table, other) = (unique("cdc_keepalive"), unique("cdc_elsewhere"));
+    execute(
+        &pool,
+        &format!("CREATE TABLE {table} (id BIGINT PRIMARY KEY); CREATE TABLE {other} (id BIGINT)"),
+    )
+    .await;
+    let key = unique("cdc_keepalive");
+    let slot = slot_of(&key);
+    // Only this connector's sessions (its walsender too) get the short timeout.
+    let config = format!(
+        "connection_string = \"{}?options=-c%20wal_sender_timeout%3D1s\"\nmode = \"cdc\"\n\
+         tables = [\"{table}\"]\npoll_interval = \"20ms\"\nsnapshot = \"never\"",
+        database_url()
+    );
+    let state: Arc<dyn StateStore> = Arc::new(MemoryStateStore::new());
+    let pipeline = Pipeline::start(&key, &config, MemoryBus::new(), state.clone()).await;
+    wait_for("the slot", WAIT, || async {
+        confirmed_flush(&pool, &slot).await.is_some()
+    })
+    .await;
+    let start = confirmed_flush(&pool, &slot).await.unwrap();
+    execute(&pool, &format!("INSERT INTO {table} VALUES (1)")).await;
+    pipeline.wait_for_count(1).await;
+    wait_for("the commit to reach the slot", WAIT, || async {
+        confirmed_flush(&pool, &slot)
+            .await
+            .is_some_and(|lsn| lsn > start)
+    })
+    .await;
+    let committed = confirmed_flush(&pool, &slot).await.unwrap();
+    let walsender: i32 = sqlx::query_scalar(
+        "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1 AND active",
+    )
+    .bind(&slot)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    execute(
+        &pool,
+        &format!("INSERT INTO {other} SELECT generate_series(1, 1000)"),
+    )
+    .await;
+    let idle_from: String = sqlx::query_scalar("SELECT now()::text")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    wait_for(
+        "replies three timeouts later on the same connection",
+        WAIT,
+        || async {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT reply_time > $1::timestamptz + interval '3 s' FROM pg_stat_replication WHERE pid = $2",
+            )
+            .bind(&idle_from)
+            .bind(walsender)
+            .fetch_optional(&pool)
+            .await
+            .unwrap()
+            .unwrap_or(false)
+        },
+    )
+    .await;
+    // Read in this order: the saved LSN only grows.
+    let confirmed = confirmed_flush(&pool, &slot).await.unwrap();
+    let saved = state.load(&key).await.unwrap().expect("a saved state");
+    let saved: CdcState = iggy_connect::connectors::decode_state(&saved.data).unwrap();
+    assert!(
+        committed <= saved.lsn && confirmed <= saved.lsn,
+        "confirmed_flush_lsn {confirmed:X} is past the saved LSN {:X}",
+        saved.lsn
+    );
+    execute(&pool, &format!("INSERT INTO {table} VALUES (2)")).await;
+    pipeline.wait_for_count(2).await;
+    let active: Option<i32> =
+        sqlx::query_scalar("SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1")
+            .bind(&slot)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(active, Some(walsender), "the stream was reconnected");
+    pipeline.runtime.shutdown().await;
+    drop_slot(&pool, &slot).await;
+}
+
+/// The server ends the replication connection (its walsender is
+/// terminated): the poll fails as transient, the next one starts
+/// replication again, and every change arrives once.
+#[tokio::test]
+async fn a_terminated_replication_connection_is_reopened_and_nothing_is_lost_or_repeated() {
+    let pool = connect(&database_url()).await;
+    let table = unique("cdc_terminated");
+    execute(
+        &pool,
+        &format!("CREATE TABLE {table} (id BIGINT PRIMARY KEY)"),
+    )
+    .await;
+    let key = unique("cdc_terminated");
+    let slot = slot_of(&key);
+    let pipeline = Pipeline::start(
+        &key,
+        &cdc_config(&[&table], "snapshot = \"never\"\nbatch_size = 5"),
+        MemoryBus::new(),
+        Arc::new(MemoryStateStore::new()),
+    )
+    .await;
+    let walsender = || async {
+        sqlx::query_scalar::<_, Option<i32>>(
+            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
+        )
+        .bind(&slot)
+        .fetch_optional(&pool)
+        .await
+        .unwrap()
+        .flatten()
+    };
+    wait_for("the slot", WAIT, || async {
+        confirmed_flush(&pool, &slot).await.is_some()
+    })
+    .await;
+    let mut terminated = Vec::new();
+    for round in 0..3 {
+        for id in round * 20 + 1..=round * 20 + 20 {
+            execute(&pool, &format!("INSERT INTO {table} VALUES ({id})")).await;
+        }
+        wait_for("a new walsender", WAIT, || async {
+            walsender()
+                .await
+                .is_some_and(|pid| !terminated.contains(&pid))
+        })
+        .await;
+        let pid = walsender().await.unwrap();
+        execute(&pool, &format!("SELECT pg_terminate_backend({pid})")).await;
+        terminated.push(pid);
+    }
+    pipeline.wait_for_count(60).await;
+    // Nothing more comes.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_for("replication to start again", WAIT, || async {
+        walsender()
+            .await
+            .is_some_and(|pid| !terminated.contains(&pid))
+    })
+    .await;
+    pipeline.runtime.shutdown().await;
+    let ids: Vec<i64> = pipeline
+        .payloads()
+        .iter()
+        .map(|payload| payload["data"]["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        (1..=60).collect::<Vec<_>>(),
+        "every row once, in order"
     );
     drop_slot(&pool, &slot).await;
 }

@@ -34,7 +34,8 @@ pub struct PostgresSourceConfig {
     #[schemars(with = "crate::config::duration::Text")]
     pub poll_interval: Duration,
     /// Most rows read per table per poll (cdc: snapshot rows per batch, or
-    /// decoded messages per read of the slot).
+    /// changes per batch: whole transactions, ended at the first commit that
+    /// reaches it).
     #[serde(default = "default_batch_size")]
     pub batch_size: u32,
     /// Column that orders the rows; the cursor saved in the state is its last value.

@@ -1,6 +1,6 @@
 //! `mode = "cdc"` of the postgres source: logical replication with pgoutput,
-//! read through SQL (`pg_logical_slot_peek_binary_changes`), acknowledged with
-//! `pg_replication_slot_advance` only in `commit`.
+//! read over the streaming replication protocol (`stream.rs`), acknowledged
+//! to the slot only in `commit`.
 //!
 //! - Setup: the publication (for `tables`, when missing) is created before the
 //!   slot, the slot (pgoutput, named per connector) when missing, and a session
@@ -13,17 +13,24 @@
 //!   transactions visible in that snapshot are skipped (their rows were in the
 //!   snapshot); a snapshot resumed after a crash reads the rest under a newer
 //!   snapshot, which still holds everything the first one saw.
-//! - Streaming: each poll peeks at most `batch_size` decoded rows (whole
-//!   transactions) from the slot's confirmed position; the batch's state is the
-//!   end LSN of its last transaction. `commit` (Iggy has the batch, the state
-//!   is saved) advances the slot to that LSN. Transactions that end before the
-//!   saved LSN (delivered, slot not yet advanced when the process died) are
-//!   skipped, so a restart duplicates nothing that was committed.
+//! - Streaming: one replication connection (`START_REPLICATION SLOT .. LOGICAL
+//!   <lsn>`, opened on the first poll after the snapshot) stays open; each
+//!   poll reads whole transactions, up to `batch_size` rows, and the batch's
+//!   state is the end LSN of its last transaction. `commit` (Iggy has the
+//!   batch, the state is saved) raises the flush LSN the connection reports
+//!   (the slot's `confirmed_flush_lsn`) to that LSN; keepalives are answered
+//!   with it too, never with more. Several batches may be in flight; a rewind
+//!   (NACK) or a lost connection drops the connection, and the next poll
+//!   starts replication again after the last batch it still holds (after a
+//!   rewind: the last committed one). Transactions that end before the saved
+//!   LSN (delivered, slot not yet moved when the process died) are skipped,
+//!   so a restart duplicates nothing that was committed.
 
 mod pgoutput;
 mod render;
+mod stream;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant, UNIX_EPOCH};
@@ -32,6 +39,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgConnection, PgPool, Postgres};
 use sqlx::{AssertSqlSafe, Connection, Row, Transaction};
+use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use super::config::{Operation, PostgresSourceConfig, SnapshotMode};
@@ -43,8 +51,9 @@ use crate::connectors::{
     ConnectorContext, ConnectorError, Degraded, Source, SourceBatch, decode_state, encode_state,
 };
 use crate::message::{Payload, SourceRecord};
-use pgoutput::{Message, OldTuple, Relation, Value};
+use pgoutput::{OldTuple, Relation};
 pub use pgoutput::{format_lsn, parse_lsn};
+use stream::{Change, Stream, is_transient_replication};
 
 /// How long `open` waits for the database before leaving the setup to `poll`.
 const OPEN_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
@@ -113,6 +122,16 @@ pub enum CdcError {
         #[source]
         source: pgoutput::DecodeError,
     },
+    #[error("replication from slot {slot}: {source}")]
+    Replication {
+        slot: String,
+        #[source]
+        source: pgwire_replication::PgWireError,
+    },
+    #[error("replication from slot {slot}: no message from the server while {what}")]
+    Stalled { slot: String, what: &'static str },
+    #[error("replication from slot {slot}: the server ended the stream")]
+    StreamEnded { slot: String },
     #[error("the source is not open")]
     NotOpen,
 }
@@ -123,13 +142,19 @@ impl From<CdcError> for ConnectorError {
             CdcError::Database { source, .. } if is_transient(source) || slot_busy(source) => {
                 ConnectorError::transient(error)
             }
+            CdcError::Replication { source, .. } if is_transient_replication(source) => {
+                ConnectorError::transient(error)
+            }
+            CdcError::Stalled { .. } | CdcError::StreamEnded { .. } => {
+                ConnectorError::transient(error)
+            }
             _ => ConnectorError::fatal(error),
         }
     }
 }
 
-/// `object_in_use`: the slot is still held by the server session of a peek
-/// that was cancelled (a restart right after a shutdown); it frees itself.
+/// `object_in_use`: the slot is still held by the walsender of a connection
+/// just closed (a restart right after a shutdown); it frees itself.
 fn slot_busy(error: &sqlx::Error) -> bool {
     matches!(error, sqlx::Error::Database(database) if database.code().as_deref() == Some("55006"))
 }
@@ -161,10 +186,16 @@ pub struct CdcSource {
     /// The snapshot's REPEATABLE READ transaction while it runs.
     snapshot: tokio::sync::Mutex<Option<Transaction<'static, Postgres>>>,
     committed: Mutex<CdcState>,
-    /// The state of the batch polled and not yet committed (one at a time).
-    staged: Mutex<Option<CdcState>>,
-    /// The slot's confirmed position as far as this source moved it.
+    /// The states of the batches polled and not yet committed, oldest first.
+    staged: Mutex<VecDeque<CdcState>>,
+    /// The replication connection between polls; a poll takes it out while
+    /// it reads, so a cancelled poll drops it and the next one reconnects.
+    stream: tokio::sync::Mutex<Option<Stream>>,
+    /// The slot's confirmed position as far as this source moved it (or
+    /// asked the stream to): the flush LSN the stream may report.
     advanced: AtomicU64,
+    /// `advanced`, for the poll holding the stream to pass on at once.
+    acknowledged: watch::Sender<u64>,
     caught_up: AtomicBool,
     lag_checked: Mutex<Option<Instant>>,
     /// The slot's lag as last read, in bytes.
@@ -184,8 +215,10 @@ impl CdcSource {
             lock: tokio::sync::Mutex::new(None),
             snapshot: tokio::sync::Mutex::new(None),
             committed: Mutex::new(CdcState::default()),
-            staged: Mutex::new(None),
+            staged: Mutex::new(VecDeque::new()),
+            stream: tokio::sync::Mutex::new(None),
             advanced: AtomicU64::new(0),
+            acknowledged: watch::Sender::new(0),
             caught_up: AtomicBool::new(false),
             lag_checked: Mutex::new(None),
             lag: AtomicU64::new(0),
@@ -257,9 +290,12 @@ impl CdcSource {
         self.advanced.store(confirmed, Ordering::SeqCst);
         let saved = self.lock_committed().lsn;
         if saved > confirmed {
-            // Delivered and saved, but the process died before the advance.
+            // Delivered and saved, but the process died before the stream
+            // reported it.
             self.advance(pool, &slot, saved).await?;
         }
+        self.acknowledged
+            .send_replace(self.advanced.load(Ordering::SeqCst));
         let mut snapshot = Vec::new();
         // Only while a snapshot is to be read: a table without a primary key
         // is fine once it is done.
@@ -455,25 +491,36 @@ impl CdcSource {
         })
     }
 
+    /// Moves the slot to `lsn` through SQL, before the stream opens (the
+    /// slot is not held then, except by the walsender of a connection just
+    /// closed, which is waited for).
     async fn advance(&self, pool: &PgPool, slot: &str, lsn: u64) -> Result<(), CdcError> {
         if lsn <= self.advanced.load(Ordering::SeqCst) {
             return Ok(());
         }
-        match sqlx::query("SELECT pg_replication_slot_advance($1, CAST($2 AS pg_lsn))")
-            .bind(slot)
-            .bind(format_lsn(lsn))
-            .execute(pool)
-            .await
-        {
-            Ok(_) => {
-                self.advanced.fetch_max(lsn, Ordering::SeqCst);
-                debug!(connector_key = %self.key, %slot, lsn = %format_lsn(lsn), "slot advanced");
-                Ok(())
+        let deadline = Instant::now() + LOCK_WAIT;
+        loop {
+            match sqlx::query("SELECT pg_replication_slot_advance($1, CAST($2 AS pg_lsn))")
+                .bind(slot)
+                .bind(format_lsn(lsn))
+                .execute(pool)
+                .await
+            {
+                Ok(_) => {
+                    self.advanced.fetch_max(lsn, Ordering::SeqCst);
+                    debug!(connector_key = %self.key, %slot, lsn = %format_lsn(lsn), "slot advanced");
+                    return Ok(());
+                }
+                Err(error) if slot_busy(&error) && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(error) => {
+                    return Err(CdcError::Database {
+                        what: format!("advancing slot {slot}"),
+                        source: with_connect_cause(pool, error).await,
+                    });
+                }
             }
-            Err(error) => Err(CdcError::Database {
-                what: format!("advancing slot {slot}"),
-                source: with_connect_cause(pool, error).await,
-            }),
         }
     }
 
@@ -483,7 +530,7 @@ impl CdcSource {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn lock_staged(&self) -> MutexGuard<'_, Option<CdcState>> {
+    fn lock_staged(&self) -> MutexGuard<'_, VecDeque<CdcState>> {
         self.staged
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -606,7 +653,8 @@ impl CdcSource {
         Ok((records, next))
     }
 
-    /// Peeks the next transactions from the slot.
+    /// Reads the next transactions from the replication stream, opening it
+    /// after `base` when there is none.
     async fn stream_batch(
         &self,
         setup: &Setup,
@@ -614,117 +662,52 @@ impl CdcSource {
     ) -> Result<(Vec<SourceRecord>, CdcState), CdcError> {
         let pool = self.pool()?;
         let slot = self.slot_name()?;
-        let publication = quote_identifier(&self.publication_name()?).unwrap_or_default();
-        let data: Vec<Vec<u8>> = match sqlx::query_scalar(
-            "SELECT data FROM pg_logical_slot_peek_binary_changes($1, NULL, $2, \
-             'proto_version', '1', 'publication_names', $3, 'messages', 'true')",
-        )
-        .bind(&slot)
-        .bind(i32::try_from(self.config.batch_size).unwrap_or(i32::MAX))
-        .bind(&publication)
-        .fetch_all(pool)
-        .await
+        // What the server has flushed now: the poll reads at least up to it.
+        let target: Option<String> = match sqlx::query_scalar("SELECT pg_current_wal_flush_lsn()::text")
+            .fetch_one(pool)
+            .await
         {
-            Ok(data) => data,
+            Ok(target) => target,
             Err(error) => {
                 return Err(CdcError::Database {
-                    what: format!("reading changes from slot {slot}"),
+                    what: "reading the WAL position".into(),
                     source: with_connect_cause(pool, error).await,
                 });
             }
         };
-        self.caught_up
-            .store(data.len() < self.config.batch_size as usize, Ordering::SeqCst);
-        let mut next = base.clone();
-        next.slot.clone_from(&slot);
-        let visible = base
-            .snapshot
-            .as_ref()
-            .and_then(|progress| progress.visible.as_deref())
-            .and_then(XidSnapshot::parse);
-        let mut relations: HashMap<u32, Relation> = HashMap::new();
-        let mut changes: Vec<Change> = Vec::new();
-        let mut transaction: Option<Txn> = None;
-        for bytes in &data {
-            let message = pgoutput::decode(bytes).map_err(|source| CdcError::Decode {
-                slot: slot.clone(),
-                source,
-            })?;
-            match message {
-                Message::Begin {
-                    final_lsn,
-                    timestamp,
-                    xid,
-                } => {
-                    let delivered = final_lsn < base.lsn;
-                    let filtering = next
-                        .snapshot
-                        .as_ref()
-                        .is_some_and(|progress| progress.visible.is_some());
-                    let in_snapshot =
-                        filtering && visible.as_ref().is_some_and(|snapshot| snapshot.sees(xid));
-                    if filtering
-                        && !delivered
-                        && !in_snapshot
-                        && let Some(progress) = next.snapshot.as_mut()
-                    {
-                        // Commit order: nothing after this one is in the snapshot.
-                        progress.visible = None;
-                    }
-                    transaction = Some(Txn {
-                        final_lsn,
-                        timestamp: rfc3339(timestamp),
-                        skip: delivered || in_snapshot,
-                        position: 0,
-                        first_change: changes.len(),
-                    });
-                }
-                Message::Commit { end_lsn, .. } => {
-                    if let Some(done) = transaction.take() {
-                        if done.skip {
-                            changes.truncate(done.first_change);
-                        }
-                        next.lsn = next.lsn.max(end_lsn);
-                    }
-                }
-                Message::Relation(relation) => {
-                    relations.insert(relation.id, relation);
-                }
-                Message::Insert { relation, new } => {
-                    push_change(&mut transaction, &mut changes, relation, Operation::Insert, Some(new), None);
-                }
-                Message::Update { relation, old, new } => {
-                    push_change(&mut transaction, &mut changes, relation, Operation::Update, Some(new), old);
-                }
-                Message::Delete { relation, old } => {
-                    push_change(&mut transaction, &mut changes, relation, Operation::Delete, None, Some(old));
-                }
-                Message::Truncate { relations: truncated } => {
-                    for relation in truncated {
-                        push_change(&mut transaction, &mut changes, relation, Operation::Truncate, None, None);
-                    }
-                }
-                Message::Logical {
-                    transactional: false,
-                    lsn,
-                    prefix,
-                } if prefix == HEARTBEAT_PREFIX && transaction.is_none() => {
-                    // Every transaction committed before it was read above.
-                    next.lsn = next.lsn.max(lsn);
-                }
-                Message::Logical { .. } | Message::Other(_) => {}
+        let target = target.as_deref().and_then(parse_lsn).unwrap_or(0);
+        let mut guard = self.stream.lock().await;
+        let mut stream = match guard.take() {
+            Some(stream) => stream,
+            None => {
+                let publication = quote_identifier(&self.publication_name()?).unwrap_or_default();
+                let config = stream::replication_config(&self.config.connection_string, &slot, &publication)?;
+                let acknowledged = self.advanced.load(Ordering::SeqCst);
+                let stream = Stream::open(config, base.lsn, acknowledged).await?;
+                info!(connector_key = %self.key, %slot, lsn = %format_lsn(base.lsn.max(acknowledged)), "postgres cdc source started replication");
+                stream
             }
-        }
-        if data.is_empty() {
+        };
+        let mut base = base.clone();
+        base.slot.clone_from(&slot);
+        let mut acknowledged = self.acknowledged.subscribe();
+        // On an error the stream is dropped: what it read is read again by
+        // the next connection.
+        let batch = stream
+            .read(&base, target, self.config.batch_size as usize, &mut acknowledged)
+            .await?;
+        self.caught_up.store(!batch.full, Ordering::SeqCst);
+        let stream::Batch {
+            mut changes,
+            mut next,
+            ..
+        } = batch;
+        if changes.is_empty() && next.lsn == base.lsn {
             self.heartbeat(pool).await;
         }
-        // A transaction cut off (never with peek, which returns whole ones)
-        // is read again next time.
-        if let Some(open) = transaction {
-            changes.truncate(open.first_change);
-        }
         changes.retain(|change| self.operations.contains(&change.operation));
-        let records = self.records(setup, &slot, &relations, &changes).await?;
+        let records = self.records(setup, &slot, &stream.relations, &changes).await?;
+        *guard = Some(stream);
         next.processed_rows += records.len() as u64;
         Ok((records, next))
     }
@@ -837,7 +820,7 @@ impl CdcSource {
 
     /// Caught up, and the slot still retains WAL (other tables' changes,
     /// which the publication filters out, hold it back): writes a logical
-    /// message the next peek reads, so `commit` can advance the slot past it.
+    /// message the stream reads next, so `commit` can move the slot past it.
     async fn heartbeat(&self, pool: &PgPool) {
         let threshold = HEARTBEAT_LAG.min(self.config.slot_lag_warning / 2);
         if self.lag.load(Ordering::SeqCst) <= threshold {
@@ -948,7 +931,14 @@ impl Source for CdcSource {
             tokio::time::sleep(self.config.poll_interval).await;
         }
         let setup = self.ready().await?;
-        let base = self.lock_committed().clone();
+        // After the batches still in flight.
+        let base = {
+            let staged = self.lock_staged();
+            match staged.back() {
+                Some(last) => last.clone(),
+                None => self.lock_committed().clone(),
+            }
+        };
         let (records, next) = if self.snapshot_pending(&base) {
             self.snapshot_batch(setup, &base).await?
         } else {
@@ -963,7 +953,7 @@ impl Source for CdcSource {
         if self.config.verbose_logging {
             info!(connector_key = %self.key, records = records.len(), lsn = %format_lsn(next.lsn), "postgres cdc source polled a batch");
         }
-        *self.lock_staged() = Some(next);
+        self.lock_staged().push_back(next);
         Ok(SourceBatch {
             records,
             state,
@@ -972,18 +962,37 @@ impl Source for CdcSource {
     }
 
     async fn commit(&self) -> Result<(), ConnectorError> {
-        let Some(next) = self.lock_staged().clone() else {
+        let Some(next) = self.lock_staged().pop_front() else {
             return Ok(());
         };
-        let pool = self.pool()?;
-        self.advance(pool, &next.slot, next.lsn).await?;
+        let lsn = next.lsn;
+        if lsn > self.advanced.fetch_max(lsn, Ordering::SeqCst) {
+            self.acknowledged.send_replace(lsn);
+        }
         *self.lock_committed() = next;
-        self.lock_staged().take();
+        Ok(())
+    }
+
+    fn max_in_flight(&self) -> usize {
+        crate::config::connector::MAX_IN_FLIGHT as usize
+    }
+
+    async fn rewind(&self) -> Result<(), ConnectorError> {
+        self.lock_staged().clear();
+        self.caught_up.store(false, Ordering::SeqCst);
+        // The stream has read past the discarded batches: the next poll
+        // starts replication again after the last committed one.
+        if let Some(stream) = self.stream.lock().await.take() {
+            stream.close().await;
+        }
         Ok(())
     }
 
     async fn close(&mut self) -> Result<(), ConnectorError> {
-        self.lock_staged().take();
+        self.lock_staged().clear();
+        if let Some(stream) = self.stream.lock().await.take() {
+            stream.close().await;
+        }
         if let Some(transaction) = self.snapshot.lock().await.take()
             && let Err(error) = transaction.rollback().await
         {
@@ -999,53 +1008,6 @@ impl Source for CdcSource {
         }
         Ok(())
     }
-}
-
-/// The transaction being decoded.
-struct Txn {
-    final_lsn: u64,
-    timestamp: String,
-    skip: bool,
-    position: u32,
-    first_change: usize,
-}
-
-/// One row change (or one truncated table) of a transaction.
-struct Change {
-    relation: u32,
-    operation: Operation,
-    new: Option<Vec<Value>>,
-    old: Option<OldTuple>,
-    final_lsn: u64,
-    timestamp: String,
-    position: u32,
-}
-
-fn push_change(
-    transaction: &mut Option<Txn>,
-    changes: &mut Vec<Change>,
-    relation: u32,
-    operation: Operation,
-    new: Option<Vec<Value>>,
-    old: Option<OldTuple>,
-) {
-    let Some(current) = transaction.as_mut() else {
-        return;
-    };
-    let position = current.position;
-    current.position += 1;
-    if current.skip {
-        return;
-    }
-    changes.push(Change {
-        relation,
-        operation,
-        new,
-        old,
-        final_lsn: current.final_lsn,
-        timestamp: current.timestamp.clone(),
-        position,
-    });
 }
 
 /// `pg_current_snapshot()` parsed: which transaction ids it sees.

@@ -91,7 +91,7 @@ pub struct DecodeError {
     pub reason: String,
 }
 
-/// Decodes one message (one `data` row of `pg_logical_slot_peek_binary_changes`).
+/// Decodes one message (the payload of one XLogData frame).
 pub fn decode(bytes: &[u8]) -> Result<Message, DecodeError> {
     let Some((&tag, body)) = bytes.split_first() else {
         return Err(DecodeError {
