@@ -55,25 +55,15 @@ async fn run(case: String) {
     // Before any pipeline exists, so the engine's stage timings reach it.
     let stages = Stages::install();
     let client = match case {
-        "mysql_source_to_iggy" => {
+        "mysql_source_to_iggy" | "mysql_cdc_snapshot_to_iggy" => {
             fill(&pool, rows).await;
             let client = raw::topic(&iggy, &stream, TOPIC).await;
-            let file = source_file(&url, &stream, "tracking_column = \"id\"");
-            measure(
-                case,
-                &iggy,
-                &stages,
-                Pipeline::new(&iggy, &file),
-                ConnectorKind::Source,
-                rows,
-            )
-            .await;
-            client
-        }
-        "mysql_cdc_snapshot_to_iggy" => {
-            fill(&pool, rows).await;
-            let client = raw::topic(&iggy, &stream, TOPIC).await;
-            let file = source_file(&url, &stream, "mode = \"cdc\"\nsnapshot = \"initial\"");
+            let mode = if case == "mysql_source_to_iggy" {
+                "tracking_column = \"id\""
+            } else {
+                "mode = \"cdc\"\nsnapshot = \"initial\""
+            };
+            let file = source_file(&url, &stream, mode);
             measure(
                 case,
                 &iggy,

