@@ -60,7 +60,7 @@ async fn kill_while_inserting(mode: &str, ready: Option<&str>) -> (sqlx::MySqlPo
              batch_size = {BATCH}\npoll_interval = \"20ms\"\n{mode}\n"
         ),
     );
-    let mut running = workspace.run();
+    let running = workspace.run();
     if let Some(ready) = ready {
         wait_for(ready, LONG, || workspace.stderr().contains(ready)).await;
     }
@@ -81,16 +81,9 @@ async fn kill_while_inserting(mode: &str, ready: Option<&str>) -> (sqlx::MySqlPo
             }
         })
     };
-    for _ in 0..KILLS {
-        let before = server.message_count(&stream, "rows");
-        wait_for("the binary to make progress", LONG, || {
-            server.message_count(&stream, "rows") > before
-        })
+    let running = workspace
+        .kill_while_progressing(running, &server, (&stream, "rows"), KILLS)
         .await;
-        tokio::time::sleep(Duration::from_millis(rand::random_range(20..300))).await;
-        running.kill();
-        running = workspace.run();
-    }
     writer.await.unwrap();
     wait_for("every row", LONG, || {
         ids_in_topic(&server, &stream).len() as i64 >= ROWS

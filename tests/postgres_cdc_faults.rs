@@ -58,7 +58,7 @@ async fn sigkill_mid_stream_loses_no_change_and_repeats_at_most_the_batches_in_f
         ),
     );
     let slot = iggy_connect::connectors::sources::postgres::derived_slot_name(&key).unwrap();
-    let mut running = workspace.run();
+    let running = workspace.run();
     eventually("the slot", LONG, || async {
         sqlx::query_scalar::<_, i64>(
             "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1",
@@ -85,16 +85,9 @@ async fn sigkill_mid_stream_loses_no_change_and_repeats_at_most_the_batches_in_f
             }
         })
     };
-    for _ in 0..kills {
-        let before = server.message_count(&stream, "changes");
-        wait_for("the binary to make progress", LONG, || {
-            server.message_count(&stream, "changes") > before
-        })
+    let running = workspace
+        .kill_while_progressing(running, &server, (&stream, "changes"), kills)
         .await;
-        tokio::time::sleep(Duration::from_millis(rand::random_range(20..300))).await;
-        running.kill();
-        running = workspace.run();
-    }
     writer.await.unwrap();
     wait_for("every row", LONG, || {
         ids_in_topic(&server, &stream).len() as i64 >= ROWS

@@ -111,6 +111,31 @@ impl Workspace {
         Running { child }
     }
 
+    /// Kills `running` (SIGKILL) and starts the binary again `kills` times,
+    /// each once `topic` of `stream` on `server` grew since the last start,
+    /// and a random 20-300 ms later; returns the last run.
+    pub async fn kill_while_progressing(
+        &self,
+        mut running: Running,
+        server: &super::iggy_server::IggyTestServer,
+        (stream, topic): (&str, &str),
+        kills: usize,
+    ) -> Running {
+        for _ in 0..kills {
+            let before = server.message_count(stream, topic);
+            super::wait::wait_for(
+                "the binary to make progress",
+                Duration::from_secs(60),
+                || server.message_count(stream, topic) > before,
+            )
+            .await;
+            tokio::time::sleep(Duration::from_millis(rand::random_range(20..300))).await;
+            running.kill();
+            running = self.run();
+        }
+        running
+    }
+
     pub fn stdout(&self) -> String {
         std::fs::read_to_string(self.path("stdout.log")).unwrap_or_default()
     }
