@@ -68,6 +68,7 @@ registry::register_connectors! {
         rabbitmq => "rabbitmq-sink",
         surrealdb => "surrealdb-sink",
         s3 => "s3-sink",
+        delta => "delta-sink",
     }
 }
 

@@ -360,6 +360,12 @@ sink_conformance!(
 );
 #[cfg(feature = "s3-sink")]
 sink_conformance!(s3_sink, "s3", fixtures::s3_sink::Backend::new().await);
+#[cfg(feature = "delta-sink")]
+sink_conformance!(
+    delta_sink,
+    "delta",
+    fixtures::delta_sink::Backend::new().await
+);
 
 /// The connectors the lines above cover, by kind and name.
 const COVERED_SOURCES: &[&str] = &[
@@ -429,6 +435,8 @@ const COVERED_SINKS: &[&str] = &[
     "surrealdb",
     #[cfg(feature = "s3-sink")]
     "s3",
+    #[cfg(feature = "delta-sink")]
+    "delta",
 ];
 
 #[test]

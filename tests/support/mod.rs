@@ -36,7 +36,9 @@ pub mod quickwit;
 pub mod rabbitmq;
 #[cfg(any(feature = "redis-sink", feature = "redis-source"))]
 pub mod redis;
-#[cfg(feature = "s3-sink")]
+#[cfg(feature = "delta-sink")]
+pub mod delta;
+#[cfg(any(feature = "s3-sink", feature = "delta-sink"))]
 pub mod s3;
 #[cfg(feature = "schema-registry")]
 pub mod schema_registry;

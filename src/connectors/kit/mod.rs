@@ -14,6 +14,7 @@
 //!   and of keyed records, snake_case columns;
 //! - `inbox` (with the push sources: http, otlp): where received requests wait
 //!   for their batch and the answers owed to their clients once it is durable;
+//! - [`size`]: sizes in config files (`"8MiB"`), for the file-writing sinks;
 //! - `http` (with any HTTP-based connector): the HTTP client builder (TLS,
 //!   timeouts, proxy, auth, gzip), `Retry-After` parsing and status classification.
 
@@ -34,6 +35,7 @@ pub mod inbox;
     feature = "rabbitmq-source"
 ))]
 pub mod row_id;
+pub mod size;
 #[cfg(any(
     feature = "postgres-source",
     feature = "postgres-sink",

@@ -7,6 +7,7 @@ use secrecy::SecretString;
 use serde::Deserialize;
 
 use crate::connectors::PluginConfigError;
+use crate::connectors::kit::size::parse_size;
 
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -224,29 +225,6 @@ impl S3SinkConfig {
     }
 }
 
-/// A size such as `"8MiB"`, `"500 KB"`, `"1GB"` or `"1048576"` in bytes
-/// (KB, MB, GB are powers of 1000; KiB, MiB, GiB of 1024).
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let split = text
-        .find(|character: char| !(character.is_ascii_digit() || character == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let expected = || format!("expected a size such as \"8MiB\" or \"500KB\", found \"{text}\"");
-    let number: f64 = number.parse().map_err(|_| expected())?;
-    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "kb" => 1_000,
-        "kib" | "k" => 1 << 10,
-        "mb" => 1_000_000,
-        "mib" | "m" => 1 << 20,
-        "gb" => 1_000_000_000,
-        "gib" | "g" => 1 << 30,
-        _ => return Err(expected()),
-    };
-    Ok((number * multiplier as f64) as u64)
-}
-
 fn default_path_template() -> String {
     "{stream}/{topic}/{date}/{hour}".to_owned()
 }
@@ -336,14 +314,5 @@ mod tests {
         }
         let error = config(serde_json::json!({"output_format": "csv"})).unwrap_err();
         assert_eq!(error.field, "output_format");
-    }
-
-    #[test]
-    fn given_sizes_when_parsed_should_follow_their_unit() {
-        assert_eq!(parse_size("8MiB"), Ok(8 << 20));
-        assert_eq!(parse_size("500 KB"), Ok(500_000));
-        assert_eq!(parse_size("1048576"), Ok(1 << 20));
-        assert_eq!(parse_size("1.5KiB"), Ok(1536));
-        assert!(parse_size("MiB").is_err());
     }
 }
