@@ -120,8 +120,7 @@ fn created(dir: &std::path::Path) -> Value {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_message_is_in_the_table_once_and_offsets_are_committed_only_with_the_delta_commit()
-{
+async fn every_message_is_in_the_table_once_and_offsets_are_committed_only_with_the_delta_commit() {
     let iggy = IggyTestServer::start();
     iggy.create_topic("shop", "orders", 1);
     produce_ns(&iggy_client(&iggy).await, "shop", "orders", 1..1001).await;
@@ -189,14 +188,20 @@ async fn messages_read_again_after_a_crash_are_not_appended_twice() {
 
     // The next run reads from an older offset (300) again, and on.
     let second = open_sink("replay", created(dir.path())).await;
-    second.write(&orders(), &ns_messages(300..700)).await.unwrap();
+    second
+        .write(&orders(), &ns_messages(300..700))
+        .await
+        .unwrap();
     second.flush(&orders(), Flush::All).await.unwrap();
     assert_eq!(second.durable(&orders()), [(0, 699)]);
     assert_eq!(ns_once(&table.rows()), (1..=700).collect::<Vec<_>>());
 
     // A replay of nothing new commits nothing and still reports it durable.
     let (version, _) = table.version_and_columns();
-    second.write(&orders(), &ns_messages(600..700)).await.unwrap();
+    second
+        .write(&orders(), &ns_messages(600..700))
+        .await
+        .unwrap();
     second.flush(&orders(), Flush::All).await.unwrap();
     assert_eq!(table.version_and_columns().0, version);
     assert_eq!(second.durable(&orders()), [(0, 699)]);
@@ -244,9 +249,15 @@ async fn payloads_that_do_not_fit_the_table_are_rejected_by_index_and_nothing_of
     assert_eq!(sink.durable(&orders()), [(0, 5)]);
     let rows = Table::local(dir.path()).rows();
     assert_eq!(rows.len(), 2);
-    assert_eq!(rows[0]["label"], "7", "a number coerced to the string column");
+    assert_eq!(
+        rows[0]["label"], "7",
+        "a number coerced to the string column"
+    );
     assert!(
-        rows[0]["at"].as_str().unwrap().starts_with("2026-12-02 10:00:00"),
+        rows[0]["at"]
+            .as_str()
+            .unwrap()
+            .starts_with("2026-12-02 10:00:00"),
         "{}",
         rows[0]["at"]
     );
@@ -285,8 +296,12 @@ async fn bad_messages_are_skipped_by_the_pipeline_and_counted_and_the_rest_lands
     let table = Table::local(dir.path());
     let state = tempfile::tempdir().unwrap();
     let runtime = runtime(&iggy, state.path());
-    let text = sink_config("skip", &table.uri, &format!("{CREATE}\nflush_interval = \"50ms\""))
-        .replace("[[streams]]", "on_error = \"skip\"\n[[streams]]");
+    let text = sink_config(
+        "skip",
+        &table.uri,
+        &format!("{CREATE}\nflush_interval = \"50ms\""),
+    )
+    .replace("[[streams]]", "on_error = \"skip\"\n[[streams]]");
     runtime.add(connector(&text)).unwrap();
     runtime.start_enabled().await;
     wait_for("everything committed", LONG, || {

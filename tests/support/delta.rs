@@ -24,6 +24,10 @@ fn python() -> &'static PathBuf {
 
 /// Runs `script` with `args` (argv[1..]) and parses what it prints as JSON.
 fn try_run(script: &str, args: &[&str]) -> Result<Value, String> {
+    // deltalake's runtime threads abort the interpreter at its normal exit
+    // ("terminate called without an active exception") after reading a
+    // local table: leave at once once the answer is out.
+    let script = format!("{script}\nimport os, sys\nsys.stdout.flush()\nos._exit(0)\n");
     let output = Command::new(python())
         .arg("-c")
         .arg(script)
@@ -73,7 +77,8 @@ impl Table {
     /// Every row of the table's current version, as JSON objects
     /// (timestamps as ISO strings).
     pub fn rows(&self) -> Vec<Value> {
-        self.try_rows().unwrap_or_else(|error| panic!("reading {}: {error}", self.uri))
+        self.try_rows()
+            .unwrap_or_else(|error| panic!("reading {}: {error}", self.uri))
     }
 
     pub fn try_rows(&self) -> Result<Vec<Value>, String> {

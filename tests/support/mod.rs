@@ -5,6 +5,8 @@ pub mod accounting;
 pub mod binary;
 pub mod clickhouse;
 pub mod clickhouse_http;
+#[cfg(feature = "delta-sink")]
+pub mod delta;
 #[cfg(feature = "doris-sink")]
 pub mod doris;
 pub mod drive;
@@ -36,8 +38,6 @@ pub mod quickwit;
 pub mod rabbitmq;
 #[cfg(any(feature = "redis-sink", feature = "redis-source"))]
 pub mod redis;
-#[cfg(feature = "delta-sink")]
-pub mod delta;
 #[cfg(any(feature = "s3-sink", feature = "delta-sink"))]
 pub mod s3;
 #[cfg(feature = "schema-registry")]

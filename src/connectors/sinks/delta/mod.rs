@@ -23,6 +23,7 @@ mod config;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use deltalake_core::arrow::array::RecordBatch;
@@ -39,7 +40,7 @@ use deltalake_core::protocol::SaveMode;
 use deltalake_core::writer::{DeltaWriter, RecordBatchWriter};
 use deltalake_core::{DeltaResult, DeltaTable, DeltaTableBuilder, DeltaTableError};
 use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
-use object_store::ClientOptions;
+use object_store::{BackoffConfig, ClientOptions, RetryConfig};
 use tracing::{debug, info, warn};
 
 use crate::connectors::{
@@ -126,7 +127,24 @@ impl DeltaSink {
         let mut builder = AmazonS3Builder::from_env()
             .with_url(format!("s3://{}", url.host_str().unwrap_or_default()))
             .with_conditional_put(S3ConditionalPut::ETagMatch)
-            .with_client_options(ClientOptions::new().with_allow_http(self.config.aws_s3_allow_http));
+            // A few quick retries of one request; past them the flush fails
+            // as transient and the engine retries it with its own backoff
+            // (object_store's default keeps one request retrying for minutes).
+            .with_retry(RetryConfig {
+                backoff: BackoffConfig {
+                    init_backoff: Duration::from_millis(100),
+                    max_backoff: Duration::from_secs(5),
+                    base: 2.0,
+                },
+                max_retries: 3,
+                retry_timeout: Duration::from_secs(30),
+            })
+            .with_client_options(
+                ClientOptions::new()
+                    .with_allow_http(self.config.aws_s3_allow_http)
+                    .with_timeout(Duration::from_secs(60))
+                    .with_connect_timeout(Duration::from_secs(10)),
+            );
         for (key, value) in self.config.s3_options() {
             let key = key.parse().map_err(|error| {
                 ConnectorError::fatal(format!("cannot set up the S3 client: {error}"))
@@ -203,6 +221,36 @@ impl DeltaSink {
             }
         }
         Ok(())
+    }
+
+    /// The Delta kernel refuses a local table whose directory does not
+    /// exist (rather than calling it "not a table"): made here when the sink
+    /// is to create the table, refused naming the field otherwise.
+    async fn prepare_local_directory(&self) -> Result<(), ConnectorError> {
+        if self.checked.location != Location::Local {
+            return Ok(());
+        }
+        let url = &self.checked.url;
+        let path = url
+            .to_file_path()
+            .map_err(|()| ConnectorError::fatal(format!("table_uri: \"{url}\" is not a local path")))?;
+        if tokio::fs::metadata(&path)
+            .await
+            .is_ok_and(|metadata| metadata.is_dir())
+        {
+            return Ok(());
+        }
+        if !self.config.create_table {
+            return Err(ConnectorError::fatal(format!(
+                "table_uri: no Delta table at {url} (the directory does not exist): create it, or set create_table = true with `columns`"
+            )));
+        }
+        tokio::fs::create_dir_all(&path).await.map_err(|error| {
+            ConnectorError::fatal(format!(
+                "table_uri: cannot create the table's directory {}: {error}",
+                path.display()
+            ))
+        })
     }
 
     fn open_error(&self, error: DeltaTableError) -> ConnectorError {
@@ -332,13 +380,10 @@ fn decode_rows<'a>(
     schema: &SchemaRef,
     messages: impl IntoIterator<Item = &'a SinkMessage>,
 ) -> Result<RecordBatch, String> {
-    let mut decoder = ReaderBuilder::new(schema.clone())
-        .with_coerce_primitive(true)
-        .with_batch_size(usize::MAX)
-        .build_decoder()
-        .map_err(|error| error.to_string())?;
     let mut text = Vec::new();
+    let mut count = 0;
     for message in messages {
+        count += 1;
         match &message.payload {
             Payload::Json(value) => {
                 serde_json::to_writer(&mut text, value).map_err(|error| error.to_string())?
@@ -348,6 +393,13 @@ fn decode_rows<'a>(
         }
         text.push(b'\n');
     }
+    // One row more than the messages: a payload holding several values
+    // shows as a row count that differs from the message count.
+    let mut decoder = ReaderBuilder::new(schema.clone())
+        .with_coerce_primitive(true)
+        .with_batch_size(count + 1)
+        .build_decoder()
+        .map_err(|error| error.to_string())?;
     let mut at = 0;
     while at < text.len() {
         let read = decoder
@@ -364,20 +416,29 @@ fn decode_rows<'a>(
         .unwrap_or_else(|| RecordBatch::new_empty(schema.clone())))
 }
 
-/// Which Delta errors are worth retrying.
+/// Which Delta errors are worth retrying. A store's error may come wrapped
+/// (by the Delta kernel reading the log, by the Parquet writer): the chain
+/// of sources is searched for it.
 fn classify(url: &url::Url, error: DeltaTableError) -> SinkError {
     let message = format!("delta table {url}: {error}");
-    match &error {
-        DeltaTableError::ObjectStore { source } => match source {
+    let kernel = kernel_error(&error);
+    let kernel_store = match kernel {
+        Some(delta_kernel::Error::ObjectStore(store_error)) => Some(store_error),
+        _ => None,
+    };
+    if let Some(store_error) = kernel_store.or_else(|| source_of::<object_store::Error>(&error)) {
+        return match store_error {
             object_store::Error::PermissionDenied { .. }
             | object_store::Error::Unauthenticated { .. } => SinkError::fatal(format!(
                 "aws_s3_access_key: the store refused the credentials: fix `aws_s3_access_key`/`aws_s3_secret_key` (or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY) ({message})"
             )),
-            _ if source.to_string().contains("NoSuchBucket") => SinkError::fatal(format!(
+            _ if store_error.to_string().contains("NoSuchBucket") => SinkError::fatal(format!(
                 "table_uri: the bucket of {url} does not exist: create it or fix `table_uri` ({message})"
             )),
             _ => SinkError::transient(message),
-        },
+        };
+    }
+    match &error {
         DeltaTableError::NotATable(_) => SinkError::fatal(format!(
             "table_uri: no Delta table at {url}: create it, or set create_table = true with `columns` ({error})"
         )),
@@ -385,8 +446,37 @@ fn classify(url: &url::Url, error: DeltaTableError) -> SinkError {
         | DeltaTableError::Transaction { .. }
         | DeltaTableError::VersionAlreadyExists(_)
         | DeltaTableError::VersionMismatch(..) => SinkError::transient(message),
+        _ if matches!(
+            kernel,
+            Some(delta_kernel::Error::IOError(_) | delta_kernel::Error::Reqwest(_))
+        ) =>
+        {
+            SinkError::transient(message)
+        }
+        _ if source_of::<std::io::Error>(&error).is_some() => SinkError::transient(message),
         _ => SinkError::fatal(message),
     }
+}
+
+/// The Delta kernel's error inside `error`, unwrapped from its backtraces
+/// (the kernel does not name the store's error as its source).
+fn kernel_error(error: &DeltaTableError) -> Option<&delta_kernel::Error> {
+    let DeltaTableError::KernelError(kernel) = error else {
+        return None;
+    };
+    let mut kernel = kernel;
+    while let delta_kernel::Error::Backtraced { source, .. } = kernel {
+        kernel = source.as_ref();
+    }
+    Some(kernel)
+}
+
+/// The first error of type `T` in `error`'s chain of sources, itself included.
+fn source_of<'a, T: std::error::Error + 'static>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a T> {
+    std::iter::successors(Some(error), |error| error.source())
+        .find_map(|error| error.downcast_ref::<T>())
 }
 
 /// `deltalake-core` knows only local and in-memory tables; an `s3://` table
@@ -420,6 +510,7 @@ impl Sink for DeltaSink {
     }
 
     async fn open(&mut self) -> Result<(), ConnectorError> {
+        self.prepare_local_directory().await?;
         let mut table = self.table_builder()?.build().map_err(|error| self.open_error(error))?;
         match table.load().await {
             Ok(()) => {}
