@@ -95,10 +95,13 @@ pub struct DeltaSinkConfig {
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Column {
+    /// The column's name, as the messages' JSON fields name it.
     pub name: String,
     /// A Delta primitive type (`long`, `string`, `timestamp`, `decimal(10,2)`, ...).
     #[serde(rename = "type")]
     pub data_type: String,
+    /// Whether the column may be missing or null in a message (`false`: a
+    /// message without it is rejected).
     #[serde(default = "default_true")]
     pub nullable: bool,
 }
