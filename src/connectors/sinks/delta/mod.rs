@@ -20,6 +20,7 @@
 //! credentials are fatal, naming the field to fix.
 
 mod config;
+mod errors;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -52,6 +53,7 @@ use crate::sync::lock;
 
 pub use config::{Column, DeltaSinkConfig};
 use config::{Checked, Location};
+use errors::classify;
 
 pub const ENTRY: SinkEntry = SinkEntry {
     name: "delta",
@@ -414,69 +416,6 @@ fn decode_rows<'a>(
         .flush()
         .map_err(|error| error.to_string())?
         .unwrap_or_else(|| RecordBatch::new_empty(schema.clone())))
-}
-
-/// Which Delta errors are worth retrying. A store's error may come wrapped
-/// (by the Delta kernel reading the log, by the Parquet writer): the chain
-/// of sources is searched for it.
-fn classify(url: &url::Url, error: DeltaTableError) -> SinkError {
-    let message = format!("delta table {url}: {error}");
-    let kernel = kernel_error(&error);
-    let kernel_store = match kernel {
-        Some(delta_kernel::Error::ObjectStore(store_error)) => Some(store_error),
-        _ => None,
-    };
-    if let Some(store_error) = kernel_store.or_else(|| source_of::<object_store::Error>(&error)) {
-        return match store_error {
-            object_store::Error::PermissionDenied { .. }
-            | object_store::Error::Unauthenticated { .. } => SinkError::fatal(format!(
-                "aws_s3_access_key: the store refused the credentials: fix `aws_s3_access_key`/`aws_s3_secret_key` (or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY) ({message})"
-            )),
-            _ if store_error.to_string().contains("NoSuchBucket") => SinkError::fatal(format!(
-                "table_uri: the bucket of {url} does not exist: create it or fix `table_uri` ({message})"
-            )),
-            _ => SinkError::transient(message),
-        };
-    }
-    match &error {
-        DeltaTableError::NotATable(_) => SinkError::fatal(format!(
-            "table_uri: no Delta table at {url}: create it, or set create_table = true with `columns` ({error})"
-        )),
-        DeltaTableError::Io { .. }
-        | DeltaTableError::Transaction { .. }
-        | DeltaTableError::VersionAlreadyExists(_)
-        | DeltaTableError::VersionMismatch(..) => SinkError::transient(message),
-        _ if matches!(
-            kernel,
-            Some(delta_kernel::Error::IOError(_) | delta_kernel::Error::Reqwest(_))
-        ) =>
-        {
-            SinkError::transient(message)
-        }
-        _ if source_of::<std::io::Error>(&error).is_some() => SinkError::transient(message),
-        _ => SinkError::fatal(message),
-    }
-}
-
-/// The Delta kernel's error inside `error`, unwrapped from its backtraces
-/// (the kernel does not name the store's error as its source).
-fn kernel_error(error: &DeltaTableError) -> Option<&delta_kernel::Error> {
-    let DeltaTableError::KernelError(kernel) = error else {
-        return None;
-    };
-    let mut kernel = kernel;
-    while let delta_kernel::Error::Backtraced { source, .. } = kernel {
-        kernel = source.as_ref();
-    }
-    Some(kernel)
-}
-
-/// The first error of type `T` in `error`'s chain of sources, itself included.
-fn source_of<'a, T: std::error::Error + 'static>(
-    error: &'a (dyn std::error::Error + 'static),
-) -> Option<&'a T> {
-    std::iter::successors(Some(error), |error| error.source())
-        .find_map(|error| error.downcast_ref::<T>())
 }
 
 /// `deltalake-core` knows only local and in-memory tables; an `s3://` table
