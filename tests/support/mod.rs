@@ -5,6 +5,8 @@ pub mod accounting;
 pub mod binary;
 pub mod clickhouse;
 pub mod clickhouse_http;
+#[cfg(feature = "delta-sink")]
+pub mod delta;
 #[cfg(feature = "doris-sink")]
 pub mod doris;
 pub mod drive;
@@ -13,6 +15,10 @@ pub mod elasticsearch;
 pub mod gunzip;
 pub mod harness;
 pub mod http_server;
+#[cfg(feature = "iceberg-sink")]
+pub mod iceberg;
+#[cfg(feature = "iceberg-sink")]
+pub mod iceberg_rest;
 pub mod iggy_server;
 pub mod influxdb;
 pub mod influxdb_http;
@@ -36,8 +42,6 @@ pub mod quickwit;
 pub mod rabbitmq;
 #[cfg(any(feature = "redis-sink", feature = "redis-source"))]
 pub mod redis;
-#[cfg(feature = "delta-sink")]
-pub mod delta;
 #[cfg(any(feature = "s3-sink", feature = "delta-sink"))]
 pub mod s3;
 #[cfg(feature = "schema-registry")]
