@@ -419,8 +419,11 @@ async fn a_missing_table_or_different_columns_stop_the_sink_naming_the_field() {
         .create(
             "shop",
             "orders",
+            // CREATE's columns, but `n` a string.
             json!({"type": "struct", "schema-id": 0, "fields": [
-                {"id": 1, "name": "n", "required": false, "type": "string"}
+                {"id": 1, "name": "n", "required": false, "type": "string"},
+                {"id": 2, "name": "name", "required": false, "type": "string"},
+                {"id": 3, "name": "at", "required": false, "type": "timestamptz"},
             ]}),
         )
         .await;
@@ -438,7 +441,10 @@ async fn a_missing_table_or_different_columns_stop_the_sink_naming_the_field() {
         .add(connector(&sink_config("columns", &rest(&catalog), CREATE)))
         .unwrap();
     runtime.start_enabled().await;
-    for (key, field) in [("missing", "tables:"), ("columns", "columns:")] {
+    for (key, field) in [
+        ("missing", "tables:"),
+        ("columns", "columns: \"n\" is string"),
+    ] {
         eventually("the sink to fail", LONG, async || {
             runtime
                 .view(ConnectorKind::Sink, key)
@@ -477,17 +483,24 @@ async fn through_a_rest_catalog_conflicts_and_outages_are_retried_and_nothing_is
             .is_ok_and(|view| view.status.status == Status::Running)
     })
     .await;
-    // Stale-requirement conflicts (retried by the commit on the reloaded
-    // table) and an outage long enough to reach the engine's retry.
+    // An outage: nothing is committed meanwhile, the engine retries.
+    catalog.set_down(true);
+    // Then stale-requirement conflicts, retried by the commit on the
+    // reloaded table.
     catalog.fail_commits(2, 409).await;
-    catalog.fail_commits(3, 503).await;
     produce_ns(&iggy_client(&iggy).await, "shop", "orders", 1..601).await;
     eventually("the flush retried by the engine", LONG, async || {
         runtime
             .view(ConnectorKind::Sink, "restlake")
-            .is_ok_and(|view| view.metrics.retries.get() >= 1)
+            .is_ok_and(|view| view.metrics.retries.get() >= 2)
     })
     .await;
+    assert_eq!(
+        iggy.stored_offset("shop", "orders", &group("restlake"), 0),
+        None,
+        "nothing committed while the catalog is down"
+    );
+    catalog.set_down(false);
     wait_for("everything committed", LONG, || {
         iggy.stored_offset("shop", "orders", &group("restlake"), 0) == Some(599)
     })
@@ -502,6 +515,7 @@ async fn through_a_rest_catalog_conflicts_and_outages_are_retried_and_nothing_is
         Some("599")
     );
     assert_eq!(catalog.commits().await, 2, "two full commits, none twice");
+    assert_eq!(catalog.faults_left().await, 0, "the conflicts were met");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -129,6 +129,11 @@ impl IcebergRest {
         self.shared.down.store(down, Ordering::SeqCst);
     }
 
+    /// Injected commit faults not met yet.
+    pub async fn faults_left(&self) -> usize {
+        self.shared.state.lock().await.faults.len()
+    }
+
     /// Commits applied so far.
     pub async fn commits(&self) -> u64 {
         self.shared.state.lock().await.commits
