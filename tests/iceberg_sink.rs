@@ -261,6 +261,24 @@ async fn messages_read_again_after_a_crash_are_not_appended_twice() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_connectors_writing_one_memory_warehouse_table_lose_none_of_each_others_commits() {
+    let warehouse = tempfile::tempdir().unwrap();
+    let table = Table::at(warehouse.path(), "shop", "orders");
+    let one = open_sink("one", created(warehouse.path())).await;
+    let two = open_sink("two", created(warehouse.path())).await;
+    // Each catalog loaded the table before the other committed.
+    one.write(&orders(), &ns_messages(0..10)).await.unwrap();
+    one.flush(&orders(), Flush::All).await.unwrap();
+    two.write(&orders(), &ns_messages(100..110)).await.unwrap();
+    two.flush(&orders(), Flush::All).await.unwrap();
+    one.write(&orders(), &ns_messages(10..20)).await.unwrap();
+    one.flush(&orders(), Flush::All).await.unwrap();
+    let expected: Vec<u64> = (1..=20).chain(101..=110).collect();
+    assert_eq!(ns_once(&table.rows()), expected);
+    assert_eq!(table.snapshots().len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payloads_that_do_not_fit_the_table_are_rejected_by_index_and_nothing_of_the_batch_is_taken()
  {
     let warehouse = tempfile::tempdir().unwrap();

@@ -132,6 +132,29 @@ pub async fn open_table(
     Ok(table)
 }
 
+/// The table as it is now. The memory catalog lives in this process only:
+/// another writer of the warehouse (another connector, a run before) may
+/// have committed since it was loaded, so its newest metadata file wins.
+pub async fn current_table(
+    catalog: &dyn Catalog,
+    checked: &Checked,
+    ident: &TableIdent,
+) -> iceberg::Result<Table> {
+    let table = catalog.load_table(ident).await?;
+    if let CatalogKind::Memory { warehouse } = &checked.catalog {
+        let newest = newest_metadata(warehouse, ident).map_err(|error| {
+            Error::new(ErrorKind::Unexpected, "reading the warehouse").with_source(error)
+        })?;
+        if let Some(newest) = newest
+            && table.metadata_location() != Some(newest.as_str())
+        {
+            catalog.drop_table(ident).await?;
+            return catalog.register_table(ident, newest).await;
+        }
+    }
+    Ok(table)
+}
+
 /// The namespace and its parents, created where missing.
 async fn create_namespaces(
     catalog: &dyn Catalog,

@@ -160,8 +160,7 @@ impl IcebergSink {
         let catalog = self.catalog()?;
         let ident = &self.checked.tables[index];
         let name = &self.names[index];
-        let table = catalog
-            .load_table(ident)
+        let table = catalog::current_table(catalog.as_ref(), &self.checked, ident)
             .await
             .map_err(|error| classify(name, error))?;
         let schema = &self.schemas[index];
