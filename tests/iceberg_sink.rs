@@ -19,6 +19,7 @@ use support::harness::{connector, iggy_client, produce_ns, runtime};
 use support::iceberg::Table;
 use support::iceberg_rest::IcebergRest;
 use support::iggy_server::IggyTestServer;
+use support::s3::S3Server;
 use support::wait::{eventually, wait_for};
 
 const LONG: Duration = Duration::from_secs(60);
@@ -593,5 +594,79 @@ async fn upstreams_example_file_runs_against_the_rest_catalog_test_server() {
         Some(4)
     );
     let table = Table::at(catalog.warehouse(), "test", "messages");
+    assert_eq!(ns_once(&table.rows()), [1, 2, 3, 4, 5]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstreams_example_file_writes_a_table_on_s3_through_its_store_settings() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .map(|dir| dir.join("shared/reference/upstream-configs/iceberg_sink.toml"))
+        .find(|path| path.exists())
+        .expect("upstream's iceberg_sink.toml");
+    let (s3, catalog) = (S3Server::start().await, IcebergRest::start().await);
+    s3.create_bucket("lake").await;
+    // The table's files on S3 (its metadata files stay with the catalog).
+    catalog
+        .create_at(
+            "test",
+            "messages",
+            json!({"type": "struct", "schema-id": 0, "fields": [
+                {"id": 1, "name": "n", "required": false, "type": "long"}
+            ]}),
+            Some("s3://lake/warehouse/test/messages"),
+        )
+        .await;
+    // Upstream's endpoints, pointed at the test servers; its keys as they are.
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("http://localhost:8181", catalog.url())
+        .replace("http://localhost:9000", s3.endpoint());
+    let (config, _) = iggy_connect::config::connector::parse_connector_file(
+        &path,
+        &text,
+        &iggy_connect::config::env::EnvVars::from_pairs([]),
+    )
+    .unwrap();
+    let bus = iggy_connect::iggy::MemoryBus::new();
+    support::sinks::send(
+        &bus,
+        "test_stream",
+        "test_topic",
+        1,
+        (1..=5u64).map(|n| json!({ "n": n }).to_string()),
+    )
+    .await;
+    let runtime = iggy_connect::engine::Runtime::new(
+        std::sync::Arc::new(bus.clone()),
+        std::sync::Arc::new(iggy_connect::state::MemoryStateStore::new()),
+        Duration::from_secs(5),
+    );
+    runtime.add(config).unwrap();
+    runtime.start_enabled().await;
+    eventually("the five accepted", LONG, async || {
+        runtime
+            .view(ConnectorKind::Sink, "iceberg")
+            .is_ok_and(|view| view.metrics.processed.get() >= 5)
+    })
+    .await;
+    runtime.shutdown().await;
+    assert_eq!(
+        bus.committed_offset("test_stream", "test_topic", "iceberg_sink_connector", 0),
+        Some(4)
+    );
+    let keys: Vec<String> = s3.objects("lake").into_iter().map(|(key, _)| key).collect();
+    assert!(
+        keys.iter().any(
+            |key| key.starts_with("warehouse/test/messages/data/") && key.ends_with(".parquet")
+        ),
+        "{keys:?}"
+    );
+    assert!(
+        keys.iter()
+            .any(|key| key.starts_with("warehouse/test/messages/metadata/snap-")),
+        "the manifest list on S3: {keys:?}"
+    );
+    let table = Table::at(catalog.warehouse(), "test", "messages").on_s3(s3.endpoint());
     assert_eq!(ns_once(&table.rows()), [1, 2, 3, 4, 5]);
 }

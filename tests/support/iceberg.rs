@@ -31,20 +31,23 @@ files = glob.glob(os.path.join(sys.argv[1], "metadata", "*.metadata.json"))
 if not files:
     raise SystemExit("no metadata file under " + sys.argv[1])
 newest = max(files, key=lambda f: int(re.match(r"(\d+)-", os.path.basename(f)).group(1)))
-t = StaticTable.from_metadata("file://" + newest)
+t = StaticTable.from_metadata("file://" + newest, properties=json.loads(os.environ.get("ICEBERG_PROPERTIES") or "{}"))
 "#;
 
-fn try_run(script: &str, dir: &Path) -> Result<Value, String> {
-    try_run_with(script, dir, &[])
-}
-
-/// Runs `script` on the table at `dir` with `args` as `sys.argv[2..]`.
-fn try_run_with(script: &str, dir: &Path, args: &[&str]) -> Result<Value, String> {
+/// Runs `script` on the table at `dir` (read with pyiceberg's FileIO
+/// `properties`) with `args` as `sys.argv[2..]`.
+fn try_run_with(
+    script: &str,
+    dir: &Path,
+    properties: &Value,
+    args: &[&str],
+) -> Result<Value, String> {
     let output = Command::new(python())
         .arg("-c")
         .arg(format!("{OPEN}\n{script}"))
         .arg(dir)
         .args(args)
+        .env("ICEBERG_PROPERTIES", properties.to_string())
         .output()
         .expect("the lake venv's python runs");
     if !output.status.success() {
@@ -53,17 +56,35 @@ fn try_run_with(script: &str, dir: &Path, args: &[&str]) -> Result<Value, String
     serde_json::from_slice(&output.stdout).map_err(|error| error.to_string())
 }
 
-/// A table by its directory (`<warehouse>/<namespace>/<table>`).
+/// A table by its metadata's directory (`<warehouse>/<namespace>/<table>`).
 #[derive(Clone)]
 pub struct Table {
     pub dir: PathBuf,
+    /// pyiceberg's FileIO properties (S3 endpoint and keys).
+    pub properties: Value,
 }
 
 impl Table {
     pub fn at(warehouse: &Path, namespace: &str, table: &str) -> Self {
         Self {
             dir: warehouse.join(namespace).join(table),
+            properties: Value::Object(Default::default()),
         }
+    }
+
+    /// The same, its data files on the S3 API at `endpoint` (keys test/test).
+    pub fn on_s3(mut self, endpoint: &str) -> Self {
+        self.properties = serde_json::json!({
+            "s3.endpoint": endpoint,
+            "s3.access-key-id": "test",
+            "s3.secret-access-key": "test",
+            "s3.region": "us-east-1",
+        });
+        self
+    }
+
+    fn run(&self, script: &str, args: &[&str]) -> Result<Value, String> {
+        try_run_with(script, &self.dir, &self.properties, args)
     }
 
     /// Every row of the current snapshot, as JSON objects (timestamps as
@@ -74,9 +95,9 @@ impl Table {
     }
 
     pub fn try_rows(&self) -> Result<Vec<Value>, String> {
-        let rows = try_run(
+        let rows = self.run(
             "print(json.dumps(t.scan().to_arrow().to_pylist(), default=str))",
-            &self.dir,
+            &[],
         )?;
         rows.as_array()
             .cloned()
@@ -93,7 +114,8 @@ for s in sorted(t.snapshots(), key=lambda s: s.sequence_number):
     out.append({"operation": str(summary.operation.value), "properties": dict(summary.additional_properties)})
 print(json.dumps(out))
 "#;
-        let snapshots = try_run(SCRIPT, &self.dir)
+        let snapshots = self
+            .run(SCRIPT, &[])
             .unwrap_or_else(|error| panic!("reading {}: {error}", self.dir.display()));
         snapshots.as_array().cloned().unwrap()
     }
@@ -104,18 +126,20 @@ print(json.dumps(out))
 s = t.current_snapshot()
 print(json.dumps(None if s is None else s.summary.additional_properties.get(sys.argv[2])))
 "#;
-        let out = try_run_with(SCRIPT, &self.dir, &[name])
+        let out = self
+            .run(SCRIPT, &[name])
             .unwrap_or_else(|error| panic!("reading {}: {error}", self.dir.display()));
         out.as_str().map(str::to_owned)
     }
 
     /// The `(name, type)` columns of the current schema.
     pub fn columns(&self) -> Vec<(String, String)> {
-        let out = try_run(
-            "print(json.dumps([[f.name, str(f.field_type)] for f in t.schema().fields]))",
-            &self.dir,
-        )
-        .unwrap_or_else(|error| panic!("reading {}: {error}", self.dir.display()));
+        let out = self
+            .run(
+                "print(json.dumps([[f.name, str(f.field_type)] for f in t.schema().fields]))",
+                &[],
+            )
+            .unwrap_or_else(|error| panic!("reading {}: {error}", self.dir.display()));
         out.as_array()
             .unwrap()
             .iter()

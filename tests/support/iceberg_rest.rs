@@ -151,6 +151,17 @@ impl IcebergRest {
     /// Creates `namespace.table` with `schema` (Iceberg schema JSON), as
     /// another writer would through the catalog.
     pub async fn create(&self, namespace: &str, table: &str, schema: Value) {
+        self.create_at(namespace, table, schema, None).await;
+    }
+
+    /// [`create`](Self::create) with the table's files at `location`.
+    pub async fn create_at(
+        &self,
+        namespace: &str,
+        table: &str,
+        schema: Value,
+        location: Option<&str>,
+    ) {
         let client = reqwest::Client::new();
         let response = client
             .post(format!("{}/v1/namespaces", self.url))
@@ -165,7 +176,7 @@ impl IcebergRest {
         );
         let response = client
             .post(format!("{}/v1/namespaces/{namespace}/tables", self.url))
-            .json(&json!({"name": table, "schema": schema}))
+            .json(&json!({"name": table, "schema": schema, "location": location}))
             .send()
             .await
             .unwrap();
@@ -288,12 +299,16 @@ async fn create_table(
             ),
         ));
     }
-    let mut location = shared.warehouse.clone();
-    location.extend(&namespace);
-    location.push(&request.name);
+    // Metadata files stay in the server's warehouse directory; the table's
+    // own location (its data and manifests) is what the request asks for
+    // (an s3:// one, say), or that directory.
+    let mut dir = shared.warehouse.clone();
+    dir.extend(&namespace);
+    dir.push(&request.name);
+    let dir = format!("file://{}", dir.display());
     let creation = TableCreation::builder()
         .name(request.name.clone())
-        .location(format!("file://{}", location.display()))
+        .location(request.location.clone().unwrap_or_else(|| dir.clone()))
         .schema(request.schema)
         .properties(request.properties)
         .build();
@@ -307,7 +322,7 @@ async fn create_table(
             )
         })?
         .metadata;
-    let file = MetadataLocation::new_with_metadata(metadata.location(), &metadata);
+    let file = MetadataLocation::new_with_metadata(dir, &metadata);
     metadata
         .write_to(&shared.file_io, &file)
         .await

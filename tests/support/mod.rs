@@ -42,7 +42,7 @@ pub mod quickwit;
 pub mod rabbitmq;
 #[cfg(any(feature = "redis-sink", feature = "redis-source"))]
 pub mod redis;
-#[cfg(any(feature = "s3-sink", feature = "delta-sink"))]
+#[cfg(any(feature = "s3-sink", feature = "delta-sink", feature = "iceberg-sink"))]
 pub mod s3;
 #[cfg(feature = "schema-registry")]
 pub mod schema_registry;

@@ -4,7 +4,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use iceberg::io::LocalFsStorageFactory;
 use iceberg::memory::{MEMORY_CATALOG_WAREHOUSE, MemoryCatalogBuilder};
 use iceberg::spec::{NestedField, Schema, Type};
 use iceberg::table::Table;
@@ -16,6 +15,7 @@ use iceberg_catalog_rest::{
 };
 
 use super::config::{Catalog as CatalogKind, Checked, IcebergSinkConfig};
+use super::files::{Files, S3Settings};
 use crate::connectors::{ConnectorError, SinkError};
 
 /// `namespace.table`.
@@ -23,13 +23,18 @@ pub fn table_name(ident: &TableIdent) -> String {
     format!("{}.{}", ident.namespace().join("."), ident.name())
 }
 
-/// The configured catalog. Tables are written through the local filesystem
-/// storage: the only one this build has (see `check_table`).
+/// The configured catalog. Table files go to the local filesystem or, for
+/// `s3://` locations, to S3 with the `store_*` settings.
 pub async fn connect(
     config: &IcebergSinkConfig,
     checked: &Checked,
 ) -> Result<Arc<dyn Catalog>, ConnectorError> {
-    let storage = Arc::new(LocalFsStorageFactory);
+    let storage = Arc::new(Files::new(S3Settings {
+        endpoint: config.store_url.clone().filter(|url| !url.trim().is_empty()),
+        access_key_id: config.store_access_key_id.clone(),
+        secret_access_key: config.store_secret_access_key.clone(),
+        region: config.store_region.clone().filter(|region| !region.trim().is_empty()),
+    }));
     match &checked.catalog {
         CatalogKind::Rest { uri } => {
             let mut properties = HashMap::from([(REST_CATALOG_PROP_URI.to_owned(), uri.clone())]);
@@ -212,13 +217,15 @@ fn newest_metadata(warehouse: &str, ident: &TableIdent) -> std::io::Result<Optio
 }
 
 /// The table must be writable by this build (unpartitioned, on the local
-/// filesystem) and have the configured columns, where any are configured.
+/// filesystem or S3) and have the configured columns, where any are
+/// configured.
 pub fn check_table(table: &Table, name: &str, checked: &Checked) -> Result<(), ConnectorError> {
     let metadata = table.metadata();
     let location = metadata.location();
-    if !(location.starts_with("file:") || location.starts_with('/')) {
+    let supported = ["file:", "/", "s3://", "s3a://"];
+    if !supported.iter().any(|prefix| location.starts_with(prefix)) {
         return Err(ConnectorError::fatal(format!(
-            "store_class: the table {name} is at {location}; this build writes Iceberg data files only to a local filesystem (file://), S3 storage is not built in yet: use a catalog whose warehouse is local"
+            "store_class: the table {name} is at {location}; this build writes Iceberg files to a local filesystem (file://) or S3 (s3://) only"
         )));
     }
     if !metadata.default_partition_spec().is_unpartitioned() {

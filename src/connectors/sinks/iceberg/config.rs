@@ -41,12 +41,14 @@ pub struct IcebergSinkConfig {
     /// The top-level JSON field holding the table name with `dynamic_routing`.
     #[serde(default)]
     pub dynamic_route_field: String,
-    /// The S3 endpoint of the tables' files (upstream's `store_*` settings).
-    /// They only matter for tables located on `s3://`, which this build
-    /// cannot write yet: such a table is refused at open, naming `store_class`.
+    /// The S3 endpoint of the tables' files (upstream's `store_*` settings,
+    /// used for tables located on `s3://`; path-style addressing). Unset:
+    /// AWS's own endpoint for the region.
     #[serde(default)]
     pub store_url: Option<String>,
     /// S3 access key; both or neither with `store_secret_access_key`.
+    /// Neither: `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` from the
+    /// environment, then the instance's role.
     #[serde(default)]
     #[schemars(with = "Option<String>")]
     pub store_access_key_id: Option<SecretString>,
@@ -54,7 +56,7 @@ pub struct IcebergSinkConfig {
     #[serde(default)]
     #[schemars(with = "Option<String>")]
     pub store_secret_access_key: Option<SecretString>,
-    /// The S3 region.
+    /// The S3 region (default: `AWS_REGION`, then `us-east-1`).
     #[serde(default)]
     pub store_region: Option<String>,
     /// The object store kind: only `s3`, as upstream.
@@ -177,6 +179,15 @@ impl IcebergSinkConfig {
             return Err(PluginConfigError::new(
                 "store_access_key_id",
                 "set both store_access_key_id and store_secret_access_key, or neither",
+            ));
+        }
+        if let Some(url) = self.store_url.as_deref().map(str::trim)
+            && !url.is_empty()
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            return Err(PluginConfigError::new(
+                "store_url",
+                format!("expected an http:// or https:// URL, found \"{url}\""),
             ));
         }
         if let Some(class) = &self.store_class
@@ -391,6 +402,7 @@ mod tests {
                 "store_access_key_id",
             ),
             (serde_json::json!({"store_class": "gcs"}), "store_class"),
+            (serde_json::json!({"store_url": "localhost:9000"}), "store_url"),
             (serde_json::json!({"create_table": true}), "columns"),
             (
                 serde_json::json!({"columns": [{"name": "a", "type": "text"}]}),

@@ -23,6 +23,7 @@
 
 mod catalog;
 mod config;
+mod files;
 mod rows;
 
 use std::collections::{BTreeMap, HashMap};
