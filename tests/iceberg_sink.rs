@@ -484,6 +484,36 @@ async fn a_missing_table_or_different_columns_stop_the_sink_naming_the_field() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catalog_refusing_the_client_stops_the_sink_naming_uri() {
+    let iggy = IggyTestServer::start();
+    iggy.create_topic("shop", "orders", 1);
+    let catalog = IcebergRest::start().await;
+    catalog.refuse_clients();
+    let state = tempfile::tempdir().unwrap();
+    let runtime = runtime(&iggy, state.path());
+    runtime
+        .add(connector(&sink_config("refused", &rest(&catalog), CREATE)))
+        .unwrap();
+    runtime.start_enabled().await;
+    eventually("the sink to fail", LONG, async || {
+        runtime
+            .view(ConnectorKind::Sink, "refused")
+            .is_ok_and(|view| view.status.last_error.is_some())
+    })
+    .await;
+    let view = runtime.view(ConnectorKind::Sink, "refused").unwrap();
+    let error = view.status.last_error.clone().unwrap().message;
+    assert!(error.contains("uri: the catalog refused"), "{error}");
+    eventually("the sink stopped, not retrying", LONG, async || {
+        runtime
+            .view(ConnectorKind::Sink, "refused")
+            .is_ok_and(|view| view.status.status == Status::Error)
+    })
+    .await;
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_a_rest_catalog_conflicts_and_outages_are_retried_and_nothing_is_lost_or_repeated()
 {
     let iggy = IggyTestServer::start();

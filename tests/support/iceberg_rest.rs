@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU16, Ordering};
 
 use axum::Json;
 use axum::Router;
@@ -43,8 +43,9 @@ struct Shared {
     warehouse: PathBuf,
     file_io: FileIO,
     state: Mutex<Catalog>,
-    /// Every request answered 503 while set.
-    down: AtomicBool,
+    /// While not 0, the status every request is answered with (503 an
+    /// outage, 401 a refused client).
+    down: AtomicU16,
 }
 
 #[derive(Default)]
@@ -77,7 +78,7 @@ impl IcebergRest {
             warehouse: dir.path().to_owned(),
             file_io: FileIOBuilder::new(Arc::new(LocalFsStorageFactory)).build(),
             state: Mutex::new(Catalog::default()),
-            down: AtomicBool::new(false),
+            down: AtomicU16::new(0),
         });
         let app = Router::new()
             .route("/v1/config", get(config))
@@ -126,7 +127,14 @@ impl IcebergRest {
 
     /// While `down`, every request is answered 503 (an outage).
     pub fn set_down(&self, down: bool) {
-        self.shared.down.store(down, Ordering::SeqCst);
+        self.shared
+            .down
+            .store(if down { 503 } else { 0 }, Ordering::SeqCst);
+    }
+
+    /// From now on every request is answered 401 `NotAuthorizedException`.
+    pub fn refuse_clients(&self) {
+        self.shared.down.store(401, Ordering::SeqCst);
     }
 
     /// Injected commit faults not met yet.
@@ -191,12 +199,22 @@ impl Drop for IcebergRest {
 }
 
 async fn outage(State(shared): State<Arc<Shared>>, request: Request, next: Next) -> Response {
-    if shared.down.load(Ordering::SeqCst) {
-        return error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "ServiceUnavailableException",
-            "the catalog is down (injected)",
-        );
+    match shared.down.load(Ordering::SeqCst) {
+        0 => {}
+        401 => {
+            return error(
+                StatusCode::UNAUTHORIZED,
+                "NotAuthorizedException",
+                "Not authorized to make this request (injected)",
+            );
+        }
+        _ => {
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ServiceUnavailableException",
+                "the catalog is down (injected)",
+            );
+        }
     }
     next.run(request).await
 }
