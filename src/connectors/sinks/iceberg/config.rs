@@ -68,8 +68,9 @@ pub struct IcebergSinkConfig {
     pub create_table: bool,
     /// The columns of a table `create_table` creates, in order: `{ name =
     /// "id", type = "long", nullable = false }`. Types are Iceberg's:
-    /// `boolean`, `int`, `long`, `float`, `double`, `string`, `binary`,
-    /// `date`, `timestamp`, `timestamptz`, `uuid`, `decimal(p,s)`. When a
+    /// `boolean`, `int`, `long`, `float`, `double`, `string`, `date`,
+    /// `timestamp`, `timestamptz`, `decimal(p,s)` (the ones a JSON value
+    /// decodes into). When a
     /// table exists, its columns must match these (names and types).
     #[serde(default)]
     pub columns: Vec<Column>,
@@ -278,14 +279,28 @@ fn warehouse_url(warehouse: Option<&str>) -> Result<String, PluginConfigError> {
     ))
 }
 
-/// An Iceberg primitive type by its spec name.
+/// An Iceberg primitive type by its spec name, of those a JSON value
+/// decodes into (not binary, fixed, uuid, time, the nanosecond timestamps).
 fn parse_type(text: &str) -> Result<PrimitiveType, String> {
     let name = text.trim().to_ascii_lowercase().replace(' ', "");
-    serde_json::from_value::<PrimitiveType>(serde_json::Value::String(name)).map_err(|_| {
-        format!(
-            "expected an Iceberg type (boolean, int, long, float, double, string, binary, date, timestamp, timestamptz, uuid, decimal(p,s)), found \"{text}\""
-        )
-    })
+    let parsed = serde_json::from_value::<PrimitiveType>(serde_json::Value::String(name)).ok();
+    match parsed {
+        Some(
+            kind @ (PrimitiveType::Boolean
+            | PrimitiveType::Int
+            | PrimitiveType::Long
+            | PrimitiveType::Float
+            | PrimitiveType::Double
+            | PrimitiveType::String
+            | PrimitiveType::Date
+            | PrimitiveType::Timestamp
+            | PrimitiveType::Timestamptz
+            | PrimitiveType::Decimal { .. }),
+        ) => Ok(kind),
+        _ => Err(format!(
+            "expected an Iceberg type a JSON value fits (boolean, int, long, float, double, string, date, timestamp, timestamptz, decimal(p,s)), found \"{text}\""
+        )),
+    }
 }
 
 fn default_catalog_type() -> String {
@@ -406,6 +421,10 @@ mod tests {
             (serde_json::json!({"create_table": true}), "columns"),
             (
                 serde_json::json!({"columns": [{"name": "a", "type": "text"}]}),
+                "columns[0].type",
+            ),
+            (
+                serde_json::json!({"columns": [{"name": "a", "type": "uuid"}]}),
                 "columns[0].type",
             ),
             (

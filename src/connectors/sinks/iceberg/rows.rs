@@ -118,3 +118,68 @@ pub fn route(message: &SinkMessage, field: &str, tables: &[String]) -> Result<us
             )
         })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
+
+    use super::*;
+    use crate::message::Headers;
+
+    fn schema_of(columns: &[(&str, PrimitiveType)]) -> SchemaRef {
+        let fields = columns.iter().enumerate().map(|(index, (name, kind))| {
+            Arc::new(NestedField::optional(
+                index as i32 + 1,
+                *name,
+                Type::Primitive(kind.clone()),
+            ))
+        });
+        let schema = Schema::builder().with_fields(fields).build().unwrap();
+        Arc::new(iceberg::arrow::schema_to_arrow_schema(&schema).unwrap())
+    }
+
+    fn message(payload: &str) -> SinkMessage {
+        SinkMessage {
+            id: 1,
+            offset: 0,
+            partition_id: 0,
+            timestamp: 1,
+            origin_timestamp: 1,
+            checksum: 0,
+            headers: Headers::default(),
+            payload: Payload::JsonBytes(bytes::Bytes::from(payload.to_owned())),
+        }
+    }
+
+    #[test]
+    fn given_every_documented_type_when_decoded_should_take_its_json_value() {
+        let cases = [
+            (PrimitiveType::Boolean, "true"),
+            (PrimitiveType::Int, "7"),
+            (PrimitiveType::Long, "7"),
+            (PrimitiveType::Float, "1.5"),
+            (PrimitiveType::Double, "1.5"),
+            (PrimitiveType::String, "\"text\""),
+            (PrimitiveType::Date, "\"2026-12-04\""),
+            (PrimitiveType::Timestamp, "\"2026-12-04T10:00:00\""),
+            (PrimitiveType::Timestamptz, "\"2026-12-04T10:00:00Z\""),
+            (
+                PrimitiveType::Decimal {
+                    precision: 10,
+                    scale: 2,
+                },
+                "\"12.34\"",
+            ),
+        ];
+        for (kind, value) in cases {
+            let schema = schema_of(&[("c", kind.clone())]);
+            let messages = [message(&format!("{{\"c\": {value}}}"))];
+            let batch = decode(&schema, &messages, &[0])
+                .unwrap_or_else(|rejections| panic!("{kind}: {rejections:?}"));
+            assert_eq!(batch.num_rows(), 1, "{kind}");
+            assert_eq!(batch.column(0).null_count(), 0, "{kind}");
+        }
+    }
+}
