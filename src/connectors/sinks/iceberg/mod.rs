@@ -1,6 +1,7 @@
 //! `iceberg` sink: appends JSON messages to Apache Iceberg tables through the
 //! `iceberg` crate, exactly once, with a REST catalog (upstream's) or a
 //! memory catalog over a local filesystem warehouse (ours, for local use).
+//! Table files go to the local filesystem or to S3 (`files.rs`).
 //!
 //! The sink defers acknowledgement (rule K6, docs/ARCHITECTURE.md): `write`
 //! decodes each batch's JSON payloads into Arrow rows of every target table's
