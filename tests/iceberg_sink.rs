@@ -430,7 +430,7 @@ async fn bad_messages_are_skipped_by_the_pipeline_and_counted_and_the_rest_lands
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_missing_table_or_different_columns_stop_the_sink_naming_the_field() {
+async fn a_missing_table_different_columns_or_a_partitioned_table_stop_the_sink_naming_the_field() {
     let iggy = IggyTestServer::start();
     iggy.create_topic("shop", "orders", 1);
     let catalog = IcebergRest::start().await;
@@ -446,6 +446,20 @@ async fn a_missing_table_or_different_columns_stop_the_sink_naming_the_field() {
             ]}),
         )
         .await;
+    catalog
+        .create_with(
+            "shop",
+            "parted",
+            json!({
+                "schema": {"type": "struct", "schema-id": 0, "fields": [
+                    {"id": 1, "name": "n", "required": false, "type": "long"}
+                ]},
+                "partition-spec": {"fields": [
+                    {"source-id": 1, "field-id": 1000, "name": "n", "transform": "identity"}
+                ]},
+            }),
+        )
+        .await;
     let warehouse = tempfile::tempdir().unwrap();
     let state = tempfile::tempdir().unwrap();
     let runtime = runtime(&iggy, state.path());
@@ -459,10 +473,14 @@ async fn a_missing_table_or_different_columns_stop_the_sink_naming_the_field() {
     runtime
         .add(connector(&sink_config("columns", &rest(&catalog), CREATE)))
         .unwrap();
+    let parted = sink_config("parted", &rest(&catalog), "")
+        .replace(r#"tables = ["shop.orders"]"#, r#"tables = ["shop.parted"]"#);
+    runtime.add(connector(&parted)).unwrap();
     runtime.start_enabled().await;
     for (key, field) in [
         ("missing", "tables:"),
         ("columns", "columns: \"n\" is string"),
+        ("parted", "tables: shop.parted is partitioned"),
     ] {
         eventually("the sink to fail", LONG, async || {
             runtime

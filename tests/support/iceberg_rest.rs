@@ -170,6 +170,18 @@ impl IcebergRest {
         schema: Value,
         location: Option<&str>,
     ) {
+        self.create_with(
+            namespace,
+            table,
+            json!({"schema": schema, "location": location}),
+        )
+        .await;
+    }
+
+    /// Creates `namespace.table` from a `CreateTableRequest` body (`name`
+    /// added): `schema`, and `location`, `partition-spec`, ... as given.
+    pub async fn create_with(&self, namespace: &str, table: &str, mut request: Value) {
+        request["name"] = json!(table);
         let client = reqwest::Client::new();
         let response = client
             .post(format!("{}/v1/namespaces", self.url))
@@ -184,7 +196,7 @@ impl IcebergRest {
         );
         let response = client
             .post(format!("{}/v1/namespaces/{namespace}/tables", self.url))
-            .json(&json!({"name": table, "schema": schema, "location": location}))
+            .json(&request)
             .send()
             .await
             .unwrap();
@@ -328,6 +340,7 @@ async fn create_table(
         .name(request.name.clone())
         .location(request.location.clone().unwrap_or_else(|| dir.clone()))
         .schema(request.schema)
+        .partition_spec_opt(request.partition_spec)
         .properties(request.properties)
         .build();
     let metadata = TableMetadataBuilder::from_table_creation(creation)
