@@ -200,7 +200,10 @@ impl Storage for Files {
 
     async fn write(&self, path: &str, bs: Bytes) -> Result<()> {
         match self.place(path)? {
-            Place::Local => LocalFsStorage::new().write(path, bs).await,
+            // Whole files (table metadata among them) appear whole or not at
+            // all: the memory catalog takes the newest metadata file it finds,
+            // and a process killed mid-write must not leave half of one.
+            Place::Local => write_whole(path, bs).await,
             Place::S3(store, key) => {
                 store
                     .put(&key, bs.into())
@@ -263,6 +266,44 @@ impl Storage for Files {
     fn new_output(&self, path: &str) -> Result<OutputFile> {
         Ok(OutputFile::new(Arc::new(self.clone()), path.to_owned()))
     }
+}
+
+/// Writes `bs` to a temporary file beside `path`, syncs it and renames it
+/// over `path`.
+async fn write_whole(path: &str, bs: Bytes) -> Result<()> {
+    let local = path
+        .strip_prefix("file://")
+        .or_else(|| path.strip_prefix("file:"))
+        .unwrap_or(path)
+        .to_owned();
+    let io = |error: std::io::Error| {
+        Error::new(ErrorKind::Unexpected, format!("writing {path}")).with_source(error)
+    };
+    tokio::task::spawn_blocking(move || {
+        let target = std::path::PathBuf::from(&local);
+        let dir = target
+            .parent()
+            .map(std::path::Path::to_path_buf)
+            .unwrap_or_default();
+        std::fs::create_dir_all(&dir)?;
+        let temporary = dir.join(format!(".{}.tmp", uuid::Uuid::now_v7()));
+        let result = (|| {
+            let mut file = std::fs::File::create(&temporary)?;
+            std::io::Write::write_all(&mut file, &bs)?;
+            file.sync_all()?;
+            std::fs::rename(&temporary, &target)?;
+            std::fs::File::open(&dir)?.sync_all()
+        })();
+        if result.is_err() {
+            let _ = std::fs::remove_file(&temporary);
+        }
+        result
+    })
+    .await
+    .map_err(|error| {
+        Error::new(ErrorKind::Unexpected, format!("writing {path}")).with_source(error)
+    })?
+    .map_err(io)
 }
 
 #[typetag::serde(name = "IggyConnectFilesFactory")]
