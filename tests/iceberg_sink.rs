@@ -553,8 +553,8 @@ async fn through_a_rest_catalog_conflicts_and_outages_are_retried_and_nothing_is
     .await;
     // An outage: nothing is committed meanwhile, the engine retries.
     catalog.set_down(true);
-    // Then stale-requirement conflicts, retried by the commit on the
-    // reloaded table.
+    // Then stale-requirement conflicts, returned to the engine, whose
+    // retries read the table again.
     catalog.fail_commits(2, 409).await;
     produce_ns(&iggy_client(&iggy).await, "shop", "orders", 1..601).await;
     eventually("the flush retried by the engine", LONG, async || {
@@ -584,6 +584,54 @@ async fn through_a_rest_catalog_conflicts_and_outages_are_retried_and_nothing_is
     );
     assert_eq!(catalog.commits().await, 2, "two full commits, none twice");
     assert_eq!(catalog.faults_left().await, 0, "the conflicts were met");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_slower_than_commit_timeout_is_retried_and_appends_nothing_twice() {
+    let catalog = IcebergRest::start().await;
+    let config = json!({
+        "tables": ["shop.orders"],
+        "catalog_type": "rest",
+        "uri": catalog.url(),
+        "create_table": true,
+        "columns": [{"name": "n", "type": "long", "nullable": false}],
+        "commit_timeout": "1s",
+    });
+    let sink = open_sink("slow", config).await;
+    // The first commit is held longer than the sink waits: the sink gives
+    // up, the catalog applies it later. The retry's commit is held so that
+    // the first one lands after the retry read the table and before the
+    // catalog checks the retry's requirements: a conflict.
+    catalog.stall_commits(1, Duration::from_millis(1500)).await;
+    catalog.stall_commits(1, Duration::from_millis(800)).await;
+    sink.write(&orders(), &ns_messages(0..100)).await.unwrap();
+    let error = sink.flush(&orders(), Flush::All).await.unwrap_err();
+    assert!(
+        matches!(&error, SinkError::Transient(_)) && error.to_string().contains("commit_timeout"),
+        "{error}"
+    );
+    assert!(sink.durable(&orders()).is_empty());
+    // The engine's retries, until one succeeds.
+    let deadline = std::time::Instant::now() + LONG;
+    while let Err(error) = sink.flush(&orders(), Flush::All).await {
+        assert!(matches!(error, SinkError::Transient(_)), "{error}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still failing: {error}"
+        );
+    }
+    assert_eq!(sink.durable(&orders()), [(0, 99)]);
+    eventually("the held commits answered", LONG, async || {
+        catalog.stalls_left().await == 0
+    })
+    .await;
+    assert_eq!(
+        catalog.commits().await,
+        1,
+        "one commit landed, the rest saw it"
+    );
+    let table = Table::at(catalog.warehouse(), "shop", "orders");
+    assert_eq!(ns_once(&table.rows()), (1..=100).collect::<Vec<_>>());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

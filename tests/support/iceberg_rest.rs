@@ -55,6 +55,8 @@ struct Catalog {
     tables: BTreeMap<(Vec<String>, String), String>,
     /// Statuses the next commits are answered with.
     faults: VecDeque<StatusCode>,
+    /// How long the next commits wait before they are applied.
+    stalls: VecDeque<std::time::Duration>,
     commits: u64,
 }
 
@@ -135,6 +137,18 @@ impl IcebergRest {
     /// From now on every request is answered 401 `NotAuthorizedException`.
     pub fn refuse_clients(&self) {
         self.shared.down.store(401, Ordering::SeqCst);
+    }
+
+    /// The next `count` commits wait `duration` before being applied (a
+    /// slow catalog): a client that gives up meanwhile may find them applied.
+    pub async fn stall_commits(&self, count: usize, duration: std::time::Duration) {
+        let mut state = self.shared.state.lock().await;
+        state.stalls.extend(std::iter::repeat_n(duration, count));
+    }
+
+    /// Injected commit stalls not met yet.
+    pub async fn stalls_left(&self) -> usize {
+        self.shared.state.lock().await.stalls.len()
     }
 
     /// Injected commit faults not met yet.
@@ -386,12 +400,31 @@ async fn load_table(
     Ok(Json(loaded(location.clone(), metadata)).into_response())
 }
 
+/// A commit runs to its end in its own task, as on a real server, even when
+/// the client gives up on it.
 async fn commit(
     State(shared): State<Arc<Shared>>,
     UrlPath((ns, table)): UrlPath<(String, String)>,
     Json(request): Json<CommitTableRequest>,
 ) -> Reply {
+    let task = {
+        let shared = shared.clone();
+        tokio::spawn(async move { apply_commit(&shared, ns, table, request).await })
+    };
+    task.await.map_err(internal)?
+}
+
+async fn apply_commit(
+    shared: &Shared,
+    ns: String,
+    table: String,
+    request: CommitTableRequest,
+) -> Reply {
     let namespace = levels(&ns);
+    let stall = shared.state.lock().await.stalls.pop_front();
+    if let Some(stall) = stall {
+        tokio::time::sleep(stall).await;
+    }
     let mut state = shared.state.lock().await;
     if let Some(status) = state.faults.pop_front() {
         let kind = if status == StatusCode::CONFLICT {

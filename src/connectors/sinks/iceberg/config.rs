@@ -86,6 +86,13 @@ pub struct IcebergSinkConfig {
     #[serde(default = "default_flush_interval", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub flush_interval: Duration,
+    /// How long one table's commit (data files written, then the catalog
+    /// commit) may take; a slower one is abandoned and the flush retried
+    /// (the offset markers keep a commit that landed meanwhile from being
+    /// appended twice).
+    #[serde(default = "default_commit_timeout", with = "crate::config::duration")]
+    #[schemars(with = "crate::config::duration::Text")]
+    pub commit_timeout: Duration,
 }
 
 /// One column of a table the sink creates (or expects).
@@ -218,6 +225,9 @@ impl IcebergSinkConfig {
                 "required with create_table = true: the new table's columns, e.g. [{ name = \"id\", type = \"long\" }]",
             ));
         }
+        if self.commit_timeout.is_zero() {
+            return Err(PluginConfigError::new("commit_timeout", "must be above 0"));
+        }
         if self.max_messages_per_file == 0 {
             return Err(PluginConfigError::new(
                 "max_messages_per_file",
@@ -317,6 +327,10 @@ fn default_max_messages() -> u64 {
 
 fn default_max_file_size() -> String {
     "64MiB".to_owned()
+}
+
+fn default_commit_timeout() -> Duration {
+    Duration::from_secs(120)
 }
 
 fn default_flush_interval() -> Duration {
@@ -431,6 +445,7 @@ mod tests {
                 serde_json::json!({"max_messages_per_file": 0}),
                 "max_messages_per_file",
             ),
+            (serde_json::json!({"commit_timeout": "0s"}), "commit_timeout"),
             (
                 serde_json::json!({"max_file_size": "a lot"}),
                 "max_file_size",

@@ -17,14 +17,17 @@
 //! forward, so they survive snapshot expiry of older snapshots. Only once
 //! every table holding a partition's rows committed does `durable` report it.
 //!
-//! Commit conflicts, connection errors and timeouts are transient (the table
-//! is reloaded and the flush retried); a missing table (without
+//! Commit conflicts, connection errors, 5xx and commits slower than
+//! `commit_timeout` are transient: the engine retries the flush, which reads
+//! the table and its markers again (each commit is made against exactly the
+//! snapshot its markers came from, see `pinned.rs`); a missing table (without
 //! `create_table`), columns that differ from `columns` or a refused request
 //! are fatal, naming the field to fix.
 
 mod catalog;
 mod config;
 mod files;
+mod pinned;
 mod rows;
 
 use std::collections::{BTreeMap, HashMap};
@@ -209,14 +212,17 @@ impl IcebergSink {
             .fast_append()
             .add_data_files(files)
             .set_snapshot_properties(properties);
-        // A conflict is retried by `commit` itself on the reloaded table
-        // (the table's commit.retry.* properties); what still fails is
-        // returned and the engine retries the whole flush, which reads the
-        // markers again.
+        // Committed against exactly `table` (the snapshot the markers were
+        // read from): a conflict is returned, and the engine retries the
+        // whole flush, which reads the markers again.
+        let pinned = pinned::Pinned {
+            inner: catalog.as_ref(),
+            table,
+        };
         let committed = append
             .apply(transaction)
             .map_err(|error| classify(name, error))?
-            .commit(catalog.as_ref())
+            .commit(&pinned)
             .await
             .map_err(|error| classify(name, error))?;
         debug!(
@@ -411,7 +417,17 @@ impl Sink for IcebergSink {
         };
         let mut pending = taken.into_iter();
         while let Some((table, rows)) = pending.next() {
-            if let Err(error) = self.commit(topic, table, &rows).await {
+            let timeout = self.config.commit_timeout;
+            let committed = tokio::time::timeout(timeout, self.commit(topic, table, &rows))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(SinkError::transient(format!(
+                        "iceberg table {}: the commit took longer than commit_timeout ({}); retried",
+                        self.names[table],
+                        humantime::format_duration(timeout)
+                    )))
+                });
+            if let Err(error) = committed {
                 // Put this table's rows and the untried ones back in front of
                 // anything written since; the committed tables' are done.
                 let mut topics = lock(&self.topics);
