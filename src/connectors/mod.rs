@@ -69,6 +69,7 @@ registry::register_connectors! {
         surrealdb => "surrealdb-sink",
         s3 => "s3-sink",
         delta => "delta-sink",
+        iceberg => "iceberg-sink",
     }
 }
 

@@ -366,6 +366,12 @@ sink_conformance!(
     "delta",
     fixtures::delta_sink::Backend::new().await
 );
+#[cfg(feature = "iceberg-sink")]
+sink_conformance!(
+    iceberg_sink,
+    "iceberg",
+    fixtures::iceberg_sink::Backend::new().await
+);
 
 /// The connectors the lines above cover, by kind and name.
 const COVERED_SOURCES: &[&str] = &[
@@ -437,6 +443,8 @@ const COVERED_SINKS: &[&str] = &[
     "s3",
     #[cfg(feature = "delta-sink")]
     "delta",
+    #[cfg(feature = "iceberg-sink")]
+    "iceberg",
 ];
 
 #[test]

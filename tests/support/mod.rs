@@ -15,6 +15,10 @@ pub mod elasticsearch;
 pub mod gunzip;
 pub mod harness;
 pub mod http_server;
+#[cfg(feature = "iceberg-sink")]
+pub mod iceberg;
+#[cfg(feature = "iceberg-sink")]
+pub mod iceberg_rest;
 pub mod iggy_server;
 pub mod influxdb;
 pub mod influxdb_http;
@@ -38,7 +42,7 @@ pub mod quickwit;
 pub mod rabbitmq;
 #[cfg(any(feature = "redis-sink", feature = "redis-source"))]
 pub mod redis;
-#[cfg(any(feature = "s3-sink", feature = "delta-sink"))]
+#[cfg(any(feature = "s3-sink", feature = "delta-sink", feature = "iceberg-sink"))]
 pub mod s3;
 #[cfg(feature = "schema-registry")]
 pub mod schema_registry;
