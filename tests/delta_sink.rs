@@ -14,6 +14,7 @@ use iggy_connect::connectors::{ConnectorKind, Flush, Registry, Sink};
 use iggy_connect::engine::Status;
 use iggy_connect::message::{Headers, Payload, SinkMessage, TopicRef};
 use serde_json::{Value, json};
+use support::binary::Workspace;
 use support::delta::Table;
 use support::harness::{connector, iggy_client, produce_ns, runtime};
 use support::iggy_server::IggyTestServer;
@@ -505,4 +506,85 @@ async fn upstreams_example_file_runs_against_a_table_made_by_another_writer() {
     .await;
     runtime.shutdown().await;
     assert_eq!(ns_once(&table.rows()), [1, 2, 3, 4, 5]);
+}
+
+/// The number of commits in the table at `dir` (its creation included).
+fn commits(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir.join("_delta_log"))
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter(|entry| entry.file_name().to_string_lossy().ends_with(".json"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_killed_repeatedly_mid_stream_leaves_every_message_in_the_table_exactly_once() {
+    const MESSAGES: u64 = 3000;
+    const KILLS: usize = 5;
+    let iggy = IggyTestServer::start();
+    iggy.create_topic("shop", "orders", 1);
+    produce_ns(
+        &iggy_client(&iggy).await,
+        "shop",
+        "orders",
+        1..u128::from(MESSAGES) + 1,
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("orders");
+    let table = Table::local(&path);
+    let workspace = Workspace::new(&iggy.address().to_string(), "");
+    // Small batches and commits: many of them, so kills land between a
+    // Delta commit and its offset commit.
+    let text = sink_config(
+        "killed",
+        &table.uri,
+        &format!("{CREATE}\nflush_interval = \"0s\""),
+    )
+    .replace("type = \"sink\"", "type = \"sink\"\nenabled = true")
+    .replace("batch_length = 100", "batch_length = 10")
+    .replace("max_messages_per_file = 300", "max_messages_per_file = 40");
+    workspace.add_connector("delta.toml", &text);
+    // First a certain crash between a Delta commit and its offsets: Iggy
+    // refuses every offset store, the binary dies after a commit (version 0
+    // is the table's creation, version 1 the first rows).
+    iggy.faults().refuse_offset_stores_until_cleared();
+    let mut running = workspace.run();
+    wait_for("a commit", LONG, || commits(&path) >= 2).await;
+    running.kill();
+    assert_eq!(
+        iggy.stored_offset("shop", "orders", &group("killed"), 0),
+        None
+    );
+    iggy.faults().clear();
+    running = workspace.run();
+    // Then kills at random points.
+    for _ in 0..KILLS {
+        let before = commits(&path);
+        wait_for("a commit since the last start", LONG, || {
+            commits(&path) > before
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(rand::random_range(0..60))).await;
+        running.kill();
+        running = workspace.run();
+    }
+    wait_for("every offset committed", LONG, || {
+        iggy.stored_offset("shop", "orders", &group("killed"), 0) == Some(MESSAGES - 1)
+    })
+    .await;
+    running.terminate();
+    let status = running.wait_exit(LONG);
+    assert!(status.success(), "exit {status:?}\n{}", workspace.stderr());
+    assert_eq!(
+        ns_once(&table.rows()),
+        (1..=MESSAGES).collect::<Vec<_>>(),
+        "every message, none twice"
+    );
+    let replays = workspace.stderr().matches("(a replay) left out").count();
+    println!("scenario: delta kills={KILLS} messages={MESSAGES} replays_left_out={replays}");
+    assert!(replays >= 1, "the first restart left rows out");
 }
