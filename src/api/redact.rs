@@ -22,6 +22,7 @@ const SECRET_FRAGMENTS: &[&str] = &[
     "api_key",
     "apikey",
     "access_key",
+    "account_key",
     "private_key",
     "privatekey",
     "connection_string",
@@ -239,6 +240,8 @@ mod tests {
             "apiKey": "k",
             "headers": {"Authorization": "Bearer t", "X-Api-Key": "k", "Accept": "application/json"},
             "nested": [{"client_secret": "s"}],
+            "azure_storage_account_key": "a",
+            "gcs_service_account_key": "g",
             "token_refresh": true,
             "max_connections": 10,
         });
@@ -250,6 +253,8 @@ mod tests {
             "/headers/Authorization",
             "/headers/X-Api-Key",
             "/nested/0/client_secret",
+            "/azure_storage_account_key",
+            "/gcs_service_account_key",
         ] {
             assert_eq!(config.pointer(pointer).unwrap(), REDACTED, "{pointer}");
         }

@@ -56,6 +56,7 @@ use crate::connectors::{
     ConnectorContext, ConnectorError, Deferred, Flush, PluginConfigError, Rejection, Sink,
     SinkEntry, SinkError, parse_plugin_config, schema_of,
 };
+use crate::connectors::kit::arrow_rows;
 use crate::message::{SinkMessage, TopicRef};
 use crate::sync::lock;
 
@@ -68,7 +69,7 @@ pub const ENTRY: SinkEntry = SinkEntry {
     feature: "iceberg-sink",
     description: "appends JSON messages to Apache Iceberg tables through a REST catalog or a local memory catalog (Parquet files, one fast-append snapshot per commit recording each partition's offset: exactly once; offsets committed after the snapshot commit)",
     secret_fields: &["store_access_key_id", "store_secret_access_key"],
-    sample_config: "tables = [\"shop.orders\"]\ncatalog_type = \"rest\"\nuri = \"http://localhost:8181\"\nwarehouse = \"warehouse\"\ncreate_table = true\ncolumns = [\n  { name = \"id\", type = \"long\", nullable = false },\n  { name = \"customer\", type = \"string\" },\n  { name = \"total\", type = \"double\" },\n  { name = \"created_at\", type = \"timestamptz\" },\n]\nmax_messages_per_file = 100000\nflush_interval = \"10s\"\n",
+    sample_config: "tables = [\"shop.orders\"]\ncatalog_type = \"rest\"\nuri = \"http://localhost:8181\"\nwarehouse = \"warehouse\"\nstore_url = \"http://localhost:9000\"\nstore_access_key_id = \"key-id-secret\"\nstore_secret_access_key = \"secret\"\nstore_region = \"us-east-1\"\nstore_class = \"s3\"\ncreate_table = true\ncolumns = [\n  { name = \"id\", type = \"long\", nullable = false },\n  { name = \"customer\", type = \"string\" },\n  { name = \"total\", type = \"double\" },\n  { name = \"created_at\", type = \"timestamptz\" },\n]\nmax_messages_per_file = 100000\nflush_interval = \"10s\"\n",
     config_schema: schema_of::<IcebergSinkConfig>,
     build: |config| Ok(Box::new(IcebergSink::new(parse_plugin_config(config)?)?)),
 };
@@ -347,7 +348,7 @@ impl Sink for IcebergSink {
         }
         let mut decoded = Vec::with_capacity(targets.len());
         for ((table, partition), indexes) in targets {
-            match rows::decode(&self.schemas[table], messages, &indexes) {
+            match arrow_rows::decode(&self.schemas[table], messages, &indexes) {
                 Ok(batch) => decoded.push((table, partition, indexes, batch)),
                 Err(rejections) => {
                     for Rejection { index, reason } in rejections {

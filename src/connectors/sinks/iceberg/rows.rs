@@ -1,83 +1,6 @@
-//! JSON payloads into Arrow rows of a table's schema, and the table a message
-//! is routed to.
+//! The table a message is routed to (dynamic routing).
 
-use arrow_array::RecordBatch;
-use arrow_json::ReaderBuilder;
-use arrow_schema::SchemaRef;
-
-use crate::connectors::Rejection;
 use crate::message::{Payload, SinkMessage};
-
-/// Decodes the messages at `indexes` into one batch of `schema`'s rows. A
-/// payload that does not decode (not JSON, not one object, a value of the
-/// wrong type, a required column missing) is rejected by its index; then
-/// nothing of the batch is returned.
-pub fn decode(
-    schema: &SchemaRef,
-    messages: &[SinkMessage],
-    indexes: &[usize],
-) -> Result<RecordBatch, Vec<Rejection>> {
-    let whole = decode_rows(schema, indexes.iter().map(|&index| &messages[index]));
-    match whole {
-        Ok(batch) if batch.num_rows() == indexes.len() => Ok(batch),
-        // Which messages spoiled it: each alone.
-        _ => Err(indexes
-            .iter()
-            .filter_map(|&index| {
-                let reason = match decode_rows(schema, [&messages[index]]) {
-                    Ok(batch) if batch.num_rows() == 1 => return None,
-                    Ok(batch) => format!(
-                        "the payload holds {} JSON values, expected one object",
-                        batch.num_rows()
-                    ),
-                    Err(reason) => reason,
-                };
-                Some(Rejection { index, reason })
-            })
-            .collect()),
-    }
-}
-
-/// Rows of `schema` from JSON payloads: ISO 8601 strings into timestamps,
-/// numbers and booleans into string columns, unknown fields ignored.
-fn decode_rows<'a>(
-    schema: &SchemaRef,
-    messages: impl IntoIterator<Item = &'a SinkMessage>,
-) -> Result<RecordBatch, String> {
-    let messages: Vec<&SinkMessage> = messages.into_iter().collect();
-    // One row more than messages: a payload holding two values shows as an
-    // extra row. (A huge batch size overflows the decoder's buffer sizing.)
-    let mut decoder = ReaderBuilder::new(schema.clone())
-        .with_coerce_primitive(true)
-        .with_batch_size(messages.len() + 1)
-        .build_decoder()
-        .map_err(|error| error.to_string())?;
-    let mut text = Vec::new();
-    for message in messages {
-        match &message.payload {
-            Payload::Json(value) => {
-                serde_json::to_writer(&mut text, value).map_err(|error| error.to_string())?
-            }
-            Payload::JsonBytes(bytes) | Payload::Raw(bytes) => text.extend_from_slice(bytes),
-            Payload::Text(string) => text.extend_from_slice(string.as_bytes()),
-        }
-        text.push(b'\n');
-    }
-    let mut at = 0;
-    while at < text.len() {
-        let read = decoder
-            .decode(&text[at..])
-            .map_err(|error| error.to_string())?;
-        if read == 0 {
-            break;
-        }
-        at += read;
-    }
-    Ok(decoder
-        .flush()
-        .map_err(|error| error.to_string())?
-        .unwrap_or_else(|| RecordBatch::new_empty(schema.clone())))
-}
 
 /// The table `field` of a message's JSON object names, as its index in
 /// `tables` (`namespace.table` names).
@@ -123,9 +46,11 @@ pub fn route(message: &SinkMessage, field: &str, tables: &[String]) -> Result<us
 mod tests {
     use std::sync::Arc;
 
+    use arrow_schema::SchemaRef;
     use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
 
     use super::*;
+    use crate::connectors::kit::arrow_rows::decode;
     use crate::message::Headers;
 
     fn schema_of(columns: &[(&str, PrimitiveType)]) -> SchemaRef {
