@@ -14,14 +14,13 @@
 //!   and of keyed records, snake_case columns;
 //! - `inbox` (with the push sources: http, otlp): where received requests wait
 //!   for their batch and the answers owed to their clients once it is durable;
-//! - `arrow_rows` (with the lakehouse sinks: delta, iceberg): JSON payloads
-//!   into Arrow rows of a table's schema, the misfits rejected by index;
+//! - `lake` (with the lakehouse sinks: delta, iceberg): the columns of a
+//!   table they create, the flush triggers, JSON payloads into Arrow rows of
+//!   a table's schema with the misfits rejected by index;
 //! - [`size`]: sizes in config files (`"8MiB"`), for the file-writing sinks;
 //! - `http` (with any HTTP-based connector): the HTTP client builder (TLS,
 //!   timeouts, proxy, auth, gzip), `Retry-After` parsing and status classification.
 
-#[cfg(any(feature = "delta-sink", feature = "iceberg-sink"))]
-pub mod arrow_rows;
 pub mod backoff;
 pub mod batch;
 pub mod breaker;
@@ -33,6 +32,8 @@ pub mod gzip;
 pub mod http;
 #[cfg(any(feature = "http-source", feature = "otlp-source"))]
 pub mod inbox;
+#[cfg(any(feature = "delta-sink", feature = "iceberg-sink"))]
+pub mod lake;
 #[cfg(any(
     feature = "postgres-source",
     feature = "mysql-source",

@@ -10,7 +10,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
 use crate::connectors::PluginConfigError;
-use crate::connectors::kit::size::parse_size;
+use crate::connectors::kit::lake::{self, Column};
 
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -77,33 +77,18 @@ pub struct DeltaSinkConfig {
     #[serde(default)]
     pub partition_columns: Vec<String>,
     /// Commit once this many messages are buffered for a topic.
-    #[serde(default = "default_max_messages")]
+    #[serde(default = "lake::default_max_messages")]
     pub max_messages_per_file: u64,
     /// Commit once a topic's buffered rows take this much memory (Arrow
     /// columns, before Parquet encoding and compression: `"64MiB"`, `"500KB"`,
     /// or bytes).
-    #[serde(default = "default_max_file_size")]
+    #[serde(default = "lake::default_max_file_size")]
     pub max_file_size: String,
     /// Commit what is buffered once the oldest message waiting is this old
     /// (`"0s"`: only on the size and count triggers and at a stop).
-    #[serde(default = "default_flush_interval", with = "crate::config::duration")]
+    #[serde(default = "lake::default_flush_interval", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub flush_interval: Duration,
-}
-
-/// One column of a table the sink creates.
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Column {
-    /// The column's name, as the messages' JSON fields name it.
-    pub name: String,
-    /// A Delta primitive type (`long`, `string`, `timestamp`, `decimal(10,2)`, ...).
-    #[serde(rename = "type")]
-    pub data_type: String,
-    /// Whether the column may be missing or null in a message (`false`: a
-    /// message without it is rejected).
-    #[serde(default = "default_true")]
-    pub nullable: bool,
 }
 
 /// Where the table lives.
@@ -194,17 +179,7 @@ impl DeltaSinkConfig {
                 ));
             }
         }
-        if self.max_messages_per_file == 0 {
-            return Err(PluginConfigError::new(
-                "max_messages_per_file",
-                "must be above 0",
-            ));
-        }
-        let max_bytes = parse_size(&self.max_file_size)
-            .map_err(|message| PluginConfigError::new("max_file_size", message))?;
-        if max_bytes == 0 {
-            return Err(PluginConfigError::new("max_file_size", "must be above 0"));
-        }
+        let max_bytes = lake::max_bytes(self.max_messages_per_file, &self.max_file_size)?;
         Ok(Checked {
             url,
             location,
@@ -261,22 +236,6 @@ fn parse_type(text: &str) -> Result<DataType, String> {
             "expected a Delta type (string, long, integer, short, byte, double, float, boolean, binary, date, timestamp, timestamp_ntz, decimal(p,s)), found \"{text}\""
         )
     })
-}
-
-fn default_true() -> bool {
-    true
-}
-
-fn default_max_messages() -> u64 {
-    100_000
-}
-
-fn default_max_file_size() -> String {
-    "64MiB".to_owned()
-}
-
-fn default_flush_interval() -> Duration {
-    Duration::from_secs(10)
 }
 
 #[cfg(test)]

@@ -47,11 +47,11 @@ use crate::connectors::{
     ConnectorContext, ConnectorError, Deferred, Flush, PluginConfigError, Sink,
     SinkEntry, SinkError, parse_plugin_config, schema_of,
 };
-use crate::connectors::kit::arrow_rows;
+use crate::connectors::kit::lake;
 use crate::message::{SinkMessage, TopicRef};
 use crate::sync::lock;
 
-pub use config::{Column, DeltaSinkConfig};
+pub use config::DeltaSinkConfig;
 use config::{Checked, Location};
 use errors::classify;
 
@@ -405,7 +405,7 @@ impl Sink for DeltaSink {
         let mut decoded = Vec::with_capacity(by_partition.len());
         let mut rejected = Vec::new();
         for (partition, indexes) in by_partition {
-            match arrow_rows::decode(schema, messages, &indexes) {
+            match lake::decode(schema, messages, &indexes) {
                 Ok(batch) => decoded.push((partition, indexes, batch)),
                 Err(rejections) => rejected.extend(rejections),
             }

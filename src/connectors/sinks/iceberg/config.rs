@@ -12,7 +12,7 @@ use secrecy::SecretString;
 use serde::Deserialize;
 
 use crate::connectors::PluginConfigError;
-use crate::connectors::kit::size::parse_size;
+use crate::connectors::kit::lake::{self, Column};
 
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -75,15 +75,15 @@ pub struct IcebergSinkConfig {
     #[serde(default)]
     pub columns: Vec<Column>,
     /// Commit once this many messages are buffered for a topic.
-    #[serde(default = "default_max_messages")]
+    #[serde(default = "lake::default_max_messages")]
     pub max_messages_per_file: u64,
     /// Commit once a topic's buffered rows take this much memory (Arrow
     /// columns, before Parquet encoding: `"64MiB"`, `"500KB"`, or bytes).
-    #[serde(default = "default_max_file_size")]
+    #[serde(default = "lake::default_max_file_size")]
     pub max_file_size: String,
     /// Commit what is buffered once the oldest message waiting is this old
     /// (`"0s"`: only on the size and count triggers and at a stop).
-    #[serde(default = "default_flush_interval", with = "crate::config::duration")]
+    #[serde(default = "lake::default_flush_interval", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub flush_interval: Duration,
     /// How long one table's commit (data files written, then the catalog
@@ -93,21 +93,6 @@ pub struct IcebergSinkConfig {
     #[serde(default = "default_commit_timeout", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub commit_timeout: Duration,
-}
-
-/// One column of a table the sink creates (or expects).
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Column {
-    /// The column's name; a payload's top-level field of this name fills it.
-    pub name: String,
-    /// An Iceberg primitive type (`long`, `string`, `timestamptz`, ...).
-    #[serde(rename = "type")]
-    pub data_type: String,
-    /// Whether rows may leave it out (an optional column); `false` makes it
-    /// required, and a payload without it is rejected.
-    #[serde(default = "default_true")]
-    pub nullable: bool,
 }
 
 /// Which catalog keeps the tables.
@@ -228,17 +213,7 @@ impl IcebergSinkConfig {
         if self.commit_timeout.is_zero() {
             return Err(PluginConfigError::new("commit_timeout", "must be above 0"));
         }
-        if self.max_messages_per_file == 0 {
-            return Err(PluginConfigError::new(
-                "max_messages_per_file",
-                "must be above 0",
-            ));
-        }
-        let max_bytes = parse_size(&self.max_file_size)
-            .map_err(|message| PluginConfigError::new("max_file_size", message))?;
-        if max_bytes == 0 {
-            return Err(PluginConfigError::new("max_file_size", "must be above 0"));
-        }
+        let max_bytes = lake::max_bytes(self.max_messages_per_file, &self.max_file_size)?;
         Ok(Checked {
             catalog,
             tables,
@@ -317,24 +292,8 @@ fn default_catalog_type() -> String {
     "rest".to_owned()
 }
 
-fn default_true() -> bool {
-    true
-}
-
-fn default_max_messages() -> u64 {
-    100_000
-}
-
-fn default_max_file_size() -> String {
-    "64MiB".to_owned()
-}
-
 fn default_commit_timeout() -> Duration {
     Duration::from_secs(120)
-}
-
-fn default_flush_interval() -> Duration {
-    Duration::from_secs(10)
 }
 
 #[cfg(test)]

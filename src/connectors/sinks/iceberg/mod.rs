@@ -56,13 +56,13 @@ use crate::connectors::{
     ConnectorContext, ConnectorError, Deferred, Flush, PluginConfigError, Rejection, Sink,
     SinkEntry, SinkError, parse_plugin_config, schema_of,
 };
-use crate::connectors::kit::arrow_rows;
+use crate::connectors::kit::lake;
 use crate::message::{SinkMessage, TopicRef};
 use crate::sync::lock;
 
 use catalog::{classify, table_name};
 use config::Checked;
-pub use config::{Column, IcebergSinkConfig};
+pub use config::IcebergSinkConfig;
 
 pub const ENTRY: SinkEntry = SinkEntry {
     name: "iceberg",
@@ -348,7 +348,7 @@ impl Sink for IcebergSink {
         }
         let mut decoded = Vec::with_capacity(targets.len());
         for ((table, partition), indexes) in targets {
-            match arrow_rows::decode(&self.schemas[table], messages, &indexes) {
+            match lake::decode(&self.schemas[table], messages, &indexes) {
                 Ok(batch) => decoded.push((table, partition, indexes, batch)),
                 Err(rejections) => {
                     for Rejection { index, reason } in rejections {

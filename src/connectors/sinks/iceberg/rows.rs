@@ -50,7 +50,7 @@ mod tests {
     use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
 
     use super::*;
-    use crate::connectors::kit::arrow_rows::decode;
+    use crate::connectors::kit::lake::decode;
     use crate::message::Headers;
 
     fn schema_of(columns: &[(&str, PrimitiveType)]) -> SchemaRef {

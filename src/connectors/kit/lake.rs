@@ -1,13 +1,70 @@
-//! JSON payloads into Arrow rows of a table's schema, for the lakehouse sinks
-//! (delta, iceberg): a batch decodes as a whole, and when it does not, each
-//! message alone says which ones spoil it.
+//! What the lakehouse sinks (delta, iceberg) share: the columns of a table
+//! they create, their flush triggers, and JSON payloads decoded into Arrow
+//! rows of a table's schema (a batch decodes as a whole, and when it does
+//! not, each message alone says which ones spoil it).
+
+use std::time::Duration;
 
 use arrow_array::RecordBatch;
 use arrow_json::ReaderBuilder;
 use arrow_schema::SchemaRef;
+use serde::Deserialize;
 
-use crate::connectors::Rejection;
+use crate::connectors::kit::size::parse_size;
+use crate::connectors::{PluginConfigError, Rejection};
 use crate::message::{Payload, SinkMessage};
+
+/// One column of a table the sink creates (or expects).
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Column {
+    /// The column's name; a payload's top-level field of this name fills it.
+    pub name: String,
+    /// The column's type in the table format's names (`long`, `string`,
+    /// `timestamp`, `decimal(10,2)`, ...; see `columns`).
+    #[serde(rename = "type")]
+    pub data_type: String,
+    /// Whether rows may leave it out (an optional column); `false` makes it
+    /// required, and a payload without it is rejected.
+    #[serde(default = "default_true")]
+    pub nullable: bool,
+}
+
+/// The flush triggers' byte limit from `max_file_size`, both triggers
+/// checked to be above 0.
+pub fn max_bytes(
+    max_messages_per_file: u64,
+    max_file_size: &str,
+) -> Result<u64, PluginConfigError> {
+    if max_messages_per_file == 0 {
+        return Err(PluginConfigError::new(
+            "max_messages_per_file",
+            "must be above 0",
+        ));
+    }
+    let max_bytes = parse_size(max_file_size)
+        .map_err(|message| PluginConfigError::new("max_file_size", message))?;
+    if max_bytes == 0 {
+        return Err(PluginConfigError::new("max_file_size", "must be above 0"));
+    }
+    Ok(max_bytes)
+}
+
+pub fn default_max_messages() -> u64 {
+    100_000
+}
+
+pub fn default_max_file_size() -> String {
+    "64MiB".to_owned()
+}
+
+pub fn default_flush_interval() -> Duration {
+    Duration::from_secs(10)
+}
+
+fn default_true() -> bool {
+    true
+}
 
 /// Decodes the messages at `indexes` into one batch of `schema`'s rows. A
 /// payload that does not decode (not JSON, not one object, a value of the
