@@ -5,20 +5,20 @@
 
 mod support;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
 use iggy::prelude::{Identifier, IggyMessage, MessageClient, Partitioning};
 use iggy_connect::connectors::{ConnectorKind, Flush, Registry, Sink};
 use iggy_connect::engine::Status;
-use iggy_connect::message::{Headers, Payload, SinkMessage, TopicRef};
+use iggy_connect::message::TopicRef;
 use serde_json::{Value, json};
 use support::binary::Workspace;
 use support::delta::Table;
 use support::harness::{connector, iggy_client, produce_ns, runtime};
 use support::iggy_server::IggyTestServer;
 use support::s3::S3Server;
+use support::sinks::{message, ns_messages, ns_once};
 use support::wait::{eventually, wait_for};
 
 const LONG: Duration = Duration::from_secs(60);
@@ -55,37 +55,6 @@ fn sink_config(key: &str, table_uri: &str, extra: &str) -> String {
 
 fn group(key: &str) -> String {
     format!("iggy-connect-sink-{key}")
-}
-
-/// The `n` of every row, sorted, checked to appear once each.
-fn ns_once(rows: &[Value]) -> Vec<u64> {
-    let mut seen = BTreeMap::new();
-    for row in rows {
-        let n = row["n"].as_u64().unwrap();
-        *seen.entry(n).or_insert(0) += 1;
-    }
-    let repeated: Vec<_> = seen.iter().filter(|(_, count)| **count > 1).collect();
-    assert!(repeated.is_empty(), "rows repeated: {repeated:?}");
-    seen.into_keys().collect()
-}
-
-fn message(offset: u64, payload: &str) -> SinkMessage {
-    SinkMessage {
-        id: u128::from(offset) + 1,
-        offset,
-        partition_id: 0,
-        timestamp: 1,
-        origin_timestamp: 1,
-        checksum: 0,
-        headers: Headers::default(),
-        payload: Payload::JsonBytes(Bytes::from(payload.to_owned())),
-    }
-}
-
-fn ns_messages(offsets: std::ops::Range<u64>) -> Vec<SinkMessage> {
-    offsets
-        .map(|offset| message(offset, &json!({"n": offset + 1}).to_string()))
-        .collect()
 }
 
 /// The delta sink built from `plugin_config`, attached as `key` and opened.

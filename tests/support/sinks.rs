@@ -1,9 +1,11 @@
 //! A registered sink built straight from its `plugin_config`, for tests that
 //! drive one without the engine.
 
+use std::collections::BTreeMap;
+
 use iggy_connect::connectors::{Registry, Sink};
-use iggy_connect::message::TopicRef;
-use serde_json::Value;
+use iggy_connect::message::{Headers, Payload, SinkMessage, TopicRef};
+use serde_json::{Value, json};
 
 /// The sink registered as `name`, built from `config` (which must be valid).
 pub fn build(name: &str, config: &Value) -> Box<dyn Sink> {
@@ -64,4 +66,37 @@ pub async fn send<P: Into<bytes::Bytes>>(
         .send(&messages)
         .await
         .expect("the in-memory bus takes the batch");
+}
+
+/// A message at `offset` of partition 0 with a JSON `payload` (id offset + 1).
+pub fn message(offset: u64, payload: &str) -> SinkMessage {
+    SinkMessage {
+        id: u128::from(offset) + 1,
+        offset,
+        partition_id: 0,
+        timestamp: 1,
+        origin_timestamp: 1,
+        checksum: 0,
+        headers: Headers::default(),
+        payload: Payload::JsonBytes(bytes::Bytes::from(payload.to_owned())),
+    }
+}
+
+/// `{"n": offset + 1}` messages at `offsets`.
+pub fn ns_messages(offsets: std::ops::Range<u64>) -> Vec<SinkMessage> {
+    offsets
+        .map(|offset| message(offset, &json!({"n": offset + 1}).to_string()))
+        .collect()
+}
+
+/// The `n` of every row, sorted, checked to appear once each.
+pub fn ns_once(rows: &[Value]) -> Vec<u64> {
+    let mut seen = BTreeMap::new();
+    for row in rows {
+        let n = row["n"].as_u64().expect("a row with a number n");
+        *seen.entry(n).or_insert(0) += 1;
+    }
+    let repeated: Vec<_> = seen.iter().filter(|(_, count)| **count > 1).collect();
+    assert!(repeated.is_empty(), "rows repeated: {repeated:?}");
+    seen.into_keys().collect()
 }
