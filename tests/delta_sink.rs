@@ -7,15 +7,13 @@ mod support;
 
 use std::time::Duration;
 
-use bytes::Bytes;
-use iggy::prelude::{Identifier, IggyMessage, MessageClient, Partitioning};
 use iggy_connect::connectors::{ConnectorKind, Flush, Registry, Sink};
 use iggy_connect::engine::Status;
 use iggy_connect::message::TopicRef;
 use serde_json::{Value, json};
 use support::binary::Workspace;
 use support::delta::Table;
-use support::harness::{connector, iggy_client, produce_ns, runtime};
+use support::harness::{connector, iggy_client, produce, produce_ns, runtime};
 use support::iggy_server::IggyTestServer;
 use support::s3::S3Server;
 use support::sinks::{message, ns_messages, ns_once};
@@ -239,29 +237,15 @@ async fn bad_messages_are_skipped_by_the_pipeline_and_counted_and_the_rest_lands
     let iggy = IggyTestServer::start();
     iggy.create_topic("shop", "orders", 1);
     let client = iggy_client(&iggy).await;
-    let mut messages: Vec<IggyMessage> = (1..=200u64)
-        .map(|n| {
-            let payload = if n % 50 == 0 {
-                "{\"n\": \"not a number\"}".to_owned()
-            } else {
-                json!({ "n": n }).to_string()
-            };
-            IggyMessage::builder()
-                .id(u128::from(n))
-                .payload(Bytes::from(payload))
-                .build()
-                .unwrap()
-        })
-        .collect();
-    client
-        .send_messages(
-            &Identifier::named("shop").unwrap(),
-            &Identifier::named("orders").unwrap(),
-            &Partitioning::partition_id(0),
-            &mut messages,
-        )
-        .await
-        .unwrap();
+    // Every 50th `n` is not a number: it does not fit the `long` column.
+    produce(&client, "shop", "orders", 1..201, |n| {
+        if n % 50 == 0 {
+            "{\"n\": \"not a number\"}".to_owned()
+        } else {
+            json!({ "n": n as u64 }).to_string()
+        }
+    })
+    .await;
     let dir = tempfile::tempdir().unwrap();
     let table = Table::local(dir.path());
     let state = tempfile::tempdir().unwrap();

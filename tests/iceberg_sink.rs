@@ -8,14 +8,12 @@ mod support;
 
 use std::time::Duration;
 
-use bytes::Bytes;
-use iggy::prelude::{Identifier, IggyMessage, MessageClient, Partitioning};
 use iggy_connect::connectors::{ConnectorKind, Flush, Registry, Sink, SinkError};
 use iggy_connect::engine::Status;
 use iggy_connect::message::TopicRef;
 use serde_json::{Value, json};
 use support::binary::Workspace;
-use support::harness::{connector, iggy_client, produce_ns, runtime};
+use support::harness::{connector, iggy_client, produce, produce_ns, runtime};
 use support::iceberg::Table;
 use support::iceberg_rest::IcebergRest;
 use support::iggy_server::IggyTestServer;
@@ -352,29 +350,15 @@ async fn bad_messages_are_skipped_by_the_pipeline_and_counted_and_the_rest_lands
     let iggy = IggyTestServer::start();
     iggy.create_topic("shop", "orders", 1);
     let client = iggy_client(&iggy).await;
-    let mut messages: Vec<IggyMessage> = (1..=200u64)
-        .map(|n| {
-            let payload = if n % 50 == 0 {
-                "{\"n\": \"not a number\"}".to_owned()
-            } else {
-                json!({ "n": n }).to_string()
-            };
-            IggyMessage::builder()
-                .id(u128::from(n))
-                .payload(Bytes::from(payload))
-                .build()
-                .unwrap()
-        })
-        .collect();
-    client
-        .send_messages(
-            &Identifier::named("shop").unwrap(),
-            &Identifier::named("orders").unwrap(),
-            &Partitioning::partition_id(0),
-            &mut messages,
-        )
-        .await
-        .unwrap();
+    // Every 50th `n` is not a number: it does not fit the `long` column.
+    produce(&client, "shop", "orders", 1..201, |n| {
+        if n % 50 == 0 {
+            "{\"n\": \"not a number\"}".to_owned()
+        } else {
+            json!({ "n": n as u64 }).to_string()
+        }
+    })
+    .await;
     let warehouse = tempfile::tempdir().unwrap();
     let state = tempfile::tempdir().unwrap();
     let runtime = runtime(&iggy, state.path());

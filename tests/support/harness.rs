@@ -56,11 +56,26 @@ pub async fn produce_ns(
     topic: &str,
     ids: std::ops::Range<u128>,
 ) {
+    produce(client, stream, topic, ids, |id| {
+        json!({ "n": id as u64 }).to_string()
+    })
+    .await;
+}
+
+/// Sends a message with id `id` and payload `payload(id)` for each of `ids`
+/// to partition 0 of `stream`/`topic`.
+pub async fn produce(
+    client: &IggyClient,
+    stream: &str,
+    topic: &str,
+    ids: std::ops::Range<u128>,
+    payload: impl Fn(u128) -> String,
+) {
     let mut messages: Vec<IggyMessage> = ids
         .map(|id| {
             IggyMessage::builder()
                 .id(id)
-                .payload(Bytes::from(json!({ "n": id as u64 }).to_string()))
+                .payload(Bytes::from(payload(id)))
                 .build()
                 .unwrap()
         })
