@@ -272,6 +272,7 @@ impl DeltaSink {
             .ok_or_else(|| SinkError::fatal("the delta sink was not opened"))?;
         let url = &self.checked.url;
         let log_store = table.log_store();
+        let snapshot = table.snapshot().map_err(|error| classify(url, error))?;
         let mut transactions = Vec::new();
         let mut batches = Vec::new();
         let mut last = BTreeMap::new();
@@ -281,7 +282,6 @@ impl DeltaSink {
             };
             last.insert(partition, last_offset);
             let app_id = self.app_id(topic, partition);
-            let snapshot = table.snapshot().map_err(|error| classify(url, error))?;
             let committed = snapshot
                 .transaction_version(log_store.as_ref(), &app_id)
                 .await
