@@ -411,10 +411,10 @@ async fn run_logged(
         true => Some(api::metrics::install().context("cannot install the Prometheus recorder")?),
         false => None,
     };
-    let runtime = Runtime::new(
+    let runtime = Runtime::configured(
         Arc::new(IggyBus::new(settings)),
         state.clone(),
-        config.engine.shutdown_timeout,
+        &config.engine,
     );
     let watch = watch || config.watch();
     let started: Vec<String> = connectors

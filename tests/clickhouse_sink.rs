@@ -310,7 +310,7 @@ async fn a_server_that_cannot_be_reached_is_transient_and_the_retried_batch_land
     let batch = json_messages(vec![json!({"id": 1}), json!({"id": 2})]);
     proxy.set_down(true);
     let error = sink.write(&topic(), &batch).await.unwrap_err();
-    assert!(matches!(error, SinkError::Transient(_)), "{error}");
+    assert!(matches!(error, SinkError::Transient { .. }), "{error}");
     proxy.set_down(false);
     sink.write(&topic(), &batch).await.unwrap();
     assert_eq!(server.query("SELECT count() FROM events").await.trim(), "2");
@@ -447,7 +447,7 @@ async fn a_503_is_retried_inside_write_and_past_max_retries_is_transient() {
     let sink = open(config(&server.url, json!({"max_retries": 1}))).await;
     let batch = json_messages(vec![json!({"id": 1})]);
     let error = sink.write(&topic(), &batch).await.unwrap_err();
-    assert!(matches!(error, SinkError::Transient(_)), "{error}");
+    assert!(matches!(error, SinkError::Transient { .. }), "{error}");
     assert_eq!(server.insert_requests().len(), 2);
     sink.write(&topic(), &batch).await.unwrap();
     assert_eq!(server.lines(), vec![json!({"id": 1})]);

@@ -137,7 +137,7 @@ async fn publish_timeout_is_written_and_throttling_past_max_retries_is_transient
     sink.write(&topic(), &batch(2..4)).await.unwrap();
     server.fail_next(&[Fault::TooManyRequests, Fault::TooManyRequests]);
     let error = sink.write(&topic(), &batch(4..6)).await.unwrap_err();
-    assert!(matches!(error, SinkError::Transient(_)), "{error}");
+    assert!(matches!(error, SinkError::Transient { .. }), "{error}");
     sink.write(&topic(), &batch(4..6)).await.unwrap();
     assert_eq!(ids(&server), (0..6).collect::<Vec<_>>());
 }

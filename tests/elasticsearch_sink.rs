@@ -170,7 +170,7 @@ async fn items_still_failing_after_the_retries_are_transient_and_only_they_are_s
     server.fail_id(&id(&batch[2]), 429, 2);
     let error = sink.write(&topic(), &batch).await.unwrap_err();
     assert!(
-        matches!(&error, SinkError::Transient(reason) if reason.to_string().contains("es_rejected_execution_exception")),
+        matches!(&error, SinkError::Transient { error: reason, .. } if reason.to_string().contains("es_rejected_execution_exception")),
         "{error:?}"
     );
     assert_eq!(server.documents("iggy").len(), 3);

@@ -560,14 +560,15 @@ async fn a_commit_slower_than_commit_timeout_is_retried_and_appends_nothing_twic
     sink.write(&orders(), &ns_messages(0..100)).await.unwrap();
     let error = sink.flush(&orders(), Flush::All).await.unwrap_err();
     assert!(
-        matches!(&error, SinkError::Transient(_)) && error.to_string().contains("commit_timeout"),
+        matches!(&error, SinkError::Transient { .. })
+            && error.to_string().contains("commit_timeout"),
         "{error}"
     );
     assert!(sink.durable(&orders()).is_empty());
     // The engine's retries, until one succeeds.
     let deadline = std::time::Instant::now() + LONG;
     while let Err(error) = sink.flush(&orders(), Flush::All).await {
-        assert!(matches!(error, SinkError::Transient(_)), "{error}");
+        assert!(matches!(error, SinkError::Transient { .. }), "{error}");
         assert!(
             std::time::Instant::now() < deadline,
             "still failing: {error}"

@@ -399,7 +399,7 @@ async fn v2_a_503_is_retried_and_throttling_past_max_retries_is_transient() {
     assert_eq!(server.points().len(), 2);
     server.fail_next(&[Fault::TooManyRequests, Fault::TooManyRequests]);
     let error = sink.write(&topic(), &json_batch(2)).await.unwrap_err();
-    assert!(matches!(error, SinkError::Transient(_)), "{error}");
+    assert!(matches!(error, SinkError::Transient { .. }), "{error}");
 }
 
 #[tokio::test]
@@ -501,7 +501,7 @@ async fn after_threshold_failures_the_breaker_fails_writes_without_calling_the_s
     for _ in 0..2 {
         assert!(matches!(
             sink.write(&topic(), &json_batch(1)).await,
-            Err(SinkError::Transient(_))
+            Err(SinkError::Transient { .. })
         ));
     }
     let sent = server.requests().len();

@@ -236,7 +236,7 @@ async fn chunks_still_failing_after_the_retries_are_transient_and_only_they_are_
     server.fail_next_tasks(3);
     let error = sink.write(&topic(), &batch).await.unwrap_err();
     assert!(
-        matches!(&error, SinkError::Transient(reason) if reason.to_string().contains("internal")),
+        matches!(&error, SinkError::Transient { error: reason, .. } if reason.to_string().contains("internal")),
         "{error:?}"
     );
     assert_eq!(server.documents("iggy").len(), 2);
@@ -260,7 +260,7 @@ async fn a_task_not_finished_within_task_timeout_is_transient_never_ok() {
     server.set_paused(true);
     let batch = messages(numbered(3));
     let error = sink.write(&topic(), &batch).await.unwrap_err();
-    let SinkError::Transient(reason) = error else {
+    let SinkError::Transient { error: reason, .. } = error else {
         panic!("expected transient, got {error:?}");
     };
     assert!(reason.to_string().contains("task_timeout"), "{reason}");

@@ -324,7 +324,7 @@ async fn an_unreachable_server_is_transient_and_the_retry_stores_the_batch() {
     proxy.set_down(true);
     let batch = json_batch(2..6);
     match sink.write(&topic(), &batch).await {
-        Err(SinkError::Transient(error)) => {
+        Err(SinkError::Transient { error, .. }) => {
             assert!(error.to_string().contains("events"), "{error}")
         }
         other => panic!("expected a transient error, got {other:?}"),

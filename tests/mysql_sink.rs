@@ -374,7 +374,7 @@ async fn a_lock_wait_timeout_is_transient_and_the_same_batch_succeeds_once_the_l
         .await
         .unwrap_err();
     assert!(
-        matches!(error, SinkError::Transient(_)) && error.to_string().contains("1205"),
+        matches!(error, SinkError::Transient { .. }) && error.to_string().contains("1205"),
         "{error}"
     );
     holder.rollback().await.unwrap();

@@ -394,7 +394,7 @@ async fn bad_credentials_are_fatal_and_an_endless_outage_is_transient() {
     assert!(error.to_string().contains("plugin_config.token"), "{error}");
     assert_eq!(server.received()[0].headers["authorization"], "Bearer t");
     server.set_default(Reply::status(503));
-    let Err(SinkError::Transient(_)) = sink
+    let Err(SinkError::Transient { .. }) = sink
         .write(&sinks::topic(), &[json_message(0, &["x"])])
         .await
     else {
@@ -505,7 +505,7 @@ async fn an_unreachable_collector_is_transient() {
             &json!({"endpoint": endpoint, "protocol": protocol, "max_retries": 1, "retry_delay": "10ms", "timeout": "2s"}),
         );
         sink.open().await.unwrap();
-        let Err(SinkError::Transient(error)) = sink
+        let Err(SinkError::Transient { error, .. }) = sink
             .write(&sinks::topic(), &[json_message(0, &["x"])])
             .await
         else {

@@ -166,7 +166,7 @@ async fn the_engines_retry_sends_only_the_requests_not_acknowledged() {
     server.fail_next_ingest(503, None);
     let batch = messages(numbered(6));
     let error = sink.write(&topic(), &batch).await.unwrap_err();
-    assert!(matches!(error, SinkError::Transient(_)), "{error:?}");
+    assert!(matches!(error, SinkError::Transient { .. }), "{error:?}");
     assert_eq!(server.documents("events").len(), 4);
     sink.write(&topic(), &batch).await.unwrap();
     let requests = server.ingest_requests();

@@ -524,7 +524,7 @@ async fn failing_past_max_retries_is_transient_and_the_engines_retry_writes_the_
     let sink = open(&config(&server, json!({"max_retries": 2}))).await;
     let batch = messages(0..2);
     let error = sink.write(&topic(), &batch).await.unwrap_err();
-    let SinkError::Transient(reason) = error else {
+    let SinkError::Transient { error: reason, .. } = error else {
         panic!("expected transient, got {error:?}");
     };
     assert!(reason.to_string().contains("502"), "{reason}");

@@ -85,5 +85,6 @@ fn describe(view: &ConnectorView) -> Value {
             "message": redact::mask_text(&error.message).unwrap_or_else(|| error.message.clone()),
             "timestamp": error.timestamp,
         })),
+        "open_attempts": status.open_attempts,
     })
 }

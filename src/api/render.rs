@@ -25,6 +25,7 @@ pub fn info(id: usize, view: &ConnectorView) -> Value {
             "message": redact::mask_text(&error.message).unwrap_or_else(|| error.message.clone()),
             "timestamp": error.timestamp,
         })),
+        "open_attempts": status.open_attempts,
         "plugin_config_format": config.plugin_config_format,
         "connector": config.connector,
         "version": config.version,

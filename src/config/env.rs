@@ -212,6 +212,16 @@ const RUNTIME_FIELDS: &[(&str, &[&str], Kind)] = &[
         &["engine", "shutdown_timeout"],
         Kind::Str,
     ),
+    (
+        "ENGINE_MAX_RETRY_AFTER",
+        &["engine", "max_retry_after"],
+        Kind::Str,
+    ),
+    (
+        "ENGINE_MAX_OPEN_ATTEMPTS",
+        &["engine", "max_open_attempts"],
+        Kind::Int,
+    ),
 ];
 
 /// Variables that are not runtime fields but are still ours.

@@ -421,12 +421,21 @@ pub struct EngineConfig {
     /// How long a stop or shutdown waits for in-flight batches to be committed.
     #[serde(with = "duration")]
     pub shutdown_timeout: Duration,
+    /// The longest wait a backend's `Retry-After` (or throttling hint) is
+    /// honoured for; a longer one is waited this long, then tried again.
+    #[serde(with = "duration")]
+    pub max_retry_after: Duration,
+    /// Attempts to open a connector whose backend is unreachable before it
+    /// stops with `start_failed`; unset (the default) retries until stopped.
+    pub max_open_attempts: Option<u32>,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             shutdown_timeout: Duration::from_secs(10),
+            max_retry_after: Duration::from_secs(600),
+            max_open_attempts: None,
         }
     }
 }
@@ -649,7 +658,14 @@ const KNOWN_KEYS: Known = &[
     Key("connectors", CONNECTORS),
     Key("logging", &[leaf("format")]),
     Key("telemetry", TELEMETRY),
-    Key("engine", &[leaf("shutdown_timeout")]),
+    Key(
+        "engine",
+        &[
+            leaf("shutdown_timeout"),
+            leaf("max_retry_after"),
+            leaf("max_open_attempts"),
+        ],
+    ),
 ];
 const HTTP: Known = &[
     leaf("enabled"),

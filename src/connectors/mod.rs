@@ -76,6 +76,7 @@ registry::register_connectors! {
 use std::error::Error as StdError;
 use std::fmt;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::de::DeserializeOwned;
@@ -83,6 +84,7 @@ use serde::de::DeserializeOwned;
 use crate::message::{SinkMessage, SourceRecord, TopicRef};
 
 pub use entry::{BuildError, ConnectorKind, SinkEntry, SourceEntry, schema_of};
+pub use kit::backoff::Backoff;
 pub use registry::Registry;
 
 pub type BoxError = Box<dyn StdError + Send + Sync>;
@@ -108,7 +110,9 @@ pub type BoxError = Box<dyn StdError + Send + Sync>;
 #[async_trait]
 pub trait Source: Send + Sync {
     /// Prepares the source. `state` is what the last committed batch returned, as
-    /// saved by the state store, or `None` on a fresh start.
+    /// saved by the state store, or `None` on a fresh start. A transient error
+    /// (the backend is unreachable) is retried by the engine on a fresh
+    /// instance with the same state; a fatal one stops it with `start_failed`.
     async fn open(&mut self, state: Option<&[u8]>) -> Result<(), ConnectorError>;
 
     /// Returns the next batch, waiting as long as the source needs to (a poll
@@ -140,6 +144,13 @@ pub trait Source: Send + Sync {
         BatchPolicy::default()
     }
 
+    /// The engine's retry policy for this connector, from its own retry
+    /// fields (upstream's `max_retries`, `retry_delay`, ...); `None` keeps
+    /// the engine's default.
+    fn retry(&self) -> Option<RetrySettings> {
+        None
+    }
+
     /// Whether a commit destroys the source's own copy of the batch (rows
     /// deleted or marked, clients told their data is stored): its data then
     /// survives only as durably as the broker stores it.
@@ -161,11 +172,19 @@ pub trait Sink: Send + Sync {
     /// Tells the sink which instance it runs as; called once, before `open`.
     fn attach(&mut self, _context: ConnectorContext) {}
 
+    /// Connects. A transient error (the backend is unreachable or starting)
+    /// is retried by the engine on a fresh instance, with backoff, while the
+    /// status says `starting`; a fatal one (credentials, a refused config)
+    /// stops the sink with `start_failed`.
     async fn open(&mut self) -> Result<(), ConnectorError>;
 
-    /// Writes one batch. `Ok` means every message is durably in the target system;
-    /// only then does the engine commit the batch's offsets. Several topics of one
-    /// sink may call `write` concurrently.
+    /// Writes one batch with one request (or one transaction) and classifies
+    /// the answer. `Ok` means every message is durably in the target system;
+    /// only then does the engine commit the batch's offsets. Anything less is
+    /// a [`SinkError`] saying what is durable, what is refused and when to try
+    /// the rest again: the engine retries, the sink never loops, sleeps or
+    /// remembers what it wrote. Several topics of one sink may call `write`
+    /// concurrently.
     async fn write(&self, topic: &TopicRef, messages: &[SinkMessage]) -> Result<(), SinkError>;
 
     /// Whether the sink takes JSON payloads as their text
@@ -185,6 +204,13 @@ pub trait Sink: Send + Sync {
     /// written one at a time (the next one polled meanwhile).
     fn writes_concurrently(&self) -> bool {
         false
+    }
+
+    /// The engine's retry policy for this connector, from its own retry
+    /// fields (upstream's `max_retries`, `retry_delay`, ...); `None` keeps
+    /// the engine's default.
+    fn retry(&self) -> Option<RetrySettings> {
+        None
     }
 
     /// Deferred acknowledgement (rule K6 in docs/ARCHITECTURE.md). `None`, the
@@ -333,12 +359,24 @@ impl Default for BatchPolicy {
 }
 
 /// An error from a connector's `open`, `poll`, `commit` or `close`.
+///
+/// A connector classifies; the engine acts (docs/ARCHITECTURE.md, "The
+/// delivery contract"): it retries transient errors with backoff (`open`
+/// included, so a backend that is down at start is waited for), closes and
+/// opens the connector again when its connection is gone, and stops it on a
+/// fatal error. A connector never loops, sleeps or reconnects to retry.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectorError {
     /// The operation may succeed if retried (network, timeouts, a busy backend).
     #[error("{0}")]
     Transient(#[source] BoxError),
-    /// The connector cannot continue; the engine stops it with reason `fatal`.
+    /// The connection the connector holds is gone (a broker closed it, a
+    /// session expired): the engine closes the connector and opens it again
+    /// with backoff, resuming from committed state.
+    #[error("connection lost: {0}")]
+    Disconnected(#[source] BoxError),
+    /// The connector cannot continue; the engine stops it with reason `fatal`
+    /// (`start_failed` when it comes from `open`).
     #[error("{0}")]
     Fatal(#[source] BoxError),
 }
@@ -348,27 +386,50 @@ impl ConnectorError {
         Self::Transient(error.into())
     }
 
+    pub fn disconnected(error: impl Into<BoxError>) -> Self {
+        Self::Disconnected(error.into())
+    }
+
     pub fn fatal(error: impl Into<BoxError>) -> Self {
         Self::Fatal(error.into())
     }
 
+    /// Whether the engine retries the operation (after reopening the
+    /// connector when its connection is gone).
     pub fn is_transient(&self) -> bool {
-        matches!(self, Self::Transient(_))
+        matches!(self, Self::Transient(_) | Self::Disconnected(_))
     }
 }
 
-/// Why a sink's `write` failed, which decides what the engine does next.
+/// How a sink's `write` fell short of making the whole batch durable: the
+/// backend's answer, classified per message. The engine takes it from there
+/// (rule K3): it keeps what is durable, applies `on_error` to what was
+/// rejected, and writes only the rest again, after the wait asked for.
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
-    /// Nothing is known to be lost: the engine retries the same batch with backoff
-    /// and leaves the offsets where they are.
-    #[error("transient write failure: {0}")]
-    Transient(#[source] BoxError),
-    /// These messages can never be written (the backend refuses them). The rest of
-    /// the batch may or may not have been written; the engine applies the sink's
-    /// `on_error` policy to the rejected ones and writes the rest again.
+    /// Nothing of the batch is known to be written: the engine writes it
+    /// again after its backoff, or after `retry_after` when the backend said
+    /// when (`Retry-After`, a throttling hint), whichever is later.
+    #[error("transient write failure: {error}")]
+    Transient {
+        #[source]
+        error: BoxError,
+        retry_after: Option<Duration>,
+    },
+    /// These messages can never be written (the backend refuses them); the
+    /// rest of the batch was not written. The engine applies the sink's
+    /// `on_error` policy to the rejected ones and writes the rest again at
+    /// once.
     #[error("{} message(s) rejected, first: {}", .0.len(), .0.first().map(|r| r.reason.as_str()).unwrap_or(""))]
     Rejected(Vec<Rejection>),
+    /// The backend answered per message ([`Partial`]): some are stored, some
+    /// refused, and the rest failed as `rest` says.
+    #[error("{0}")]
+    Partial(Box<Partial>),
+    /// The sink's connection is gone: the engine closes it, opens it again
+    /// with backoff and writes what is not durable again.
+    #[error("connection lost: {0}")]
+    Disconnected(#[source] BoxError),
     /// The sink cannot continue (misconfiguration, lost permissions): the engine
     /// stops it with reason `fatal` without committing.
     #[error("fatal write failure: {0}")]
@@ -377,12 +438,89 @@ pub enum SinkError {
 
 impl SinkError {
     pub fn transient(error: impl Into<BoxError>) -> Self {
-        Self::Transient(error.into())
+        Self::Transient {
+            error: error.into(),
+            retry_after: None,
+        }
+    }
+
+    /// Transient, with the earliest time to try again that the backend gave.
+    pub fn transient_after(error: impl Into<BoxError>, retry_after: Option<Duration>) -> Self {
+        Self::Transient {
+            error: error.into(),
+            retry_after,
+        }
+    }
+
+    pub fn disconnected(error: impl Into<BoxError>) -> Self {
+        Self::Disconnected(error.into())
     }
 
     pub fn fatal(error: impl Into<BoxError>) -> Self {
         Self::Fatal(error.into())
     }
+
+    /// A per-message answer: `durable` and `rejected` index the batch, every
+    /// other message failed as `rest` says (`Transient`, `Disconnected` or
+    /// `Fatal`). With nothing else left it is just what it settles.
+    pub fn partial(durable: Vec<usize>, rejected: Vec<Rejection>, rest: SinkError) -> Self {
+        Self::Partial(Box::new(Partial {
+            durable,
+            rejected,
+            rest,
+        }))
+    }
+
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Transient { .. } | Self::Disconnected(_))
+    }
+}
+
+impl From<ConnectorError> for SinkError {
+    fn from(error: ConnectorError) -> Self {
+        match error {
+            ConnectorError::Transient(error) => Self::transient(error),
+            ConnectorError::Disconnected(error) => Self::Disconnected(error),
+            ConnectorError::Fatal(error) => Self::Fatal(error),
+        }
+    }
+}
+
+/// A backend's answer per message for a batch it took in part
+/// ([`SinkError::Partial`]).
+#[derive(Debug)]
+pub struct Partial {
+    /// Indexes (into the batch passed to `write`) of the messages stored.
+    pub durable: Vec<usize>,
+    /// Messages refused for good.
+    pub rejected: Vec<Rejection>,
+    /// What happened to every other message of the batch.
+    pub rest: SinkError,
+}
+
+impl fmt::Display for Partial {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} message(s) stored, {} rejected, the rest: {}",
+            self.durable.len(),
+            self.rejected.len(),
+            self.rest
+        )
+    }
+}
+
+/// How the engine retries a connector's failing work, from the connector's
+/// own retry fields (upstream's `max_retries`, `retry_delay`, ...): the
+/// engine's policy for that connector, never a loop inside it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetrySettings {
+    /// The waits between attempts of one write, poll or `open`.
+    pub backoff: Backoff,
+    /// After this many consecutive failed attempts the connector reports
+    /// itself `degraded` (it keeps retrying: nothing is dropped). `None`:
+    /// only the status' last error tells.
+    pub degraded_after: Option<u32>,
 }
 
 /// One message of a batch that the backend refused for good.

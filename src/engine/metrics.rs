@@ -143,6 +143,11 @@ pub struct ConnectorMetrics {
     pub dead_lettered: DualCounter,
     /// Messages skipped under `on_error = "skip"` or dropped after a decode error.
     pub skipped: DualCounter,
+    /// Failed attempts to open the connector (its backend down at start or
+    /// after a lost connection), each retried.
+    pub open_retries: DualCounter,
+    /// Times the connector's connection was lost and it was opened again.
+    pub reopens: DualCounter,
     errors_by_stage: Vec<Counter>,
     stage_durations: Vec<Histogram>,
 }
@@ -169,6 +174,8 @@ impl ConnectorMetrics {
             retries: DualCounter::new("iggy_connector_retries_total", &labels),
             dead_lettered: DualCounter::new("iggy_connector_messages_dead_lettered_total", &labels),
             skipped: DualCounter::new("iggy_connector_messages_skipped_total", &labels),
+            open_retries: DualCounter::new("iggy_connector_open_retries_total", &labels),
+            reopens: DualCounter::new("iggy_connector_reopens_total", &labels),
             errors_by_stage: ErrorStage::ALL
                 .iter()
                 .map(|stage| {

@@ -13,6 +13,9 @@ pub enum Attempt<T, F, E> {
     Done(T),
     /// Failed: report it, wait the backoff, try again.
     Failed(F),
+    /// Failed, and the other side asked not to be tried again for this long
+    /// (`Retry-After`): wait that or the backoff, whichever is longer.
+    Throttled(F, Duration),
     /// Made progress without finishing (rejected messages were set aside, say):
     /// try again at once, without counting a failure.
     Again,
@@ -109,14 +112,15 @@ where
                 outcome
             }
         };
-        let error = match outcome {
+        let (error, asked) = match outcome {
             Attempt::Done(value) => return Ok(value),
             Attempt::Again => continue,
             Attempt::Stop(error) => return Err(GaveUp::Stopped(error)),
-            Attempt::Failed(error) => error,
+            Attempt::Failed(error) => (error, Duration::ZERO),
+            Attempt::Throttled(error, wait) => (error, wait),
         };
         failures += 1;
-        let delay = backoff.delay(failures);
+        let delay = backoff.delay(failures).max(asked);
         failed(Failure {
             attempt: failures,
             delay,
@@ -171,6 +175,35 @@ mod tests {
         .await;
         assert_eq!(result, Ok(4));
         assert_eq!(reported, [(1, 1), (2, 3)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn given_a_throttled_attempt_when_retried_should_wait_what_was_asked() {
+        let shutdown = Shutdown::new(CancellationToken::new(), Duration::ZERO);
+        let started = tokio::time::Instant::now();
+        let mut delays = Vec::new();
+        let result: Result<Duration, GaveUp<()>> = retry_with(
+            QUICK,
+            &shutdown,
+            Until::StopRequested,
+            0,
+            |calls| async move {
+                let outcome = match calls {
+                    0 => Attempt::Throttled((), Duration::from_secs(30)),
+                    _ => Attempt::Done(started.elapsed()),
+                };
+                (calls + 1, outcome)
+            },
+            |failure| {
+                delays.push(failure.delay);
+                Ok(())
+            },
+        )
+        .await;
+        // The paused clock moves only by the waits taken: exactly the 30 s
+        // asked for, not the few milliseconds of the backoff.
+        assert_eq!(result, Ok(Duration::from_secs(30)));
+        assert_eq!(delays, [Duration::from_secs(30)]);
     }
 
     #[tokio::test]

@@ -19,7 +19,7 @@ use futures::stream::{FuturesOrdered, FuturesUnordered, StreamExt};
 use tracing::{debug, error, info, warn};
 
 use crate::codec::Schema;
-use crate::connectors::{Flush, Rejection, Sink, SinkError};
+use crate::connectors::{Degraded, Flush, Partial, Rejection, Sink, SinkError};
 use crate::delivery::OnError;
 use crate::engine::backoff::Backoff;
 use crate::engine::deferral::Deferral;
@@ -56,6 +56,13 @@ pub struct SinkContext {
     pub status: Arc<StatusCell>,
     pub metrics: Arc<ConnectorMetrics>,
     pub backoff: Backoff,
+    /// The longest wait a backend's `Retry-After` is honoured for.
+    pub max_retry_after: Duration,
+    /// Where write retries report that the sink cannot make progress.
+    pub degraded: Degraded,
+    /// Consecutive failed writes after which the sink reports itself
+    /// degraded (the connector's `max_retries`).
+    pub degraded_after: Option<u32>,
     pub verbose: bool,
     /// Emit upstream's per-batch `benchmark` event.
     pub benchmark: bool,
@@ -105,6 +112,77 @@ struct Delivered {
     last_written: Option<u64>,
 }
 
+/// A batch being written: what is left to write, the dead letters set
+/// aside, and what the sink has settled so far.
+struct Writing {
+    messages: Vec<SinkMessage>,
+    dead: Vec<OutgoingMessage>,
+    /// Messages the sink made durable (or, deferring, accepted).
+    written: usize,
+    /// Messages the backend refused.
+    rejected: usize,
+    /// The highest offset the sink took.
+    last_written: Option<u64>,
+}
+
+impl Writing {
+    /// Every message left is durable.
+    fn all_durable(&mut self, metrics: &ConnectorMetrics) {
+        self.written += self.messages.len();
+        metrics.processed.add(self.messages.len() as u64);
+        let last = self.messages.iter().map(|message| message.offset).max();
+        self.last_written = self.last_written.max(last);
+        self.messages.clear();
+    }
+
+    /// Takes the messages at `durable` (stored) and `rejected` (refused, set
+    /// aside per `on_error`) out of what is left to write; indexes outside
+    /// the batch are ignored, and a message both stored and refused counts
+    /// as refused. `Err` when a rejection stops the sink.
+    fn settle(
+        &mut self,
+        topic_loop: &TopicLoop<'_>,
+        topic: &TopicRef,
+        durable: Vec<usize>,
+        mut rejected: Vec<Rejection>,
+    ) -> Result<(), Ended> {
+        let count = self.messages.len();
+        rejected.retain(|rejection| rejection.index < count);
+        rejected.sort_by_key(|rejection| rejection.index);
+        rejected.dedup_by_key(|rejection| rejection.index);
+        if let Some(first) = rejected.first()
+            && topic_loop.pipeline.on_error == OnError::Stop
+        {
+            let message = &self.messages[first.index];
+            return Err(topic_loop.rejected_stop(topic, rejected.len(), message, &first.reason));
+        }
+        let mut fates: Vec<Option<Option<String>>> = vec![None; count];
+        for index in durable.into_iter().filter(|index| *index < count) {
+            fates[index] = Some(None);
+        }
+        for rejection in rejected {
+            fates[rejection.index] = Some(Some(rejection.reason));
+        }
+        let mut stored = 0;
+        for (message, fate) in std::mem::take(&mut self.messages).into_iter().zip(fates) {
+            match fate {
+                None => self.messages.push(message),
+                Some(None) => {
+                    stored += 1;
+                    self.last_written = self.last_written.max(Some(message.offset));
+                }
+                Some(Some(reason)) => {
+                    self.rejected += 1;
+                    topic_loop.reject(topic, message, &reason, &mut self.dead);
+                }
+            }
+        }
+        self.written += stored;
+        topic_loop.pipeline.metrics.processed.add(stored as u64);
+        Ok(())
+    }
+}
+
 /// Awaits the future if there is one; otherwise never completes.
 async fn next<T>(future: &mut Option<BoxFuture<'_, T>>) -> T {
     match future {
@@ -145,7 +223,7 @@ impl SinkPipeline {
                 .collect();
             let mut first_stop = None;
             while let Some(ended) = loops.next().await {
-                if let Ended::Stopped(..) = ended {
+                if ended != Ended::Shutdown {
                     // One topic stopping stops the sink: the others finish their
                     // batch in flight and end.
                     topic_shutdown.request();
@@ -169,6 +247,8 @@ impl SinkPipeline {
                 info!(connector_key = %context.key, "sink stopped");
                 context.status.set_stopped();
             }
+            // The runtime reopens it and reports the status meanwhile.
+            Ended::Disconnected(_) => {}
             Ended::Stopped(reason, message) => {
                 error!(connector_key = %context.key, stop_reason = %reason, %message, "sink stopped");
                 metrics::counter!(
@@ -452,26 +532,30 @@ impl TopicLoop<'_> {
             partition_id,
             last_offset,
             consumed,
-            mut messages,
-            mut dead,
+            messages,
+            dead,
             started,
             decoded,
             rejected,
             mut trace,
         } = prepared;
-        let writing = Instant::now();
-        let to_write = messages.len();
+        let writing_started = Instant::now();
+        let mut writing = Writing {
+            messages,
+            dead,
+            written: 0,
+            rejected: 0,
+            last_written: None,
+        };
         let mut nacks = 0;
-        let wrote = self
-            .write(topic, &mut messages, &mut dead, &mut nacks)
-            .await;
-        let written = writing.elapsed();
+        let wrote = self.write(topic, &mut writing, &mut nacks).await;
+        let written = writing_started.elapsed();
         let failed = wrote.as_ref().err().map(|_| "the write gave up");
-        trace.stage("write", writing, writing + written, failed);
+        trace.stage("write", writing_started, writing_started + written, failed);
         let stored = match wrote {
-            Ok(()) if !dead.is_empty() => {
+            Ok(()) if !writing.dead.is_empty() => {
                 let sending = Instant::now();
-                let sent = self.send_dead_letters(&dead).await;
+                let sent = self.send_dead_letters(&writing.dead).await;
                 let failed = sent.as_ref().err().map(|_| "the dead-letter send gave up");
                 trace.stage("dead_letter", sending, Instant::now(), failed);
                 sent
@@ -498,14 +582,14 @@ impl TopicLoop<'_> {
             partition_id,
             last_offset,
             consumed,
-            processed: messages.len(),
+            processed: writing.written,
             started,
             decoded,
             written,
-            rejected: rejected + (to_write - messages.len()),
+            rejected: rejected + writing.rejected,
             nacks,
             trace,
-            last_written: messages.last().map(|message| message.offset),
+            last_written: writing.last_written,
         })
     }
 
@@ -533,7 +617,14 @@ impl TopicLoop<'_> {
                 };
                 pipeline.metrics.error(ErrorStage::Write, 1);
                 match error {
-                    SinkError::Transient(error) => Attempt::Failed(error),
+                    SinkError::Transient {
+                        error,
+                        retry_after: Some(wait),
+                    } => Attempt::Throttled(error, wait.min(pipeline.max_retry_after)),
+                    SinkError::Transient { error, .. } => Attempt::Failed(error),
+                    SinkError::Disconnected(error) => Attempt::Stop(Ended::Disconnected(
+                        format!("flush to {topic} failed: {error}"),
+                    )),
                     error => Attempt::Stop(Ended::Stopped(
                         StopReason::Fatal,
                         format!("flush to {topic} failed: {error}"),
@@ -801,14 +892,14 @@ impl TopicLoop<'_> {
         }
     }
 
-    /// Writes the batch, retrying transient failures (counted in `nacks`) and
-    /// applying `on_error` to rejected messages, until everything left is
-    /// written.
+    /// Writes the batch, retrying what is not durable yet (counted in
+    /// `nacks`) after the backoff or the wait the backend asked for, and
+    /// applying `on_error` to rejected messages, until every message is
+    /// durable or set aside (rule K3).
     async fn write(
         &self,
         topic: &TopicRef,
-        messages: &mut Vec<SinkMessage>,
-        dead: &mut Vec<OutgoingMessage>,
+        writing: &mut Writing,
         nacks: &mut u32,
     ) -> Result<(), Ended> {
         let pipeline = self.pipeline;
@@ -816,118 +907,162 @@ impl TopicLoop<'_> {
             pipeline.backoff,
             &self.shutdown,
             Until::GraceExpired,
-            (messages, dead),
-            |(messages, dead)| async move {
-                let outcome = self.write_once(topic, messages, dead).await;
-                ((messages, dead), outcome)
+            writing,
+            |writing| async move {
+                let outcome = self.write_once(topic, writing).await;
+                (writing, outcome)
             },
             |failure| {
                 *nacks += 1;
                 let message = format!("write to {topic} failed: {}", failure.error);
-                warn!(connector_key = %pipeline.key, attempt = failure.attempt, retry_in_ms = failure.delay.as_millis() as u64, %message, "retrying the same batch");
+                warn!(connector_key = %pipeline.key, attempt = failure.attempt, retry_in_ms = failure.delay.as_millis() as u64, %message, "retrying what is not written yet");
+                if pipeline.degraded_after.is_some_and(|limit| failure.attempt >= limit) {
+                    pipeline.degraded.set(format!(
+                        "{} consecutive failed writes, still retrying; last: {message}",
+                        failure.attempt
+                    ));
+                }
                 pipeline.status.record_error(message);
                 pipeline.metrics.retries.add(1);
                 Ok(())
             },
         )
         .await
-        .map_err(|gave_up| gave_up.or(|| self.abandon()))
+        .map_err(|gave_up| gave_up.or(|| self.abandon()))?;
+        if pipeline.degraded_after.is_some_and(|limit| *nacks >= limit) {
+            pipeline.degraded.clear();
+        }
+        Ok(())
     }
 
     /// One write of what is left of the batch.
     async fn write_once(
         &self,
         topic: &TopicRef,
-        messages: &mut Vec<SinkMessage>,
-        dead: &mut Vec<OutgoingMessage>,
+        writing: &mut Writing,
     ) -> Attempt<(), crate::connectors::BoxError, Ended> {
         let pipeline = self.pipeline;
-        if messages.is_empty() {
+        if writing.messages.is_empty() {
             return Attempt::Done(());
         }
         let started = Instant::now();
-        let error = match catch_panic(pipeline.sink.write(topic, messages)).await {
+        let error = match catch_panic(pipeline.sink.write(topic, &writing.messages)).await {
             Err(panic) => return Attempt::Stop(Ended::Stopped(StopReason::Panic, panic)),
             Ok(Ok(())) => {
                 pipeline
                     .metrics
                     .record_duration(Stage::Write, started.elapsed());
-                pipeline.metrics.processed.add(messages.len() as u64);
+                writing.all_durable(&pipeline.metrics);
                 return Attempt::Done(());
             }
             Ok(Err(error)) => error,
         };
         pipeline.metrics.error(ErrorStage::Write, 1);
-        match error {
-            SinkError::Transient(error) => Attempt::Failed(error),
+        self.answer(topic, writing, error)
+    }
+
+    /// What the engine does with a write's failure: keeps what is durable,
+    /// sets aside what is rejected, and retries the rest as the sink said.
+    fn answer(
+        &self,
+        topic: &TopicRef,
+        writing: &mut Writing,
+        error: SinkError,
+    ) -> Attempt<(), crate::connectors::BoxError, Ended> {
+        let rest = match error {
+            SinkError::Partial(partial) => {
+                let Partial {
+                    durable,
+                    rejected,
+                    rest,
+                } = *partial;
+                if let Err(ended) = writing.settle(self, topic, durable, rejected) {
+                    return Attempt::Stop(ended);
+                }
+                if writing.messages.is_empty() {
+                    return Attempt::Done(());
+                }
+                rest
+            }
+            error => error,
+        };
+        match rest {
+            SinkError::Transient {
+                error,
+                retry_after: Some(wait),
+            } => Attempt::Throttled(error, wait.min(self.pipeline.max_retry_after)),
+            SinkError::Transient { error, .. } => Attempt::Failed(error),
+            SinkError::Disconnected(error) => Attempt::Stop(Ended::Disconnected(format!(
+                "write to {topic} failed: {error}"
+            ))),
             SinkError::Fatal(error) => Attempt::Stop(Ended::Stopped(
                 StopReason::Fatal,
                 format!("write to {topic} failed: {error}"),
             )),
-            SinkError::Rejected(rejections) => match self.reject(topic, messages, rejections, dead)
-            {
-                Ok(()) => Attempt::Again,
-                Err(ended) => Attempt::Stop(ended),
-            },
+            SinkError::Rejected(rejected) if rejected.is_empty() => Attempt::Stop(Ended::Stopped(
+                StopReason::Fatal,
+                format!("the sink rejected messages of {topic} without naming any in the batch"),
+            )),
+            SinkError::Rejected(rejected) => {
+                match writing.settle(self, topic, Vec::new(), rejected) {
+                    Ok(()) => Attempt::Again,
+                    Err(ended) => Attempt::Stop(ended),
+                }
+            }
+            // A per-message answer whose rest is itself settled in part:
+            // write what is left again at once.
+            SinkError::Partial(_) => Attempt::Again,
         }
     }
 
-    /// Applies `on_error` to rejected messages and removes them from the batch.
+    /// Applies `on_error` to a rejected message: `Err` stops the sink
+    /// (`stop`), otherwise it is counted and skipped or dead-lettered.
     fn reject(
         &self,
         topic: &TopicRef,
-        messages: &mut Vec<SinkMessage>,
-        mut rejections: Vec<Rejection>,
+        message: SinkMessage,
+        reason: &str,
         dead: &mut Vec<OutgoingMessage>,
-    ) -> Result<(), Ended> {
+    ) {
         let pipeline = self.pipeline;
-        rejections.retain(|rejection| rejection.index < messages.len());
-        rejections.sort_by_key(|rejection| std::cmp::Reverse(rejection.index));
-        rejections.dedup_by_key(|rejection| rejection.index);
-        let Some(first) = rejections.last() else {
-            return Err(Ended::Stopped(
-                StopReason::Fatal,
-                format!("the sink rejected messages of {topic} without naming any in the batch"),
+        warn!(connector_key = %pipeline.key, partition_id = message.partition_id, offset = message.offset, %reason, "message rejected by the backend");
+        if pipeline.on_error == OnError::Dlq {
+            let origin = dead_letter::Origin {
+                stream: &topic.stream,
+                topic: &topic.topic,
+                partition_id: message.partition_id,
+                offset: message.offset,
+            };
+            let payload = message.payload.to_bytes();
+            dead.push(dead_letter::message(
+                &pipeline.key,
+                "write",
+                reason,
+                Some(message.id),
+                message.headers,
+                payload,
+                Some(origin),
             ));
-        };
-        if pipeline.on_error == OnError::Stop {
-            let message = &messages[first.index];
-            return Err(Ended::Stopped(
-                StopReason::Rejected,
-                format!(
-                    "{} message(s) of {topic} rejected, first at partition {} offset {}: {} (on_error = \"stop\")",
-                    rejections.len(),
-                    message.partition_id,
-                    message.offset,
-                    first.reason
-                ),
-            ));
+        } else {
+            pipeline.metrics.skipped.add(1);
         }
-        for rejection in rejections {
-            let message = messages.remove(rejection.index);
-            warn!(connector_key = %pipeline.key, partition_id = message.partition_id, offset = message.offset, reason = %rejection.reason, "message rejected by the backend");
-            if pipeline.on_error == OnError::Dlq {
-                let origin = dead_letter::Origin {
-                    stream: &topic.stream,
-                    topic: &topic.topic,
-                    partition_id: message.partition_id,
-                    offset: message.offset,
-                };
-                let payload = message.payload.to_bytes();
-                dead.push(dead_letter::message(
-                    &pipeline.key,
-                    "write",
-                    &rejection.reason,
-                    Some(message.id),
-                    message.headers,
-                    payload,
-                    Some(origin),
-                ));
-            } else {
-                pipeline.metrics.skipped.add(1);
-            }
-        }
-        Ok(())
+    }
+
+    /// The stop for rejected messages under `on_error = "stop"`.
+    fn rejected_stop(
+        &self,
+        topic: &TopicRef,
+        count: usize,
+        first: &SinkMessage,
+        reason: &str,
+    ) -> Ended {
+        Ended::Stopped(
+            StopReason::Rejected,
+            format!(
+                "{count} message(s) of {topic} rejected, first at partition {} offset {}: {reason} (on_error = \"stop\")",
+                first.partition_id, first.offset,
+            ),
+        )
     }
 
     /// Sends the batch's dead letters, retrying until they are stored: the batch's

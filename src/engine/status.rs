@@ -78,6 +78,9 @@ pub struct StatusSnapshot {
     pub last_error: Option<LastError>,
     /// When the connector entered its current status, microseconds since the epoch.
     pub since: u64,
+    /// Failed attempts to open the connector since it last started (or lost
+    /// its connection); 0 once it runs.
+    pub open_attempts: u32,
 }
 
 /// The live status of one connector, shared by its pipeline and the API.
@@ -99,6 +102,7 @@ impl StatusCell {
                 stop_reason: None,
                 last_error: None,
                 since: now_micros(),
+                open_attempts: 0,
             }),
         }
     }
@@ -152,6 +156,18 @@ impl StatusCell {
         self.apply(&mut inner, status, Some(reason));
     }
 
+    /// An attempt to open the connector failed and is retried: the status
+    /// stays (or becomes) `starting`, with the error and the count.
+    pub fn record_open_failure(&self, attempts: u32, message: impl Into<String>) {
+        let mut inner = self.lock();
+        inner.last_error = Some(LastError {
+            message: message.into(),
+            timestamp: now_micros(),
+        });
+        inner.open_attempts = attempts;
+        self.apply(&mut inner, Status::Starting, None);
+    }
+
     /// Records an error the connector keeps running through (a retried send, a
     /// transient write failure).
     pub fn record_error(&self, message: impl Into<String>) {
@@ -165,6 +181,7 @@ impl StatusCell {
         let mut inner = self.lock();
         if clear_error {
             inner.last_error = None;
+            inner.open_attempts = 0;
         }
         self.apply(&mut inner, status, reason);
     }
@@ -185,6 +202,9 @@ impl StatusCell {
         }
         if inner.status != status {
             inner.since = now_micros();
+        }
+        if status != Status::Starting {
+            inner.open_attempts = 0;
         }
         inner.status = status;
         inner.stop_reason = reason;
@@ -221,6 +241,23 @@ mod tests {
         assert_eq!(snapshot.status, Status::Stopped);
         assert_eq!(snapshot.stop_reason, Some(StopReason::Completed));
         assert!(snapshot.last_error.is_none());
+    }
+
+    #[test]
+    fn given_failed_opens_when_recorded_should_be_starting_with_the_count_until_running() {
+        let cell = StatusCell::new(ConnectorKind::Sink);
+        cell.set_starting();
+        cell.record_open_failure(1, "open failed: refused");
+        cell.record_open_failure(2, "open failed: refused again");
+        let snapshot = cell.snapshot();
+        assert_eq!(snapshot.status, Status::Starting);
+        assert_eq!(snapshot.open_attempts, 2);
+        assert_eq!(
+            snapshot.last_error.unwrap().message,
+            "open failed: refused again"
+        );
+        cell.set_running();
+        assert_eq!(cell.snapshot().open_attempts, 0);
     }
 
     #[test]

@@ -221,7 +221,7 @@ pub async fn transient_error_retried(subject: &SinkSubject, backend: &dyn SinkBa
     backend.heal().await;
     let outcome = async {
         match failed {
-            Err(SinkError::Transient(_)) => {}
+            Err(SinkError::Transient { .. }) => {}
             Ok(()) => return Err("write returned Ok while the backend was down".into()),
             Err(error) => return Err(format!("expected a transient error, got {error}")),
         }

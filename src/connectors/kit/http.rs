@@ -1,7 +1,9 @@
 //! HTTP plumbing for connectors that call an HTTP API: one client builder
 //! (rustls, timeouts, a CA file, accept-invalid-certs, a proxy, basic / bearer /
-//! header auth, gzip request bodies), `Retry-After` parsing and the
-//! transient/permanent classification of statuses.
+//! header auth, gzip request bodies), `Retry-After` parsing, the
+//! transient/permanent classification of statuses, and [`exchange`]: one
+//! request sent and its answer read, the part of every HTTP-speaking
+//! connector that is not about its backend.
 
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
@@ -14,6 +16,7 @@ use reqwest::header::{
 };
 use secrecy::{ExposeSecret, SecretString};
 
+use super::failure::Failure;
 use super::gzip;
 use crate::connectors::PluginConfigError;
 
@@ -50,6 +53,89 @@ pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
             .unwrap_or(Duration::ZERO),
     };
     Some(wait.min(MAX_RETRY_AFTER))
+}
+
+/// How much of an answer's body goes into a failure's reason.
+const REASON_BODY_CHARS: usize = 512;
+
+/// A backend's answer to one request: its status, the wait it asked for and
+/// its body, read up to a limit so the connection goes back to the pool.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: u16,
+    pub retry_after: Option<Duration>,
+    pub body: Bytes,
+}
+
+/// Sends `request` and reads its answer, up to `body_limit` bytes of body.
+/// No answer at all (refused, reset, a name that does not resolve, a
+/// timeout) is a transient [`Failure`] naming `target` (the URL without
+/// credentials) and the cause.
+pub async fn exchange(
+    request: reqwest::RequestBuilder,
+    target: &str,
+    body_limit: usize,
+) -> Result<Answer, Failure> {
+    let response = request
+        .send()
+        .await
+        .map_err(|error| no_answer(target, error))?;
+    let status = response.status().as_u16();
+    let retry_after = retry_after(response.headers(), SystemTime::now());
+    let body = read_bytes(response, body_limit).await;
+    Ok(Answer {
+        status,
+        retry_after,
+        body,
+    })
+}
+
+/// A request that got no answer, as a transient failure naming its cause.
+pub fn no_answer(target: &str, error: reqwest::Error) -> Failure {
+    let error = error.without_url();
+    let reason = if error.is_timeout() {
+        format!("request to {target} timed out")
+    } else {
+        format!("request to {target} failed: {}", error_chain(&error))
+    };
+    Failure::transient(reason)
+}
+
+impl Answer {
+    pub fn is_success(&self) -> bool {
+        (200..300).contains(&self.status)
+    }
+
+    pub fn text(&self) -> std::borrow::Cow<'_, str> {
+        String::from_utf8_lossy(&self.body)
+    }
+
+    /// `"{target} answered {status}: {body}"`, the body cut short.
+    pub fn reason(&self, target: &str) -> String {
+        let text = self.text();
+        let text = text.trim();
+        if text.is_empty() {
+            return format!("{target} answered {}", self.status);
+        }
+        let cut: String = text.chars().take(REASON_BODY_CHARS).collect();
+        let more = if cut.len() < text.len() { "..." } else { "" };
+        format!("{target} answered {}: {cut}{more}", self.status)
+    }
+
+    /// The usual reading of an answer that is not a success: 408, 429 and
+    /// 5xx are transient (after the `Retry-After` asked for), anything else
+    /// refuses the request. Connectors whose backend says more (per-item
+    /// results, its own codes) read the body themselves first.
+    pub fn failure(&self, target: &str) -> Failure {
+        let reason = self.reason(target);
+        match classify(self.status) {
+            StatusClass::Transient => Failure::Transient {
+                reason,
+                retry_after: self.retry_after,
+            },
+            StatusClass::Permanent => Failure::Refused(reason),
+        }
+    }
 }
 
 /// A service's base URL from a connector's `url` field: http or https, query
@@ -278,7 +364,13 @@ fn read_ca_file(path: &PathBuf) -> Result<Vec<reqwest::Certificate>, ClientError
 
 /// Up to `limit` bytes of a response body as text (lossy UTF-8), reading
 /// the rest of a short body so the connection goes back to the pool.
-pub async fn read_text(mut response: reqwest::Response, limit: usize) -> String {
+pub async fn read_text(response: reqwest::Response, limit: usize) -> String {
+    String::from_utf8_lossy(&read_bytes(response, limit).await).into_owned()
+}
+
+/// Up to `limit` bytes of a response body, reading the rest of a short
+/// body so the connection goes back to the pool.
+pub async fn read_bytes(mut response: reqwest::Response, limit: usize) -> Bytes {
     let mut body = Vec::new();
     while body.len() < limit {
         match response.chunk().await {
@@ -286,7 +378,7 @@ pub async fn read_text(mut response: reqwest::Response, limit: usize) -> String 
             Ok(None) | Err(_) => break,
         }
     }
-    String::from_utf8_lossy(&body).into_owned()
+    Bytes::from(body)
 }
 
 /// An error with its causes ("connection refused" hides under "error sending request").

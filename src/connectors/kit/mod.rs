@@ -2,6 +2,8 @@
 //!
 //! - [`backoff`]: capped exponential backoff with jitter (the engine's too);
 //! - [`breaker`]: a circuit breaker for an endpoint that keeps failing;
+//! - [`failure`]: one request's failure, classified (transient with an
+//!   optional wait, refused, fatal), and the engine errors it becomes;
 //! - [`batch`]: one request body from many encoded items, split by count and bytes;
 //! - `row_id` (with the SQL sources): deterministic ids of database rows, snake_case columns;
 //! - `sql` (with the SQL connectors): the open-time check, pool timeouts explained
@@ -19,13 +21,15 @@
 //!   a table's schema with the misfits rejected by index;
 //! - [`size`]: sizes in config files (`"8MiB"`), for the file-writing sinks;
 //! - `http` (with any HTTP-based connector): the HTTP client builder (TLS,
-//!   timeouts, proxy, auth, gzip), `Retry-After` parsing and status classification.
+//!   timeouts, proxy, auth, gzip), `Retry-After` parsing, status classification
+//!   and `exchange`, one request sent and its answer read.
 
 pub mod backoff;
 pub mod batch;
 pub mod breaker;
 #[cfg(any(feature = "postgres-source", feature = "mysql-source"))]
 pub mod cdc;
+pub mod failure;
 #[cfg(feature = "kit-http")]
 pub mod gzip;
 #[cfg(feature = "kit-http")]

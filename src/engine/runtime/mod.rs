@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use crate::config::ConnectorConfig;
+use crate::config::runtime::EngineConfig;
 use crate::connectors::{ConnectorKind, Degraded};
 use crate::engine::backoff::Backoff;
 use crate::engine::metrics::ConnectorMetrics;
@@ -51,6 +52,11 @@ pub struct RuntimeOptions {
     pub source_backoff: Backoff,
     /// Retry pacing of sink writes, sink polls and bus setup.
     pub sink_backoff: Backoff,
+    /// The longest `Retry-After` honoured (`[engine] max_retry_after`).
+    pub max_retry_after: Duration,
+    /// Failed opens before a connector stops with `start_failed`; `None`
+    /// retries until it is stopped (`[engine] max_open_attempts`).
+    pub max_open_attempts: Option<u32>,
     /// Builds connectors from their config; the registry unless a test says otherwise.
     pub factory: Arc<dyn ConnectorFactory>,
 }
@@ -61,6 +67,8 @@ impl Default for RuntimeOptions {
             shutdown_timeout: Duration::from_secs(10),
             source_backoff: Backoff::SOURCE,
             sink_backoff: Backoff::SINK,
+            max_retry_after: Duration::from_secs(600),
+            max_open_attempts: None,
             factory: Arc::new(RegistryFactory),
         }
     }
@@ -85,6 +93,24 @@ impl Runtime {
             state,
             RuntimeOptions {
                 shutdown_timeout,
+                ..RuntimeOptions::default()
+            },
+        )
+    }
+
+    /// A runtime with the runtime file's `[engine]` settings.
+    pub fn configured(
+        bus: Arc<dyn Bus>,
+        state: Arc<dyn StateStore>,
+        engine: &EngineConfig,
+    ) -> Arc<Self> {
+        Self::with_options(
+            bus,
+            state,
+            RuntimeOptions {
+                shutdown_timeout: engine.shutdown_timeout,
+                max_retry_after: engine.max_retry_after,
+                max_open_attempts: engine.max_open_attempts,
                 ..RuntimeOptions::default()
             },
         )

@@ -7,12 +7,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::warn;
+use async_trait::async_trait;
+use tracing::{info, warn};
 
-use super::Runtime;
 use super::slot::Slot;
+use super::{Runtime, RuntimeOptions};
 use crate::config::{ConnectorConfig, KindConfig};
-use crate::connectors::{BuildError, ConnectorKind};
+use crate::connectors::{BuildError, ConnectorError, ConnectorKind, RetrySettings, Sink, Source};
+use crate::engine::backoff::Backoff;
 use crate::engine::retry::{Attempt, Until, retry};
 use crate::engine::sink::{SinkContext, SinkPipeline, TopicReader};
 use crate::engine::source::{Route, SourcePipeline};
@@ -104,15 +106,6 @@ impl Runtime {
         let KindConfig::Source { streams, .. } = &config.kind_config else {
             return Err(SetupError::WrongKind(ConnectorKind::Source));
         };
-        let mut source =
-            self.options
-                .factory
-                .source(config)
-                .map_err(|error| SetupError::Build {
-                    file: config.origin(),
-                    error,
-                })?;
-        source.attach(slot.context());
         let transforms = build_transforms(config)?;
         let stored = self.state.load(&config.key).await?;
         if let Some(stored) = &stored
@@ -124,18 +117,28 @@ impl Runtime {
                 expected: config.connector.clone(),
             });
         }
-        let opened =
-            catch_panic(source.open(stored.as_ref().map(|stored| stored.data.as_slice()))).await;
-        let open_error = match opened {
-            Ok(Ok(())) => None,
-            Ok(Err(error)) => Some(error.to_string()),
-            Err(panic) => Some(panic),
+        let restoring_from = stored.as_ref().map(|_| self.state.location(&config.key));
+        let state = stored.as_ref().map(|stored| stored.data.as_slice());
+        let build = || {
+            let mut source =
+                self.options
+                    .factory
+                    .source(config)
+                    .map_err(|error| SetupError::Build {
+                        file: config.origin(),
+                        error,
+                    })?;
+            source.attach(slot.context());
+            Ok(SourceOpening { source, state })
         };
-        if let Some(reason) = open_error {
-            let restoring_from = stored.as_ref().map(|_| self.state.location(&config.key));
-            return Err(open_failed(restoring_from, reason));
-        }
+        let mut source = self
+            .open(slot, shutdown, restoring_from, build)
+            .await?
+            .source;
         let policy = config.batch_policy(source.batch_policy());
+        let backoff = source
+            .retry()
+            .map_or(self.options.source_backoff, |retry| retry.backoff);
         let max_in_flight = config.max_in_flight(source.max_in_flight());
         let producers = async {
             let mut routes = Vec::with_capacity(streams.len());
@@ -187,7 +190,7 @@ impl Runtime {
             status: slot.status.clone(),
             metrics: slot.metrics.clone(),
             shutdown: shutdown.clone(),
-            backoff: self.options.source_backoff,
+            backoff,
             max_in_flight,
             verbose: config.verbose,
             benchmark: config.benchmark,
@@ -203,21 +206,21 @@ impl Runtime {
         let KindConfig::Sink { streams, on_error } = &config.kind_config else {
             return Err(SetupError::WrongKind(ConnectorKind::Sink));
         };
-        let mut sink = self
-            .options
-            .factory
-            .sink(config)
-            .map_err(|error| SetupError::Build {
-                file: config.origin(),
-                error,
-            })?;
-        sink.attach(slot.context());
         let transforms = build_transforms(config)?;
-        match catch_panic(sink.open()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => return Err(open_failed(None, error.to_string())),
-            Err(panic) => return Err(open_failed(None, panic)),
-        }
+        let build = || {
+            let mut sink =
+                self.options
+                    .factory
+                    .sink(config)
+                    .map_err(|error| SetupError::Build {
+                        file: config.origin(),
+                        error,
+                    })?;
+            sink.attach(slot.context());
+            Ok(sink)
+        };
+        let mut sink = self.open(slot, shutdown, None, build).await?;
+        let retry = sink.retry();
         let consumers = async {
             let mut readers = Vec::new();
             for stream in streams {
@@ -266,11 +269,67 @@ impl Runtime {
                 transforms,
                 status: slot.status.clone(),
                 metrics: slot.metrics.clone(),
-                backoff: self.options.sink_backoff,
+                backoff: retry.map_or(self.options.sink_backoff, |retry| retry.backoff),
+                max_retry_after: self.options.max_retry_after,
+                degraded: slot.degraded.clone(),
+                degraded_after: retry.and_then(|retry| retry.degraded_after),
                 verbose: config.verbose,
                 benchmark: config.benchmark,
             },
         })
+    }
+
+    /// Builds a fresh instance with `build` and opens it, until it opens or
+    /// fails for good (rule 5 of docs/ARCHITECTURE.md): a transient failure
+    /// (the backend is down or starting) is retried with the connector's
+    /// backoff while the status says `starting` with the error and the
+    /// count; a fatal one, a panic, or `[engine] max_open_attempts` failures
+    /// end with [`SetupError::Open`].
+    async fn open<C: Opening>(
+        &self,
+        slot: &Slot,
+        shutdown: &Shutdown,
+        restoring_from: Option<String>,
+        build: impl Fn() -> Result<C, SetupError>,
+    ) -> Result<C, SetupError> {
+        let mut attempts = 0;
+        loop {
+            let mut connector = build()?;
+            let error = match catch_panic(connector.open()).await {
+                Ok(Ok(())) => {
+                    if attempts > 0 {
+                        info!(connector_key = %slot.key, attempts, "opened after failed attempts");
+                    }
+                    return Ok(connector);
+                }
+                Ok(Err(error)) if error.is_transient() => error,
+                Ok(Err(error)) => return Err(open_failed(restoring_from, error.to_string())),
+                Err(panic) => return Err(open_failed(restoring_from, panic)),
+            };
+            let _ = catch_panic(connector.close()).await;
+            attempts += 1;
+            if self
+                .options
+                .max_open_attempts
+                .is_some_and(|limit| attempts >= limit)
+            {
+                let reason = format!(
+                    "{error} (gave up after {attempts} attempts: [engine] max_open_attempts)"
+                );
+                return Err(open_failed(restoring_from, reason));
+            }
+            let backoff = connector
+                .retry()
+                .map_or(slot_backoff(slot, &self.options), |retry| retry.backoff);
+            let delay = backoff.delay(attempts);
+            let message = format!("open failed: {error}");
+            warn!(connector_key = %slot.key, attempt = attempts, retry_in_ms = delay.as_millis() as u64, %message, "retrying open");
+            slot.status.record_open_failure(attempts, message);
+            slot.metrics.open_retries.add(1);
+            if !shutdown.pause(delay).await {
+                return Err(SetupError::Shutdown);
+            }
+        }
     }
 
     async fn dead_letter_producer(
@@ -331,6 +390,58 @@ impl Runtime {
         )
         .await
         .map_err(|gave_up| gave_up.or(|| SetupError::Shutdown))
+    }
+}
+
+/// A connector being opened, retried by [`Runtime::open`].
+#[async_trait]
+trait Opening: Send {
+    async fn open(&mut self) -> Result<(), ConnectorError>;
+    async fn close(&mut self) -> Result<(), ConnectorError>;
+    fn retry(&self) -> Option<RetrySettings>;
+}
+
+/// A source with the state it opens from (the same on every attempt).
+struct SourceOpening<'a> {
+    source: Box<dyn Source>,
+    state: Option<&'a [u8]>,
+}
+
+#[async_trait]
+impl Opening for SourceOpening<'_> {
+    async fn open(&mut self) -> Result<(), ConnectorError> {
+        self.source.open(self.state).await
+    }
+
+    async fn close(&mut self) -> Result<(), ConnectorError> {
+        self.source.close().await
+    }
+
+    fn retry(&self) -> Option<RetrySettings> {
+        self.source.retry()
+    }
+}
+
+#[async_trait]
+impl Opening for Box<dyn Sink> {
+    async fn open(&mut self) -> Result<(), ConnectorError> {
+        self.as_mut().open().await
+    }
+
+    async fn close(&mut self) -> Result<(), ConnectorError> {
+        self.as_mut().close().await
+    }
+
+    fn retry(&self) -> Option<RetrySettings> {
+        self.as_ref().retry()
+    }
+}
+
+/// The engine's default backoff for a connector of the slot's kind.
+fn slot_backoff(slot: &Slot, options: &RuntimeOptions) -> Backoff {
+    match slot.kind {
+        ConnectorKind::Source => options.source_backoff,
+        ConnectorKind::Sink => options.sink_backoff,
     }
 }
 

@@ -3,7 +3,7 @@
 //! of it.
 
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -15,6 +15,7 @@ use crate::config::{ConnectorConfig, KindConfig};
 use crate::connectors::{ConnectorContext, ConnectorKind, Degraded};
 use crate::engine::Shutdown;
 use crate::engine::metrics::ConnectorMetrics;
+use crate::engine::source::Ended;
 use crate::engine::status::{StatusCell, StatusSnapshot, StopReason};
 use crate::message::TopicRef;
 
@@ -101,22 +102,40 @@ impl Runtime {
         }
     }
 
-    /// Builds the connector's pipeline and runs it until it ends.
+    /// Builds the connector's pipeline and runs it until it ends. A pipeline
+    /// whose connection was lost is built again (rule 5): the connector is
+    /// closed, and after a backoff a fresh one opens from committed state
+    /// (the saved source state, the group's committed offsets).
     pub(super) async fn run_once(&self, slot: &Slot, shutdown: &Shutdown) {
-        let config = slot.config();
-        let prepared = self.prepare(slot, &config, shutdown).await;
-        match prepared {
-            Ok(Prepared::Source(pipeline)) => {
-                pipeline.run().await;
-            }
-            Ok(Prepared::Sink(pipeline)) => {
-                pipeline.run().await;
-            }
-            Err(SetupError::Shutdown) => slot.status.set_stopped(),
-            Err(error) => {
-                let message = error.to_string();
-                error!(connector_key = %slot.key, connector_type = %slot.kind, %message, "connector failed to start");
-                slot.status.set_stopped_by(StopReason::StartFailed, message);
+        let mut lost = 0;
+        loop {
+            let config = slot.config();
+            let started = Instant::now();
+            let ended = match self.prepare(slot, &config, shutdown).await {
+                Ok(Prepared::Source(pipeline)) => pipeline.run().await,
+                Ok(Prepared::Sink(pipeline)) => pipeline.run().await,
+                Err(SetupError::Shutdown) => return slot.status.set_stopped(),
+                Err(error) => {
+                    let message = error.to_string();
+                    error!(connector_key = %slot.key, connector_type = %slot.kind, %message, "connector failed to start");
+                    return slot.status.set_stopped_by(StopReason::StartFailed, message);
+                }
+            };
+            let Ended::Disconnected(message) = ended else {
+                return;
+            };
+            // A connection that held for a while starts the backoff over.
+            lost = if started.elapsed() > self.options.sink_backoff.max {
+                1
+            } else {
+                lost + 1
+            };
+            let delay = self.options.sink_backoff.delay(lost);
+            warn!(connector_key = %slot.key, retry_in_ms = delay.as_millis() as u64, %message, "connection lost; opening the connector again");
+            slot.metrics.reopens.add(1);
+            slot.status.record_open_failure(0, message);
+            if !shutdown.pause(delay).await {
+                return slot.status.set_stopped();
             }
         }
     }

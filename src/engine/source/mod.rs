@@ -71,6 +71,9 @@ pub enum Ended {
     Shutdown,
     /// The pipeline stopped on its own.
     Stopped(StopReason, String),
+    /// The connector's connection is gone: the runtime closes it and opens a
+    /// fresh instance with backoff, resuming from committed state.
+    Disconnected(String),
 }
 
 /// Where the time of one delivered batch went, for the benchmark event and
@@ -143,6 +146,8 @@ impl SourcePipeline {
                 info!(connector_key = %self.key, "source stopped");
                 self.status.set_stopped();
             }
+            // The runtime reopens it and reports the status meanwhile.
+            Ended::Disconnected(_) => {}
             Ended::Stopped(reason, message) => {
                 if reason.is_failure() {
                     error!(connector_key = %self.key, stop_reason = %reason, %message, "source stopped");
@@ -623,6 +628,9 @@ fn call_attempt<T>(
 ) -> Attempt<T, ConnectorError, Ended> {
     match called {
         Ok(Ok(value)) => Attempt::Done(value),
+        Ok(Err(ConnectorError::Disconnected(error))) => {
+            Attempt::Stop(Ended::Disconnected(format!("{what} failed: {error}")))
+        }
         Ok(Err(error)) if error.is_transient() => Attempt::Failed(error),
         Ok(Err(error)) => Attempt::Stop(Ended::Stopped(
             StopReason::Fatal,

@@ -253,7 +253,7 @@ impl DeltaSink {
 
     fn open_error(&self, error: DeltaTableError) -> ConnectorError {
         match classify(&self.checked.url, error) {
-            SinkError::Transient(error) => ConnectorError::transient(error.to_string()),
+            SinkError::Transient { error, .. } => ConnectorError::transient(error.to_string()),
             other => ConnectorError::fatal(other.to_string()),
         }
     }

@@ -262,7 +262,7 @@ pub fn check_table(table: &Table, name: &str, checked: &Checked) -> Result<(), C
 
 fn open_error(field: &str, what: &str, error: Error) -> ConnectorError {
     match classify(what, error) {
-        SinkError::Transient(error) => ConnectorError::transient(error.to_string()),
+        SinkError::Transient { error, .. } => ConnectorError::transient(error.to_string()),
         SinkError::Fatal(error) => {
             let message = error.to_string();
             // Name the field to fix, unless the message does already.
@@ -272,7 +272,9 @@ fn open_error(field: &str, what: &str, error: Error) -> ConnectorError {
                 ConnectorError::fatal(format!("{field}: {message}"))
             }
         }
-        SinkError::Rejected(_) => ConnectorError::fatal(format!("{field}: {what}")),
+        SinkError::Rejected(_) | SinkError::Partial(_) | SinkError::Disconnected(_) => {
+            ConnectorError::fatal(format!("{field}: {what}"))
+        }
     }
 }
 
