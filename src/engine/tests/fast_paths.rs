@@ -102,6 +102,7 @@ async fn given_a_file_store_and_refused_sends_when_retried_should_save_the_state
             source_backoff: FAST,
             sink_backoff: FAST,
             factory: factory.clone(),
+            ..RuntimeOptions::default()
         },
     );
     bus.refuse_sends(u32::MAX);

@@ -5,6 +5,7 @@ mod deferred;
 mod fast_paths;
 mod pipelined;
 mod prefetch;
+mod retries;
 mod scripted;
 #[path = "../../../tests/support/wait.rs"]
 #[allow(dead_code)]
@@ -60,19 +61,34 @@ impl Harness {
         source_backoff: Backoff,
         store: impl FnOnce(&MemoryBus, Arc<MemoryStateStore>) -> Arc<dyn StateStore>,
     ) -> Self {
+        Self::with_runtime(
+            |options| {
+                options.shutdown_timeout = shutdown_timeout;
+                options.source_backoff = source_backoff;
+            },
+            store,
+        )
+    }
+
+    /// A harness whose runtime options `configure` adjusts (from quick
+    /// backoffs and a 5 s shutdown timeout).
+    fn with_runtime(
+        configure: impl FnOnce(&mut RuntimeOptions),
+        store: impl FnOnce(&MemoryBus, Arc<MemoryStateStore>) -> Arc<dyn StateStore>,
+    ) -> Self {
         let bus = MemoryBus::new();
         let state = Arc::new(MemoryStateStore::new());
         let factory = Arc::new(ScriptedFactory::default());
-        let runtime = Runtime::with_options(
-            Arc::new(bus.clone()),
-            store(&bus, state.clone()),
-            RuntimeOptions {
-                shutdown_timeout,
-                source_backoff,
-                sink_backoff: FAST,
-                factory: factory.clone(),
-            },
-        );
+        let mut options = RuntimeOptions {
+            shutdown_timeout: Duration::from_secs(5),
+            source_backoff: FAST,
+            sink_backoff: FAST,
+            factory: factory.clone(),
+            ..RuntimeOptions::default()
+        };
+        configure(&mut options);
+        let runtime =
+            Runtime::with_options(Arc::new(bus.clone()), store(&bus, state.clone()), options);
         Self {
             bus,
             state,

@@ -31,6 +31,8 @@ pub enum Step {
     },
     Panic,
     Fail(bool),
+    /// `poll` says the source's connection is gone.
+    Disconnect,
 }
 
 impl Step {
@@ -55,6 +57,10 @@ pub struct SourceLog {
     pub commits: AtomicUsize,
     pub closes: AtomicUsize,
     pub opened_with: Mutex<Option<Option<Vec<u8>>>>,
+    /// The state of every `open` call, failed ones included, in order.
+    pub opens: Mutex<Vec<Option<Vec<u8>>>>,
+    /// The next n opens fail transiently.
+    pub open_failures: AtomicU32,
     /// Called at every commit; what it returns is kept in `at_commit`.
     pub probe: Mutex<Option<Box<dyn Fn() -> String + Send>>>,
     pub at_commit: Mutex<Vec<String>>,
@@ -79,14 +85,18 @@ pub struct ScriptedSource {
 impl ScriptedSource {
     pub fn new(steps: Vec<Step>, policy: BatchPolicy) -> (Self, Arc<SourceLog>) {
         let log = Arc::new(SourceLog::default());
-        let source = Self {
+        (Self::with_log(steps, policy, log.clone()), log)
+    }
+
+    /// A fresh instance reporting to an existing log (a reopened source).
+    pub fn with_log(steps: Vec<Step>, policy: BatchPolicy, log: Arc<SourceLog>) -> Self {
+        Self {
             steps: Mutex::new(steps.into()),
             in_flight: Mutex::new(VecDeque::new()),
             max_in_flight: 1,
             policy,
-            log: log.clone(),
-        };
-        (source, log)
+            log,
+        }
     }
 
     /// A source that can have `count` batches in flight and rewinds.
@@ -99,7 +109,12 @@ impl ScriptedSource {
 #[async_trait]
 impl Source for ScriptedSource {
     async fn open(&mut self, state: Option<&[u8]>) -> Result<(), ConnectorError> {
-        *self.log.opened_with.lock().unwrap() = Some(state.map(<[u8]>::to_vec));
+        let state = state.map(<[u8]>::to_vec);
+        self.log.opens.lock().unwrap().push(state.clone());
+        if countdown(&self.log.open_failures) {
+            return Err(ConnectorError::transient("scripted: backend unreachable"));
+        }
+        *self.log.opened_with.lock().unwrap() = Some(state);
         Ok(())
     }
 
@@ -125,6 +140,9 @@ impl Source for ScriptedSource {
                 Err(ConnectorError::transient("scripted poll failure"))
             }
             Some(Step::Fail(_)) => Err(ConnectorError::fatal("scripted fatal failure")),
+            Some(Step::Disconnect) => {
+                Err(ConnectorError::disconnected("scripted: connection reset"))
+            }
             None => std::future::pending().await,
         }
     }
@@ -203,6 +221,37 @@ pub struct SinkControl {
     pub flush_failures: AtomicU32,
     /// Every flush takes this long.
     pub flush_delay: Mutex<Duration>,
+    /// Instances opened (failed opens included) and closed.
+    pub opens: AtomicUsize,
+    pub closes: AtomicUsize,
+    /// While set, `open` fails transiently (the backend is down).
+    pub down_at_open: std::sync::atomic::AtomicBool,
+    /// The next `open` fails for good.
+    pub open_fatal: std::sync::atomic::AtomicBool,
+    /// The next n writes say the connection is gone.
+    pub disconnects: AtomicU32,
+    /// Answers for the next writes, in order, before any other script: each
+    /// gets the batch and what the sink holds, and says what the write did.
+    pub answers: Mutex<VecDeque<Answer>>,
+    /// When each write started (tokio's clock: a paused one in some tests).
+    pub write_times: Mutex<Vec<tokio::time::Instant>>,
+    /// The messages of each write, by number.
+    pub batches: Mutex<Vec<Vec<u64>>>,
+    /// What `Sink::retry` answers.
+    pub retry: Mutex<Option<crate::connectors::RetrySettings>>,
+}
+
+/// A scripted answer to one write.
+pub type Answer =
+    Box<dyn FnOnce(&[SinkMessage], &mut Vec<SinkMessage>) -> Result<(), SinkError> + Send>;
+
+/// Takes one from `counter` if it is above 0; whether it did.
+fn countdown(counter: &AtomicU32) -> bool {
+    counter
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+            left.checked_sub(1)
+        })
+        .is_ok()
 }
 
 /// How a scripted sink defers acknowledgement.
@@ -238,7 +287,19 @@ pub struct ControlledSink(pub Arc<SinkControl>);
 #[async_trait]
 impl Sink for ControlledSink {
     async fn open(&mut self) -> Result<(), ConnectorError> {
+        let control = &self.0;
+        control.opens.fetch_add(1, Ordering::SeqCst);
+        if control.open_fatal.swap(false, Ordering::SeqCst) {
+            return Err(ConnectorError::fatal("scripted: credentials refused"));
+        }
+        if control.down_at_open.load(Ordering::SeqCst) {
+            return Err(ConnectorError::transient("scripted: connection refused"));
+        }
         Ok(())
+    }
+
+    fn retry(&self) -> Option<crate::connectors::RetrySettings> {
+        *self.0.retry.lock().unwrap()
     }
 
     fn accepts_json_bytes(&self) -> bool {
@@ -315,6 +376,7 @@ impl Sink for ControlledSink {
     }
 
     async fn close(&mut self) -> Result<(), ConnectorError> {
+        self.0.closes.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
 }
@@ -327,6 +389,19 @@ impl ControlledSink {
     ) -> Result<(), SinkError> {
         let control = &self.0;
         control.writes.fetch_add(1, Ordering::SeqCst);
+        control
+            .write_times
+            .lock()
+            .unwrap()
+            .push(tokio::time::Instant::now());
+        control.batches.lock().unwrap().push(numbers(messages));
+        let answer = control.answers.lock().unwrap().pop_front();
+        if let Some(answer) = answer {
+            return answer(messages, &mut control.written.lock().unwrap());
+        }
+        if countdown(&control.disconnects) {
+            return Err(SinkError::disconnected("scripted: connection reset"));
+        }
         let failing_number = *control.failing_number.lock().unwrap();
         if let Some(number) = failing_number
             && numbers(messages).contains(&number)
