@@ -1,7 +1,13 @@
 //! The pipelines and their lifecycle. The engine knows no connector by name: it
 //! drives `Source`/`Sink` trait objects over the `Bus` and enforces the delivery
-//! contract whose numbered rules (S1-S7 for sources, K1-K6 for sinks) are in
-//! docs/ARCHITECTURE.md; the engine tests name the rule each one proves.
+//! contract whose numbered rules (S1-S7 for sources, K1-K6 for sinks, O1-O2
+//! for opening) are in docs/ARCHITECTURE.md; the engine tests name the rule
+//! each one proves (`tests/retries.rs`: O1, O2, K3's partial writes and
+//! `Retry-After`).
+//!
+//! Connectors classify, the engine acts: it retries `open` while a backend
+//! is down, reopens a connector whose connection is gone, writes again only
+//! what a sink's answer left not durable, and waits what a backend asked for.
 
 pub mod backoff;
 pub mod dead_letter;
