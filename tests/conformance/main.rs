@@ -115,6 +115,10 @@ macro_rules! sink_conformance {
             async fn transient_error_retried() {
                 run("transient_error_retried").await;
             }
+            #[tokio::test]
+            async fn open_while_down_is_retried() {
+                run("open_while_down_is_retried").await;
+            }
         }
     };
 }

@@ -50,6 +50,11 @@ pub enum SinkFlaw {
     StoresRejected,
     /// Returns `Ok` while the backend is down (without writing).
     OkWhileDown,
+    /// `open` fails for good while the backend cannot be reached.
+    FatalOpenWhileDown,
+    /// Answers a poisoned batch per message, calling durable one it did not
+    /// store.
+    ClaimsUnwrittenDurable,
 }
 
 pub fn source(flaw: SourceFlaw) -> SourceSubject {
@@ -76,6 +81,7 @@ pub fn sink(flaw: SinkFlaw) -> SinkSubject {
             move |config: &Value| -> Result<Box<dyn Sink>, PluginConfigError> {
                 Ok(Box::new(MemorySink {
                     store: Store::find(config)?,
+                    address: config["address"].as_str().unwrap_or_default().to_owned(),
                     flaw,
                 }))
             },
@@ -230,6 +236,9 @@ impl Source for MemorySource {
 #[derive(Default)]
 pub struct Store {
     id: String,
+    /// Where the store "listens": a sink configured with another port
+    /// cannot reach it.
+    port: u16,
     keys: Mutex<Vec<String>>,
     down: AtomicBool,
 }
@@ -238,6 +247,7 @@ impl Store {
     pub fn new() -> Arc<Self> {
         let store = Arc::new(Self {
             id: unique("store"),
+            port: 7,
             ..Self::default()
         });
         stores()
@@ -266,7 +276,7 @@ fn stores() -> &'static Mutex<HashMap<String, Arc<Store>>> {
 #[async_trait]
 impl SinkBackend for Arc<Store> {
     fn plugin_config(&self) -> Value {
-        json!({"store": self.id})
+        json!({"store": self.id, "address": format!("127.0.0.1:{}", self.port)})
     }
 
     fn idempotent(&self) -> bool {
@@ -292,14 +302,29 @@ impl SinkBackend for Arc<Store> {
     }
 }
 
+fn message_key(message: &SinkMessage) -> Option<String> {
+    match &message.payload {
+        Payload::Json(value) => payload_key(value),
+        _ => None,
+    }
+}
+
 struct MemorySink {
     store: Arc<Store>,
+    address: String,
     flaw: SinkFlaw,
 }
 
 #[async_trait]
 impl Sink for MemorySink {
     async fn open(&mut self) -> Result<(), ConnectorError> {
+        if self.address != format!("127.0.0.1:{}", self.store.port) {
+            let refused = format!("connecting to {}: connection refused", self.address);
+            if self.flaw == SinkFlaw::FatalOpenWhileDown {
+                return Err(ConnectorError::fatal(refused));
+            }
+            return Err(ConnectorError::transient(refused));
+        }
         Ok(())
     }
 
@@ -342,10 +367,27 @@ impl Sink for MemorySink {
             }
         }
         if rejected.is_empty() {
-            Ok(())
-        } else {
-            Err(SinkError::Rejected(rejected))
+            return Ok(());
         }
+        // The rest is stored: answer per message, as a bulk API does.
+        let refused: Vec<usize> = rejected.iter().map(|rejection| rejection.index).collect();
+        let mut durable: Vec<usize> = (0..messages.len())
+            .filter(|index| !refused.contains(index))
+            .collect();
+        if self.flaw == SinkFlaw::ClaimsUnwrittenDurable
+            && let Some(first) = durable.first().copied()
+        {
+            keys.retain(|key| Some(key) != message_key(&messages[first]).as_ref());
+        }
+        if self.flaw == SinkFlaw::RejectsOutOfRange || self.flaw == SinkFlaw::StoresRejected {
+            durable.clear();
+            return Err(SinkError::Rejected(rejected));
+        }
+        Err(SinkError::partial(
+            durable,
+            rejected,
+            SinkError::transient("nothing left"),
+        ))
     }
 
     async fn close(&mut self) -> Result<(), ConnectorError> {

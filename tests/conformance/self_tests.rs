@@ -110,3 +110,15 @@ fails!(
     "transient_error_retried",
     SinkFlaw::OkWhileDown
 );
+fails!(
+    open_while_down_is_retried_fails_on_a_sink_whose_open_is_fatal_while_down,
+    sink_check,
+    "open_while_down_is_retried",
+    SinkFlaw::FatalOpenWhileDown
+);
+fails!(
+    rejections_in_range_fails_on_a_sink_claiming_durable_what_it_did_not_store,
+    sink_check,
+    "rejections_in_range",
+    SinkFlaw::ClaimsUnwrittenDurable
+);

@@ -69,11 +69,12 @@ impl SinkSubject {
 }
 
 /// Every sink check, by name.
-pub const CHECKS: [&str; 4] = [
+pub const CHECKS: [&str; 5] = [
     "ok_means_durable",
     "replayed_batch_not_duplicated",
     "rejections_in_range",
     "transient_error_retried",
+    "open_while_down_is_retried",
 ];
 
 /// Runs the sink check named `check`.
@@ -83,6 +84,7 @@ pub async fn run(check: &str, subject: &SinkSubject, backend: &dyn SinkBackend) 
         "replayed_batch_not_duplicated" => replayed_batch_not_duplicated(subject, backend).await,
         "rejections_in_range" => rejections_in_range(subject, backend).await,
         "transient_error_retried" => transient_error_retried(subject, backend).await,
+        "open_while_down_is_retried" => open_while_down_is_retried(subject, backend).await,
         other => Err(format!("no sink check {other}")),
     }
 }
@@ -142,7 +144,7 @@ pub async fn rejections_in_range(subject: &SinkSubject, backend: &dyn SinkBacken
             poisoned.push(key_of(&batch[index]));
         }
     }
-    let outcome = write_rejecting(sink.as_ref(), batch.clone()).await;
+    let outcome = write_rejecting(sink.as_ref(), backend, batch.clone()).await;
     close(sink.as_mut()).await?;
     let rejected = outcome?;
     let mut named: Vec<&String> = rejected.iter().collect();
@@ -165,39 +167,58 @@ pub async fn rejections_in_range(subject: &SinkSubject, backend: &dyn SinkBacken
     Ok(())
 }
 
-/// Writes `batch`, dropping what each attempt rejects and writing the rest
-/// again; returns the keys of the rejected messages.
+/// Writes `batch` as the engine does: what an answer says is durable or
+/// rejected leaves the batch (durable messages must be in the backend at
+/// once), the rest is written again; returns the keys of the rejected
+/// messages.
 async fn write_rejecting(
     sink: &dyn Sink,
+    backend: &dyn SinkBackend,
     mut batch: Vec<SinkMessage>,
 ) -> Result<Vec<String>, String> {
     let mut rejected_keys = Vec::new();
     for _ in 0..=batch.len() {
-        let rejected = match write_durably(sink, &batch).await {
+        let (durable, rejected) = match write_durably(sink, &batch).await {
             Ok(()) => return Ok(rejected_keys),
-            Err(SinkError::Rejected(rejected)) => rejected,
-            Err(error) => return Err(format!("expected Ok or Rejected, got {error}")),
+            Err(SinkError::Rejected(rejected)) => (Vec::new(), rejected),
+            Err(SinkError::Partial(partial)) => (partial.durable, partial.rejected),
+            Err(error) => return Err(format!("expected Ok, Rejected or Partial, got {error}")),
         };
-        ensure!(!rejected.is_empty(), "Rejected with no message");
-        let mut indexes = HashSet::new();
-        for rejection in &rejected {
+        ensure!(
+            !rejected.is_empty() || !durable.is_empty(),
+            "an answer settling no message"
+        );
+        let mut settled = HashSet::new();
+        for index in durable
+            .iter()
+            .chain(rejected.iter().map(|rejection| &rejection.index))
+        {
             ensure!(
-                rejection.index < batch.len(),
-                "rejected index {} is out of range for a batch of {}",
-                rejection.index,
+                *index < batch.len(),
+                "index {index} is out of range for a batch of {}",
                 batch.len()
             );
-            ensure!(
-                indexes.insert(rejection.index),
-                "index {} rejected twice",
-                rejection.index
-            );
-            ensure!(!rejection.reason.is_empty(), "rejection without a reason");
+            ensure!(settled.insert(*index), "index {index} settled twice");
         }
+        ensure!(
+            rejected
+                .iter()
+                .all(|rejection| !rejection.reason.is_empty()),
+            "rejection without a reason"
+        );
+        let stored = backend.stored().await?;
+        for index in &durable {
+            let key = key_of(&batch[*index]);
+            ensure!(
+                stored.contains(&key),
+                "{key} was answered durable but is not stored"
+            );
+        }
+        let refused: HashSet<usize> = rejected.iter().map(|rejection| rejection.index).collect();
         let mut index = 0;
         batch.retain(|message| {
-            let keep = !indexes.contains(&index);
-            if !keep {
+            let keep = !settled.contains(&index);
+            if refused.contains(&index) {
                 rejected_keys.push(key_of(message));
             }
             index += 1;
@@ -221,7 +242,8 @@ pub async fn transient_error_retried(subject: &SinkSubject, backend: &dyn SinkBa
     backend.heal().await;
     let outcome = async {
         match failed {
-            Err(SinkError::Transient { .. }) => {}
+            Err(SinkError::Transient { .. } | SinkError::Disconnected(_)) => {}
+            Err(SinkError::Partial(partial)) if partial.rest.is_transient() => {}
             Ok(()) => return Err("write returned Ok while the backend was down".into()),
             Err(error) => return Err(format!("expected a transient error, got {error}")),
         }
@@ -237,6 +259,82 @@ pub async fn transient_error_retried(subject: &SinkSubject, backend: &dyn SinkBa
     .await;
     close(sink.as_mut()).await?;
     outcome
+}
+
+/// Rule O1: opening a sink whose backend refuses connections (its config
+/// pointed at a closed port) is not fatal: it succeeds (a lazy connection)
+/// or fails transiently, so the engine retries it; once the backend can be
+/// reached a fresh instance opens and writes. A fixture whose config names
+/// no local address has nothing to refuse, and passes.
+pub async fn open_while_down_is_retried(
+    subject: &SinkSubject,
+    backend: &dyn SinkBackend,
+) -> Outcome {
+    let Some(unreachable) = unreachable(&backend.plugin_config()) else {
+        return Ok(());
+    };
+    let built = (subject.build)(&unreachable);
+    let mut down = built.map_err(|error| format!("building {}: {error}", subject.name))?;
+    match down.open().await {
+        Ok(()) => close(down.as_mut()).await?,
+        Err(error) if error.is_transient() => {}
+        Err(error) => {
+            return Err(format!(
+                "open while the backend was down was fatal: {error}"
+            ));
+        }
+    }
+    let mut sink = subject.open(backend).await?;
+    let batch = messages(0..4);
+    let written = write(sink.as_ref(), &batch).await;
+    close(sink.as_mut()).await?;
+    written?;
+    let missing = missing(&batch, &backend.stored().await?);
+    ensure!(
+        missing.is_empty(),
+        "once reachable the backend lacks {missing:?}"
+    );
+    Ok(())
+}
+
+/// `config` with every local address (`127.0.0.1:PORT`, `localhost:PORT`)
+/// moved to a port nothing listens on; `None` when it names none.
+pub fn unreachable(config: &Value) -> Option<Value> {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|address| address.port())
+        .ok()?;
+    let mut config = config.clone();
+    let mut moved = false;
+    move_ports(&mut config, closed, &mut moved);
+    moved.then_some(config)
+}
+
+fn move_ports(value: &mut Value, closed: u16, moved: &mut bool) {
+    match value {
+        Value::String(text) => {
+            for host in ["127.0.0.1:", "localhost:"] {
+                let Some(start) = text.find(host).map(|at| at + host.len()) else {
+                    continue;
+                };
+                let digits = text[start..]
+                    .chars()
+                    .take_while(char::is_ascii_digit)
+                    .count();
+                if digits > 0 {
+                    text.replace_range(start..start + digits, &closed.to_string());
+                    *moved = true;
+                }
+            }
+        }
+        Value::Array(items) => items
+            .iter_mut()
+            .for_each(|item| move_ports(item, closed, moved)),
+        Value::Object(fields) => fields
+            .values_mut()
+            .for_each(|field| move_ports(field, closed, moved)),
+        _ => {}
+    }
 }
 
 /// The checks' messages: JSON payloads `{"key": "<id>"}`, `id` and offset `n`.
