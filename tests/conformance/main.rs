@@ -79,6 +79,10 @@ macro_rules! source_conformance {
             async fn cancelled_poll_loses_nothing() {
                 run("cancelled_poll_loses_nothing").await;
             }
+            #[tokio::test]
+            async fn open_while_down_is_retried() {
+                run("open_while_down_is_retried").await;
+            }
         }
     };
 }

@@ -34,6 +34,8 @@ pub enum SourceFlaw {
     DeletesInPoll,
     /// `poll` moves its cursor before it waits, so a dropped poll skips items.
     AdvancesBeforeWaiting,
+    /// `open` fails for good while the backend cannot be reached.
+    FatalOpenWhileDown,
 }
 
 /// What a reference sink gets wrong.
@@ -63,6 +65,7 @@ pub fn source(flaw: SourceFlaw) -> SourceSubject {
         build: Arc::new(
             move |config: &Value| -> Result<Box<dyn Source>, PluginConfigError> {
                 Ok(Box::new(MemorySource {
+                    reachable: config["address"] == "127.0.0.1:7",
                     queue: Queue::find(config)?,
                     flaw,
                     cursor: AtomicUsize::new(0),
@@ -128,7 +131,7 @@ fn queues() -> &'static Mutex<HashMap<String, Arc<Queue>>> {
 #[async_trait]
 impl SourceBackend for Arc<Queue> {
     fn plugin_config(&self) -> Value {
-        json!({"queue": self.id})
+        json!({"queue": self.id, "address": "127.0.0.1:7"})
     }
 
     async fn feed(&self, count: usize) -> Vec<String> {
@@ -159,6 +162,8 @@ impl SourceBackend for Arc<Queue> {
 }
 
 struct MemorySource {
+    /// Whether its config points at the queue's address.
+    reachable: bool,
     queue: Arc<Queue>,
     flaw: SourceFlaw,
     /// Index of the next item (the committed position).
@@ -171,6 +176,13 @@ struct MemorySource {
 #[async_trait]
 impl Source for MemorySource {
     async fn open(&mut self, state: Option<&[u8]>) -> Result<(), ConnectorError> {
+        if !self.reachable {
+            let refused = "connecting to the queue: connection refused";
+            return Err(match self.flaw {
+                SourceFlaw::FatalOpenWhileDown => ConnectorError::fatal(refused),
+                _ => ConnectorError::transient(refused),
+            });
+        }
         let start = match (state, self.flaw) {
             (_, SourceFlaw::IgnoresState) | (None, _) => 0,
             (Some(bytes), SourceFlaw::AcceptsCorruptState) => decode_state(bytes).unwrap_or(0),

@@ -122,3 +122,9 @@ fails!(
     "rejections_in_range",
     SinkFlaw::ClaimsUnwrittenDurable
 );
+fails!(
+    open_while_down_is_retried_fails_on_a_source_whose_open_is_fatal_while_down,
+    source_check,
+    "open_while_down_is_retried",
+    SourceFlaw::FatalOpenWhileDown
+);

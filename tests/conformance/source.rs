@@ -84,13 +84,14 @@ impl SourceSubject {
 }
 
 /// Every source check, by name.
-pub const CHECKS: [&str; 6] = [
+pub const CHECKS: [&str; 7] = [
     "fresh_start",
     "restore",
     "corrupt_state_refused",
     "state_round_trip",
     "nothing_destructive_before_commit",
     "cancelled_poll_loses_nothing",
+    "open_while_down_is_retried",
 ];
 
 /// Runs the source check named `check`.
@@ -104,6 +105,7 @@ pub async fn run(check: &str, subject: &SourceSubject, backend: &dyn SourceBacke
             nothing_destructive_before_commit(subject, backend).await
         }
         "cancelled_poll_loses_nothing" => cancelled_poll_loses_nothing(subject, backend).await,
+        "open_while_down_is_retried" => open_while_down_is_retried(subject, backend).await,
         other => Err(format!("no source check {other}")),
     }
 }
@@ -516,4 +518,32 @@ async fn wait_until_settled(runtime: &Runtime, key: &str) -> Outcome {
         }
     })
     .await
+}
+
+/// Rule O1: opening a source whose backend refuses connections (its config
+/// pointed at a closed port) is not fatal: it succeeds (a lazy connection,
+/// a listener of its own) or fails transiently, so the engine retries it.
+/// A fixture whose config names no local address passes.
+pub async fn open_while_down_is_retried(
+    subject: &SourceSubject,
+    backend: &dyn SourceBackend,
+) -> Outcome {
+    let Some(unreachable) = crate::sink::unreachable(&backend.plugin_config()) else {
+        return Ok(());
+    };
+    let mut source = (subject.build)(&unreachable)
+        .map_err(|error| format!("building {}: {error}", subject.name))?;
+    match source.open(None).await {
+        Ok(()) => {
+            source
+                .close()
+                .await
+                .map_err(|error| format!("close: {error}"))?;
+            Ok(())
+        }
+        Err(error) if error.is_transient() => Ok(()),
+        Err(error) => Err(format!(
+            "open while the backend was down was fatal: {error}"
+        )),
+    }
 }
