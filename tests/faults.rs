@@ -720,3 +720,102 @@ async fn sigkill_of_a_deferred_sink_with_data_buffered_loses_nothing_after_a_res
     assert!(missing(&at_sink, 1000).is_empty(), "the sink lacks records");
     assert_eq!(duplicates(&at_sink), 0);
 }
+
+/// Rule O1: the sink's backend is down when the runtime starts. The sink
+/// stays `starting` (with the error and the attempt count in the API and
+/// `/health`) while its opens are retried, then writes everything with no
+/// restart and no API call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_whose_backend_is_down_at_start_is_opened_once_it_is_up_and_loses_nothing() {
+    let server = IggyTestServer::start();
+    let workspace = Workspace::with_api(&server.address().to_string(), "");
+    let marker = workspace.path("out.down");
+    std::fs::write(&marker, b"").unwrap();
+    workspace.add_connector("rnd.toml", &random_source(Some(1000), ""));
+    let plugin_extra = format!("down_while_exists = \"{}\"", marker.display());
+    workspace.add_connector(
+        "out.toml",
+        &faulty_sink("out", &workspace, "", &plugin_extra),
+    );
+    let running = workspace.run();
+
+    eventually("the sink to retry its open", LONG, async || {
+        let (_, sink) = api_get(&workspace, 1, "/sinks/out").await;
+        sink["status"] == "starting" && sink["open_attempts"].as_u64() >= Some(2)
+    })
+    .await;
+    let (code, health) = api_get(&workspace, 1, "/health").await;
+    let reported = health["connectors"]
+        .as_array()
+        .and_then(|connectors| {
+            connectors
+                .iter()
+                .find(|connector| connector["key"] == "out")
+        })
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(code, 503, "{health}");
+    assert_eq!(reported["status"], "starting", "{health}");
+    let error = reported["last_error"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(error.contains("connection refused"), "{health}");
+    assert!(sink_output(&workspace, "out").is_empty());
+
+    std::fs::remove_file(&marker).unwrap();
+    wait_for("everything written", LONG, || {
+        sink_output(&workspace, "out").len() == 1000
+    })
+    .await;
+    let (_, sink) = api_get(&workspace, 1, "/sinks/out").await;
+    assert_eq!(sink["status"], "running", "{sink}");
+    stop(running, &workspace);
+
+    let (in_topic, at_sink) = (topic(&server), sink_output(&workspace, "out"));
+    report("sink_backend_down_at_start", 1000, &in_topic, &at_sink);
+    assert!(missing(&at_sink, 1000).is_empty());
+    assert_eq!(duplicates(&at_sink), 0);
+}
+
+/// Rule O2: the sink's connection drops mid-run and its backend stays down
+/// for a while. The sink is closed and opened again from its committed
+/// offsets once the backend is back, and nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_whose_connection_drops_mid_run_is_reopened_and_loses_nothing() {
+    let server = IggyTestServer::start();
+    let workspace = Workspace::with_api(&server.address().to_string(), "");
+    let marker = workspace.path("out.down");
+    workspace.add_connector("rnd.toml", &random_source(Some(3000), ""));
+    // A slow backend: the source is not done when the connection drops.
+    let plugin_extra = format!(
+        "down_while_exists = \"{}\"\nwrite_delay = \"50ms\"",
+        marker.display()
+    );
+    workspace.add_connector(
+        "out.toml",
+        &faulty_sink("out", &workspace, "", &plugin_extra),
+    );
+    let running = workspace.run();
+
+    wait_for("the sink to write", LONG, || {
+        sink_output(&workspace, "out").len() >= 300
+    })
+    .await;
+    std::fs::write(&marker, b"").unwrap();
+    eventually("the sink to reopen and fail to open", LONG, async || {
+        let labels = [("connector_key", "out")];
+        metric(&workspace, 1, "iggy_connector_reopens_total", &labels).await >= 1.0
+            && metric(&workspace, 1, "iggy_connector_open_retries_total", &labels).await >= 2.0
+    })
+    .await;
+    std::fs::remove_file(&marker).unwrap();
+    wait_for("everything written", LONG, || {
+        sink_output(&workspace, "out").len() >= 3000
+    })
+    .await;
+    stop(running, &workspace);
+
+    let (in_topic, at_sink) = (topic(&server), sink_output(&workspace, "out"));
+    report("sink_connection_dropped_mid_run", 3000, &in_topic, &at_sink);
+    assert!(missing(&at_sink, 3000).is_empty());
+}

@@ -426,7 +426,16 @@ impl TopicLoop<'_> {
         // The consumer is closed next: let a prefetch in progress finish
         // (one request) rather than cut it off mid-request.
         if let Some(polling) = polling {
-            let _ = polling.await;
+            idle = Some(polling.await.0);
+        }
+        // Batches written before a failure are durable: commit them, so a
+        // reopened sink does not write them again.
+        if deferral.is_none()
+            && let Some(consumer) = idle
+        {
+            while let Some(delivered) = written.pop_front() {
+                self.commit(topic, consumer.as_mut(), delivered).await;
+            }
         }
         ended
     }

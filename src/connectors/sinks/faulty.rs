@@ -5,6 +5,9 @@
 //! - `output`: file to append each written payload to, one line per message,
 //!   fsynced per batch (the write is durable when `write` returns).
 //! - `fail_while_exists`: while this path exists, every write fails transiently.
+//! - `down_while_exists`: while this path exists the backend is down: `open`
+//!   fails transiently (connection refused) and a write says the connection
+//!   is lost, so the engine closes the sink and opens it again.
 //! - `reject_containing`: a message whose payload contains this text is refused
 //!   for good (the engine then applies the sink's `on_error`).
 //! - `write_delay`: every write takes at least this long (a slow backend), so a
@@ -49,6 +52,10 @@ pub struct FaultyConfig {
     /// While this path exists, every write fails transiently.
     #[serde(default)]
     pub fail_while_exists: Option<PathBuf>,
+    /// While this path exists the backend is down: `open` fails transiently
+    /// and a write reports the connection lost.
+    #[serde(default)]
+    pub down_while_exists: Option<PathBuf>,
     /// A message whose payload contains this text is refused for good.
     #[serde(default)]
     pub reject_containing: Option<String>,
@@ -106,6 +113,14 @@ impl FaultySink {
         Ok(())
     }
 
+    /// The backend is down while the `down_while_exists` marker exists.
+    fn down(&self) -> Option<String> {
+        let marker = self.config.down_while_exists.as_ref()?;
+        marker
+            .exists()
+            .then(|| format!("down on purpose while {} exists", marker.display()))
+    }
+
     fn append(&self, lines: Vec<u8>) -> impl Future<Output = Result<(), SinkError>> + use<> {
         let output = self.config.output.clone();
         async move {
@@ -127,6 +142,9 @@ impl FaultySink {
 #[async_trait]
 impl Sink for FaultySink {
     async fn open(&mut self) -> Result<(), ConnectorError> {
+        if let Some(down) = self.down() {
+            return Err(ConnectorError::transient(format!("connection refused: {down}")));
+        }
         // A crash in the middle of a write can leave a torn last line; that
         // write was never acknowledged, so drop the fragment before appending.
         let Some(output) = self.config.output.clone() else {
@@ -141,6 +159,9 @@ impl Sink for FaultySink {
     async fn write(&self, topic: &TopicRef, messages: &[SinkMessage]) -> Result<(), SinkError> {
         if !self.config.write_delay.is_zero() {
             tokio::time::sleep(self.config.write_delay).await;
+        }
+        if let Some(down) = self.down() {
+            return Err(SinkError::disconnected(format!("connection reset: {down}")));
         }
         if self.config.buffer_messages.is_none() {
             self.fail_now()?;
