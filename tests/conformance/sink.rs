@@ -165,20 +165,33 @@ pub async fn rejections_in_range(subject: &SinkSubject, backend: &dyn SinkBacken
     Ok(())
 }
 
-/// Writes `batch`, dropping what each attempt rejects and writing the rest
-/// again; returns the keys of the rejected messages.
+/// Writes `batch`, dropping what each attempt rejects (and, from a
+/// per-message answer, what it stored) and writing the rest again, as the
+/// engine does; returns the keys of the rejected messages.
 async fn write_rejecting(
     sink: &dyn Sink,
     mut batch: Vec<SinkMessage>,
 ) -> Result<Vec<String>, String> {
     let mut rejected_keys = Vec::new();
     for _ in 0..=batch.len() {
-        let rejected = match write_durably(sink, &batch).await {
+        let (durable, rejected) = match write_durably(sink, &batch).await {
             Ok(()) => return Ok(rejected_keys),
-            Err(SinkError::Rejected(rejected)) => rejected,
-            Err(error) => return Err(format!("expected Ok or Rejected, got {error}")),
+            Err(SinkError::Rejected(rejected)) => (Vec::new(), rejected),
+            Err(SinkError::Partial(partial)) if !matches!(partial.rest, SinkError::Fatal(_)) => {
+                (partial.durable, partial.rejected)
+            }
+            Err(error) => return Err(format!("expected Ok, Rejected or Partial, got {error}")),
         };
-        ensure!(!rejected.is_empty(), "Rejected with no message");
+        ensure!(
+            !rejected.is_empty() || !durable.is_empty(),
+            "Rejected with no message"
+        );
+        let settled: HashSet<usize> = durable.iter().copied().collect();
+        ensure!(
+            settled.iter().all(|index| *index < batch.len()),
+            "durable indexes {durable:?} out of range for a batch of {}",
+            batch.len()
+        );
         let mut indexes = HashSet::new();
         for rejection in &rejected {
             ensure!(
@@ -192,17 +205,26 @@ async fn write_rejecting(
                 "index {} rejected twice",
                 rejection.index
             );
+            ensure!(
+                !settled.contains(&rejection.index),
+                "index {} both durable and rejected",
+                rejection.index
+            );
             ensure!(!rejection.reason.is_empty(), "rejection without a reason");
         }
         let mut index = 0;
         batch.retain(|message| {
-            let keep = !indexes.contains(&index);
-            if !keep {
+            let rejected = indexes.contains(&index);
+            if rejected {
                 rejected_keys.push(key_of(message));
             }
+            let keep = !rejected && !settled.contains(&index);
             index += 1;
             keep
         });
+        if batch.is_empty() {
+            return Ok(rejected_keys);
+        }
     }
     Err("the sink kept rejecting".into())
 }
