@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use iggy_connect::codec::Schema;
 use iggy_connect::config::{ConnectorConfig, DeadLetterTarget, KindConfig, OnError, SinkStream};
-use iggy_connect::connectors::{ConnectorKind, Sink, SinkError};
+use iggy_connect::connectors::{ConnectorError, ConnectorKind, Partial, Sink, SinkError};
 use iggy_connect::engine::{Runtime, Status};
 use iggy_connect::iggy::MemoryBus;
 use iggy_connect::message::{HeaderValue, Payload, SinkMessage};
@@ -72,15 +72,39 @@ fn id(message: &SinkMessage) -> String {
     format!("{:032x}", message.id)
 }
 
-fn rejected_indexes(result: Result<(), SinkError>) -> Vec<usize> {
-    match result {
-        Err(SinkError::Rejected(rejections)) => {
-            let mut indexes: Vec<usize> = rejections.iter().map(|r| r.index).collect();
-            indexes.sort();
-            indexes
-        }
-        other => panic!("expected rejections, got {other:?}"),
-    }
+/// (durable, rejected) indexes of a per-message answer, sorted, and what
+/// became of the rest.
+fn partial(result: Result<(), SinkError>) -> (Vec<usize>, Vec<usize>, SinkError) {
+    let Err(SinkError::Partial(partial)) = result else {
+        panic!("expected a per-message answer, got {result:?}");
+    };
+    let Partial {
+        mut durable,
+        rejected,
+        rest,
+    } = *partial;
+    durable.sort();
+    let mut rejected: Vec<usize> = rejected.iter().map(|r| r.index).collect();
+    rejected.sort();
+    (durable, rejected, rest)
+}
+
+/// The messages of `batch` at `indexes`: what the engine writes again.
+fn at(batch: &[SinkMessage], indexes: &[usize]) -> Vec<SinkMessage> {
+    indexes.iter().map(|&index| batch[index].clone()).collect()
+}
+
+/// Upstream's example `plugin_config` for this sink.
+fn upstream_plugin_config() -> Value {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let file = repo
+        .ancestors()
+        .skip(1)
+        .map(|dir| dir.join("shared/reference/upstream-configs/elasticsearch_sink.toml"))
+        .find(|path| path.is_file())
+        .expect("upstream's elasticsearch_sink.toml");
+    let table: toml::Table = toml::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+    serde_json::to_value(&table["plugin_config"]).unwrap()
 }
 
 #[tokio::test]
@@ -134,52 +158,59 @@ async fn a_replayed_batch_overwrites_its_documents_instead_of_duplicating_them()
 }
 
 #[tokio::test]
-async fn items_answered_429_or_503_are_sent_again_alone() {
+async fn items_answered_429_or_503_are_left_for_the_engine_and_the_stored_ones_named_durable() {
     let server = SearchServer::start(Flavor::Elasticsearch8).await;
     let sink = open(&config(&server, json!({}))).await;
     let batch = messages(numbered(5));
     server.fail_id(&id(&batch[1]), 429, 1);
-    server.fail_id(&id(&batch[3]), 503, 2);
-    sink.write(&topic(), &batch).await.unwrap();
-    assert_eq!(server.documents("iggy").len(), 5);
-    let ids_per_request: Vec<Vec<String>> = server
-        .bulk_requests()
-        .iter()
-        .map(|lines| {
-            lines
-                .iter()
-                .map(|(action, _)| action["index"]["_id"].as_str().unwrap().to_owned())
-                .collect()
-        })
-        .collect();
-    assert_eq!(
-        ids_per_request,
-        vec![
-            batch.iter().map(id).collect::<Vec<_>>(),
-            vec![id(&batch[1]), id(&batch[3])],
-            vec![id(&batch[3])],
-        ]
+    server.fail_id(&id(&batch[3]), 503, 1);
+    let (durable, rejected, rest) = partial(sink.write(&topic(), &batch).await);
+    assert_eq!(durable, vec![0, 2, 4]);
+    assert!(rejected.is_empty());
+    assert!(
+        matches!(&rest, SinkError::Transient { error, .. } if error.to_string().contains("es_rejected_execution_exception")),
+        "{rest:?}"
     );
+    assert_eq!(server.bulk_requests().len(), 1, "one request per write");
+    assert_eq!(server.documents("iggy").len(), 3);
+    // What the engine does next: write the rest again, only the rest.
+    sink.write(&topic(), &at(&batch, &[1, 3])).await.unwrap();
+    let requests = server.bulk_requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[1].len(), 2, "{:?}", requests[1]);
+    assert_eq!(server.documents("iggy").len(), 5);
 }
 
 #[tokio::test]
-async fn items_still_failing_after_the_retries_are_transient_and_only_they_are_sent_again() {
+async fn a_request_answered_503_ends_the_write_there_with_its_retry_after() {
     let server = SearchServer::start(Flavor::Elasticsearch8).await;
-    let sink = open(&config(&server, json!({"max_retries": 1}))).await;
-    let batch = messages(numbered(4));
-    server.fail_id(&id(&batch[2]), 429, 2);
-    let error = sink.write(&topic(), &batch).await.unwrap_err();
+    let sink = open(&config(&server, json!({"batch_size": 2}))).await;
+    let batch = messages(numbered(6));
+    server.pass_next_bulk();
+    server.fail_next_bulk(503, Some(7));
+    let (durable, rejected, rest) = partial(sink.write(&topic(), &batch).await);
+    assert_eq!(durable, vec![0, 1]);
+    assert!(rejected.is_empty());
     assert!(
-        matches!(&error, SinkError::Transient { error: reason, .. } if reason.to_string().contains("es_rejected_execution_exception")),
+        matches!(rest, SinkError::Transient { retry_after: Some(wait), .. } if wait == Duration::from_secs(7)),
+        "{rest:?}"
+    );
+    assert_eq!(
+        server.bulk_requests().len(),
+        2,
+        "nothing more is sent to a cluster that asked to wait"
+    );
+    // Nothing of the rest stored: transient as it is, with the wait asked for.
+    server.fail_next_bulk(503, Some(7));
+    let error = sink
+        .write(&topic(), &at(&batch, &[2, 3, 4, 5]))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, SinkError::Transient { retry_after: Some(wait), .. } if wait == Duration::from_secs(7)),
         "{error:?}"
     );
-    assert_eq!(server.documents("iggy").len(), 3);
-    // The engine's retry of the same batch writes only what is missing.
-    sink.write(&topic(), &batch).await.unwrap();
-    let requests = server.bulk_requests();
-    assert_eq!(requests.len(), 3);
-    assert_eq!(requests[2].len(), 1, "{:?}", requests[2]);
-    assert_eq!(server.documents("iggy").len(), 4);
+    assert_eq!(server.bulk_requests().len(), 3);
 }
 
 #[tokio::test]
@@ -191,16 +222,14 @@ async fn mapping_errors_are_rejected_by_index_and_the_rest_is_written_once() {
     payloads[1] = json!({"n": "one"});
     payloads[3] = json!({"n": {"nested": true}});
     let batch = messages(payloads);
-    let result = sink.write(&topic(), &batch).await;
-    assert_eq!(rejected_indexes(result), vec![1, 3]);
+    let (durable, rejected, _) = partial(sink.write(&topic(), &batch).await);
+    assert_eq!(durable, vec![0, 2, 4]);
+    assert_eq!(rejected, vec![1, 3]);
     assert_eq!(server.documents("iggy").len(), 3);
-    // What the engine does next: drop the rejected ones, write the rest again.
-    let rest: Vec<SinkMessage> = [0, 2, 4].iter().map(|&i| batch[i].clone()).collect();
-    sink.write(&topic(), &rest).await.unwrap();
     assert_eq!(
         server.bulk_requests().len(),
         1,
-        "the written documents are not sent again"
+        "nothing is left for the engine to write again"
     );
 }
 
@@ -215,8 +244,9 @@ async fn payloads_that_cannot_be_documents_are_rejected_not_dropped() {
     });
     batch[3].id = 77;
     batch[3].offset = 3;
-    let result = sink.write(&topic(), &batch).await;
-    assert_eq!(rejected_indexes(result), vec![1, 2]);
+    let (durable, rejected, _) = partial(sink.write(&topic(), &batch).await);
+    assert_eq!(durable, vec![0, 3]);
+    assert_eq!(rejected, vec![1, 2]);
     let text = server.document("iggy", &format!("{:032x}", 77)).unwrap();
     assert_eq!(text.source["text"], "plain words");
     assert_eq!(text.source["data_type"], "text");
@@ -238,8 +268,9 @@ async fn index_templates_route_by_field_and_date_and_create_each_index() {
         json!({"n": 2}),
         json!({"service": "Bad Name", "n": 3}),
     ]);
-    let result = sink.write(&topic(), &batch).await;
-    assert_eq!(rejected_indexes(result), vec![2, 3]);
+    let (durable, rejected, _) = partial(sink.write(&topic(), &batch).await);
+    assert_eq!(durable, vec![0, 1]);
+    assert_eq!(rejected, vec![2, 3]);
     assert_eq!(
         server.index_names(),
         vec!["logs-api-2024.02.29", "logs-db-2024.02.29"]
@@ -333,25 +364,53 @@ async fn a_missing_index_the_cluster_will_not_create_is_fatal_and_names_the_fix(
 }
 
 #[tokio::test]
-async fn an_unreachable_cluster_at_open_is_transient() {
+async fn a_starting_cluster_at_open_is_transient() {
     let server = SearchServer::start(Flavor::Elasticsearch8).await;
     server.set_down(true);
     let mut sink = build(&config(&server, json!({})));
     let error = sink.open().await.unwrap_err();
-    assert!(error.is_transient(), "{error}");
+    assert!(matches!(error, ConnectorError::Transient(_)), "{error:?}");
+}
+
+#[tokio::test]
+async fn nothing_listening_at_open_is_transient_and_a_fresh_sink_opens_and_writes_once_the_cluster_is_up()
+ {
+    let socket = support::elasticsearch::reserve();
+    let mut plugin_config = upstream_plugin_config();
+    plugin_config["url"] = json!(format!("http://{}", socket.local_addr().unwrap()));
+    let mut sink = build(&plugin_config);
+    let error = sink.open().await.unwrap_err();
+    assert!(matches!(error, ConnectorError::Transient(_)), "{error:?}");
+    assert!(
+        error
+            .to_string()
+            .contains(&socket.local_addr().unwrap().to_string()),
+        "names the cluster: {error}"
+    );
+    let server = SearchServer::start_on(Flavor::Elasticsearch8, ServerAuth::None, socket).await;
+    // The engine opens a fresh instance.
+    let sink = open(&plugin_config).await;
+    sink.write(&topic(), &messages(numbered(3))).await.unwrap();
+    assert_eq!(server.documents("iggy_messages").len(), 3);
+}
+
+#[tokio::test]
+async fn a_refused_index_config_at_open_is_fatal_and_names_index_mapping() {
+    let server = SearchServer::start(Flavor::Elasticsearch8).await;
+    let mapping = json!({"mappings": {"properties": {"n": {"type": "lnog"}}}});
+    let mut sink = build(&config(&server, json!({"index_mapping": mapping})));
+    let error = sink.open().await.unwrap_err();
+    assert!(matches!(error, ConnectorError::Fatal(_)), "{error:?}");
+    let message = error.to_string();
+    assert!(
+        message.contains("mapper_parsing_exception") && message.contains("index_mapping"),
+        "{message}"
+    );
 }
 
 #[tokio::test]
 async fn upstreams_example_file_runs_against_the_test_server() {
-    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let file = repo
-        .ancestors()
-        .skip(1)
-        .map(|dir| dir.join("shared/reference/upstream-configs/elasticsearch_sink.toml"))
-        .find(|path| path.is_file())
-        .expect("upstream's elasticsearch_sink.toml");
-    let table: toml::Table = toml::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
-    let mut plugin_config = serde_json::to_value(&table["plugin_config"]).unwrap();
+    let mut plugin_config = upstream_plugin_config();
     let server = SearchServer::start(Flavor::Elasticsearch8).await;
     plugin_config["url"] = json!(server.url());
     let sink = open(&plugin_config).await;
@@ -505,18 +564,42 @@ async fn offsets_stay_put_while_the_cluster_is_down_and_move_once_it_is_back() {
 }
 
 #[tokio::test]
-async fn a_whole_request_429_is_retried_after_its_retry_after() {
+async fn a_whole_request_429_is_transient_with_its_retry_after_and_nothing_waits_inside_the_sink() {
     let server = SearchServer::start(Flavor::Elasticsearch8).await;
     server.fail_next_bulk(429, Some(1));
     let sink = open(&config(&server, json!({}))).await;
-    sink.write(&topic(), &messages(numbered(2))).await.unwrap();
-    let bulks: Vec<_> = server
-        .seen()
-        .into_iter()
-        .filter(|seen| seen.path == "/_bulk")
-        .collect();
-    assert_eq!(bulks.len(), 2);
-    let waited = bulks[1].at - bulks[0].at;
-    assert!(waited >= Duration::from_secs(1), "retried after {waited:?}");
+    let batch = messages(numbered(2));
+    let error = sink.write(&topic(), &batch).await.unwrap_err();
+    assert!(
+        matches!(error, SinkError::Transient { retry_after: Some(wait), .. } if wait == Duration::from_secs(1)),
+        "{error:?}"
+    );
+    assert_eq!(server.bulk_requests().len(), 1);
+    sink.write(&topic(), &batch).await.unwrap();
     assert_eq!(server.documents("iggy").len(), 2);
+}
+
+#[tokio::test]
+async fn upstreams_file_against_a_cluster_that_comes_up_after_the_runtime_indexes_every_record() {
+    let socket = support::elasticsearch::reserve();
+    let mut plugin_config = upstream_plugin_config();
+    plugin_config["url"] = json!(format!("http://{}", socket.local_addr().unwrap()));
+    let pipeline = Pipeline::start("late", numbered(5), plugin_config, OnError::Stop).await;
+    eventually(
+        "a failed open while nothing listens",
+        DEADLINE,
+        async || {
+            let view = pipeline.view();
+            view.status.status == Status::Starting && view.metrics.open_retries.get() >= 1
+        },
+    )
+    .await;
+    let server = SearchServer::start_on(Flavor::Elasticsearch8, ServerAuth::None, socket).await;
+    eventually("every record is committed", DEADLINE, async || {
+        pipeline.drained()
+    })
+    .await;
+    assert_eq!(server.documents("iggy_messages").len(), 5);
+    assert_eq!(pipeline.view().status.status, Status::Running);
+    pipeline.runtime.shutdown().await;
 }

@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use iggy_connect::connectors::{Sink, SinkError};
+use iggy_connect::connectors::{ConnectorError, Partial, Sink, SinkError};
 use iggy_connect::message::{HeaderValue, Payload, SinkMessage};
 use serde_json::{Value, json};
 use support::meilisearch::MeiliServer;
@@ -74,14 +74,27 @@ fn generated_id(message: &SinkMessage) -> String {
     )
 }
 
-fn rejected_indexes(result: Result<(), SinkError>) -> Vec<usize> {
-    match result {
-        Err(SinkError::Rejected(rejections)) => {
-            let mut indexes: Vec<usize> = rejections.iter().map(|r| r.index).collect();
-            indexes.sort();
-            indexes
-        }
-        other => panic!("expected rejections, got {other:?}"),
+/// (durable, rejected) indexes of a per-message answer, sorted, and what
+/// became of the rest.
+fn partial(result: Result<(), SinkError>) -> (Vec<usize>, Vec<usize>, SinkError) {
+    let Err(SinkError::Partial(partial)) = result else {
+        panic!("expected a per-message answer, got {result:?}");
+    };
+    let Partial {
+        mut durable,
+        rejected,
+        rest,
+    } = *partial;
+    durable.sort();
+    let mut rejected: Vec<usize> = rejected.iter().map(|r| r.index).collect();
+    rejected.sort();
+    (durable, rejected, rest)
+}
+
+fn wait_of(error: &SinkError) -> Option<Duration> {
+    match error {
+        SinkError::Transient { retry_after, .. } => *retry_after,
+        other => panic!("expected transient, got {other:?}"),
     }
 }
 
@@ -146,29 +159,25 @@ async fn a_failed_task_is_split_down_to_the_document_meilisearch_refuses() {
     let mut payloads = numbered(8);
     payloads[5] = json!({"n": 5, "_geo": "nowhere"});
     let batch = messages(payloads);
-    let result = sink.write(&topic(), &batch).await;
-    let Err(SinkError::Rejected(rejections)) = result else {
-        panic!("expected a rejection, got {result:?}");
+    let Err(SinkError::Partial(answer)) = sink.write(&topic(), &batch).await else {
+        panic!("expected a per-message answer");
     };
-    assert_eq!(rejections.len(), 1);
-    assert_eq!(rejections[0].index, 5);
+    let mut durable = answer.durable.clone();
+    durable.sort();
+    assert_eq!(durable, vec![0, 1, 2, 3, 4, 6, 7]);
+    assert_eq!(answer.rejected.len(), 1);
+    assert_eq!(answer.rejected[0].index, 5);
     assert!(
-        rejections[0].reason.contains("invalid_document_geo_field"),
+        answer.rejected[0]
+            .reason
+            .contains("invalid_document_geo_field"),
         "{}",
-        rejections[0].reason
+        answer.rejected[0].reason
     );
     assert_eq!(server.documents("iggy").len(), 7);
+    // Each half in its place: the chunk's documents stay in order.
     let sizes: Vec<usize> = server.document_requests().iter().map(Vec::len).collect();
-    assert_eq!(sizes, vec![8, 4, 4, 2, 2, 1, 1]);
-    // What the engine does next: drop the rejected one, write the rest again.
-    let rest: Vec<SinkMessage> = batch
-        .iter()
-        .enumerate()
-        .filter(|(index, _)| *index != 5)
-        .map(|(_, message)| message.clone())
-        .collect();
-    sink.write(&topic(), &rest).await.unwrap();
-    assert_eq!(server.document_requests().len(), 7, "nothing is sent again");
+    assert_eq!(sizes, vec![8, 4, 4, 2, 1, 1, 2]);
 }
 
 #[tokio::test]
@@ -182,10 +191,9 @@ async fn ids_meilisearch_would_refuse_are_rejected_before_sending() {
         json!({"sku": 1.5}),
         json!({"other": true}),
     ]);
-    assert_eq!(
-        rejected_indexes(sink.write(&topic(), &batch).await),
-        vec![1, 3]
-    );
+    let (durable, rejected, _) = partial(sink.write(&topic(), &batch).await);
+    assert_eq!(durable, vec![0, 2, 4]);
+    assert_eq!(rejected, vec![1, 3]);
     let documents = server.documents("iggy");
     assert_eq!(documents.len(), 3);
     assert_eq!(documents["ab-1"]["iggy_id"], generated_id(&batch[0]));
@@ -199,24 +207,20 @@ async fn ids_meilisearch_would_refuse_are_rejected_before_sending() {
 }
 
 #[tokio::test]
-async fn a_429_waits_for_its_retry_after_and_a_task_failed_internally_is_sent_again() {
+async fn a_429_is_transient_with_its_retry_after_and_a_task_failed_internally_is_transient() {
     let server = MeiliServer::start().await;
-    server.fail_next_request(429, Some(1));
-    server.fail_next_tasks(1);
     let sink = open(&config(&server, json!({}))).await;
-    sink.write(&topic(), &messages(numbered(2))).await.unwrap();
-    let requests: Vec<_> = server
-        .seen()
-        .into_iter()
-        .filter(|seen| seen.path == "/indexes/iggy/documents")
-        .collect();
-    assert_eq!(
-        requests.len(),
-        3,
-        "429, the task failing internally, success"
-    );
-    let waited = requests[1].at - requests[0].at;
-    assert!(waited >= Duration::from_secs(1), "retried after {waited:?}");
+    let batch = messages(numbered(2));
+    server.fail_next_request(429, Some(7));
+    let error = sink.write(&topic(), &batch).await.unwrap_err();
+    assert_eq!(wait_of(&error), Some(Duration::from_secs(7)), "{error:?}");
+    assert_eq!(server.document_requests().len(), 1, "nothing waits inside");
+    server.fail_next_tasks(1);
+    let error = sink.write(&topic(), &batch).await.unwrap_err();
+    assert_eq!(wait_of(&error), None);
+    assert!(error.to_string().contains("internal"), "{error}");
+    sink.write(&topic(), &batch).await.unwrap();
+    assert_eq!(server.document_requests().len(), 3);
     assert_eq!(server.documents("iggy").len(), 2);
     let failed: Vec<_> = server
         .tasks()
@@ -228,35 +232,32 @@ async fn a_429_waits_for_its_retry_after_and_a_task_failed_internally_is_sent_ag
 }
 
 #[tokio::test]
-async fn chunks_still_failing_after_the_retries_are_transient_and_only_they_are_sent_again() {
+async fn a_chunk_answered_503_ends_the_write_and_only_the_rest_is_written_again() {
     let server = MeiliServer::start().await;
-    let sink = open(&config(&server, json!({"max_retries": 1, "batch_size": 2}))).await;
-    let batch = messages(numbered(4));
-    // Both chunks' tasks fail, then the first one's fails again on the retry.
-    server.fail_next_tasks(3);
-    let error = sink.write(&topic(), &batch).await.unwrap_err();
-    assert!(
-        matches!(&error, SinkError::Transient { error: reason, .. } if reason.to_string().contains("internal")),
-        "{error:?}"
+    let sink = open(&config(&server, json!({"batch_size": 2}))).await;
+    let batch = messages(numbered(6));
+    server.pass_next_request();
+    server.fail_next_request(503, Some(7));
+    let (durable, rejected, rest) = partial(sink.write(&topic(), &batch).await);
+    assert_eq!(durable, vec![0, 1]);
+    assert!(rejected.is_empty());
+    assert_eq!(wait_of(&rest), Some(Duration::from_secs(7)));
+    assert_eq!(
+        server.document_requests().len(),
+        2,
+        "nothing more is sent to a server answering 503"
     );
-    assert_eq!(server.documents("iggy").len(), 2);
-    assert_eq!(server.document_requests().len(), 4);
-    // The engine's retry of the same batch writes only what is missing.
-    sink.write(&topic(), &batch).await.unwrap();
-    let requests = server.document_requests();
-    assert_eq!(requests.len(), 5);
-    assert_eq!(requests[4].len(), 2, "only the chunk not written");
-    assert_eq!(server.documents("iggy").len(), 4);
+    // What the engine does next: write the rest again, only the rest.
+    sink.write(&topic(), &batch[2..]).await.unwrap();
+    let sizes: Vec<usize> = server.document_requests().iter().map(Vec::len).collect();
+    assert_eq!(sizes, vec![2, 2, 2, 2]);
+    assert_eq!(server.documents("iggy").len(), 6);
 }
 
 #[tokio::test]
 async fn a_task_not_finished_within_task_timeout_is_transient_never_ok() {
     let server = MeiliServer::start().await;
-    let sink = open(&config(
-        &server,
-        json!({"task_timeout": "200ms", "max_retries": 0}),
-    ))
-    .await;
+    let sink = open(&config(&server, json!({"task_timeout": "200ms"}))).await;
     server.set_paused(true);
     let batch = messages(numbered(3));
     let error = sink.write(&topic(), &batch).await.unwrap_err();
@@ -377,18 +378,25 @@ async fn a_missing_index_meilisearch_will_not_create_is_fatal_and_names_the_fix(
 }
 
 #[tokio::test]
-async fn a_server_down_at_open_is_transient_after_max_open_retries() {
+async fn a_server_down_at_open_is_transient_at_once_and_max_open_retries_is_left_to_the_engine() {
     let server = MeiliServer::start().await;
     server.set_down(true);
     let mut sink = build(&config(&server, json!({"max_open_retries": 2})));
     let error = sink.open().await.unwrap_err();
-    assert!(error.is_transient(), "{error}");
+    assert!(matches!(error, ConnectorError::Transient(_)), "{error:?}");
     let health_checks = server
         .seen()
         .iter()
         .filter(|seen| seen.path == "/health")
         .count();
-    assert_eq!(health_checks, 3, "the first attempt and 2 retries");
+    assert_eq!(health_checks, 1, "the engine opens a fresh sink again");
+    // Bound, not listening: connecting is refused.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let url = format!("http://{}", socket.local_addr().unwrap());
+    let mut sink = build(&json!({"url": url, "index": "iggy"}));
+    let error = sink.open().await.unwrap_err();
+    assert!(matches!(error, ConnectorError::Transient(_)), "{error:?}");
 }
 
 #[tokio::test]

@@ -6,7 +6,7 @@ mod support;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use iggy_connect::connectors::{Registry, Sink, SinkError};
+use iggy_connect::connectors::{ConnectorError, Partial, Registry, Sink, SinkError};
 use iggy_connect::message::{Payload, SinkMessage};
 use serde_json::{Value, json};
 use support::quickwit::QuickwitServer;
@@ -69,15 +69,21 @@ fn numbered(count: usize) -> Vec<Value> {
     (0..count).map(|n| json!({"n": n, "name": "x"})).collect()
 }
 
-fn rejected_indexes(result: Result<(), SinkError>) -> Vec<usize> {
-    match result {
-        Err(SinkError::Rejected(rejections)) => {
-            let mut indexes: Vec<usize> = rejections.iter().map(|r| r.index).collect();
-            indexes.sort();
-            indexes
-        }
-        other => panic!("expected rejections, got {other:?}"),
-    }
+/// (durable, rejected) indexes of a per-message answer, sorted, and what
+/// became of the rest.
+fn partial(result: Result<(), SinkError>) -> (Vec<usize>, Vec<usize>, SinkError) {
+    let Err(SinkError::Partial(partial)) = result else {
+        panic!("expected a per-message answer, got {result:?}");
+    };
+    let Partial {
+        mut durable,
+        rejected,
+        rest,
+    } = *partial;
+    durable.sort();
+    let mut rejected: Vec<usize> = rejected.iter().map(|r| r.index).collect();
+    rejected.sort();
+    (durable, rejected, rest)
 }
 
 #[tokio::test]
@@ -154,45 +160,53 @@ async fn a_replay_after_a_restart_stores_every_document_twice_and_id_field_finds
 }
 
 #[tokio::test]
-async fn the_engines_retry_sends_only_the_requests_not_acknowledged() {
+async fn a_request_answered_503_ends_the_write_and_only_the_unacknowledged_rest_is_written_again() {
     let server = QuickwitServer::start().await;
-    let sink = open(&config(
-        &server,
-        DYNAMIC,
-        json!({"batch_size": 2, "max_retries": 0}),
-    ))
-    .await;
-    // The first request fails, the other two are acknowledged.
+    let sink = open(&config(&server, DYNAMIC, json!({"batch_size": 2}))).await;
+    // The first request is acknowledged, the second answered 503.
+    server.pass_next_ingest();
     server.fail_next_ingest(503, None);
     let batch = messages(numbered(6));
-    let error = sink.write(&topic(), &batch).await.unwrap_err();
-    assert!(matches!(error, SinkError::Transient { .. }), "{error:?}");
-    assert_eq!(server.documents("events").len(), 4);
-    sink.write(&topic(), &batch).await.unwrap();
-    let requests = server.ingest_requests();
-    assert_eq!(requests.len(), 4, "{requests:?}");
-    assert_eq!(requests[3].1, 2, "only the request not acknowledged");
+    let (durable, rejected, rest) = partial(sink.write(&topic(), &batch).await);
+    assert_eq!(durable, vec![0, 1]);
+    assert!(rejected.is_empty());
+    assert!(matches!(rest, SinkError::Transient { .. }), "{rest:?}");
+    assert_eq!(
+        server.ingest_requests().len(),
+        2,
+        "nothing more is sent to a server answering 503"
+    );
+    assert_eq!(server.documents("events").len(), 2);
+    // What the engine does next: write the rest again, only the rest.
+    sink.write(&topic(), &batch[2..]).await.unwrap();
+    let lines: Vec<usize> = server
+        .ingest_requests()
+        .iter()
+        .map(|(_, lines)| *lines)
+        .collect();
+    assert_eq!(lines, vec![2, 2, 2, 2]);
     assert_eq!(
         server.documents("events").len(),
         6,
-        "no duplicates inside one process"
+        "nothing acknowledged is sent twice"
     );
 }
 
 #[tokio::test]
-async fn a_429_waits_for_its_retry_after() {
+async fn a_429_is_transient_with_its_retry_after_and_nothing_waits_inside_the_sink() {
     let server = QuickwitServer::start().await;
-    server.fail_next_ingest(429, Some(1));
+    server.fail_next_ingest(429, Some(7));
     let sink = open(&config(&server, DYNAMIC, json!({}))).await;
-    sink.write(&topic(), &messages(numbered(2))).await.unwrap();
-    let ingests: Vec<_> = server
-        .seen()
-        .into_iter()
-        .filter(|seen| seen.path.ends_with("/ingest"))
-        .collect();
-    assert_eq!(ingests.len(), 2);
-    assert!(ingests[1].at - ingests[0].at >= Duration::from_secs(1));
-    assert_eq!(server.documents("events").len(), 2);
+    let error = sink
+        .write(&topic(), &messages(numbered(2)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, SinkError::Transient { retry_after: Some(wait), .. } if wait == Duration::from_secs(7)),
+        "{error:?}"
+    );
+    assert_eq!(server.ingest_requests().len(), 1);
+    assert!(server.documents("events").is_empty());
 }
 
 #[tokio::test]
@@ -211,10 +225,9 @@ async fn documents_quickwit_would_drop_silently_are_rejected_by_index_instead() 
         payload: Payload::Text("plain".into()),
         ..batch[0].clone()
     });
-    assert_eq!(
-        rejected_indexes(sink.write(&topic(), &batch).await),
-        vec![1, 2, 3, 5]
-    );
+    let (durable, rejected, _) = partial(sink.write(&topic(), &batch).await);
+    assert_eq!(durable, vec![0, 4]);
+    assert_eq!(rejected, vec![1, 2, 3, 5]);
     assert_eq!(server.documents("events").len(), 2);
     assert_eq!(
         server.dropped("events"),
@@ -231,10 +244,9 @@ async fn max_request_bytes_splits_a_batch_and_refuses_a_document_over_it() {
         .map(|n| json!({"n": n, "pad": "x".repeat(30)}))
         .collect();
     payloads.push(json!({"n": 4, "pad": "x".repeat(200)}));
-    assert_eq!(
-        rejected_indexes(sink.write(&topic(), &messages(payloads)).await),
-        vec![4]
-    );
+    let (durable, rejected, _) = partial(sink.write(&topic(), &messages(payloads)).await);
+    assert_eq!(durable, vec![0, 1, 2, 3]);
+    assert_eq!(rejected, vec![4]);
     let lines: Vec<usize> = server
         .ingest_requests()
         .iter()
@@ -282,11 +294,19 @@ async fn a_missing_index_that_may_not_be_created_or_a_deleted_one_is_fatal() {
 }
 
 #[tokio::test]
-async fn an_unreachable_server_at_open_is_transient() {
+async fn a_server_answering_503_or_nothing_listening_at_open_is_transient() {
     let server = QuickwitServer::start().await;
     server.set_down(true);
     let mut sink = build(&config(&server, DYNAMIC, json!({})));
-    assert!(sink.open().await.unwrap_err().is_transient());
+    let error = sink.open().await.unwrap_err();
+    assert!(matches!(error, ConnectorError::Transient(_)), "{error:?}");
+    // Bound, not listening: connecting is refused.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let url = format!("http://{}", socket.local_addr().unwrap());
+    let mut sink = build(&json!({"url": url, "index": DYNAMIC}));
+    let error = sink.open().await.unwrap_err();
+    assert!(matches!(error, ConnectorError::Transient(_)), "{error:?}");
 }
 
 #[tokio::test]

@@ -181,7 +181,9 @@ async fn write_rejecting(
         let (durable, rejected) = match write_durably(sink, &batch).await {
             Ok(()) => return Ok(rejected_keys),
             Err(SinkError::Rejected(rejected)) => (Vec::new(), rejected),
-            Err(SinkError::Partial(partial)) => (partial.durable, partial.rejected),
+            Err(SinkError::Partial(partial)) if !matches!(partial.rest, SinkError::Fatal(_)) => {
+                (partial.durable, partial.rejected)
+            }
             Err(error) => return Err(format!("expected Ok, Rejected or Partial, got {error}")),
         };
         ensure!(

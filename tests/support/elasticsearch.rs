@@ -4,7 +4,8 @@
 //!
 //! - `GET /` answers the flavour's version body (ES 8.15 or OpenSearch 2.17);
 //! - `HEAD|GET|PUT|DELETE /{index}`: exists (200/404), mapping, create with
-//!   `{mappings, settings}` (400 `resource_already_exists_exception`), delete;
+//!   `{mappings, settings}` (400 `resource_already_exists_exception`, 400
+//!   `mapper_parsing_exception` for a field type it does not know), delete;
 //! - `POST [/{index}]/_bulk`: NDJSON `index`/`create`/`delete` actions with
 //!   per-item results; dynamic mapping (a field's type is set by its first
 //!   value, `dynamic: strict` refuses new fields) and type checks of mapped
@@ -25,7 +26,7 @@
 //! Faults: per-item failures (429 `es_rejected_execution_exception`, 503, or a
 //! 400 of the caller's choosing) for the next items or for one document id,
 //! whole-request answers for the next `_bulk` requests (429/503 with
-//! `Retry-After`), down (503 for everything), and near-real-time visibility
+//! `Retry-After`, or a pass for one handled as usual), down (503 for everything), and near-real-time visibility
 //! (writes are searchable only after a refresh).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -105,8 +106,9 @@ struct Shared {
     item_faults: VecDeque<u16>,
     /// Per document id: (status, how many more times).
     id_faults: HashMap<String, (u16, u32)>,
-    /// Answers to the next `_bulk` requests: (status, Retry-After seconds).
-    bulk_faults: VecDeque<(u16, Option<u64>)>,
+    /// Answers to the next `_bulk` requests: (status, Retry-After seconds),
+    /// or `None` for a request handled as usual.
+    bulk_faults: VecDeque<Option<(u16, Option<u64>)>>,
     down: bool,
     near_real_time: bool,
     auto_create_index: bool,
@@ -126,6 +128,12 @@ impl SearchServer {
     }
 
     pub async fn start_with(flavor: Flavor, auth: ServerAuth) -> Self {
+        Self::start_on(flavor, auth, reserve()).await
+    }
+
+    /// Starts listening on `socket`, a port [`reserve`]d earlier: a server
+    /// that comes up after its clients.
+    pub async fn start_on(flavor: Flavor, auth: ServerAuth, socket: tokio::net::TcpSocket) -> Self {
         let shared = Arc::new(Mutex::new(Shared {
             flavor,
             auth,
@@ -141,9 +149,7 @@ impl SearchServer {
             auto_create_index: true,
             seen: Vec::new(),
         }));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
+        let listener = socket.listen(1024).expect("listen");
         let address = listener.local_addr().expect("local address");
         let app = axum::Router::new()
             .fallback(handle)
@@ -180,7 +186,15 @@ impl SearchServer {
 
     /// The next `_bulk` request is answered `status` as a whole.
     pub fn fail_next_bulk(&self, status: u16, retry_after: Option<u64>) {
-        self.lock().bulk_faults.push_back((status, retry_after));
+        self.lock()
+            .bulk_faults
+            .push_back(Some((status, retry_after)));
+    }
+
+    /// The next `_bulk` request is handled as usual, ahead of the faults
+    /// queued after it (a fault for the second request of a write).
+    pub fn pass_next_bulk(&self) {
+        self.lock().bulk_faults.push_back(None);
     }
 
     /// Forgets every injected fault not used yet.
@@ -288,6 +302,18 @@ impl SearchServer {
     pub fn open_pits(&self) -> usize {
         self.lock().pits.len()
     }
+}
+
+/// A port on 127.0.0.1 bound and not listening: connecting to it is
+/// refused (nothing listens, as before a cluster is up) until a server
+/// [`start_on`](SearchServer::start_on) it. Being bound, it is never handed
+/// to a client as its own port meanwhile.
+pub fn reserve() -> tokio::net::TcpSocket {
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket
+        .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .expect("bind");
+    socket
 }
 
 impl Drop for SearchServer {
@@ -514,6 +540,9 @@ async fn handle(State(shared): State<Arc<Mutex<Shared>>>, request: Request) -> R
             }
             match json_body() {
                 Ok(request) => {
+                    if let Some(reason) = unknown_field_type(&request["mappings"]) {
+                        return error(400, "mapper_parsing_exception", &reason);
+                    }
                     shared.indices.insert(
                         (*index).to_owned(),
                         Index {
@@ -586,6 +615,41 @@ fn index_missing(index: &str) -> Response {
     )
 }
 
+/// The field types a mapping may name (the ones the tests use and their
+/// kin); index creation refuses any other, as Elasticsearch does.
+const FIELD_TYPES: [&str; 20] = [
+    "text",
+    "keyword",
+    "wildcard",
+    "long",
+    "integer",
+    "short",
+    "byte",
+    "double",
+    "float",
+    "half_float",
+    "scaled_float",
+    "boolean",
+    "date",
+    "object",
+    "nested",
+    "flattened",
+    "ip",
+    "geo_point",
+    "binary",
+    "match_only_text",
+];
+
+/// Why index creation refuses `mappings`: a field of a type it does not know.
+fn unknown_field_type(mappings: &Value) -> Option<String> {
+    let properties = mappings["properties"].as_object()?;
+    properties.iter().find_map(|(name, field)| {
+        let kind = field["type"].as_str()?;
+        (!FIELD_TYPES.contains(&kind))
+            .then(|| format!("No handler for type [{kind}] declared on field [{name}]"))
+    })
+}
+
 /// Elasticsearch's index name rules, the ones a template can break.
 fn bad_index_name(name: &str) -> Option<String> {
     if name.is_empty() || name.starts_with(['-', '_', '+']) || name == "." || name == ".." {
@@ -648,7 +712,7 @@ fn parse_bulk(body: &[u8]) -> Result<Vec<(Value, Option<Value>)>, String> {
 }
 
 fn bulk(shared: &mut Shared, path_index: Option<&str>, query: &str, body: &[u8]) -> Response {
-    if let Some((status, retry_after)) = shared.bulk_faults.pop_front() {
+    if let Some(Some((status, retry_after))) = shared.bulk_faults.pop_front() {
         let mut response = if status == 429 {
             error(
                 429,

@@ -23,7 +23,7 @@
 //!   401 `missing_authorization_header`, 403 `invalid_api_key`.
 //!
 //! Faults: whole-request answers for the next documents requests (429/503
-//! with `Retry-After`), the next documents tasks failing with an internal
+//! with `Retry-After`, or a pass for one handled as usual), the next documents tasks failing with an internal
 //! error, down (503 for everything), a paused task processor (tasks stay
 //! enqueued), no index creation on first write.
 
@@ -84,7 +84,9 @@ struct Shared {
     indexes: HashMap<String, Index>,
     tasks: Vec<Task>,
     /// Answers to the next documents requests: (status, Retry-After seconds).
-    request_faults: VecDeque<(u16, Option<u64>)>,
+    /// Answers to the next documents requests: (status, Retry-After
+    /// seconds), or `None` for a request handled as usual.
+    request_faults: VecDeque<Option<(u16, Option<u64>)>>,
     /// How many of the next documents tasks fail with an internal error.
     internal_task_faults: u32,
     down: bool,
@@ -154,7 +156,15 @@ impl MeiliServer {
 
     /// The next documents request is answered `status` as a whole.
     pub fn fail_next_request(&self, status: u16, retry_after: Option<u64>) {
-        self.lock().request_faults.push_back((status, retry_after));
+        self.lock()
+            .request_faults
+            .push_back(Some((status, retry_after)));
+    }
+
+    /// The next documents request is handled as usual, ahead of the faults
+    /// queued after it (a fault for the second request of a write).
+    pub fn pass_next_request(&self) {
+        self.lock().request_faults.push_back(None);
     }
 
     /// The next `count` documents tasks fail with an `internal` error.
@@ -628,7 +638,7 @@ async fn handle(State(shared): State<Arc<Mutex<Shared>>>, request: Request) -> R
             )
         }
         ("POST" | "PUT", ["indexes", uid, "documents"]) => {
-            if let Some((status, retry_after)) = shared.request_faults.pop_front() {
+            if let Some(Some((status, retry_after))) = shared.request_faults.pop_front() {
                 let mut response = if status == 429 {
                     error(429, "too_many_requests", "system", "Too many requests.")
                 } else {

@@ -19,7 +19,7 @@
 //!   documents (`*` or `field:value`), `num_hits` and `hits`.
 //!
 //! Faults: whole-request answers for the next ingest requests (429/503 with
-//! `Retry-After`), down (503 for everything), a deleted index.
+//! `Retry-After`, or a pass for one handled as usual), down (503 for everything), a deleted index.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -54,7 +54,9 @@ struct Index {
 
 struct Shared {
     indexes: HashMap<String, Index>,
-    ingest_faults: VecDeque<(u16, Option<u64>)>,
+    /// Answers to the next ingest requests: (status, Retry-After seconds),
+    /// or `None` for a request handled as usual.
+    ingest_faults: VecDeque<Option<(u16, Option<u64>)>>,
     down: bool,
     content_limit: usize,
     seen: Vec<Seen>,
@@ -100,7 +102,15 @@ impl QuickwitServer {
 
     /// The next ingest request is answered `status` as a whole.
     pub fn fail_next_ingest(&self, status: u16, retry_after: Option<u64>) {
-        self.lock().ingest_faults.push_back((status, retry_after));
+        self.lock()
+            .ingest_faults
+            .push_back(Some((status, retry_after)));
+    }
+
+    /// The next ingest request is handled as usual, ahead of the faults
+    /// queued after it (a fault for the second request of a write).
+    pub fn pass_next_ingest(&self) {
+        self.lock().ingest_faults.push_back(None);
     }
 
     pub fn clear_faults(&self) {
@@ -342,7 +352,7 @@ async fn handle(State(shared): State<Arc<Mutex<Shared>>>, request: Request) -> R
             ok(answer)
         }
         ("POST", ["api", "v1", id, "ingest"]) => {
-            if let Some((status, retry_after)) = shared.ingest_faults.pop_front() {
+            if let Some(Some((status, retry_after))) = shared.ingest_faults.pop_front() {
                 let mut response = message(
                     status,
                     if status == 429 {

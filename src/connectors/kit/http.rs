@@ -161,6 +161,16 @@ pub fn base_url(text: &str) -> Result<reqwest::Url, PluginConfigError> {
     Ok(url)
 }
 
+/// `url` as logs and errors may show it: without the user and password a
+/// URL can carry.
+pub fn display(url: &reqwest::Url) -> String {
+    let mut shown = url.clone();
+    // Both fail only for URLs that cannot carry credentials at all.
+    let _ = shown.set_username("");
+    let _ = shown.set_password(None);
+    shown.to_string()
+}
+
 /// How requests authenticate; sent with every request, marked sensitive.
 #[derive(Debug, Clone, Default)]
 pub enum Auth {
@@ -447,6 +457,12 @@ mod tests {
         assert_eq!(retry_after(&HeaderMap::new(), now), None);
         assert_eq!(retry_after(&headers("soon"), now), None);
         assert_eq!(retry_after(&headers("-5"), now), None);
+    }
+
+    #[test]
+    fn given_a_url_with_credentials_when_displayed_should_leave_them_out() {
+        let url = reqwest::Url::parse("https://user:s3cret@h:9200/es/_bulk?x=1").unwrap();
+        assert_eq!(display(&url), "https://h:9200/es/_bulk?x=1");
     }
 
     #[test]

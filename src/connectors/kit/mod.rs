@@ -5,6 +5,8 @@
 //! - [`failure`]: one request's failure, classified (transient with an
 //!   optional wait, refused, fatal), and the engine errors it becomes;
 //! - [`batch`]: one request body from many encoded items, split by count and bytes;
+//! - [`outcome`]: a write's answer per message, gathered over the requests
+//!   of a batch, and the `SinkError` it makes;
 //! - `row_id` (with the SQL sources): deterministic ids of database rows, snake_case columns;
 //! - `sql` (with the SQL connectors): the open-time check, pool timeouts explained
 //!   by their cause, client errors worth retrying, a sink's payload bytes;
@@ -38,6 +40,7 @@ pub mod http;
 pub mod inbox;
 #[cfg(any(feature = "delta-sink", feature = "iceberg-sink"))]
 pub mod lake;
+pub mod outcome;
 #[cfg(any(
     feature = "postgres-source",
     feature = "mysql-source",

@@ -1,6 +1,6 @@
 //! The `elasticsearch` sink's `plugin_config`: upstream's fields and defaults
 //! (`batch_size` and `timeout_seconds` now do what they say), plus API key
-//! auth, an ingest pipeline, retries and TLS options.
+//! auth, an ingest pipeline, the engine's retry settings and TLS options.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -59,16 +59,18 @@ pub struct ElasticsearchSinkConfig {
     /// `_iggy_partition`, `_iggy_timestamp` and `_iggy_headers` fields.
     #[serde(default = "default_true")]
     pub include_metadata: bool,
-    /// Retries inside one write of the items (or requests) that failed with
-    /// 429, 5xx or a connection error, after the first attempt. Past them the
-    /// engine retries the batch (only the items not yet written).
+    /// Engine retry setting: after this many consecutive failed writes (429,
+    /// 5xx, no answer) the sink is marked degraded. The engine keeps writing
+    /// again what is not durable yet; nothing is dropped.
     #[serde(default = "default_max_retries")]
     pub max_retries: u32,
-    /// Delay before the first retry (doubling, with jitter).
+    /// Engine retry setting: the wait before writing again what failed, and
+    /// before opening again (doubling, with jitter; a longer `Retry-After`
+    /// wins).
     #[serde(default = "default_retry_delay", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub retry_delay: Duration,
-    /// Longest delay between retries.
+    /// Engine retry setting: the longest wait between two attempts.
     #[serde(default = "default_max_retry_delay", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub max_retry_delay: Duration,

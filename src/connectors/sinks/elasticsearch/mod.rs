@@ -3,26 +3,25 @@
 //!
 //! Delivery: every document's `_id` is the Iggy message id and the bulk action
 //! is `index`, so a replayed batch overwrites what it wrote before instead of
-//! duplicating it. `write` returns `Ok` only once every item of the batch was
-//! answered 2xx (written to the translog). Items answered 429 or 5xx are sent
-//! again alone (not the whole batch) up to `max_retries` times with backoff;
-//! a whole request answered 429/5xx, or not answered, is sent again after its
-//! `Retry-After` or the backoff. Past the retries `write` returns `Transient`
-//! and the engine retries the batch; items already written are skipped then.
-//! Items refused for good (400 `mapper_parsing_exception` and the like), and
-//! messages that cannot be documents (a non-object JSON payload, an index
-//! template field they lack), are returned as `Rejected`, by index, for
-//! `on_error`. 401/403 and a missing index the cluster will not create are
-//! fatal, naming the fields to fix.
+//! duplicating it. `write` sends the batch in `_bulk` requests (split by
+//! `batch_size` and `max_bulk_bytes`) and reads each item of the answer: 2xx
+//! (or 409 on a `create` of our id: it is there already) is durable, 429 and
+//! 5xx are written again by the engine, other 4xx (`mapper_parsing_exception`
+//! and the like) are rejected by index for `on_error`, as are messages that
+//! cannot be documents (a non-object JSON payload, an index template field
+//! they lack). A request answered 429/5xx, or not answered, ends the write
+//! there: the engine writes what is not durable again after its backoff or
+//! the `Retry-After`. 401/403 and a missing index the cluster will not create
+//! are fatal, naming the fields to fix. At open an unreachable or starting
+//! cluster is transient (the engine opens a fresh sink again).
 
 mod config;
 mod document;
 mod template;
 
-use crate::sync::lock;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -33,14 +32,17 @@ use tracing::{info, warn};
 
 use crate::connectors::kit::backoff::Backoff;
 use crate::connectors::kit::batch::{Body, Framing, Limits, Push};
+use crate::connectors::kit::failure::Failure;
 use crate::connectors::kit::http::{
-    self, ClientOptions, HttpClient, StatusClass, classify, error_chain,
+    self, Answer, ClientOptions, HttpClient, StatusClass, classify,
 };
+use crate::connectors::kit::outcome::Outcome;
 use crate::connectors::{
-    ConnectorContext, ConnectorError, PluginConfigError, Rejection, Sink, SinkEntry, SinkError,
-    parse_plugin_config, schema_of,
+    ConnectorContext, ConnectorError, PluginConfigError, RetrySettings, Sink, SinkEntry,
+    SinkError, parse_plugin_config, schema_of,
 };
 use crate::message::{SinkMessage, TopicRef};
+use crate::sync::lock;
 
 pub use config::ElasticsearchSinkConfig;
 use template::IndexTemplate;
@@ -62,36 +64,19 @@ pub const ENTRY: SinkEntry = SinkEntry {
 /// How much of an error body goes into a reason.
 const REASON_CHARS: usize = 300;
 
+/// The most of an answer read: a bulk answer is a few hundred bytes per item.
+const ANSWER_LIMIT: usize = 64 * 1024 * 1024;
+
 pub struct ElasticsearchSink {
     config: ElasticsearchSinkConfig,
     base: reqwest::Url,
     bulk_url: reqwest::Url,
     template: IndexTemplate,
     client_options: ClientOptions,
-    retry: Backoff,
     client: Option<HttpClient>,
     /// Indices known to exist (checked or created).
     known_indices: Mutex<HashSet<String>>,
-    /// Per topic: (partition, offset) of the messages of a batch that failed
-    /// or had rejections but were written: skipped when the engine writes the
-    /// batch (or its rest) again.
-    written: Mutex<HashMap<TopicRef, HashSet<(u32, u64)>>>,
-    /// No request goes out before this (a `Retry-After` outliving `write`).
-    not_before: Mutex<Option<Instant>>,
     key: String,
-}
-
-/// A request that did not end in a usable answer.
-enum Failure {
-    /// Try again later (connection, timeout, 429, 5xx).
-    Transient {
-        reason: String,
-        retry_after: Option<Duration>,
-    },
-    /// The request is refused for good (4xx): its status and why.
-    Refused(u16, String),
-    /// Nothing will work until the config changes (401, 403, a wrong URL).
-    Fatal(String),
 }
 
 /// One document on its way.
@@ -101,15 +86,6 @@ struct Item {
     target: String,
     /// The action line and the document line, without the final newline.
     lines: Vec<u8>,
-}
-
-/// What the cluster said about one item.
-enum ItemResult {
-    Written,
-    Retry(String),
-    Rejected(String),
-    /// The index does not exist and will not be created.
-    Missing(String),
 }
 
 #[derive(Deserialize)]
@@ -143,79 +119,31 @@ impl ElasticsearchSink {
             auth,
             ..ClientOptions::default()
         };
-        let retry = Backoff {
-            initial: config.retry_delay,
-            max: config.max_retry_delay,
-            multiplier: 2.0,
-        };
         Ok(Self {
             base,
             bulk_url,
             template,
             client_options,
-            retry,
             client: None,
             known_indices: Mutex::new(HashSet::new()),
-            written: Mutex::new(HashMap::new()),
-            not_before: Mutex::new(None),
             key: "elasticsearch".into(),
             config,
         })
     }
 
-    fn url(&self, path: &str) -> Result<reqwest::Url, Failure> {
-        self.base
-            .join(path)
-            .map_err(|error| Failure::Fatal(format!("{path}: {error}")))
-    }
-
-    /// Sends a request; a status other than 2xx becomes a `Failure` naming
-    /// what to fix for 401/403.
-    async fn send(
+    /// Sends `request` to `url`; an answer other than 2xx is a [`Failure`].
+    async fn call(
         &self,
         request: reqwest::RequestBuilder,
-        what: &str,
-    ) -> Result<(u16, Bytes), Failure> {
-        let response = match request.send().await {
-            Ok(response) => response,
-            Err(error) => {
-                let error = error.without_url();
-                let reason = if error.is_timeout() {
-                    format!(
-                        "{what}: no answer within timeout_seconds ({} s)",
-                        self.config.timeout_seconds
-                    )
-                } else {
-                    format!("{what}: {}", error_chain(&error))
-                };
-                return Err(Failure::Transient {
-                    reason,
-                    retry_after: None,
-                });
-            }
-        };
-        let status = response.status().as_u16();
-        let retry_after = http::retry_after(response.headers(), SystemTime::now());
-        let body = response.bytes().await.unwrap_or_default();
-        if (200..300).contains(&status) {
-            return Ok((status, body));
+        url: &reqwest::Url,
+    ) -> Result<Answer, Failure> {
+        let target = http::display(url);
+        let answer = http::exchange(request, &target, ANSWER_LIMIT).await?;
+        if answer.is_success() {
+            Ok(answer)
+        } else {
+            Err(failure(&answer, &target))
         }
-        let reason = format!("{what}: answered {status} {}", error_text(&body));
-        Err(match status {
-            401 => Failure::Fatal(format!(
-                "{reason}; check username/password or api_key"
-            )),
-            403 => Failure::Fatal(format!(
-                "{reason}; the credentials lack a privilege this sink needs (index, create_index)"
-            )),
-            _ => match classify(status) {
-                StatusClass::Transient => Failure::Transient {
-                    reason,
-                    retry_after,
-                },
-                StatusClass::Permanent => Failure::Refused(status, reason),
-            },
-        })
     }
 
     /// Makes sure `index` exists, creating it (with `index_mapping`) if allowed.
@@ -223,42 +151,60 @@ impl ElasticsearchSink {
         if lock(&self.known_indices).contains(index) {
             return Ok(());
         }
-        let url = self.url(index)?;
-        let exists = self
-            .send(
-                client.empty(reqwest::Method::HEAD, url.clone()),
-                &format!("checking index {index}"),
-            )
-            .await;
-        match exists {
-            Ok(_) => {}
-            Err(Failure::Refused(404, _)) => {
+        let url = self
+            .base
+            .join(index)
+            .map_err(|error| Failure::Fatal(format!("index {index}: {error}")))?;
+        let target = http::display(&url);
+        let exists = http::exchange(
+            client.empty(reqwest::Method::HEAD, url.clone()),
+            &target,
+            ANSWER_LIMIT,
+        )
+        .await?;
+        match exists.status {
+            200..=299 => {}
+            404 => {
                 let body = self
                     .config
                     .index_mapping
                     .as_ref()
                     .map(|mapping| Bytes::from(mapping.to_string()))
                     .unwrap_or_default();
-                let created = self
-                    .send(
-                        client
-                            .request(reqwest::Method::PUT, url, body)
-                            .header(CONTENT_TYPE, HeaderValue::from_static("application/json")),
-                        &format!("creating index {index}"),
-                    )
-                    .await;
-                match created {
+                let request = client
+                    .request(reqwest::Method::PUT, url.clone(), body)
+                    .header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                match self.call(request, &url).await {
                     Ok(_) => info!(connector_key = %self.key, index, "index created"),
                     // Created meanwhile by someone else: fine.
-                    Err(Failure::Refused(_, reason))
+                    Err(Failure::Refused(reason))
                         if reason.contains("resource_already_exists_exception") => {}
                     Err(failure) => return Err(failure),
                 }
             }
-            Err(failure) => return Err(failure),
+            _ => return Err(failure(&exists, &target)),
         }
         lock(&self.known_indices).insert(index.to_owned());
         Ok(())
+    }
+
+    /// Creates the indices a templated batch names, the first time each is
+    /// named; the documents of an index refused are rejected with its reason.
+    async fn ensure_indices(&self, client: &HttpClient, items: &mut Vec<Item>, outcome: &mut Outcome) {
+        let targets: BTreeSet<String> = items.iter().map(|item| item.target.clone()).collect();
+        for target in targets {
+            match self.ensure_index(client, &target).await {
+                Ok(()) => {}
+                Err(Failure::Refused(reason)) => items.retain(|item| {
+                    let keep = item.target != target;
+                    if !keep {
+                        outcome.reject(item.index, reason.clone());
+                    }
+                    keep
+                }),
+                Err(failure) => return outcome.fail(failure, []),
+            }
+        }
     }
 
     fn item(&self, topic: &TopicRef, index: usize, message: &SinkMessage) -> Result<Item, String> {
@@ -282,85 +228,103 @@ impl ElasticsearchSink {
         })
     }
 
-    /// Sends one bulk request of `items`; per item, what became of it.
-    async fn bulk(&self, client: &HttpClient, items: &[Item], body: Vec<u8>) -> Result<Vec<ItemResult>, Failure> {
-        let not_before = *lock(&self.not_before);
-        if let Some(instant) = not_before {
-            tokio::time::sleep_until(instant.into()).await;
-        }
+    /// Sends one bulk request of `chunk` and files each item's answer.
+    async fn bulk(&self, client: &HttpClient, chunk: &[Item], body: Vec<u8>, outcome: &mut Outcome) {
+        let indexes = chunk.iter().map(|item| item.index);
         let request = client
             .request(reqwest::Method::POST, self.bulk_url.clone(), Bytes::from(body))
             .header(CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson"));
-        let (_, answer) = self.send(request, "bulk request").await.map_err(|failure| match failure {
-            Failure::Refused(404, reason) => Failure::Fatal(format!(
-                "{reason}; is url ({}) the cluster's address?",
-                self.base
-            )),
-            other => other,
-        })?;
-        let response: BulkResponse = serde_json::from_slice(&answer).map_err(|error| Failure::Transient {
-            reason: format!("the bulk answer is not what Elasticsearch sends: {error}"),
-            retry_after: None,
-        })?;
+        let target = http::display(&self.bulk_url);
+        let answer = match http::exchange(request, &target, ANSWER_LIMIT).await {
+            Ok(answer) => answer,
+            Err(failure) => return outcome.fail(failure, indexes),
+        };
+        if !answer.is_success() {
+            let failure = match failure(&answer, &target) {
+                Failure::Refused(reason) if answer.status == 404 => Failure::Fatal(format!(
+                    "{reason}; is url ({}) the cluster's address?",
+                    http::display(&self.base)
+                )),
+                failure => failure,
+            };
+            return outcome.fail(failure, indexes);
+        }
+        let response: BulkResponse = match serde_json::from_slice(&answer.body) {
+            Ok(response) => response,
+            Err(error) => {
+                let reason = format!("the bulk answer is not what Elasticsearch sends: {error}");
+                return outcome.fail(Failure::transient(reason), indexes);
+            }
+        };
         if !response.errors {
-            return Ok(items.iter().map(|_| ItemResult::Written).collect());
+            return outcome.durable(indexes);
         }
-        if response.items.len() != items.len() {
-            return Err(Failure::Transient {
-                reason: format!(
-                    "the bulk answer has {} items for {} documents",
-                    response.items.len(),
-                    items.len()
-                ),
-                retry_after: None,
-            });
+        if response.items.len() != chunk.len() {
+            let reason = format!(
+                "the bulk answer has {} items for {} documents",
+                response.items.len(),
+                chunk.len()
+            );
+            return outcome.fail(Failure::transient(reason), indexes);
         }
-        Ok(response
-            .items
-            .into_iter()
-            .zip(items)
-            .map(|(mut answer, item)| {
-                let Some(result) = answer.drain().map(|(_, result)| result).next() else {
-                    return ItemResult::Retry("an empty item in the bulk answer".into());
-                };
-                item_result(&item.target, result)
-            })
-            .collect())
-    }
-
-    fn remember(&self, topic: &TopicRef, written: &[(u32, u64)]) {
-        if written.is_empty() {
-            return;
+        for (answer, item) in response.items.into_iter().zip(chunk) {
+            match answer.into_iter().next() {
+                Some((action, result)) => match item_failure(&action, &item.target, result) {
+                    None => outcome.durable([item.index]),
+                    Some(failure) => outcome.fail(failure, [item.index]),
+                },
+                None => outcome.fail(Failure::transient("an empty item in the bulk answer"), [item.index]),
+            }
         }
-        lock(&self.written)
-            .entry(topic.clone())
-            .or_default()
-            .extend(written.iter().copied());
     }
 }
 
-fn item_result(target: &str, result: BulkItem) -> ItemResult {
-    if (200..300).contains(&result.status) {
-        return ItemResult::Written;
-    }
+/// What a bulk item's answer says of its document: `None` when it is stored.
+fn item_failure(action: &str, target: &str, result: BulkItem) -> Option<Failure> {
     let kind = result
         .error
         .as_ref()
         .and_then(|error| error["type"].as_str())
-        .unwrap_or("error")
-        .to_owned();
+        .unwrap_or("error");
+    // A `create` of an id that exists: a replay of what was stored before.
+    if (200..300).contains(&result.status) || (result.status == 409 && action == "create") {
+        return None;
+    }
     let reason = result
         .error
         .as_ref()
         .and_then(|error| error["reason"].as_str())
         .unwrap_or_default();
     let text = format!("{} {kind}: {}", result.status, truncate(reason));
-    if result.status == 404 && kind == "index_not_found_exception" {
-        return ItemResult::Missing(format!("index {target}: {text}"));
-    }
-    match classify(result.status) {
-        StatusClass::Transient => ItemResult::Retry(text),
-        StatusClass::Permanent => ItemResult::Rejected(text),
+    Some(match (result.status, kind) {
+        (404, "index_not_found_exception") => Failure::Fatal(format!(
+            "index {target}: {text}; the cluster does not create it: create it or set create_index_if_not_exists = true"
+        )),
+        (401 | 403, _) => Failure::Fatal(format!(
+            "index {target}: {text}; the credentials lack a privilege this sink needs (index, create_index)"
+        )),
+        (status, _) => match classify(status) {
+            StatusClass::Transient => Failure::transient(text),
+            StatusClass::Permanent => Failure::Refused(text),
+        },
+    })
+}
+
+/// A non-2xx answer of `target`, naming what to fix for 401/403.
+fn failure(answer: &Answer, target: &str) -> Failure {
+    let reason = format!("{target} answered {} {}", answer.status, error_text(&answer.body));
+    match answer.status {
+        401 => Failure::Fatal(format!("{reason}; check username/password or api_key")),
+        403 => Failure::Fatal(format!(
+            "{reason}; the credentials lack a privilege this sink needs (index, create_index)"
+        )),
+        status => match classify(status) {
+            StatusClass::Transient => Failure::Transient {
+                reason,
+                retry_after: answer.retry_after,
+            },
+            StatusClass::Permanent => Failure::Refused(reason),
+        },
     }
 }
 
@@ -399,33 +363,31 @@ impl Sink for ElasticsearchSink {
         }
         let client = HttpClient::new(&self.client_options)
             .map_err(|error| ConnectorError::fatal(error.to_string()))?;
-        let into_error = |failure: Failure| match failure {
-            Failure::Transient { reason, .. } => ConnectorError::transient(reason),
-            Failure::Refused(_, reason) | Failure::Fatal(reason) => ConnectorError::fatal(reason),
-        };
-        let (_, answer) = self
-            .send(
-                client.empty(reqwest::Method::GET, self.base.clone()),
-                &format!("connecting to {}", self.base),
-            )
+        let answer = self
+            .call(client.empty(reqwest::Method::GET, self.base.clone()), &self.base)
             .await
-            .map_err(into_error)?;
-        let about: Value = serde_json::from_slice(&answer).unwrap_or_default();
+            .map_err(|failure| match failure {
+                Failure::Refused(reason) => {
+                    ConnectorError::fatal(format!("{reason}; is url the cluster's address?"))
+                }
+                failure => ConnectorError::from(failure),
+            })?;
+        let about: Value = serde_json::from_slice(&answer.body).unwrap_or_default();
         let distribution = about["version"]["distribution"]
             .as_str()
             .unwrap_or("elasticsearch");
         let version = about["version"]["number"].as_str().unwrap_or("unknown");
-        info!(connector_key = %self.key, url = %self.base, distribution, version, "connected");
+        info!(connector_key = %self.key, url = %http::display(&self.base), distribution, version, "connected");
         if self.config.create_index_if_not_exists
             && let Some(index) = self.template.fixed()
         {
             self.ensure_index(&client, index)
                 .await
                 .map_err(|failure| match failure {
-                    Failure::Refused(_, reason) => ConnectorError::fatal(format!(
+                    Failure::Refused(reason) => ConnectorError::fatal(format!(
                         "{reason}; check index and index_mapping"
                     )),
-                    other => into_error(other),
+                    failure => ConnectorError::from(failure),
                 })?;
         }
         self.client = Some(client);
@@ -437,151 +399,102 @@ impl Sink for ElasticsearchSink {
             .client
             .as_ref()
             .ok_or_else(|| SinkError::fatal("the elasticsearch sink was not opened"))?;
-        let already = lock(&self.written).get(topic).cloned().unwrap_or_default();
-        let mut rejections = Vec::new();
-        let mut queue = Vec::with_capacity(messages.len());
+        let mut outcome = Outcome::default();
+        let mut items = Vec::with_capacity(messages.len());
         for (index, message) in messages.iter().enumerate() {
-            if already.contains(&(message.partition_id, message.offset)) {
-                continue;
-            }
             match self.item(topic, index, message) {
-                Ok(item) => queue.push(item),
-                Err(reason) => rejections.push(Rejection { index, reason }),
+                Ok(item) => items.push(item),
+                Err(reason) => outcome.reject(index, reason),
             }
         }
-        let mut written = Vec::new();
         if self.config.create_index_if_not_exists && self.template.fixed().is_none() {
-            let targets: HashSet<&str> = queue.iter().map(|item| item.target.as_str()).collect();
-            let mut refused = HashMap::new();
-            for target in targets {
-                match self.ensure_index(client, target).await {
-                    Ok(()) => {}
-                    Err(Failure::Refused(_, reason)) => {
-                        refused.insert(target.to_owned(), reason);
-                    }
-                    Err(Failure::Transient { reason, .. }) => {
-                        return Err(SinkError::transient(reason));
-                    }
-                    Err(Failure::Fatal(reason)) => return Err(SinkError::fatal(reason)),
-                }
-            }
-            queue.retain(|item| match refused.get(&item.target) {
-                Some(reason) => {
-                    rejections.push(Rejection {
-                        index: item.index,
-                        reason: reason.clone(),
-                    });
-                    false
-                }
-                None => true,
-            });
+            self.ensure_indices(client, &mut items, &mut outcome).await;
         }
         let limits = Limits {
             max_items: Some(self.config.batch_size),
             max_bytes: Some(self.config.max_bulk_bytes),
         };
-        let mut attempt = 0;
-        while !queue.is_empty() {
-            let mut retry: Vec<Item> = Vec::new();
-            let mut last_reason = String::new();
-            let mut wait: Option<Duration> = None;
-            let mut items = std::mem::take(&mut queue).into_iter().peekable();
-            while items.peek().is_some() {
-                let mut body = Body::new(Framing::NDJSON, limits);
-                let mut chunk = Vec::new();
-                while let Some(item) = items.peek() {
-                    match body.push(&item.lines) {
-                        Push::Added => chunk.extend(items.next()),
-                        Push::Full => break,
-                        Push::TooLarge { size } => {
-                            rejections.push(Rejection {
-                                index: item.index,
-                                reason: format!(
-                                    "the document makes a {size}-byte bulk request, more than max_bulk_bytes ({})",
-                                    self.config.max_bulk_bytes
-                                ),
-                            });
-                            items.next();
-                        }
-                    }
-                }
-                if chunk.is_empty() {
-                    continue;
-                }
-                match self.bulk(client, &chunk, body.finish()).await {
-                    Ok(results) => {
-                        for (item, result) in chunk.into_iter().zip(results) {
-                            match result {
-                                ItemResult::Written => {
-                                    let message = &messages[item.index];
-                                    written.push((message.partition_id, message.offset));
-                                }
-                                ItemResult::Retry(reason) => {
-                                    last_reason = reason;
-                                    retry.push(item);
-                                }
-                                ItemResult::Rejected(reason) => rejections.push(Rejection {
-                                    index: item.index,
-                                    reason,
-                                }),
-                                ItemResult::Missing(reason) => {
-                                    self.remember(topic, &written);
-                                    return Err(SinkError::fatal(format!(
-                                        "{reason}; the cluster does not create it: create it or set create_index_if_not_exists = true"
-                                    )));
-                                }
-                            }
-                        }
-                    }
-                    Err(Failure::Transient {
-                        reason,
-                        retry_after,
-                    }) => {
-                        last_reason = reason;
-                        wait = wait.max(retry_after);
-                        retry.extend(chunk);
-                    }
-                    Err(Failure::Refused(_, reason)) => {
-                        rejections.extend(chunk.iter().map(|item| Rejection {
-                            index: item.index,
-                            reason: reason.clone(),
-                        }));
-                    }
-                    Err(Failure::Fatal(reason)) => {
-                        self.remember(topic, &written);
-                        return Err(SinkError::fatal(reason));
+        let mut items = items.into_iter().peekable();
+        while items.peek().is_some() && !outcome.stopped() {
+            let mut body = Body::new(Framing::NDJSON, limits);
+            let mut chunk = Vec::new();
+            while let Some(item) = items.peek() {
+                match body.push(&item.lines) {
+                    Push::Added => chunk.extend(items.next()),
+                    Push::Full => break,
+                    Push::TooLarge { size } => {
+                        outcome.reject(item.index, format!(
+                            "the document makes a {size}-byte bulk request, more than max_bulk_bytes ({})",
+                            self.config.max_bulk_bytes
+                        ));
+                        items.next();
                     }
                 }
             }
-            if retry.is_empty() {
-                break;
+            if !chunk.is_empty() {
+                self.bulk(client, &chunk, body.finish(), &mut outcome).await;
             }
-            attempt += 1;
-            if attempt > self.config.max_retries {
-                if let Some(wait) = wait {
-                    *lock(&self.not_before) = Some(Instant::now() + wait);
-                }
-                self.remember(topic, &written);
-                return Err(SinkError::transient(format!(
-                    "{} document(s) not written after {attempt} attempts, last: {last_reason}",
-                    retry.len()
-                )));
-            }
-            let delay = wait.unwrap_or_else(|| self.retry.delay(attempt));
-            warn!(connector_key = %self.key, documents = retry.len(), retry = attempt, retry_in_ms = delay.as_millis() as u64, error = %last_reason, "documents not written, retrying them");
-            tokio::time::sleep(delay).await;
-            queue = retry;
         }
-        if !rejections.is_empty() {
-            self.remember(topic, &written);
-            return Err(SinkError::Rejected(rejections));
-        }
-        lock(&self.written).remove(topic);
-        Ok(())
+        outcome.into_result()
+    }
+
+    fn retry(&self) -> Option<RetrySettings> {
+        Some(RetrySettings {
+            backoff: Backoff {
+                initial: self.config.retry_delay,
+                max: self.config.max_retry_delay,
+                multiplier: 2.0,
+            },
+            degraded_after: Some(self.config.max_retries),
+        })
     }
 
     async fn close(&mut self) -> Result<(), ConnectorError> {
         self.client = None;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(status: u16, kind: &str) -> BulkItem {
+        BulkItem {
+            status,
+            error: Some(serde_json::json!({"type": kind, "reason": "why"})),
+        }
+    }
+
+    #[test]
+    fn given_bulk_item_answers_when_read_should_say_durable_transient_refused_or_fatal() {
+        assert_eq!(item_failure("index", "i", item(201, "")), None);
+        assert_eq!(
+            item_failure("create", "i", item(409, "version_conflict_engine_exception")),
+            None,
+            "our id exists already: stored by an earlier attempt"
+        );
+        assert!(matches!(
+            item_failure("index", "i", item(409, "version_conflict_engine_exception")),
+            Some(Failure::Refused(_))
+        ));
+        for status in [429, 500, 503] {
+            assert!(matches!(
+                item_failure("index", "i", item(status, "es_rejected_execution_exception")),
+                Some(Failure::Transient { .. })
+            ));
+        }
+        assert!(matches!(
+            item_failure("index", "i", item(400, "mapper_parsing_exception")),
+            Some(Failure::Refused(reason)) if reason.contains("mapper_parsing_exception")
+        ));
+        assert!(matches!(
+            item_failure("index", "i", item(404, "index_not_found_exception")),
+            Some(Failure::Fatal(reason)) if reason.contains("create_index_if_not_exists")
+        ));
+        assert!(matches!(
+            item_failure("index", "i", item(403, "security_exception")),
+            Some(Failure::Fatal(_))
+        ));
     }
 }

@@ -1,5 +1,6 @@
-//! The `meilisearch` sink's `plugin_config`: upstream's fields and defaults,
-//! plus TLS options.
+//! The `meilisearch` sink's `plugin_config`: upstream's fields and defaults
+//! (its retry fields are the engine's retry settings for this sink), plus
+//! TLS options.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -67,21 +68,26 @@ pub struct MeilisearchSinkConfig {
     )]
     #[schemars(with = "crate::config::duration::Text")]
     pub task_poll_interval: Duration,
-    /// Retries inside one write of the chunks that failed transiently (429,
-    /// 5xx, a connection error, a task failed with an internal error). Past
-    /// them the engine retries the batch (only what is not yet written).
+    /// Engine retry setting: after this many consecutive failed writes (429,
+    /// 5xx, no answer, a task failed with an internal error) the sink is
+    /// marked degraded. The engine keeps writing again what is not durable
+    /// yet; nothing is dropped.
     #[serde(default = "default_max_retries")]
     pub max_retries: u32,
-    /// Delay before the first retry (doubling, with jitter).
+    /// Engine retry setting: the wait before writing again what failed, and
+    /// before opening again (doubling, with jitter; a longer `Retry-After`
+    /// wins).
     #[serde(default = "default_retry_delay", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub retry_delay: Duration,
-    /// Longest delay between retries.
+    /// Engine retry setting: the longest wait between two attempts.
     #[serde(default = "default_max_retry_delay", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub max_retry_delay: Duration,
-    /// Retries of a transient failure at open (health, index check and
-    /// creation) before open fails (the engine then retries open).
+    /// Accepted for upstream's files and not used: the engine retries a
+    /// transient failure at open (health, index check and creation) on a
+    /// fresh sink, waiting as `retry_delay` and `max_retry_delay` say, until
+    /// it opens or `[engine] max_open_attempts` is reached.
     #[serde(default = "default_max_open_retries")]
     pub max_open_retries: u32,
     /// PEM file of CA certificates trusted besides the built-in roots.

@@ -1,5 +1,6 @@
 //! The `quickwit` sink's `plugin_config`: upstream's `url` and `index` (a
-//! YAML index config), plus the commit mode, request limits, retries and TLS.
+//! YAML index config), plus the commit mode, request limits, the engine's
+//! retry settings and TLS.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -44,16 +45,18 @@ pub struct QuickwitSinkConfig {
     #[serde(default = "default_timeout", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub timeout: Duration,
-    /// Retries inside one write of the requests that failed with 429, 5xx or
-    /// a connection error. Past them the engine retries the batch (only the
-    /// requests not yet acknowledged).
+    /// Engine retry setting: after this many consecutive failed writes (429,
+    /// 5xx, no answer) the sink is marked degraded. The engine keeps writing
+    /// again what is not acknowledged yet; nothing is dropped.
     #[serde(default = "default_max_retries")]
     pub max_retries: u32,
-    /// Delay before the first retry (doubling, with jitter).
+    /// Engine retry setting: the wait before writing again what failed, and
+    /// before opening again (doubling, with jitter; a longer `Retry-After`
+    /// wins).
     #[serde(default = "default_retry_delay", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub retry_delay: Duration,
-    /// Longest delay between retries.
+    /// Engine retry setting: the longest wait between two attempts.
     #[serde(default = "default_max_retry_delay", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub max_retry_delay: Duration,

@@ -1,29 +1,26 @@
 //! `quickwit` sink: ingests messages as NDJSON documents into a Quickwit 0.8
 //! index (`POST /api/v1/{index_id}/ingest?commit=...`).
 //!
-//! Delivery: `write` returns `Ok` once every ingest request of the batch was
-//! answered 2xx: with `commit = "auto"` (the default) the documents are in
+//! Delivery: `write` sends the batch in ingest requests (split by
+//! `batch_size` and `max_request_bytes`); the documents of a request answered
+//! 2xx are durable: with `commit = "auto"` (the default) they are in
 //! Quickwit's durable ingest queue, searchable after the index's
 //! `commit_timeout_secs`; `wait_for` and `force` answer once they are
-//! searchable. Quickwit has no document ids, so nothing makes a replay
-//! idempotent: a batch sent again after a crash, or after a request whose
-//! answer was lost, is stored twice (`id_field` lets queries find such
-//! duplicates). Inside one process the requests of a batch already
-//! acknowledged are not sent again when the engine retries it.
+//! searchable. A request answered 429/5xx, or not answered, ends the write
+//! there: the engine writes what is not durable again (only that: the
+//! acknowledged requests are named durable) after its backoff or the
+//! `Retry-After`. Quickwit has no document ids, so nothing makes a replay
+//! idempotent: a batch sent again after a crash, or a request whose answer
+//! was lost, is stored twice (`id_field` lets queries find such duplicates).
 //!
 //! Quickwit 0.8 acknowledges documents it later drops (a field a strict doc
 //! mapping does not declare, a value of the wrong type), so those are checked
 //! here first and rejected by index for `on_error`, as are payloads that are
-//! not JSON objects. 429, 5xx and connection errors are retried; a request
-//! refused as a whole (400, 413) rejects its documents; a missing index that
-//! may not be created is fatal.
+//! not JSON objects. A request refused as a whole (400, 413) rejects its
+//! documents; a missing index that may not be created, or one deleted while
+//! the sink runs, is fatal.
 
 mod config;
-
-use crate::sync::lock;
-use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -33,12 +30,14 @@ use tracing::{info, warn};
 
 use crate::connectors::kit::backoff::Backoff;
 use crate::connectors::kit::batch::{Body, Framing, Limits, Push};
+use crate::connectors::kit::failure::Failure;
 use crate::connectors::kit::http::{
-    self, ClientOptions, HttpClient, StatusClass, classify, error_chain,
+    self, Answer, ClientOptions, HttpClient, StatusClass, classify,
 };
+use crate::connectors::kit::outcome::Outcome;
 use crate::connectors::{
-    ConnectorContext, ConnectorError, PluginConfigError, Rejection, Sink, SinkEntry, SinkError,
-    parse_plugin_config, schema_of,
+    ConnectorContext, ConnectorError, PluginConfigError, RetrySettings, Sink, SinkEntry,
+    SinkError, parse_plugin_config, schema_of,
 };
 use crate::message::{Payload, SinkMessage, TopicRef};
 
@@ -60,30 +59,17 @@ pub const ENTRY: SinkEntry = SinkEntry {
 /// How much of an error body goes into a reason.
 const REASON_CHARS: usize = 300;
 
+/// The most of an answer read (Quickwit answers with a few small fields).
+const ANSWER_LIMIT: usize = 1024 * 1024;
+
 pub struct QuickwitSink {
     config: QuickwitSinkConfig,
     index: IndexConfig,
     base: reqwest::Url,
     ingest_url: reqwest::Url,
     client_options: ClientOptions,
-    retry: Backoff,
     client: Option<HttpClient>,
-    /// Per topic: (partition, offset) of the messages of a batch that failed
-    /// but were acknowledged: skipped when the engine writes it again.
-    written: Mutex<HashMap<TopicRef, HashSet<(u32, u64)>>>,
-    /// No request goes out before this (a `Retry-After` outliving `write`).
-    not_before: Mutex<Option<Instant>>,
     key: String,
-}
-
-enum Failure {
-    Transient {
-        reason: String,
-        retry_after: Option<Duration>,
-    },
-    /// The request is refused for good (4xx).
-    Refused(u16, String),
-    Fatal(String),
 }
 
 impl QuickwitSink {
@@ -101,20 +87,12 @@ impl QuickwitSink {
             accept_invalid_certs: config.tls_danger_accept_invalid_certs,
             ..ClientOptions::default()
         };
-        let retry = Backoff {
-            initial: config.retry_delay,
-            max: config.max_retry_delay,
-            multiplier: 2.0,
-        };
         Ok(Self {
             index,
             base,
             ingest_url,
             client_options,
-            retry,
             client: None,
-            written: Mutex::new(HashMap::new()),
-            not_before: Mutex::new(None),
             key: "quickwit".into(),
             config,
         })
@@ -126,89 +104,94 @@ impl QuickwitSink {
             .map_err(|error| Failure::Fatal(format!("{path}: {error}")))
     }
 
-    async fn send(&self, request: reqwest::RequestBuilder, what: &str) -> Result<Bytes, Failure> {
-        let response = match request.send().await {
-            Ok(response) => response,
-            Err(error) => {
-                let error = error.without_url();
-                let reason = if error.is_timeout() {
-                    format!(
-                        "{what}: no answer within timeout ({}); the documents may be stored anyway",
-                        crate::config::duration::format(self.config.timeout)
+    /// Sends `request` to `url`: its answer, whatever the status.
+    async fn exchange(
+        &self,
+        request: reqwest::RequestBuilder,
+        url: &reqwest::Url,
+    ) -> Result<Answer, Failure> {
+        http::exchange(request, &http::display(url), ANSWER_LIMIT).await
+    }
+
+    /// Makes sure the index exists, creating it from `index` if allowed.
+    async fn ensure_index(&self, client: &HttpClient) -> Result<(), Failure> {
+        let id = &self.index.index_id;
+        let url = self.url(&format!("api/v1/indexes/{id}"))?;
+        let described = self
+            .exchange(client.empty(reqwest::Method::GET, url.clone()), &url)
+            .await?;
+        match described.status {
+            200..=299 => Ok(()),
+            404 if self.config.create_index_if_not_exists => {
+                let url = self.url("api/v1/indexes")?;
+                let request = client
+                    .request(
+                        reqwest::Method::POST,
+                        url.clone(),
+                        Bytes::from(self.config.index.clone()),
                     )
-                } else {
-                    format!("{what}: {}", error_chain(&error))
-                };
-                return Err(Failure::Transient {
-                    reason,
-                    retry_after: None,
-                });
+                    .header(CONTENT_TYPE, HeaderValue::from_static("application/yaml"));
+                let created = self.exchange(request, &url).await?;
+                if created.is_success() {
+                    info!(connector_key = %self.key, index_id = %id, "index created");
+                    return Ok(());
+                }
+                match self.failure(&created, &url) {
+                    // Created meanwhile by someone else: fine.
+                    Failure::Refused(reason) if reason.contains("already exist") => Ok(()),
+                    Failure::Refused(reason) => Err(Failure::Fatal(format!(
+                        "{reason}; Quickwit refuses the index config: fix index"
+                    ))),
+                    failure => Err(failure),
+                }
             }
-        };
-        let status = response.status().as_u16();
-        let retry_after = http::retry_after(response.headers(), SystemTime::now());
-        let body = response.bytes().await.unwrap_or_default();
-        if (200..300).contains(&status) {
-            return Ok(body);
+            404 => Err(Failure::Fatal(format!(
+                "{}; create the index or set create_index_if_not_exists = true",
+                described.reason(&http::display(&url))
+            ))),
+            _ => Err(self.failure(&described, &url)),
         }
-        let reason = format!("{what}: answered {status} {}", error_text(&body));
-        Err(match status {
-            401 | 403 => Failure::Fatal(format!(
-                "{reason}; Quickwit itself has no auth: check what is in front of url ({})",
-                self.base
+    }
+
+    /// Sends one ingest request: `Ok` once Quickwit acknowledged it.
+    async fn ingest(&self, client: &HttpClient, body: Bytes) -> Result<(), Failure> {
+        let request = client
+            .request(reqwest::Method::POST, self.ingest_url.clone(), body)
+            .header(CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson"));
+        let answer = self.exchange(request, &self.ingest_url).await?;
+        if answer.is_success() {
+            return Ok(());
+        }
+        Err(match self.failure(&answer, &self.ingest_url) {
+            Failure::Refused(reason) if answer.status == 404 => Failure::Fatal(format!(
+                "{reason}; the index {} is gone: recreate it or restart the sink with create_index_if_not_exists = true",
+                self.index.index_id
             )),
-            _ => match classify(status) {
-                StatusClass::Transient => Failure::Transient {
-                    reason,
-                    retry_after,
-                },
-                StatusClass::Permanent => Failure::Refused(status, reason),
-            },
+            failure => failure,
         })
     }
 
-    async fn ensure_index(&self, client: &HttpClient) -> Result<(), Failure> {
-        let id = &self.index.index_id;
-        let described = self
-            .send(
-                client.empty(
-                    reqwest::Method::GET,
-                    self.url(&format!("api/v1/indexes/{id}"))?,
-                ),
-                &format!("describing index {id}"),
-            )
-            .await;
-        match described {
-            Ok(_) => Ok(()),
-            Err(Failure::Refused(404, _)) if self.config.create_index_if_not_exists => {
-                let created = self
-                    .send(
-                        client
-                            .request(
-                                reqwest::Method::POST,
-                                self.url("api/v1/indexes")?,
-                                Bytes::from(self.config.index.clone()),
-                            )
-                            .header(CONTENT_TYPE, HeaderValue::from_static("application/yaml")),
-                        &format!("creating index {id}"),
-                    )
-                    .await;
-                match created {
-                    Ok(_) => {
-                        info!(connector_key = %self.key, index_id = %id, "index created");
-                        Ok(())
-                    }
-                    Err(Failure::Refused(_, reason)) if reason.contains("already exist") => Ok(()),
-                    Err(Failure::Refused(_, reason)) => Err(Failure::Fatal(format!(
-                        "{reason}; Quickwit refuses the index config: fix index"
-                    ))),
-                    Err(failure) => Err(failure),
-                }
-            }
-            Err(Failure::Refused(404, reason)) => Err(Failure::Fatal(format!(
-                "{reason}; create the index or set create_index_if_not_exists = true"
-            ))),
-            Err(failure) => Err(failure),
+    /// A non-2xx answer of `url`; 401/403 come from what is in front of
+    /// Quickwit, which has no auth of its own.
+    fn failure(&self, answer: &Answer, url: &reqwest::Url) -> Failure {
+        let reason = format!(
+            "{} answered {} {}",
+            http::display(url),
+            answer.status,
+            error_text(&answer.body)
+        );
+        match answer.status {
+            401 | 403 => Failure::Fatal(format!(
+                "{reason}; Quickwit itself has no auth: check what is in front of url ({})",
+                http::display(&self.base)
+            )),
+            status => match classify(status) {
+                StatusClass::Transient => Failure::Transient {
+                    reason,
+                    retry_after: answer.retry_after,
+                },
+                StatusClass::Permanent => Failure::Refused(reason),
+            },
         }
     }
 
@@ -257,16 +240,6 @@ impl QuickwitSink {
             }
         }
         Ok(())
-    }
-
-    fn remember(&self, topic: &TopicRef, written: &[(u32, u64)]) {
-        if written.is_empty() {
-            return;
-        }
-        lock(&self.written)
-            .entry(topic.clone())
-            .or_default()
-            .extend(written.iter().copied());
     }
 }
 
@@ -331,139 +304,64 @@ impl Sink for QuickwitSink {
             .map_err(|error| ConnectorError::fatal(error.to_string()))?;
         self.ensure_index(&client)
             .await
-            .map_err(|failure| match failure {
-                Failure::Transient { reason, .. } => ConnectorError::transient(reason),
-                Failure::Refused(_, reason) | Failure::Fatal(reason) => {
-                    ConnectorError::fatal(reason)
-                }
-            })?;
-        info!(connector_key = %self.key, url = %self.base, index_id = %self.index.index_id, commit = self.config.commit.as_str(), "connected");
+            .map_err(ConnectorError::from)?;
+        info!(connector_key = %self.key, url = %http::display(&self.base), index_id = %self.index.index_id, commit = self.config.commit.as_str(), "connected");
         self.client = Some(client);
         Ok(())
     }
 
-    async fn write(&self, topic: &TopicRef, messages: &[SinkMessage]) -> Result<(), SinkError> {
+    async fn write(&self, _topic: &TopicRef, messages: &[SinkMessage]) -> Result<(), SinkError> {
         let client = self
             .client
             .as_ref()
             .ok_or_else(|| SinkError::fatal("the quickwit sink was not opened"))?;
-        let already = lock(&self.written).get(topic).cloned().unwrap_or_default();
-        let mut rejections = Vec::new();
+        let mut outcome = Outcome::default();
         let mut lines = Vec::with_capacity(messages.len());
         for (index, message) in messages.iter().enumerate() {
-            if already.contains(&(message.partition_id, message.offset)) {
-                continue;
-            }
             match self.line(message) {
                 Ok(line) => lines.push((index, line)),
-                Err(reason) => rejections.push(Rejection { index, reason }),
+                Err(reason) => outcome.reject(index, reason),
             }
         }
-        // Requests of (message indexes, body), split by count and bytes.
         let limits = Limits {
             max_items: Some(self.config.batch_size),
             max_bytes: Some(self.config.max_request_bytes),
         };
-        let mut requests = Vec::new();
         let mut lines = lines.into_iter().peekable();
-        while lines.peek().is_some() {
+        while lines.peek().is_some() && !outcome.stopped() {
             let mut body = Body::new(Framing::NDJSON, limits);
             let mut indexes = Vec::new();
             while let Some((index, line)) = lines.peek() {
                 match body.push(line) {
-                    Push::Added => {
-                        indexes.push(*index);
-                        lines.next();
-                    }
+                    Push::Added => indexes.push(*index),
                     Push::Full => break,
-                    Push::TooLarge { size } => {
-                        rejections.push(Rejection {
-                            index: *index,
-                            reason: format!(
-                                "the document makes a {size}-byte ingest request, more than max_request_bytes ({})",
-                                self.config.max_request_bytes
-                            ),
-                        });
-                        lines.next();
-                    }
+                    Push::TooLarge { size } => outcome.reject(*index, format!(
+                        "the document makes a {size}-byte ingest request, more than max_request_bytes ({})",
+                        self.config.max_request_bytes
+                    )),
                 }
+                lines.next();
             }
-            if !indexes.is_empty() {
-                requests.push((indexes, Bytes::from(body.finish())));
+            if indexes.is_empty() {
+                continue;
+            }
+            match self.ingest(client, Bytes::from(body.finish())).await {
+                Ok(()) => outcome.durable(indexes),
+                Err(failure) => outcome.fail(failure, indexes),
             }
         }
-        let mut written = Vec::new();
-        let mut attempt = 0;
-        while !requests.is_empty() {
-            let mut retry = Vec::new();
-            let mut last_reason = String::new();
-            let mut wait: Option<Duration> = None;
-            for (indexes, body) in std::mem::take(&mut requests) {
-                let not_before = *lock(&self.not_before);
-                if let Some(instant) = not_before {
-                    tokio::time::sleep_until(instant.into()).await;
-                }
-                let request = client
-                    .request(reqwest::Method::POST, self.ingest_url.clone(), body.clone())
-                    .header(CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson"));
-                match self.send(request, "ingest request").await {
-                    Ok(_) => written.extend(
-                        indexes
-                            .iter()
-                            .map(|&index| (messages[index].partition_id, messages[index].offset)),
-                    ),
-                    Err(Failure::Transient {
-                        reason,
-                        retry_after,
-                    }) => {
-                        last_reason = reason;
-                        wait = wait.max(retry_after);
-                        retry.push((indexes, body));
-                    }
-                    Err(Failure::Refused(404, reason)) => {
-                        self.remember(topic, &written);
-                        return Err(SinkError::fatal(format!(
-                            "{reason}; the index {} is gone: recreate it or restart the sink with create_index_if_not_exists = true",
-                            self.index.index_id
-                        )));
-                    }
-                    Err(Failure::Refused(_, reason)) => {
-                        rejections.extend(indexes.iter().map(|&index| Rejection {
-                            index,
-                            reason: reason.clone(),
-                        }));
-                    }
-                    Err(Failure::Fatal(reason)) => {
-                        self.remember(topic, &written);
-                        return Err(SinkError::fatal(reason));
-                    }
-                }
-            }
-            if retry.is_empty() {
-                break;
-            }
-            attempt += 1;
-            if attempt > self.config.max_retries {
-                if let Some(wait) = wait {
-                    *lock(&self.not_before) = Some(Instant::now() + wait);
-                }
-                self.remember(topic, &written);
-                return Err(SinkError::transient(format!(
-                    "{} ingest request(s) not acknowledged after {attempt} attempts, last: {last_reason}",
-                    retry.len()
-                )));
-            }
-            let delay = wait.unwrap_or_else(|| self.retry.delay(attempt));
-            warn!(connector_key = %self.key, requests = retry.len(), retry = attempt, retry_in_ms = delay.as_millis() as u64, error = %last_reason, "ingest failed, retrying");
-            tokio::time::sleep(delay).await;
-            requests = retry;
-        }
-        if !rejections.is_empty() {
-            self.remember(topic, &written);
-            return Err(SinkError::Rejected(rejections));
-        }
-        lock(&self.written).remove(topic);
-        Ok(())
+        outcome.into_result()
+    }
+
+    fn retry(&self) -> Option<RetrySettings> {
+        Some(RetrySettings {
+            backoff: Backoff {
+                initial: self.config.retry_delay,
+                max: self.config.max_retry_delay,
+                multiplier: 2.0,
+            },
+            degraded_after: Some(self.config.max_retries),
+        })
     }
 
     async fn close(&mut self) -> Result<(), ConnectorError> {
