@@ -1,13 +1,12 @@
 //! The source pipeline: poll -> transform -> encode -> send -> save state ->
-//! commit, with exactly one batch in flight.
+//! commit, with up to `max_in_flight` batches polled and not committed (the
+//! loop is in [`batches`]; this file holds the pipeline and what it does to
+//! one batch: prepare its records, send them, report it committed).
 //!
 //! A failed send or state save is a NACK: the same batch is retried with capped
-//! backoff, nothing is polled past it and no state covering it is saved. What
-//! already succeeded within a batch (a stream's send, the state save) is not
-//! repeated, so a retry duplicates as little as possible. The state store
-//! stages the state while the batch is being sent and publishes it only after
-//! the acknowledgement (the file store: temp file fsync during the send, rename
-//! and directory fsync after it).
+//! backoff, nothing is committed past it and no state covering it is saved.
+//! What already succeeded within a batch (a stream's send, the state save) is
+//! not repeated, so a retry duplicates as little as possible.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,16 +18,16 @@ use crate::codec::Schema;
 use crate::connectors::{BatchPolicy, ConnectorError, Source, SourceBatch};
 use crate::engine::backoff::Backoff;
 use crate::engine::metrics::{ConnectorMetrics, ErrorStage, Stage};
-use crate::engine::retry::{Attempt, Failure, Until, retry, retry_with};
+use crate::engine::retry::{Attempt, Failure, Until, retry};
 use crate::engine::status::{StatusCell, StopReason};
 use crate::engine::{BENCHMARK_TARGET, Shutdown, catch_panic, dead_letter};
 use crate::iggy::Producer;
 use crate::message::{OutgoingMessage, Payload, SourceRecord};
-use crate::state::{StateStore, StoredState};
-use crate::telemetry::{self, BatchSpan, Outcome};
+use crate::state::StateStore;
+use crate::telemetry::{self, BatchSpan};
 use crate::transforms::{TransformChain, Verdict};
 
-mod pipelined;
+mod batches;
 
 /// One `[[streams]]` entry of a source: where its records go and how they are
 /// encoded.
@@ -55,8 +54,7 @@ pub struct SourcePipeline {
     pub metrics: Arc<ConnectorMetrics>,
     pub shutdown: Shutdown,
     pub backoff: Backoff,
-    /// Batches polled and not yet committed, at most (1: retry in place; more:
-    /// the pipelined loop in [`pipelined`], which needs the source to rewind).
+    /// Batches polled and not yet committed, at most.
     pub max_in_flight: usize,
     pub verbose: bool,
     /// Emit upstream's per-batch `benchmark` event.
@@ -116,13 +114,6 @@ impl Timings {
     }
 }
 
-/// What of a batch's delivery already succeeded, so a retry repeats only the rest.
-struct Progress {
-    /// Per group: sent and acknowledged.
-    sent: Vec<bool>,
-    saved: bool,
-}
-
 /// Why one delivery attempt failed.
 struct Nack {
     stage: ErrorStage,
@@ -167,22 +158,6 @@ impl SourcePipeline {
         ended
     }
 
-    async fn run_batches(&mut self) -> Ended {
-        if self.max_in_flight > 1 {
-            return self.run_pipelined().await;
-        }
-        loop {
-            let polling = Instant::now();
-            let batch = match self.poll_next().await {
-                Ok(batch) => batch,
-                Err(ended) => return ended,
-            };
-            if let Err(ended) = self.handle(batch, polling).await {
-                return ended;
-            }
-        }
-    }
-
     /// Polls the next batch, retrying transient failures with backoff. `Err`
     /// ends the pipeline (a stop request, a fatal error or a panic).
     async fn poll_next(&self) -> Result<SourceBatch, Ended> {
@@ -195,70 +170,6 @@ impl SourcePipeline {
         )
         .await
         .map_err(|gave_up| gave_up.or(|| Ended::Shutdown))
-    }
-
-    /// Delivers one batch (polled from `polling` on) and commits it. `Err`
-    /// ends the pipeline.
-    async fn handle(&self, batch: SourceBatch, polling: Instant) -> Result<(), Ended> {
-        let started = Instant::now();
-        let SourceBatch {
-            records,
-            state,
-            finished,
-        } = batch;
-        let count = records.len();
-        if count == 0 && state.is_none() && !finished {
-            // Nothing to deliver; let the source finish whatever it staged.
-            tokio::task::yield_now().await;
-            return self.commit().await;
-        }
-        self.metrics.produced.add(count as u64);
-        let mut trace = BatchSpan::start("source", &self.key, polling);
-        if trace.is_recording() {
-            trace.stage("poll", polling, started, None);
-            link_requests(&mut trace, &records);
-        }
-        let (groups, rejected) = self.prepare(records);
-        let prepared = started.elapsed();
-        self.metrics.record_duration(Stage::Prepare, prepared);
-        trace.stage("transform", started, started + prepared, None);
-        let state = state.map(|data| StoredState {
-            connector: self.connector.clone(),
-            data,
-        });
-        let mut timings = Timings {
-            traced: trace.is_recording(),
-            ..Timings::default()
-        };
-        let delivered = self.deliver(&groups, state.as_ref(), &mut timings).await;
-        for mark in &timings.stages {
-            trace.stage(mark.name, mark.from, mark.to, mark.error.as_deref());
-        }
-        let committing = Instant::now();
-        let committed = match delivered {
-            Ok(()) => self.commit().await,
-            Err(ended) => Err(ended),
-        };
-        if let Err(ended) = committed {
-            trace.end(count, timings.nacks, Outcome::Nack);
-            return Err(ended);
-        }
-        let commit_time = committing.elapsed();
-        self.metrics.record_duration(Stage::Commit, commit_time);
-        trace.stage("commit", committing, committing + commit_time, None);
-        let outcome = match rejected {
-            0 => Outcome::Ok,
-            _ => Outcome::Rejected,
-        };
-        trace.end(count, timings.nacks, outcome);
-        self.committed(&groups, count, started, prepared, &timings);
-        if finished {
-            return Err(Ended::Stopped(
-                StopReason::Completed,
-                "the source has nothing more to produce".into(),
-            ));
-        }
-        Ok(())
     }
 
     /// Records a committed batch: its total time, its log line and, when
@@ -435,86 +346,6 @@ impl SourcePipeline {
                 None,
             ));
         }
-    }
-
-    /// Sends every group and saves the state, retrying the parts that failed
-    /// until they succeed, the NACK limit is reached, or the grace period after a
-    /// stop request runs out.
-    async fn deliver(
-        &self,
-        groups: &[Vec<OutgoingMessage>],
-        state: Option<&StoredState>,
-        timings: &mut Timings,
-    ) -> Result<(), Ended> {
-        let progress = Progress {
-            sent: vec![false; groups.len()],
-            saved: state.is_none(),
-        };
-        retry_with(
-            self.backoff,
-            &self.shutdown,
-            Until::GraceExpired,
-            (progress, timings),
-            |(mut progress, timings)| async move {
-                let outcome = match self.attempt(groups, state, &mut progress, timings).await {
-                    Ok(()) => Attempt::Done(()),
-                    Err(nack) => {
-                        timings.nacks += 1;
-                        Attempt::Failed(nack)
-                    }
-                };
-                ((progress, timings), outcome)
-            },
-            |failure| {
-                let (nacks, nack) = (failure.attempt, failure.error);
-                self.metrics.nacks.add(1);
-                self.metrics.error(nack.stage, 1);
-                self.status.record_error(nack.message.clone());
-                if let Some(limit) = self.policy.max_consecutive_nacks
-                    && nacks >= limit
-                {
-                    return Err(Ended::Stopped(
-                        StopReason::NackLimit,
-                        format!(
-                            "batch NACKed {nacks} times in a row (max_consecutive_nacks = {limit}); last: {}",
-                            nack.message
-                        ),
-                    ));
-                }
-                warn!(connector_key = %self.key, nacks, retry_in_ms = failure.delay.as_millis() as u64, error = %nack.message, "batch NACKed, retrying the same batch");
-                self.metrics.retries.add(1);
-                Ok(())
-            },
-        )
-        .await
-        .map_err(|gave_up| gave_up.or(|| self.abandon()))
-    }
-
-    /// Sends what is not sent yet, then saves the state, so the saved state
-    /// never covers a batch Iggy has not acknowledged.
-    async fn attempt(
-        &self,
-        groups: &[Vec<OutgoingMessage>],
-        state: Option<&StoredState>,
-        progress: &mut Progress,
-        timings: &mut Timings,
-    ) -> Result<(), Nack> {
-        let Progress { sent, saved } = progress;
-        self.send_all(groups, sent, timings).await?;
-        if let (Some(state), false) = (state, *saved) {
-            let started = Instant::now();
-            let save = self.state_store.save(&self.key, state).await;
-            timings.mark("state_save", started, &save);
-            save.map_err(|error| Nack {
-                stage: ErrorStage::StateSave,
-                message: format!("state save failed: {error}"),
-            })?;
-            let elapsed = started.elapsed();
-            self.metrics.record_duration(Stage::StateSave, elapsed);
-            timings.state_save = Some(elapsed);
-            *saved = true;
-        }
-        Ok(())
     }
 
     async fn send_all(
