@@ -39,7 +39,6 @@ fn config(server: &Doris, extra: Value) -> Value {
     let mut config = json!({
         "fe_url": server.fe_url, "database": "demo", "table": "events",
         "username": "root", "password": "pw",
-        "retry_delay": "1ms", "max_retry_delay": "5ms", "max_retries": 2,
     });
     config
         .as_object_mut()
@@ -116,10 +115,13 @@ async fn a_load_follows_the_redirect_with_credentials_and_a_replay_is_deduplicat
 }
 
 #[tokio::test]
-async fn a_load_whose_answer_was_lost_is_retried_under_its_label_and_not_doubled() {
+async fn a_load_whose_answer_was_lost_is_transient_and_written_again_under_its_label_once() {
     let server = server().await;
     let sink = open(config(&server, json!({}))).await;
     server.fail_next(&[Fault::AnswerLost]);
+    let error = sink.write(&topic(), &batch(0..3)).await.unwrap_err();
+    assert!(matches!(error, SinkError::Transient { .. }), "{error}");
+    // The engine writes the batch again: Doris knows the label.
     sink.write(&topic(), &batch(0..3)).await.unwrap();
     assert_eq!(ids(&server), vec![0, 1, 2]);
     let labels = labels(&server);
@@ -128,22 +130,65 @@ async fn a_load_whose_answer_was_lost_is_retried_under_its_label_and_not_doubled
 }
 
 #[tokio::test]
-async fn publish_timeout_is_written_and_throttling_past_max_retries_is_transient() {
+async fn publish_timeout_is_written_and_unavailable_or_throttled_loads_are_transient() {
     let server = server().await;
     let sink = open(config(&server, json!({}))).await;
     server.fail_next(&[Fault::PublishTimeout]);
     sink.write(&topic(), &batch(0..2)).await.unwrap();
     server.fail_next(&[Fault::Unavailable]);
+    let error = sink.write(&topic(), &batch(2..4)).await.unwrap_err();
+    let SinkError::Transient { retry_after, .. } = &error else {
+        panic!("expected Transient, got {error}");
+    };
+    assert_eq!(
+        *retry_after,
+        Some(Duration::ZERO),
+        "the Retry-After: 0 asked for"
+    );
     sink.write(&topic(), &batch(2..4)).await.unwrap();
-    server.fail_next(&[Fault::TooManyRequests, Fault::TooManyRequests]);
+    server.fail_next(&[Fault::TooManyRequests]);
     let error = sink.write(&topic(), &batch(4..6)).await.unwrap_err();
     assert!(matches!(error, SinkError::Transient { .. }), "{error}");
     sink.write(&topic(), &batch(4..6)).await.unwrap();
     assert_eq!(ids(&server), (0..6).collect::<Vec<_>>());
+    assert_eq!(labels(&server).len(), 5, "each write sent each load once");
 }
 
 #[tokio::test]
-async fn unfit_rows_named_by_the_error_log_are_rejected_by_index_and_the_rest_loads() {
+async fn an_outage_after_a_load_names_its_rows_durable_and_the_rest_reloads_under_the_same_label() {
+    let server = server().await;
+    let sink = open(config(&server, json!({"batch_size": 2}))).await;
+    server.fail_next(&[Fault::PublishTimeout, Fault::Unavailable]);
+    let rows = batch(0..6);
+    let error = sink.write(&topic(), &rows).await.unwrap_err();
+    let SinkError::Partial(partial) = error else {
+        panic!("expected Partial, got {error}");
+    };
+    assert_eq!(partial.durable, [0, 1], "the first load was written");
+    assert!(partial.rest.is_transient(), "{}", partial.rest);
+    // What the engine writes again: the rows not durable yet.
+    sink.write(&topic(), &rows[2..]).await.unwrap();
+    assert_eq!(ids(&server), (0..6).collect::<Vec<_>>());
+    let labels = labels(&server);
+    assert_eq!(labels.len(), 4, "{labels:?}");
+    assert_eq!(
+        labels[1], labels[2],
+        "the failed load is sent again under its label"
+    );
+}
+
+/// The durable and the rejected indexes of a write answered in part.
+fn settled(error: SinkError) -> (Vec<usize>, Vec<iggy_connect::connectors::Rejection>) {
+    let SinkError::Partial(partial) = error else {
+        panic!("expected Partial, got {error}");
+    };
+    let mut durable = partial.durable;
+    durable.sort();
+    (durable, partial.rejected)
+}
+
+#[tokio::test]
+async fn unfit_rows_named_by_the_error_log_are_rejected_by_index_and_the_others_loaded_at_once() {
     for format in ["json", "csv"] {
         let server = server().await;
         let sink = open(config(
@@ -154,10 +199,7 @@ async fn unfit_rows_named_by_the_error_log_are_rejected_by_index_and_the_rest_lo
         let mut rows = batch(0..6);
         rows[1].payload = Payload::Json(json!({"id": "not a number", "name": "x"}));
         rows[4].payload = Payload::Json(json!({"name": "no id"}));
-        let error = sink.write(&topic(), &rows).await.unwrap_err();
-        let SinkError::Rejected(rejections) = error else {
-            panic!("{format}: expected Rejected, got {error}");
-        };
+        let (durable, rejections) = settled(sink.write(&topic(), &rows).await.unwrap_err());
         let mut indexes: Vec<usize> = rejections.iter().map(|r| r.index).collect();
         indexes.sort();
         assert_eq!(indexes, vec![1, 4], "{format}");
@@ -166,22 +208,30 @@ async fn unfit_rows_named_by_the_error_log_are_rejected_by_index_and_the_rest_lo
             "{}",
             rejections[0].reason
         );
-        assert!(
-            ids(&server).is_empty(),
-            "{format}: a failed load loads nothing"
-        );
-        let rest: Vec<SinkMessage> = rows
-            .into_iter()
-            .enumerate()
-            .filter(|(index, _)| !indexes.contains(index))
-            .map(|(_, message)| message)
-            .collect();
-        sink.write(&topic(), &rest).await.unwrap();
+        assert_eq!(durable, vec![0, 2, 3, 5], "{format}");
         assert_eq!(ids(&server), vec![0, 2, 3, 5], "{format}");
-        let load = server.seen().into_iter().rfind(|s| s.backend).unwrap();
-        assert_eq!(load.headers["format"], format);
-        assert_eq!(load.headers["columns"], "id, name");
+        let loads: Vec<_> = server.seen().into_iter().filter(|s| s.backend).collect();
+        assert_eq!(
+            loads.len(),
+            2,
+            "{format}: the refused load, then the others alone"
+        );
+        assert_eq!(loads[1].headers["format"], format);
+        assert_eq!(loads[1].headers["columns"], "id, name");
     }
+}
+
+#[tokio::test]
+async fn unfit_rows_of_a_later_load_are_rejected_and_every_other_row_loaded() {
+    let server = server().await;
+    let sink = open(config(&server, json!({"batch_size": 3}))).await;
+    let mut rows = batch(0..6);
+    rows[4].payload = Payload::Json(json!({"id": "not a number", "name": "x"}));
+    let (durable, rejections) = settled(sink.write(&topic(), &rows).await.unwrap_err());
+    assert_eq!(durable, [0, 1, 2, 3, 5]);
+    assert_eq!(rejections.len(), 1);
+    assert_eq!(rejections[0].index, 4);
+    assert_eq!(ids(&server), vec![0, 1, 2, 3, 5]);
 }
 
 #[tokio::test]

@@ -1,6 +1,7 @@
 //! The http sink end to end: messages in a `MemoryBus` topic, the sink run by
 //! the `Runtime`, delivering to a real local HTTP server (the scripted server
-//! of `support::http_server`) whose answers each test scripts.
+//! of `support::http_server`) whose answers each test scripts; and one
+//! `write` or `open` of the sink alone, for how it classifies an answer.
 
 mod support;
 
@@ -12,13 +13,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use iggy_connect::codec::Schema;
 use iggy_connect::config::{ConnectorConfig, DeadLetterTarget, KindConfig, OnError, SinkStream};
-use iggy_connect::connectors::ConnectorKind;
+use iggy_connect::connectors::{ConnectorError, ConnectorKind, SinkError};
 use iggy_connect::engine::{Runtime, Status, StopReason};
 use iggy_connect::iggy::{Bus, MemoryBus, ProducerTarget};
 use iggy_connect::message::{HeaderValue, OutgoingMessage};
 use iggy_connect::state::MemoryStateStore;
 use serde_json::{Value, json};
 use support::http_server::{Reply, ScriptedServer};
+use support::sinks;
 use support::wait::eventually;
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -284,36 +286,13 @@ async fn a_503_is_retried_until_the_endpoint_accepts() {
 }
 
 #[tokio::test]
-async fn retry_after_is_waited_before_the_retry() {
+async fn retry_after_is_waited_before_the_engine_writes_again() {
     let endpoint = ScriptedServer::start(vec![Reply::retry_after(429, 1)]).await;
     let url = endpoint.url("/ingest");
     let pipeline = Pipeline::start(
         "retry-after",
         payloads(1),
         config(&url, json!({})),
-        OnError::Stop,
-        false,
-    )
-    .await;
-    eventually("the batch is committed", DEADLINE, async || {
-        pipeline.drained()
-    })
-    .await;
-    let received = endpoint.received();
-    assert_eq!(received.len(), 2);
-    let waited = received[1].at - received[0].at;
-    assert!(waited >= Duration::from_secs(1), "retried after {waited:?}");
-    pipeline.runtime.shutdown().await;
-}
-
-#[tokio::test]
-async fn retry_after_is_honoured_across_the_engines_retry_of_the_batch() {
-    let endpoint = ScriptedServer::start(vec![Reply::retry_after(503, 1)]).await;
-    let url = endpoint.url("/ingest");
-    let pipeline = Pipeline::start(
-        "retry-after-engine",
-        payloads(1),
-        config(&url, json!({"max_retries": 0})),
         OnError::Stop,
         false,
     )
@@ -438,12 +417,18 @@ async fn offsets_stay_put_while_the_endpoint_is_down_and_move_once_it_is_back() 
         "nothing committed while the endpoint is down"
     );
     assert_eq!(pipeline.view().status.status, Status::Running);
+    let degraded = pipeline.view().degraded.unwrap_or_default();
+    assert!(
+        degraded.contains("consecutive failed writes"),
+        "past max_retries the engine reports the sink degraded: {degraded:?}"
+    );
     endpoint.set_default(Reply::OK);
     eventually("the batch is committed", DEADLINE, async || {
         pipeline.drained()
     })
     .await;
     assert_eq!(pipeline.committed(), Some(2));
+    assert_eq!(pipeline.view().degraded, None);
     pipeline.runtime.shutdown().await;
 }
 
@@ -457,7 +442,7 @@ async fn the_circuit_breaker_opens_on_a_dead_endpoint_and_closes_when_it_recover
         payloads(1),
         config(
             &url,
-            json!({"max_retries": 0, "circuit_breaker_threshold": 2, "circuit_breaker_cool_down": "3s"}),
+            json!({"max_retries": 1000, "circuit_breaker_threshold": 2, "circuit_breaker_cool_down": "3s"}),
         ),
         OnError::Stop,
         false,
@@ -524,7 +509,7 @@ async fn credentials_in_the_url_never_show_in_the_status() {
 }
 
 #[tokio::test]
-async fn a_batch_interrupted_by_an_outage_is_resumed_without_resending_what_was_delivered() {
+async fn a_batch_interrupted_by_an_outage_resends_only_what_was_not_delivered() {
     let endpoint = ScriptedServer::start(vec![Reply::OK, Reply::status(503)]).await;
     let url = endpoint.url("/ingest");
     let pipeline = Pipeline::start(
@@ -532,7 +517,7 @@ async fn a_batch_interrupted_by_an_outage_is_resumed_without_resending_what_was_
         payloads(3),
         config(
             &url,
-            json!({"batch_mode": "individual", "include_metadata": false, "max_retries": 0}),
+            json!({"batch_mode": "individual", "include_metadata": false}),
         ),
         OnError::Stop,
         false,
@@ -550,7 +535,7 @@ async fn a_batch_interrupted_by_an_outage_is_resumed_without_resending_what_was_
             json!({"n": 1}),
             json!({"n": 2})
         ],
-        "after the engine's retry only the undelivered messages are sent"
+        "the write said which messages were durable: the engine wrote only the rest again"
     );
     pipeline.runtime.shutdown().await;
 }
@@ -589,7 +574,7 @@ async fn a_refusing_endpoint_commits_nothing_until_it_accepts_again() {
         payloads(3),
         config(
             &url,
-            json!({"batch_mode": "json_array", "max_retries": 0, "circuit_breaker_threshold": 0}),
+            json!({"batch_mode": "json_array", "circuit_breaker_threshold": 0}),
         ),
         OnError::Stop,
         false,
@@ -612,4 +597,124 @@ async fn a_refusing_endpoint_commits_nothing_until_it_accepts_again() {
     .await;
     assert_eq!(endpoint.bodies()[0].as_array().unwrap().len(), 3);
     pipeline.runtime.shutdown().await;
+}
+
+/// The sink's messages for the tests of one `write`: `{"n": <offset + 1>}`.
+fn batch(count: u64) -> Vec<iggy_connect::message::SinkMessage> {
+    sinks::ns_messages(0..count)
+}
+
+#[tokio::test]
+async fn a_503_with_retry_after_is_one_transient_answer_carrying_the_wait() {
+    let endpoint = ScriptedServer::start(vec![Reply::retry_after(503, 7)]).await;
+    let sink = sinks::open(
+        "http",
+        &json!({"url": endpoint.url("/ingest"), "batch_mode": "ndjson"}),
+    )
+    .await;
+    let error = sink.write(&sinks::topic(), &batch(3)).await.unwrap_err();
+    let SinkError::Transient { retry_after, .. } = &error else {
+        panic!("expected Transient, got {error}");
+    };
+    assert_eq!(*retry_after, Some(Duration::from_secs(7)), "{error}");
+    assert_eq!(endpoint.count(), 1, "the sink sent the request once");
+}
+
+#[tokio::test]
+async fn an_outage_in_the_middle_of_an_individual_batch_names_what_was_delivered() {
+    let endpoint = ScriptedServer::start(vec![Reply::OK, Reply::OK, Reply::status(503)]).await;
+    let sink = sinks::open(
+        "http",
+        &json!({"url": endpoint.url("/ingest"), "batch_mode": "individual"}),
+    )
+    .await;
+    let error = sink.write(&sinks::topic(), &batch(4)).await.unwrap_err();
+    let SinkError::Partial(partial) = error else {
+        panic!("expected Partial, got {error}");
+    };
+    assert_eq!(partial.durable, [0, 1]);
+    assert!(partial.rejected.is_empty());
+    assert!(
+        matches!(partial.rest, SinkError::Transient { .. }),
+        "{}",
+        partial.rest
+    );
+    assert_eq!(endpoint.count(), 3, "nothing is sent after the outage");
+}
+
+#[tokio::test]
+async fn a_refused_message_in_an_individual_batch_is_rejected_and_the_others_delivered() {
+    let endpoint = ScriptedServer::start(vec![Reply::OK, Reply::status(400), Reply::OK]).await;
+    let sink = sinks::open(
+        "http",
+        &json!({"url": endpoint.url("/ingest"), "batch_mode": "individual"}),
+    )
+    .await;
+    let error = sink.write(&sinks::topic(), &batch(3)).await.unwrap_err();
+    let SinkError::Partial(partial) = error else {
+        panic!("expected Partial, got {error}");
+    };
+    assert_eq!(partial.durable, [0, 2]);
+    let rejected = &partial.rejected;
+    assert_eq!(rejected.len(), 1);
+    assert_eq!(rejected[0].index, 1);
+    assert!(rejected[0].reason.contains("answered 400"), "{rejected:?}");
+}
+
+#[tokio::test]
+async fn an_open_circuit_breaker_fails_a_write_fast_without_calling_the_endpoint() {
+    let endpoint = ScriptedServer::start(vec![Reply::status(500)]).await;
+    let sink = sinks::open(
+        "http",
+        &json!({
+            "url": endpoint.url("/ingest"),
+            "circuit_breaker_threshold": 1,
+            "circuit_breaker_cool_down": "1h",
+        }),
+    )
+    .await;
+    let first = sink.write(&sinks::topic(), &batch(1)).await.unwrap_err();
+    assert!(matches!(first, SinkError::Transient { .. }), "{first}");
+    let second = sink.write(&sinks::topic(), &batch(1)).await.unwrap_err();
+    let SinkError::Transient { error, .. } = &second else {
+        panic!("expected Transient, got {second}");
+    };
+    assert!(
+        error.to_string().contains("circuit breaker open"),
+        "{error}"
+    );
+    assert_eq!(endpoint.count(), 1, "the open breaker called nothing");
+}
+
+#[tokio::test]
+async fn a_health_check_that_gets_no_answer_at_open_is_transient() {
+    let endpoint = ScriptedServer::start(Vec::new()).await;
+    endpoint.refuse();
+    let mut sink = sinks::build(
+        "http",
+        &json!({"url": endpoint.url("/ingest"), "health_check_enabled": true}),
+    );
+    let error = sink.open().await.unwrap_err();
+    assert!(
+        matches!(error, ConnectorError::Transient(_)),
+        "the engine opens it again: {error}"
+    );
+    assert!(error.to_string().contains("health check"), "{error}");
+}
+
+#[tokio::test]
+async fn a_health_check_refused_at_open_is_fatal_naming_the_field_to_fix() {
+    for (status, field) in [(401, "headers"), (405, "health_check_method")] {
+        let endpoint = ScriptedServer::start(vec![Reply::status(status)]).await;
+        let mut sink = sinks::build(
+            "http",
+            &json!({"url": endpoint.url("/ingest"), "health_check_enabled": true}),
+        );
+        let error = sink.open().await.unwrap_err();
+        let ConnectorError::Fatal(error) = error else {
+            panic!("{status}: expected Fatal, got {error}");
+        };
+        assert!(error.to_string().contains(field), "{status}: {error}");
+        assert_eq!(endpoint.received()[0].method, "HEAD");
+    }
 }

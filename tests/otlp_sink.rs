@@ -318,41 +318,45 @@ async fn a_message_that_is_not_otlp_is_rejected_by_index_before_anything_is_sent
 }
 
 #[tokio::test]
-async fn http_retryable_answers_are_retried_after_their_retry_after_and_others_refused_by_index() {
-    let server = ScriptedServer::start(vec![Reply::retry_after(503, 1), Reply::status(502)]).await;
-    let sink = sinks::open(
-        "otlp",
-        &json!({"endpoint": server.url(""), "retry_delay": "10ms"}),
-    )
-    .await;
-    let started = Instant::now();
+async fn http_retryable_answers_are_transient_with_their_retry_after_and_others_refused_by_index() {
+    let server = ScriptedServer::start(vec![Reply::retry_after(503, 7), Reply::status(502)]).await;
+    let sink = sinks::open("otlp", &json!({"endpoint": server.url("")})).await;
+    for wait in [Some(Duration::from_secs(7)), None] {
+        let error = sink
+            .write(&sinks::topic(), &[json_message(0, &["x"])])
+            .await
+            .unwrap_err();
+        let SinkError::Transient { retry_after, .. } = error else {
+            panic!("expected a transient error, got {error}");
+        };
+        assert_eq!(retry_after, wait);
+    }
     sink.write(&sinks::topic(), &[json_message(0, &["x"])])
         .await
         .unwrap();
-    assert!(
-        started.elapsed() >= Duration::from_secs(1),
-        "Retry-After honoured"
-    );
-    assert_eq!(server.count(), 3);
+    assert_eq!(server.count(), 3, "each write sent its export once");
     assert_eq!(server.received()[0].uri.path(), "/v1/logs");
     assert_eq!(
         server.received()[0].headers["content-type"],
         "application/x-protobuf"
     );
 
-    // A 400 for the merged request: each message is sent alone, and only the
-    // one refused alone is rejected.
+    // A 400 for the merged request: each message is sent alone; the one
+    // refused alone is rejected, the others are durable.
     server.script([Reply::status(400), Reply::OK, Reply::status(400), Reply::OK]);
     let messages = [
         json_message(0, &["a"]),
         json_message(1, &["b"]),
         json_message(2, &["c"]),
     ];
-    let Err(SinkError::Rejected(rejections)) = sink.write(&sinks::topic(), &messages).await else {
-        panic!("expected a rejection");
+    let error = sink.write(&sinks::topic(), &messages).await.unwrap_err();
+    let SinkError::Partial(partial) = error else {
+        panic!("expected a partial answer, got {error}");
     };
+    assert_eq!(partial.durable, [0, 2]);
     assert_eq!(
-        rejections
+        partial
+            .rejected
             .iter()
             .map(|rejection| rejection.index)
             .collect::<Vec<_>>(),
@@ -380,11 +384,7 @@ async fn http_retryable_answers_are_retried_after_their_retry_after_and_others_r
 #[tokio::test]
 async fn bad_credentials_are_fatal_and_an_endless_outage_is_transient() {
     let server = ScriptedServer::start(vec![Reply::status(401)]).await;
-    let sink = sinks::open(
-        "otlp",
-        &json!({"endpoint": server.url(""), "max_retries": 2, "retry_delay": "10ms", "token": "t"}),
-    )
-    .await;
+    let sink = sinks::open("otlp", &json!({"endpoint": server.url(""), "token": "t"})).await;
     let Err(SinkError::Fatal(error)) = sink
         .write(&sinks::topic(), &[json_message(0, &["x"])])
         .await
@@ -400,7 +400,30 @@ async fn bad_credentials_are_fatal_and_an_endless_outage_is_transient() {
     else {
         panic!("expected a transient error");
     };
-    assert_eq!(server.count(), 1 + 3, "the first try and two retries");
+    assert_eq!(server.count(), 1 + 1, "the sink sends each export once");
+}
+
+#[tokio::test]
+async fn an_outage_after_some_exports_names_the_messages_they_delivered() {
+    let server = ScriptedServer::start(vec![Reply::OK, Reply::status(503)]).await;
+    let sink = sinks::open(
+        "otlp",
+        &json!({"endpoint": server.url(""), "max_batch_messages": 1}),
+    )
+    .await;
+    let messages = [
+        json_message(0, &["a"]),
+        json_message(1, &["b"]),
+        json_message(2, &["c"]),
+    ];
+    let error = sink.write(&sinks::topic(), &messages).await.unwrap_err();
+    let SinkError::Partial(partial) = error else {
+        panic!("expected a partial answer, got {error}");
+    };
+    assert_eq!(partial.durable, [0]);
+    assert!(partial.rejected.is_empty());
+    assert!(partial.rest.is_transient(), "{}", partial.rest);
+    assert_eq!(server.count(), 2, "nothing is exported after the outage");
 }
 
 /// A gRPC collector answering from a script, then OK.
@@ -445,7 +468,7 @@ async fn scripted_collector(script: Vec<tonic::Status>) -> (ScriptedCollector, S
 }
 
 #[tokio::test]
-async fn grpc_retry_info_is_honoured_and_non_retryable_codes_are_refused() {
+async fn grpc_retry_info_becomes_the_transient_wait_and_non_retryable_codes_are_refused() {
     let retry_later = tonic::Status::with_error_details(
         tonic::Code::ResourceExhausted,
         "slow down",
@@ -453,21 +476,21 @@ async fn grpc_retry_info_is_honoured_and_non_retryable_codes_are_refused() {
     );
     let (collector, endpoint) =
         scripted_collector(vec![tonic::Status::unavailable("restarting"), retry_later]).await;
-    let sink = sinks::open(
-        "otlp",
-        &json!({"endpoint": endpoint, "protocol": "grpc", "retry_delay": "10ms"}),
-    )
-    .await;
+    let sink = sinks::open("otlp", &json!({"endpoint": endpoint, "protocol": "grpc"})).await;
+    for wait in [None, Some(Duration::from_millis(1500))] {
+        let error = sink
+            .write(&sinks::topic(), &[json_message(0, &["x"])])
+            .await
+            .unwrap_err();
+        let SinkError::Transient { retry_after, .. } = error else {
+            panic!("expected a transient error, got {error}");
+        };
+        assert_eq!(retry_after, wait);
+    }
     sink.write(&sinks::topic(), &[json_message(0, &["x"])])
         .await
         .unwrap();
-    let calls = collector.calls.lock().unwrap().clone();
-    assert_eq!(calls.len(), 3);
-    assert!(
-        calls[2] - calls[1] >= Duration::from_millis(1500),
-        "RetryInfo honoured: {:?}",
-        calls[2] - calls[1]
-    );
+    assert_eq!(collector.calls.lock().unwrap().len(), 3);
     // RESOURCE_EXHAUSTED without RetryInfo and INVALID_ARGUMENT are final.
     collector.script.lock().unwrap().extend([
         tonic::Status::resource_exhausted("full"),
@@ -502,7 +525,7 @@ async fn an_unreachable_collector_is_transient() {
     for protocol in ["grpc", "http/protobuf"] {
         let mut sink: Box<dyn Sink> = sinks::build(
             "otlp",
-            &json!({"endpoint": endpoint, "protocol": protocol, "max_retries": 1, "retry_delay": "10ms", "timeout": "2s"}),
+            &json!({"endpoint": endpoint, "protocol": protocol, "timeout": "2s"}),
         );
         sink.open().await.unwrap();
         let Err(SinkError::Transient { error, .. }) = sink

@@ -11,7 +11,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use iggy_connect::codec::Schema;
 use iggy_connect::config::{ConnectorConfig, DeadLetterTarget, KindConfig, OnError, SinkStream};
-use iggy_connect::connectors::{ConnectorKind, Sink, SinkError};
+use iggy_connect::connectors::{
+    ConnectorError, ConnectorKind, Partial, Rejection, Sink, SinkError,
+};
 use iggy_connect::engine::{Runtime, Status, StopReason};
 use iggy_connect::iggy::MemoryBus;
 use iggy_connect::message::{HeaderValue, Payload, SinkMessage};
@@ -35,8 +37,6 @@ fn config(server: &SurrealServer, extra: Value) -> Value {
         "username": "root",
         "password": "root",
         "auto_define_table": true,
-        "retry_delay": "10ms",
-        "max_retry_delay": "50ms",
     });
     if let (Some(config), Some(extra)) = (config.as_object_mut(), extra.as_object()) {
         config.extend(extra.clone());
@@ -71,11 +71,41 @@ fn stored(server: &SurrealServer) -> std::collections::BTreeMap<String, Value> {
     server.records(NS, DB, TABLE)
 }
 
-fn rejected_indexes(result: Result<(), SinkError>) -> Vec<usize> {
-    match result {
-        Err(SinkError::Rejected(rejections)) => rejections.iter().map(|r| r.index).collect(),
+/// What a write of `len` messages refused, checking that it answered
+/// every other message durable (no transaction: each record on its own).
+fn refusals(result: Result<(), SinkError>, len: usize) -> Vec<Rejection> {
+    let (durable, rejections) = match result {
+        Err(SinkError::Rejected(rejections)) => (Vec::new(), rejections),
+        Err(SinkError::Partial(partial)) => match *partial {
+            Partial {
+                durable,
+                mut rejected,
+                rest: SinkError::Rejected(more),
+            } => {
+                rejected.extend(more);
+                (durable, rejected)
+            }
+            other => panic!("expected the rest rejected, got {other:?}"),
+        },
         other => panic!("expected rejections, got {other:?}"),
-    }
+    };
+    let mut answered: Vec<usize> = durable
+        .iter()
+        .copied()
+        .chain(rejections.iter().map(|rejection| rejection.index))
+        .collect();
+    answered.sort();
+    assert_eq!(answered, (0..len).collect::<Vec<_>>(), "{rejections:?}");
+    rejections
+}
+
+fn rejected_indexes(result: Result<(), SinkError>, len: usize) -> Vec<usize> {
+    let mut indexes: Vec<usize> = refusals(result, len)
+        .iter()
+        .map(|rejection| rejection.index)
+        .collect();
+    indexes.sort();
+    indexes
 }
 
 #[tokio::test]
@@ -185,7 +215,7 @@ async fn each_payload_format_and_the_include_flags_shape_the_record() {
                 assert_eq!(record["payload_encoding"], encoding, "{format}");
             }
             None => {
-                assert_eq!(rejected_indexes(result), [0], "{format}");
+                assert_eq!(rejected_indexes(result, 1), [0], "{format}");
                 assert!(stored(&server).is_empty());
             }
         }
@@ -226,10 +256,7 @@ async fn records_refused_by_a_field_type_or_a_unique_index_are_rejected_by_index
     let mut batch = messages(0..6);
     batch[1].payload = Payload::Json(json!({"n": "one"}));
     batch[4].payload = Payload::Json(json!({"n": 0}));
-    let result = sink.write(&topic(), &batch).await;
-    let Err(SinkError::Rejected(rejections)) = result else {
-        panic!("expected rejections, got {result:?}");
-    };
+    let rejections = refusals(sink.write(&topic(), &batch).await, batch.len());
     let indexes: Vec<usize> = rejections.iter().map(|r| r.index).collect();
     assert_eq!(indexes, [1, 4]);
     assert!(
@@ -264,7 +291,10 @@ async fn a_413_splits_the_request_and_a_record_over_the_limit_alone_is_rejected(
     server.set_rpc_body_limit(3000);
     let sink = open(&config(&server, json!({}))).await;
     let batch = padded(0..6, &[400, 400, 400, 5000, 400, 400]);
-    assert_eq!(rejected_indexes(sink.write(&topic(), &batch).await), [3]);
+    assert_eq!(
+        rejected_indexes(sink.write(&topic(), &batch).await, batch.len()),
+        [3]
+    );
     assert_eq!(stored(&server).len(), 5);
     let sizes: Vec<usize> = server
         .rpc_requests()
@@ -279,7 +309,10 @@ async fn max_request_bytes_splits_before_sending_and_rejects_a_record_over_it() 
     let server = SurrealServer::start().await;
     let sink = open(&config(&server, json!({"max_request_bytes": 2048}))).await;
     let batch = padded(0..5, &[600, 600, 600, 3000, 600]);
-    assert_eq!(rejected_indexes(sink.write(&topic(), &batch).await), [3]);
+    assert_eq!(
+        rejected_indexes(sink.write(&topic(), &batch).await, batch.len()),
+        [3]
+    );
     assert_eq!(stored(&server).len(), 4);
     let requests = server.rpc_requests();
     assert!(requests.len() >= 2, "{} requests", requests.len());
@@ -465,39 +498,63 @@ async fn a_refused_record_with_on_error_stop_stops_the_sink_without_committing()
     pipeline.runtime.shutdown().await;
 }
 
+/// One `write` that must fail as transient: its `retry_after`.
+async fn transient(sink: &dyn Sink, batch: &[SinkMessage]) -> Option<Duration> {
+    match sink.write(&topic(), batch).await {
+        Err(SinkError::Transient { retry_after, .. }) => retry_after,
+        other => panic!("expected a transient error, got {other:?}"),
+    }
+}
+
 #[tokio::test]
-async fn a_503_then_a_429_with_retry_after_are_retried_and_the_same_batch_written() {
+async fn a_503_and_a_429_with_retry_after_are_transient_and_the_same_batch_written_after() {
     let server = SurrealServer::start().await;
     server.fail_next(Fault::Status(503, None));
-    server.fail_next(Fault::Status(429, Some(1)));
+    server.fail_next(Fault::Status(429, Some(7)));
     let sink = open(&config(&server, json!({}))).await;
-    sink.write(&topic(), &messages(0..3)).await.unwrap();
+    let batch = messages(0..3);
+    assert_eq!(transient(sink.as_ref(), &batch).await, None);
+    assert_eq!(
+        transient(sink.as_ref(), &batch).await,
+        Some(Duration::from_secs(7))
+    );
+    assert!(stored(&server).is_empty());
+    sink.write(&topic(), &batch).await.unwrap();
     let requests = server.rpc_requests();
-    assert_eq!(requests.len(), 3, "503, 429, success");
-    let waited = requests[2].at - requests[1].at;
-    assert!(waited >= Duration::from_secs(1), "retried after {waited:?}");
+    assert_eq!(requests.len(), 3, "503, 429, success: each write sent once");
     assert_eq!(requests[0].body, requests[2].body, "the same records");
     assert_eq!(stored(&server).len(), 3);
 }
 
 #[tokio::test]
-async fn a_dropped_or_late_answer_is_retried_and_stores_nothing_twice() {
+async fn a_dropped_or_late_answer_is_transient_and_the_next_write_stores_nothing_twice() {
     let server = SurrealServer::start().await;
     server.fail_next(Fault::Drop);
     server.fail_next(Fault::Slow(Duration::from_secs(2)));
     let sink = open(&config(&server, json!({"query_timeout": "300ms"}))).await;
-    sink.write(&topic(), &messages(0..4)).await.unwrap();
+    let batch = messages(0..4);
+    transient(sink.as_ref(), &batch).await;
+    transient(sink.as_ref(), &batch).await;
+    sink.write(&topic(), &batch).await.unwrap();
     assert_eq!(server.rpc_requests().len(), 3, "dropped, late, answered");
     assert_eq!(stored(&server).len(), 4);
     assert_eq!(server.inserted(), 4, "stored by the first, ignored after");
 }
 
 #[tokio::test]
-async fn a_statement_failing_with_a_retryable_conflict_is_sent_again_alone() {
+async fn a_statement_failing_with_a_retryable_conflict_is_left_to_the_engine_alone() {
     let server = SurrealServer::start().await;
     server.fail_next(Fault::Conflict);
     let sink = open(&config(&server, json!({}))).await;
-    sink.write(&topic(), &messages(0..3)).await.unwrap();
+    let batch = messages(0..3);
+    let error = sink.write(&topic(), &batch).await.unwrap_err();
+    let SinkError::Partial(partial) = error else {
+        panic!("expected Partial, got {error:?}");
+    };
+    assert_eq!(partial.durable, [1, 2], "the others are stored");
+    assert!(partial.rest.is_transient(), "{}", partial.rest);
+    // What the engine writes again: the conflicting record.
+    sink.write(&topic(), &batch[..1]).await.unwrap();
     assert_eq!(stored(&server).len(), 3);
     let requests = server.rpc_requests();
     assert_eq!(requests.len(), 2);
@@ -517,20 +574,45 @@ async fn a_statement_failing_with_a_retryable_conflict_is_sent_again_alone() {
 }
 
 #[tokio::test]
-async fn failing_past_max_retries_is_transient_and_the_engines_retry_writes_the_batch() {
+async fn an_outage_after_a_request_names_its_records_durable() {
     let server = SurrealServer::start().await;
-    server.fail_next(Fault::Status(503, None));
+    server.fail_next(Fault::Slow(Duration::ZERO));
     server.fail_next(Fault::Status(502, None));
-    let sink = open(&config(&server, json!({"max_retries": 2}))).await;
-    let batch = messages(0..2);
+    let sink = open(&config(&server, json!({"batch_size": 2}))).await;
+    let batch = messages(0..5);
     let error = sink.write(&topic(), &batch).await.unwrap_err();
-    let SinkError::Transient { error: reason, .. } = error else {
-        panic!("expected transient, got {error:?}");
+    let SinkError::Partial(partial) = error else {
+        panic!("expected Partial, got {error:?}");
+    };
+    assert_eq!(partial.durable, [0, 1], "the first request's records");
+    let SinkError::Transient { error: reason, .. } = &partial.rest else {
+        panic!("expected the rest transient, got {}", partial.rest);
     };
     assert!(reason.to_string().contains("502"), "{reason}");
-    assert!(stored(&server).is_empty());
-    sink.write(&topic(), &batch).await.unwrap();
-    assert_eq!(stored(&server).len(), 2);
+    assert_eq!(
+        server.rpc_requests().len(),
+        2,
+        "nothing sent after the outage"
+    );
+    sink.write(&topic(), &batch[2..]).await.unwrap();
+    assert_eq!(stored(&server).len(), 5);
+}
+
+#[tokio::test]
+async fn an_unreachable_server_at_open_is_transient() {
+    let address = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut sink = build(&json!({
+        "endpoint": address.to_string(), "namespace": NS, "database": DB, "table": TABLE,
+        "username": "root", "password": "root",
+    }));
+    let error = sink.open().await.unwrap_err();
+    assert!(
+        matches!(error, ConnectorError::Transient(_)),
+        "the engine opens it again: {error}"
+    );
 }
 
 #[tokio::test]
@@ -712,7 +794,10 @@ async fn a_real_surrealdb_when_configured_stores_each_record_once_and_refuses_by
     assert_eq!(answer[1]["status"], "OK", "{answer}");
     let mut batch = messages(10..13);
     batch[1].payload = Payload::Json(json!({"n": "not a number"}));
-    assert_eq!(rejected_indexes(sink.write(&topic(), &batch).await), [1]);
+    assert_eq!(
+        rejected_indexes(sink.write(&topic(), &batch).await, batch.len()),
+        [1]
+    );
     let answer = sql(format!("SELECT * FROM `{table}`;")).await;
     assert_eq!(
         answer[0]["result"].as_array().unwrap().len(),

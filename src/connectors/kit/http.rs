@@ -69,8 +69,8 @@ pub struct Answer {
 
 /// Sends `request` and reads its answer, up to `body_limit` bytes of body.
 /// No answer at all (refused, reset, a name that does not resolve, a
-/// timeout) is a transient [`Failure`] naming `target` (the URL without
-/// credentials) and the cause.
+/// timeout), or one cut off before the end of its body, is a transient
+/// [`Failure`] naming `target` (the URL without credentials) and the cause.
 pub async fn exchange(
     request: reqwest::RequestBuilder,
     target: &str,
@@ -80,14 +80,7 @@ pub async fn exchange(
         .send()
         .await
         .map_err(|error| no_answer(target, error))?;
-    let status = response.status().as_u16();
-    let retry_after = retry_after(response.headers(), SystemTime::now());
-    let body = read_bytes(response, body_limit).await;
-    Ok(Answer {
-        status,
-        retry_after,
-        body,
-    })
+    Answer::read(response, target, body_limit).await
 }
 
 /// A request that got no answer, as a transient failure naming its cause.
@@ -102,6 +95,41 @@ pub fn no_answer(target: &str, error: reqwest::Error) -> Failure {
 }
 
 impl Answer {
+    /// A response already received (by a connector that looked at its
+    /// headers first: a redirect's `Location`), read as [`exchange`] does.
+    pub async fn read(
+        mut response: reqwest::Response,
+        target: &str,
+        body_limit: usize,
+    ) -> Result<Self, Failure> {
+        let status = response.status().as_u16();
+        let retry_after = retry_after(response.headers(), SystemTime::now());
+        let mut body = Vec::new();
+        while body.len() < body_limit {
+            match response.chunk().await {
+                Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+                Ok(None) => break,
+                // Whatever it said is lost with the rest of it.
+                Err(error) => {
+                    let error = error.without_url();
+                    return Err(Failure::transient(if error.is_timeout() {
+                        format!("the answer of {target} ({status}) timed out before its end")
+                    } else {
+                        format!(
+                            "the answer of {target} ({status}) was cut off: {}",
+                            error_chain(&error)
+                        )
+                    }));
+                }
+            }
+        }
+        Ok(Self {
+            status,
+            retry_after,
+            body: Bytes::from(body),
+        })
+    }
+
     pub fn is_success(&self) -> bool {
         (200..300).contains(&self.status)
     }

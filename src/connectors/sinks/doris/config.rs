@@ -35,15 +35,18 @@ pub struct DorisSinkConfig {
     #[serde(default = "default_connect_timeout", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub connect_timeout: Duration,
-    /// Attempts of one load inside one `write` (0 and 1: one attempt), all
-    /// under the same label; past them the engine retries the batch.
+    /// Engine retry setting: after this many consecutive failed writes (0
+    /// counts as 1) the engine reports the sink degraded. It keeps loading
+    /// what is not written yet, the same rows under the same labels:
+    /// nothing is dropped.
     #[serde(default = "default_max_retries")]
     pub max_retries: u32,
-    /// Delay before the first retry (doubling, capped at `max_retry_delay`).
+    /// Engine retry setting: its first wait before loading again (doubling,
+    /// capped at `max_retry_delay`; a longer `Retry-After` is waited instead).
     #[serde(default = "default_retry_delay", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub retry_delay: Duration,
-    /// Longest delay between two attempts (a `Retry-After` too).
+    /// Engine retry setting: its longest wait between two writes.
     #[serde(default = "default_max_retry_delay", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub max_retry_delay: Duration,

@@ -13,34 +13,36 @@
 //! after a restart) gets a new label and is loaded again: use a Unique Key
 //! table to make that harmless.
 //!
-//! Answers: `Success`, `Publish Timeout` (committed, not yet visible) and
-//! `Label Already Exists` of a finished job are written. 408, 429, 5xx, a
-//! transport error, an empty answer and a label whose job is still running
-//! or was cancelled are retried under the same label up to `max_retries`
-//! attempts, then the batch fails as transient (the engine retries it,
-//! nothing committed). 401/403 and an unknown database or table are fatal.
-//! `Fail` for unfit rows (Doris loads nothing then): the rows its error log
-//! (`ErrorURL`) quotes are rejected by index for `on_error` and the engine
-//! loads the rest again; when the log names none of them the batch fails as
-//! fatal with the URL. Other refusals are fatal with Doris's message.
+//! Answers: each load is sent once. `Success`, `Publish Timeout`
+//! (committed, not yet visible) and `Label Already Exists` of a finished job
+//! are written. 408, 429, 5xx (with their `Retry-After`), a transport error,
+//! an empty answer and a label whose job is still running or was cancelled
+//! end the write as transient, naming the loads already written: the engine
+//! loads the rest again, the same rows under the same labels. 401/403 and an
+//! unknown database or table are fatal. `Fail` for unfit rows (Doris loads
+//! nothing then): the rows its error log (`ErrorURL`) quotes are rejected by
+//! index for `on_error` and the others loaded again at once, in a load of
+//! their own; when the log names none of them the batch fails as fatal with
+//! the URL. Other refusals
+//! are fatal with Doris's message.
 
 mod config;
 
 use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, LOCATION};
+use serde_json::Value;
 use tracing::{debug, info, warn};
 
 use crate::connectors::kit::backoff::Backoff;
-use crate::connectors::kit::http::{
-    self, Auth, ClientOptions, HttpClient, StatusClass, classify, error_chain,
-};
+use crate::connectors::kit::failure::Failure;
+use crate::connectors::kit::http::{self, Answer, Auth, ClientOptions, HttpClient};
+use crate::connectors::kit::outcome::Outcome;
 use crate::connectors::{
-    ConnectorContext, ConnectorError, PluginConfigError, Rejection, Sink, SinkEntry, SinkError,
-    parse_plugin_config, schema_of,
+    ConnectorContext, ConnectorError, PluginConfigError, Rejection, RetrySettings, Sink,
+    SinkEntry, SinkError, parse_plugin_config, schema_of,
 };
 use crate::message::{Payload, SinkMessage, TopicRef};
 
@@ -68,45 +70,28 @@ pub struct DorisSink {
     config: DorisSinkConfig,
     load_url: reqwest::Url,
     csv_columns: Vec<String>,
-    retry: Backoff,
     client: Option<HttpClient>,
     key: String,
 }
 
 /// One message as the text of its row in the load body.
+#[derive(Clone)]
 struct Row {
     index: usize,
     offset: u64,
     text: String,
 }
 
-/// How one load ended, after its retries.
-enum Outcome {
-    Loaded,
-    /// Doris refused unfit rows: these positions of the part (its error log named them).
-    Unfit(Vec<usize>, String),
-    Transient(String),
-    Fatal(String),
-}
-
-/// How one attempt ended.
-enum Attempt {
-    Done(Outcome),
-    Retry {
-        reason: String,
-        retry_after: Option<Duration>,
-    },
+/// Rows of a load Doris refused as unfit: their batch indexes, and why.
+struct Unfit {
+    indexes: Vec<usize>,
+    reason: String,
 }
 
 impl DorisSink {
     pub fn new(config: DorisSinkConfig) -> Result<Self, PluginConfigError> {
         let (load_url, csv_columns) = config.validate()?;
         Ok(Self {
-            retry: Backoff {
-                initial: config.retry_delay,
-                max: config.max_retry_delay,
-                multiplier: 2.0,
-            },
             load_url,
             csv_columns,
             client: None,
@@ -221,172 +206,149 @@ impl DorisSink {
         })
     }
 
-    /// Loads `rows` under `label`, retrying transient failures.
-    async fn load(&self, client: &HttpClient, label: &str, rows: &[Row]) -> Outcome {
-        let headers = match self.headers(label) {
-            Ok(headers) => headers,
-            Err(reason) => return Outcome::Fatal(reason),
-        };
-        let body = self.body(rows);
-        let attempts = self.config.max_retries.max(1);
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let (reason, retry_after) = match self.attempt(client, &headers, body.clone(), rows).await {
-                Attempt::Done(outcome) => return outcome,
-                Attempt::Retry {
-                    reason,
-                    retry_after,
-                } => (reason, retry_after),
-            };
-            if attempt >= attempts {
-                return Outcome::Transient(format!(
-                    "{reason} (gave up after {attempt} attempts under label {label}; the batch will be retried)"
-                ));
+    /// Loads `rows` (one part of a partition) in one load under their label
+    /// and notes the answer. Doris loads nothing of a load with unfit rows:
+    /// those are rejected and the others loaded again in a load of their own.
+    async fn load_part(
+        &self,
+        client: &HttpClient,
+        topic: &TopicRef,
+        partition: u32,
+        rows: &[Row],
+        outcome: &mut Outcome,
+    ) {
+        let label = self.label(topic, partition, rows);
+        let indexes = rows.iter().map(|row| row.index);
+        match self.load(client, &label, rows).await {
+            Ok(None) => outcome.durable(indexes),
+            Ok(Some(Unfit { indexes, reason })) => {
+                for index in &indexes {
+                    outcome.reject(*index, reason.clone());
+                }
+                // Rare: the rows of a refused load, without the unfit ones.
+                let fit: Vec<Row> = rows
+                    .iter()
+                    .filter(|row| !indexes.contains(&row.index))
+                    .cloned()
+                    .collect();
+                if !fit.is_empty() {
+                    Box::pin(self.load_part(client, topic, partition, &fit, outcome)).await;
+                }
             }
-            let delay = retry_after
-                .map(|wait| wait.min(self.config.max_retry_delay))
-                .unwrap_or_else(|| self.retry.delay(attempt));
-            warn!(connector_key = %self.key, label, attempt, retry_in_ms = delay.as_millis() as u64, error = %reason, "Doris Stream Load failed, retrying under the same label");
-            tokio::time::sleep(delay).await;
+            Err(failure) => outcome.fail(failure, indexes),
         }
     }
 
-    /// One PUT, following the frontend's redirects.
-    async fn attempt(&self, client: &HttpClient, headers: &HeaderMap, body: Bytes, rows: &[Row]) -> Attempt {
+    /// Loads `rows` under `label` with one PUT: `None` when they are loaded,
+    /// the unfit rows when Doris refused the load for them.
+    async fn load(
+        &self,
+        client: &HttpClient,
+        label: &str,
+        rows: &[Row],
+    ) -> Result<Option<Unfit>, Failure> {
+        let headers = self.headers(label).map_err(Failure::Fatal)?;
+        let (url, answer) = self.put(client, &headers, self.body(rows)).await?;
+        let shown = show(&url);
+        let body = stream_load_answer(&shown, &answer)?;
+        let message = body["Message"].as_str().or(body["msg"].as_str()).unwrap_or_default();
+        match body["Status"].as_str().or(body["status"].as_str()).unwrap_or_default() {
+            "Success" | "Publish Timeout" => {
+                let filtered = body["NumberFilteredRows"].as_u64().unwrap_or(0);
+                if filtered > 0 {
+                    warn!(connector_key = %self.key, filtered, error_url = body["ErrorURL"].as_str().unwrap_or_default(), "Doris filtered rows out of a load (max_filter_ratio allows it): they are not in the table");
+                }
+                debug!(connector_key = %self.key, label = body["Label"].as_str().unwrap_or_default(), loaded = body["NumberLoadedRows"].as_u64().unwrap_or(0), "Doris Stream Load done");
+                Ok(None)
+            }
+            "Label Already Exists" => match body["ExistingJobStatus"].as_str().unwrap_or_default() {
+                "FINISHED" | "VISIBLE" | "COMMITTED" => Ok(None),
+                "RUNNING" | "PREPARE" | "CANCELLED" | "ABORTED" => Err(Failure::transient(format!(
+                    "{shown}: the earlier load under label {label} is {}",
+                    body["ExistingJobStatus"]
+                ))),
+                other => Err(Failure::Fatal(format!(
+                    "{shown}: Label Already Exists with an unknown job status {other:?}"
+                ))),
+            },
+            "Fail" => self.unfit(client, &shown, message, &body, rows).await.map(Some),
+            other => Err(Failure::Fatal(format!(
+                "{shown}: unknown Stream Load status {other:?}: {message}"
+            ))),
+        }
+    }
+
+    /// One PUT, following the frontend's redirects once checked; the URL
+    /// that answered and its answer.
+    async fn put(
+        &self,
+        client: &HttpClient,
+        headers: &HeaderMap,
+        body: Bytes,
+    ) -> Result<(reqwest::Url, Answer), Failure> {
         let mut url = self.load_url.clone();
         for _ in 0..=MAX_REDIRECTS {
-            let response = match client
+            let response = client
                 .request(reqwest::Method::PUT, url.clone(), body.clone())
                 .headers(headers.clone())
                 .send()
                 .await
-            {
-                Ok(response) => response,
-                Err(error) => {
-                    return Attempt::Retry {
-                        reason: transport_error(&url, error),
-                        retry_after: None,
-                    };
-                }
-            };
-            let status = response.status().as_u16();
-            if status == 307 || status == 308 {
-                let location = response
-                    .headers()
-                    .get(LOCATION)
-                    .and_then(|value| value.to_str().ok())
-                    .unwrap_or_default()
-                    .to_owned();
-                match check_redirect(
-                    &url,
-                    &location,
-                    self.config.allow_insecure_redirect,
-                    self.config.allowed_redirect_hosts.as_deref().unwrap_or_default(),
-                ) {
-                    Ok(next) => {
-                        url = next;
-                        continue;
-                    }
-                    Err(reason) => return Attempt::Done(Outcome::Fatal(reason)),
-                }
+                .map_err(|error| http::no_answer(&show(&url), error))?;
+            if !matches!(response.status().as_u16(), 307 | 308) {
+                let answer = Answer::read(response, &show(&url), MAX_ANSWER_BYTES).await?;
+                return Ok((url, answer));
             }
-            let retry_after = http::retry_after(response.headers(), SystemTime::now());
-            let text = http::read_text(response, MAX_ANSWER_BYTES).await;
-            return self.answer(client, &url, status, &text, retry_after, rows).await;
+            let location = response
+                .headers()
+                .get(LOCATION)
+                .and_then(|value| value.to_str().ok())
+                .unwrap_or_default();
+            url = check_redirect(
+                &url,
+                location,
+                self.config.allow_insecure_redirect,
+                self.config.allowed_redirect_hosts.as_deref().unwrap_or_default(),
+            )
+            .map_err(Failure::Fatal)?;
         }
-        Attempt::Done(Outcome::Fatal(format!(
+        Err(Failure::Fatal(format!(
             "{} redirected more than {MAX_REDIRECTS} times",
-            self.load_url
+            show(&self.load_url)
         )))
     }
 
-    async fn answer(
+    /// The batch indexes of the rows a `Fail` refused as unfit, from its
+    /// error log, and why; fatal when the answer names no table or none of
+    /// the rows.
+    async fn unfit(
         &self,
         client: &HttpClient,
-        url: &reqwest::Url,
-        status: u16,
-        text: &str,
-        retry_after: Option<Duration>,
+        shown: &str,
+        message: &str,
+        body: &Value,
         rows: &[Row],
-    ) -> Attempt {
-        let shown = show(url);
-        let reason = || answer_reason(&shown, status, text);
-        if !(200..300).contains(&status) {
-            return match status {
-                401 | 403 => Attempt::Done(Outcome::Fatal(format!(
-                    "{} (check plugin_config.username/password and the user's LOAD_PRIV on the table)",
-                    reason()
-                ))),
-                404 => Attempt::Done(Outcome::Fatal(format!(
-                    "{} (check plugin_config.database and table: they must exist)",
-                    reason()
-                ))),
-                _ if classify(status) == StatusClass::Transient => Attempt::Retry {
-                    reason: reason(),
-                    retry_after,
-                },
-                _ => Attempt::Done(Outcome::Fatal(reason())),
-            };
+    ) -> Result<Unfit, Failure> {
+        let lower = message.to_ascii_lowercase();
+        if lower.contains("unknown database") || lower.contains("unknown table") || lower.contains("does not exist") {
+            return Err(Failure::Fatal(format!(
+                "{shown} refused the load: {message} (check plugin_config.database and table: they must exist)"
+            )));
         }
-        if text.trim().is_empty() {
-            // The load may have happened: the same label tells on the retry.
-            return Attempt::Retry {
-                reason: format!("{shown} answered {status} without a body"),
-                retry_after: None,
-            };
-        }
-        let Ok(answer) = serde_json::from_str::<serde_json::Value>(text) else {
-            return Attempt::Done(Outcome::Fatal(format!(
-                "{} (not a Stream Load answer)",
-                reason()
+        let Some(error_url) = body["ErrorURL"].as_str().filter(|url| !url.is_empty()) else {
+            return Err(Failure::Fatal(format!(
+                "{shown} refused the load: {message} (check plugin_config.columns, where and the table's schema)"
             )));
         };
-        let message = answer["Message"].as_str().or(answer["msg"].as_str()).unwrap_or_default();
-        match answer["Status"].as_str().or(answer["status"].as_str()).unwrap_or_default() {
-            "Success" | "Publish Timeout" => {
-                let filtered = answer["NumberFilteredRows"].as_u64().unwrap_or(0);
-                if filtered > 0 {
-                    warn!(connector_key = %self.key, filtered, error_url = answer["ErrorURL"].as_str().unwrap_or_default(), "Doris filtered rows out of a load (max_filter_ratio allows it): they are not in the table");
-                }
-                debug!(connector_key = %self.key, label = answer["Label"].as_str().unwrap_or_default(), loaded = answer["NumberLoadedRows"].as_u64().unwrap_or(0), "Doris Stream Load done");
-                Attempt::Done(Outcome::Loaded)
-            }
-            "Label Already Exists" => match answer["ExistingJobStatus"].as_str().unwrap_or_default() {
-                "FINISHED" | "VISIBLE" | "COMMITTED" => Attempt::Done(Outcome::Loaded),
-                "RUNNING" | "PREPARE" | "CANCELLED" | "ABORTED" => Attempt::Retry {
-                    reason: format!("{shown}: the label's earlier load is {}", answer["ExistingJobStatus"]),
-                    retry_after: None,
-                },
-                other => Attempt::Done(Outcome::Fatal(format!(
-                    "{shown}: Label Already Exists with an unknown job status {other:?}"
-                ))),
-            },
-            "Fail" => {
-                let lower = message.to_ascii_lowercase();
-                if lower.contains("unknown database") || lower.contains("unknown table") || lower.contains("does not exist") {
-                    return Attempt::Done(Outcome::Fatal(format!(
-                        "{shown} refused the load: {message} (check plugin_config.database and table: they must exist)"
-                    )));
-                }
-                let Some(error_url) = answer["ErrorURL"].as_str().filter(|url| !url.is_empty()) else {
-                    return Attempt::Done(Outcome::Fatal(format!(
-                        "{shown} refused the load: {message} (check plugin_config.columns, where and the table's schema)"
-                    )));
-                };
-                let named = self.unfit_rows(client, error_url, rows).await;
-                let reason = format!("Doris refused the row: {message} (error log {error_url})");
-                if named.is_empty() {
-                    return Attempt::Done(Outcome::Fatal(format!(
-                        "{shown} refused the load for unfit rows but its error log {error_url} names none of them: {message}"
-                    )));
-                }
-                Attempt::Done(Outcome::Unfit(named, reason))
-            }
-            other => Attempt::Done(Outcome::Fatal(format!(
-                "{shown}: unknown Stream Load status {other:?}: {message}"
-            ))),
+        let named = self.unfit_rows(client, error_url, rows).await;
+        if named.is_empty() {
+            return Err(Failure::Fatal(format!(
+                "{shown} refused the load for unfit rows but its error log {error_url} names none of them: {message}"
+            )));
         }
+        Ok(Unfit {
+            indexes: named.into_iter().map(|position| rows[position].index).collect(),
+            reason: format!("Doris refused the row: {message} (error log {error_url})"),
+        })
     }
 
     /// Positions of the rows the error log quotes (`src line [...]`).
@@ -400,8 +362,9 @@ impl DorisSink {
         ) else {
             return Vec::new();
         };
-        let log = match client.empty(reqwest::Method::GET, url).send().await {
-            Ok(response) if response.status().is_success() => http::read_text(response, MAX_ANSWER_BYTES).await,
+        let request = client.empty(reqwest::Method::GET, url);
+        let log = match http::exchange(request, error_url, MAX_ANSWER_BYTES).await {
+            Ok(answer) if answer.is_success() => answer.text().into_owned(),
             _ => return Vec::new(),
         };
         // `Reason: ... src line [<row>]; ` per unfit row.
@@ -415,6 +378,47 @@ impl DorisSink {
             .filter(|(_, row)| quoted.contains(&row.text.as_str()))
             .map(|(position, _)| position)
             .collect()
+    }
+}
+
+/// The JSON a frontend or backend answers a load with, or what its absence
+/// means.
+fn stream_load_answer(shown: &str, answer: &Answer) -> Result<Value, Failure> {
+    if !answer.is_success() {
+        return Err(refusal(shown, answer));
+    }
+    let text = answer.text();
+    if text.trim().is_empty() {
+        // The load may have happened: the same label tells on the retry.
+        return Err(Failure::transient(format!(
+            "{shown} answered {} without a body",
+            answer.status
+        )));
+    }
+    serde_json::from_str(&text).map_err(|_| {
+        Failure::Fatal(format!(
+            "{} (not a Stream Load answer)",
+            answer.reason(shown)
+        ))
+    })
+}
+
+/// What a load answered with a status that is not a success means: bad
+/// credentials and a missing table are fatal, 408/429/5xx transient (after
+/// the `Retry-After` asked for), any other refusal fatal.
+fn refusal(shown: &str, answer: &Answer) -> Failure {
+    let reason = answer.reason(shown);
+    match answer.status {
+        401 | 403 => Failure::Fatal(format!(
+            "{reason} (check plugin_config.username/password and the user's LOAD_PRIV on the table)"
+        )),
+        404 => Failure::Fatal(format!(
+            "{reason} (check plugin_config.database and table: they must exist)"
+        )),
+        _ => match answer.failure(shown) {
+            Failure::Refused(reason) => Failure::Fatal(reason),
+            failure => failure,
+        },
     }
 }
 
@@ -460,25 +464,6 @@ fn show(url: &reqwest::Url) -> String {
     format!("{}{}", url.origin().ascii_serialization(), url.path())
 }
 
-fn transport_error(url: &reqwest::Url, error: reqwest::Error) -> String {
-    let error = error.without_url();
-    if error.is_timeout() {
-        format!("request to {} timed out", show(url))
-    } else {
-        format!("request to {} failed: {}", show(url), error_chain(&error))
-    }
-}
-
-fn answer_reason(url: &str, status: u16, text: &str) -> String {
-    let text: String = text.chars().take(300).collect();
-    let text = text.trim();
-    if text.is_empty() {
-        format!("{url} answered {status}")
-    } else {
-        format!("{url} answered {status}: {text}")
-    }
-}
-
 /// A name as a label part: `[A-Za-z0-9_]` kept, the rest `_`, at most 16.
 fn label_part(text: &str) -> String {
     text.chars()
@@ -508,6 +493,21 @@ impl Sink for DorisSink {
 
     fn attach(&mut self, context: ConnectorContext) {
         self.key = context.key;
+    }
+
+    /// `retry_delay`, doubling up to `max_retry_delay`, as the engine's wait
+    /// between loads of what is not written yet (the same rows under the
+    /// same labels); after `max_retries` consecutive failed writes the
+    /// engine reports the sink degraded.
+    fn retry(&self) -> Option<RetrySettings> {
+        Some(RetrySettings {
+            backoff: Backoff {
+                initial: self.config.retry_delay,
+                max: self.config.max_retry_delay,
+                multiplier: 2.0,
+            },
+            degraded_after: Some(self.config.max_retries.max(1)),
+        })
     }
 
     async fn open(&mut self) -> Result<(), ConnectorError> {
@@ -552,28 +552,18 @@ impl Sink for DorisSink {
             return Err(SinkError::Rejected(refused));
         }
         let size = self.config.batch_size as usize;
-        let mut rejected = Vec::new();
-        for (partition, rows) in &by_partition {
-            for part in rows.chunks(size) {
-                let label = self.label(topic, *partition, part);
-                match self.load(client, &label, part).await {
-                    Outcome::Loaded => {}
-                    Outcome::Transient(reason) => return Err(SinkError::transient(reason)),
-                    Outcome::Fatal(reason) => return Err(SinkError::fatal(reason)),
-                    Outcome::Unfit(positions, reason) => {
-                        rejected.extend(positions.into_iter().map(|position| Rejection {
-                            index: part[position].index,
-                            reason: reason.clone(),
-                        }));
-                    }
-                }
+        let parts: Vec<(u32, &[Row])> = by_partition
+            .iter()
+            .flat_map(|(partition, rows)| rows.chunks(size).map(|part| (*partition, part)))
+            .collect();
+        let mut outcome = Outcome::default();
+        for (partition, part) in parts {
+            if outcome.stopped() {
+                break;
             }
+            self.load_part(client, topic, partition, part, &mut outcome).await;
         }
-        if rejected.is_empty() {
-            Ok(())
-        } else {
-            Err(SinkError::Rejected(rejected))
-        }
+        outcome.into_result()
     }
 
     async fn close(&mut self) -> Result<(), ConnectorError> {

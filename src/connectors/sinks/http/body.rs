@@ -31,13 +31,13 @@ pub enum Part {
     TooLarge { index: usize, size: usize },
 }
 
-/// Yields the parts for the messages at `pending` (indexes into `messages`, in
-/// order), building each body only when asked for it.
+/// Yields the parts for the messages of a batch, in order, building each
+/// body only when asked for it.
 pub struct Planner<'a> {
     options: &'a BodyOptions,
     topic: &'a TopicRef,
     messages: &'a [SinkMessage],
-    pending: std::slice::Iter<'a, usize>,
+    pending: std::ops::Range<usize>,
     /// A message encoded for the previous body that did not fit in it.
     carry: Option<(usize, Vec<u8>)>,
 }
@@ -47,13 +47,12 @@ impl<'a> Planner<'a> {
         options: &'a BodyOptions,
         topic: &'a TopicRef,
         messages: &'a [SinkMessage],
-        pending: &'a [usize],
     ) -> Self {
         Self {
             options,
             topic,
             messages,
-            pending: pending.iter(),
+            pending: 0..messages.len(),
             carry: None,
         }
     }
@@ -62,7 +61,7 @@ impl<'a> Planner<'a> {
         if let Some(carried) = self.carry.take() {
             return Some(carried);
         }
-        let index = *self.pending.next()?;
+        let index = self.pending.next()?;
         let mut item = Vec::with_capacity(256);
         encode(&self.messages[index], self.topic, self.options, &mut item);
         Some((index, item))
@@ -108,7 +107,7 @@ impl Iterator for Planner<'_> {
                 Some(single(index, Bytes::from(item), limit))
             }
             BatchMode::Raw => {
-                let index = *self.pending.next()?;
+                let index = self.pending.next()?;
                 Some(single(
                     index,
                     self.messages[index].payload.to_bytes(),
@@ -270,9 +269,8 @@ mod tests {
     }
 
     fn parts(options: &BodyOptions, messages: &[SinkMessage]) -> Vec<Part> {
-        let pending: Vec<usize> = (0..messages.len()).collect();
         let topic = topic();
-        Planner::new(options, &topic, messages, &pending).collect()
+        Planner::new(options, &topic, messages).collect()
     }
 
     fn body(part: &Part) -> &[u8] {

@@ -43,24 +43,30 @@ pub struct HttpSinkConfig {
     /// Add the origin timestamp to the metadata.
     #[serde(default)]
     pub include_origin_timestamp: bool,
-    /// Probe the endpoint in `open`; a failed probe marks the sink degraded
-    /// until a request succeeds (it does not stop the sink).
+    /// Probe the endpoint in `open`. No answer, 408, 429 or 5xx: the engine
+    /// opens the sink again with backoff (status `starting`); any other
+    /// status that is not a success stops it, naming the fix.
     #[serde(default)]
     pub health_check_enabled: bool,
     /// Method of the `open` probe.
     #[serde(default = "default_health_check_method")]
     pub health_check_method: HttpMethod,
-    /// Retries of one request inside one `write`, after its first attempt.
+    /// Engine retry setting: after this many consecutive failed writes the
+    /// engine reports the sink degraded. It keeps retrying what is not
+    /// delivered yet: nothing is dropped.
     #[serde(default = "default_max_retries")]
     pub max_retries: u32,
-    /// Delay before the first retry of a request.
+    /// Engine retry setting: its wait before writing a failed batch's
+    /// undelivered messages again (a longer `Retry-After` is waited instead).
     #[serde(default = "default_retry_delay", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub retry_delay: Duration,
-    /// Growth of the delay between retries; values under 1 count as 1.
+    /// Engine retry setting: growth of its wait per consecutive failed
+    /// write; values under 1 count as 1.
     #[serde(default = "default_retry_backoff_multiplier")]
     pub retry_backoff_multiplier: f64,
-    /// Longest delay between retries (a `Retry-After` is capped to it too).
+    /// Engine retry setting: its longest wait between writes (a
+    /// `Retry-After` is capped by `[engine] max_retry_after` instead).
     #[serde(default = "default_max_retry_delay", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub max_retry_delay: Duration,
@@ -76,10 +82,11 @@ pub struct HttpSinkConfig {
     /// Log every request's status, size and duration at debug level.
     #[serde(default)]
     pub verbose_logging: bool,
-    /// Consecutive failed attempts that open the circuit breaker; 0 disables it.
+    /// Consecutive failed requests that open the circuit breaker; 0 disables it.
     #[serde(default = "default_circuit_breaker_threshold")]
     pub circuit_breaker_threshold: u32,
-    /// How long the breaker stays open before one probe request is let through.
+    /// How long the breaker stays open (writes fail fast as transient without
+    /// calling the endpoint) before one probe request is let through.
     #[serde(
         default = "default_circuit_breaker_cool_down",
         with = "crate::config::duration"

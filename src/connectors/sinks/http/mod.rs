@@ -2,32 +2,27 @@
 //! one request per message (`individual`, `raw`) or per batch (`ndjson`,
 //! `json_array`).
 //!
-//! Delivery: `write` returns `Ok` only once every message of the batch got a
-//! success status, so the engine commits offsets only then. Network errors,
-//! 408, 429 and 5xx are retried inside `write` up to `max_retries` times per
-//! request with capped exponential backoff and jitter, or after the
-//! `Retry-After` the endpoint asked for. Past that, `write` returns `Transient`
-//! and the engine backs off and calls `write` again with the same batch: a
-//! batch is never dropped, however long the endpoint is down. Messages a failed
-//! `write` had already delivered are skipped on that retry, so an outage costs
-//! as few duplicates as possible. Any other status is a refusal: `Rejected`
-//! with every message of the refused request, handled by the sink's
-//! `on_error` (stop, skip or dlq).
+//! Delivery: `write` sends each request once and answers per message. `Ok`
+//! means every message of the batch got a success status, so the engine
+//! commits offsets only then. No answer, 408, 429 or 5xx ends the write as
+//! transient (after the `Retry-After` the endpoint asked for), naming the
+//! messages earlier requests of the batch delivered: the engine keeps those
+//! durable and writes only the rest again, with the backoff of `retry_delay`,
+//! `retry_backoff_multiplier` and `max_retry_delay`. A batch is never
+//! dropped, however long the endpoint is down. Any other status refuses the
+//! messages of that request (`on_error`: stop, skip or dlq); the batch's
+//! other requests still go out.
 //!
-//! After `circuit_breaker_threshold` consecutive failed attempts the breaker
-//! opens: for `circuit_breaker_cool_down` `write` fails fast without calling
-//! the endpoint, the sink reports itself degraded and the gauge
-//! `iggy_connector_circuit_breaker_open{connector_key}` is 1. Then one probe
-//! request is let through; its success closes the breaker.
+//! After `circuit_breaker_threshold` consecutive failed requests the breaker
+//! opens: for `circuit_breaker_cool_down` `write` fails fast as transient
+//! without calling the endpoint, the sink reports itself degraded and the
+//! gauge `iggy_connector_circuit_breaker_open{connector_key}` is 1. Then one
+//! probe request is let through; its success closes the breaker.
 
 mod body;
 mod config;
 
-use crate::sync::lock;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -36,12 +31,12 @@ use tracing::{debug, info, warn};
 
 use crate::connectors::kit::backoff::Backoff;
 use crate::connectors::kit::breaker::{CircuitBreaker, Transition};
-use crate::connectors::kit::http::{
-    self, ClientOptions, HttpClient, StatusClass, classify, error_chain,
-};
+use crate::connectors::kit::failure::Failure;
+use crate::connectors::kit::http::{self, ClientOptions, HttpClient, StatusClass};
+use crate::connectors::kit::outcome::Outcome;
 use crate::connectors::{SinkEntry, schema_of};
 use crate::connectors::{
-    ConnectorContext, ConnectorError, Degraded, PluginConfigError, Rejection, Sink, SinkError,
+    ConnectorContext, ConnectorError, Degraded, PluginConfigError, RetrySettings, Sink, SinkError,
     parse_plugin_config,
 };
 use crate::message::{SinkMessage, TopicRef};
@@ -53,15 +48,13 @@ use body::{BodyOptions, Part, Planner};
 pub const ENTRY: SinkEntry = SinkEntry {
     name: "http",
     feature: "http-sink",
-    description: "delivers messages to an HTTP endpoint with retries and a circuit breaker",
+    description: "delivers messages to an HTTP endpoint with a circuit breaker",
     secret_fields: &["headers.*"],
     sample_config: "url = \"http://localhost:8080/ingest\"\nbatch_mode = \"ndjson\"\n\n[headers]\nAuthorization = \"Bearer secret-token\"\n",
     config_schema: schema_of::<HttpSinkConfig>,
     build: |config| Ok(Box::new(HttpSink::new(parse_plugin_config(config)?)?)),
 };
 
-/// How much of a refusal's body goes into the rejection reason.
-const REASON_BODY_CHARS: usize = 256;
 /// Response bodies are read (so the connection can be reused) up to this much.
 const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 
@@ -74,34 +67,10 @@ pub struct HttpSink {
     /// Content-Type) and the connection pool.
     client_options: ClientOptions,
     body_options: BodyOptions,
-    retry: Backoff,
     client: Option<HttpClient>,
     breaker: CircuitBreaker,
-    /// No request goes out before this (a `Retry-After` outliving `write`).
-    not_before: Mutex<Option<Instant>>,
-    /// Per (topic, partition): the last offset a failed `write` had delivered,
-    /// skipped when the engine retries that batch.
-    resume: Mutex<HashMap<(TopicRef, u32), u64>>,
     key: String,
     degraded: Degraded,
-    is_degraded: AtomicBool,
-}
-
-/// How one request ended, after its retries.
-enum Delivery {
-    Delivered,
-    Refused(String),
-    Failed(String),
-}
-
-/// How one attempt ended.
-enum Attempt {
-    Success,
-    Refused(String),
-    Retryable {
-        reason: String,
-        retry_after: Option<Duration>,
-    },
 }
 
 impl HttpSink {
@@ -122,11 +91,6 @@ impl HttpSink {
                 0 => None,
                 limit => Some(usize::try_from(limit).unwrap_or(usize::MAX)),
             },
-        };
-        let retry = Backoff {
-            initial: config.retry_delay,
-            max: config.max_retry_delay,
-            multiplier: config.retry_backoff_multiplier,
         };
         let client_options = ClientOptions {
             timeout: config.timeout,
@@ -152,132 +116,51 @@ impl HttpSink {
             url,
             client_options,
             body_options,
-            retry,
             client: None,
             breaker,
-            not_before: Mutex::new(None),
-            resume: Mutex::new(HashMap::new()),
             key: "http".into(),
             degraded: Degraded::default(),
-            is_degraded: AtomicBool::new(false),
             config,
         })
     }
 
-    /// Whether the sink currently considers its endpoint unusable.
-    pub fn is_degraded(&self) -> bool {
-        self.is_degraded.load(Ordering::Relaxed)
-    }
-
-    /// Sends one request body, retrying transient failures.
-    async fn deliver(&self, client: &HttpClient, body: Bytes, messages: usize) -> Delivery {
-        let mut retries = 0;
-        loop {
-            self.wait_until_allowed().await;
-            if !self.breaker.allow() {
-                return Delivery::Failed(format!(
-                    "circuit breaker open: not calling {} for up to {} after {} consecutive failures",
-                    self.display_url,
-                    humantime::format_duration(self.config.circuit_breaker_cool_down),
-                    self.config.circuit_breaker_threshold
-                ));
-            }
-            let started = Instant::now();
-            let attempt = self.attempt(client, body.clone()).await;
-            if self.config.verbose_logging {
-                debug!(connector_key = %self.key, url = %self.display_url, messages, bytes = body.len(), elapsed_ms = started.elapsed().as_millis() as u64, retries, "request finished");
-            }
-            let (reason, retry_after) = match attempt {
-                Attempt::Success => {
-                    self.on_success();
-                    return Delivery::Delivered;
-                }
-                Attempt::Refused(reason) => {
-                    // The endpoint answered: it is up, whatever it thinks of this request.
-                    self.on_success();
-                    return Delivery::Refused(reason);
-                }
-                Attempt::Retryable {
-                    reason,
-                    retry_after,
-                } => (reason, retry_after),
-            };
-            self.on_failure(&reason);
-            retries += 1;
-            if retries > self.config.max_retries {
-                if let Some(wait) = retry_after {
-                    *lock(&self.not_before) = Some(Instant::now() + wait);
-                }
-                return Delivery::Failed(format!(
-                    "{reason} (gave up after {retries} attempts; the batch will be retried)"
-                ));
-            }
-            let delay = retry_after.unwrap_or_else(|| self.retry.delay(retries));
-            warn!(connector_key = %self.key, url = %self.display_url, retry = retries, max_retries = self.config.max_retries, retry_in_ms = delay.as_millis() as u64, error = %reason, "request failed, retrying");
-            tokio::time::sleep(delay).await;
+    /// Sends one request body once: `Ok` when the endpoint answered one of
+    /// `success_status_codes`.
+    async fn send(&self, client: &HttpClient, body: Bytes, messages: usize) -> Result<(), Failure> {
+        if !self.breaker.allow() {
+            return Err(Failure::transient(format!(
+                "circuit breaker open: not calling {} for up to {} after {} consecutive failures",
+                self.display_url,
+                humantime::format_duration(self.config.circuit_breaker_cool_down),
+                self.config.circuit_breaker_threshold
+            )));
         }
-    }
-
-    async fn attempt(&self, client: &HttpClient, body: Bytes) -> Attempt {
-        let sent = client
-            .request(self.config.method.into(), self.url.clone(), body)
-            .send()
-            .await;
-        let response = match sent {
-            Ok(response) => response,
-            Err(error) => {
-                let error = error.without_url();
-                let reason = if error.is_timeout() {
-                    format!(
-                        "request to {} timed out after {}",
-                        self.display_url,
-                        humantime::format_duration(self.config.timeout)
-                    )
+        let started = Instant::now();
+        let bytes = body.len();
+        let request = client.request(self.config.method.into(), self.url.clone(), body);
+        let outcome = http::exchange(request, &self.display_url, MAX_RESPONSE_BYTES)
+            .await
+            .and_then(|answer| {
+                if self.config.is_success(answer.status) {
+                    Ok(())
                 } else {
-                    format!(
-                        "request to {} failed: {}",
-                        self.display_url,
-                        error_chain(&error)
-                    )
-                };
-                return Attempt::Retryable {
-                    reason,
-                    retry_after: None,
-                };
-            }
-        };
-        let status = response.status().as_u16();
-        let retry_after = http::retry_after(response.headers(), SystemTime::now());
-        let answer = read_some(response).await;
-        if self.config.is_success(status) {
-            return Attempt::Success;
+                    Err(answer.failure(&self.display_url))
+                }
+            });
+        if self.config.verbose_logging {
+            debug!(connector_key = %self.key, url = %self.display_url, messages, bytes, elapsed_ms = started.elapsed().as_millis() as u64, outcome = ?outcome, "request finished");
         }
-        let reason = if answer.is_empty() {
-            format!("{} answered {status}", self.display_url)
-        } else {
-            format!("{} answered {status}: {answer}", self.display_url)
-        };
-        match classify(status) {
-            StatusClass::Transient => Attempt::Retryable {
-                reason,
-                retry_after,
-            },
-            StatusClass::Permanent => Attempt::Refused(reason),
+        match &outcome {
+            Err(Failure::Transient { reason, .. }) => self.on_failure(reason),
+            // The endpoint answered: it is up, whatever it thinks of this request.
+            Ok(()) | Err(_) => self.on_success(),
         }
-    }
-
-    async fn wait_until_allowed(&self) {
-        let not_before = *lock(&self.not_before);
-        if let Some(instant) = not_before {
-            tokio::time::sleep_until(instant.into()).await;
-        }
+        outcome
     }
 
     fn on_success(&self) {
         if self.breaker.record_success() == Some(Transition::Closed) {
             info!(connector_key = %self.key, url = %self.display_url, "circuit breaker closed: the endpoint answers again");
-        }
-        if self.is_degraded.swap(false, Ordering::Relaxed) {
             self.degraded.clear();
             self.breaker_gauge(false);
         }
@@ -291,14 +174,9 @@ impl HttpSink {
                 humantime::format_duration(self.config.circuit_breaker_cool_down)
             );
             warn!(connector_key = %self.key, url = %self.display_url, "{message}");
-            self.mark_degraded(message);
+            self.degraded.set(message);
+            self.breaker_gauge(true);
         }
-    }
-
-    fn mark_degraded(&self, reason: String) {
-        self.degraded.set(reason);
-        self.is_degraded.store(true, Ordering::Relaxed);
-        self.breaker_gauge(self.breaker.is_open());
     }
 
     fn breaker_gauge(&self, open: bool) {
@@ -306,43 +184,30 @@ impl HttpSink {
             .set(if open { 1.0 } else { 0.0 });
     }
 
-    /// Indexes of the messages a previous failed `write` of this batch had not
-    /// delivered yet.
-    fn pending(&self, topic: &TopicRef, messages: &[SinkMessage]) -> Vec<usize> {
-        let resume = lock(&self.resume);
-        (0..messages.len())
-            .filter(|index| {
-                let message = &messages[*index];
-                resume
-                    .get(&(topic.clone(), message.partition_id))
-                    .is_none_or(|delivered| message.offset > *delivered)
-            })
-            .collect()
-    }
-
-    fn remember(&self, topic: &TopicRef, delivered: &HashMap<u32, u64>) {
-        let mut resume = lock(&self.resume);
-        for (partition_id, offset) in delivered {
-            let last = resume
-                .entry((topic.clone(), *partition_id))
-                .or_insert(*offset);
-            *last = (*last).max(*offset);
+    /// The `open` probe: a success, or why the sink cannot start yet
+    /// (transient: the engine opens it again) or at all (fatal).
+    async fn health_check(&self, client: &HttpClient) -> Result<(), ConnectorError> {
+        let request = client.empty(self.config.health_check_method.into(), self.url.clone());
+        let answer = http::exchange(request, &self.display_url, MAX_RESPONSE_BYTES)
+            .await
+            .map_err(|failure| {
+                ConnectorError::transient(format!("health check: {}", failure.reason()))
+            })?;
+        if answer.is_success() || self.config.is_success(answer.status) {
+            return Ok(());
         }
-    }
-
-    fn forget(&self, topic: &TopicRef, messages: &[SinkMessage]) {
-        let mut resume = lock(&self.resume);
-        if resume.is_empty() {
-            return;
-        }
-        for message in messages {
-            resume.remove(&(topic.clone(), message.partition_id));
-        }
-    }
-
-    fn build_client(&self) -> Result<HttpClient, ConnectorError> {
-        HttpClient::new(&self.client_options)
-            .map_err(|error| ConnectorError::fatal(error.to_string()))
+        let reason = format!("health check: {}", answer.reason(&self.display_url));
+        Err(match answer.status {
+            401 | 403 => ConnectorError::fatal(format!(
+                "{reason}; check the credentials in plugin_config.headers"
+            )),
+            status if http::classify(status) == StatusClass::Transient => {
+                ConnectorError::transient(reason)
+            }
+            _ => ConnectorError::fatal(format!(
+                "{reason}; set plugin_config.health_check_method to a method the endpoint answers with success, or health_check_enabled = false"
+            )),
+        })
     }
 }
 
@@ -358,34 +223,30 @@ impl Sink for HttpSink {
         self.degraded = context.degraded;
     }
 
+    /// Upstream's retry fields, as the engine's policy: it waits between
+    /// writes of what is not delivered yet and reports the sink degraded
+    /// after `max_retries` consecutive failed writes (it keeps retrying).
+    fn retry(&self) -> Option<RetrySettings> {
+        Some(RetrySettings {
+            backoff: Backoff {
+                initial: self.config.retry_delay,
+                max: self.config.max_retry_delay,
+                multiplier: self.config.retry_backoff_multiplier,
+            },
+            degraded_after: Some(self.config.max_retries),
+        })
+    }
+
     async fn open(&mut self) -> Result<(), ConnectorError> {
         if self.config.tls_danger_accept_invalid_certs {
             warn!(connector_key = %self.key, "tls_danger_accept_invalid_certs is on: TLS certificates are NOT verified");
         }
-        let client = self.build_client()?;
-        self.breaker_gauge(false);
+        let client = HttpClient::new(&self.client_options)
+            .map_err(|error| ConnectorError::fatal(error.to_string()))?;
         if self.config.health_check_enabled {
-            let probe = client
-                .empty(self.config.health_check_method.into(), self.url.clone())
-                .send()
-                .await;
-            let problem = match probe {
-                Ok(response)
-                    if response.status().is_success()
-                        || self.config.is_success(response.status().as_u16()) =>
-                {
-                    None
-                }
-                Ok(response) => Some(format!("answered {}", response.status().as_u16())),
-                Err(error) => Some(error_chain(&error.without_url())),
-            };
-            if let Some(problem) = problem {
-                let message = format!("health check of {} failed: {problem}", self.display_url);
-                warn!(connector_key = %self.key, "{message}; starting anyway, writes will retry");
-                self.degraded.set(message);
-                self.is_degraded.store(true, Ordering::Relaxed);
-            }
+            self.health_check(&client).await?;
         }
+        self.breaker_gauge(false);
         info!(connector_key = %self.key, url = %self.display_url, batch_mode = ?self.config.batch_mode, "http sink open");
         self.client = Some(client);
         Ok(())
@@ -396,52 +257,27 @@ impl Sink for HttpSink {
             .client
             .as_ref()
             .ok_or_else(|| SinkError::fatal("the http sink was not opened"))?;
-        let pending = self.pending(topic, messages);
-        let mut delivered: HashMap<u32, u64> = HashMap::new();
-        for part in Planner::new(&self.body_options, topic, messages, &pending) {
+        let mut outcome = Outcome::default();
+        for part in Planner::new(&self.body_options, topic, messages) {
             let (body, indexes) = match part {
                 Part::Request { body, indexes } => (body, indexes),
                 Part::TooLarge { index, size } => {
-                    self.remember(topic, &delivered);
-                    return Err(SinkError::Rejected(vec![Rejection {
-                        index,
-                        reason: format!(
-                            "the message makes a {size}-byte request body, more than max_payload_size_bytes ({})",
-                            self.config.max_payload_size_bytes
-                        ),
-                    }]));
+                    outcome.reject(index, format!(
+                        "the message makes a {size}-byte request body, more than max_payload_size_bytes ({})",
+                        self.config.max_payload_size_bytes
+                    ));
+                    continue;
                 }
             };
-            match self.deliver(client, body, indexes.len()).await {
-                Delivery::Delivered => {
-                    for index in indexes {
-                        let message = &messages[index];
-                        let last = delivered
-                            .entry(message.partition_id)
-                            .or_insert(message.offset);
-                        *last = (*last).max(message.offset);
-                    }
-                }
-                Delivery::Refused(reason) => {
-                    self.remember(topic, &delivered);
-                    return Err(SinkError::Rejected(
-                        indexes
-                            .into_iter()
-                            .map(|index| Rejection {
-                                index,
-                                reason: reason.clone(),
-                            })
-                            .collect(),
-                    ));
-                }
-                Delivery::Failed(reason) => {
-                    self.remember(topic, &delivered);
-                    return Err(SinkError::transient(reason));
-                }
+            match self.send(client, body, indexes.len()).await {
+                Ok(()) => outcome.durable(indexes),
+                Err(failure) => outcome.fail(failure, indexes),
+            }
+            if outcome.stopped() {
+                break;
             }
         }
-        self.forget(topic, messages);
-        Ok(())
+        outcome.into_result()
     }
 
     async fn close(&mut self) -> Result<(), ConnectorError> {
@@ -451,29 +287,3 @@ impl Sink for HttpSink {
         Ok(())
     }
 }
-
-/// Reads up to `MAX_RESPONSE_BYTES` of a response (letting its connection go
-/// back to the pool) and returns the start of it as text for error messages.
-async fn read_some(mut response: reqwest::Response) -> String {
-    let mut body = Vec::new();
-    while body.len() < MAX_RESPONSE_BYTES {
-        match response.chunk().await {
-            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
-            Ok(None) | Err(_) => break,
-        }
-    }
-    String::from_utf8_lossy(&body)
-        .chars()
-        .take(REASON_BODY_CHARS)
-        .map(|character| {
-            if character.is_control() {
-                ' '
-            } else {
-                character
-            }
-        })
-        .collect::<String>()
-        .trim()
-        .to_owned()
-}
-

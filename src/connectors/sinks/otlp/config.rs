@@ -53,17 +53,20 @@ pub struct OtlpSinkConfig {
     /// OpenTelemetry Collector's gRPC receiver takes 4 MiB by default.
     #[serde(default = "default_max_batch_bytes")]
     pub max_batch_bytes: usize,
-    /// Retries of one export on the OTLP spec's retryable answers (and
-    /// connection errors, timeouts) inside one `write`; past them the engine
-    /// retries the whole batch later.
+    /// Engine retry setting: after this many consecutive failed writes (the
+    /// OTLP spec's retryable answers, connection errors, timeouts) the
+    /// engine reports the sink degraded. It keeps retrying what is not
+    /// exported yet: nothing is dropped.
     #[serde(default = "default_max_retries")]
     pub max_retries: u32,
-    /// First wait between retries when the collector asks for none; doubles
-    /// up to `max_retry_delay`. A `Retry-After` / `RetryInfo` is honoured
-    /// instead (up to 10 minutes).
+    /// Engine retry setting: its first wait before exporting again when the
+    /// collector asks for none; doubles up to `max_retry_delay`. A longer
+    /// `Retry-After` / `RetryInfo` is waited instead (up to `[engine]
+    /// max_retry_after`).
     #[serde(default = "default_retry_delay", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub retry_delay: Duration,
+    /// Engine retry setting: its longest wait between writes.
     #[serde(default = "default_max_retry_delay", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub max_retry_delay: Duration,

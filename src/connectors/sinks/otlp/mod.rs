@@ -3,15 +3,15 @@
 //! OpenTelemetry collector over OTLP/gRPC or OTLP/HTTP (protobuf or JSON).
 //!
 //! Delivery: messages of one signal are merged into export requests (up to
-//! `max_batch_messages` and `max_batch_bytes`); `write` returns `Ok` only
-//! once the collector answered success for every one, so the engine commits
-//! offsets only then. The answers the OTLP spec makes retryable (HTTP 429,
-//! 502, 503, 504; gRPC UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED, CANCELLED,
-//! OUT_OF_RANGE, DATA_LOSS, and RESOURCE_EXHAUSTED with `RetryInfo`),
-//! connection errors and timeouts are retried inside `write` up to
-//! `max_retries` times, after the `Retry-After` / `RetryInfo` the collector
-//! asked for or with capped backoff; then `write` returns `Transient` and the
-//! engine retries the batch later. Bad credentials (401/403,
+//! `max_batch_messages` and `max_batch_bytes`), each sent once; `write`
+//! returns `Ok` only once the collector answered success for every one, so
+//! the engine commits offsets only then. The answers the OTLP spec makes
+//! retryable (HTTP 429, 502, 503, 504; gRPC UNAVAILABLE, DEADLINE_EXCEEDED,
+//! ABORTED, CANCELLED, OUT_OF_RANGE, DATA_LOSS, and RESOURCE_EXHAUSTED with
+//! `RetryInfo`), connection errors and timeouts end the write as transient,
+//! with the `Retry-After` / `RetryInfo` the collector asked for, naming the
+//! messages earlier exports delivered: the engine exports only the rest
+//! again, after that wait or its backoff. Bad credentials (401/403,
 //! UNAUTHENTICATED/PERMISSION_DENIED) and a wrong endpoint (404,
 //! UNIMPLEMENTED) are fatal. Any other refusal of a merged request is
 //! narrowed down by sending its messages one at a time: the ones refused alone
@@ -23,8 +23,6 @@
 //! records twice.
 
 mod config;
-
-use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -48,12 +46,14 @@ use tonic_types::StatusExt;
 use tracing::{debug, info, warn};
 
 use crate::connectors::kit::backoff::Backoff;
-use crate::connectors::kit::http::{self, Auth, ClientOptions, HttpClient, MAX_RETRY_AFTER, error_chain};
+use crate::connectors::kit::failure::Failure;
+use crate::connectors::kit::http::{self, Auth, ClientOptions, HttpClient};
+use crate::connectors::kit::outcome::Outcome;
 use crate::connectors::otlp::{self as otlp, Encoding, SIGNAL_HEADER, Signal};
 use crate::connectors::{SinkEntry, schema_of};
 use crate::connectors::{
-    ConnectorContext, ConnectorError, PluginConfigError, Rejection, Sink, SinkError,
-    parse_plugin_config,
+    ConnectorContext, ConnectorError, PluginConfigError, Rejection, RetrySettings, Sink,
+    SinkError, parse_plugin_config,
 };
 use crate::message::{HeaderValue as UserHeader, Payload, SinkMessage, TopicRef};
 
@@ -74,7 +74,6 @@ const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 pub struct OtlpSink {
     config: OtlpSinkConfig,
     url: reqwest::Url,
-    retry: Backoff,
     http: Option<HttpClient>,
     grpc: Option<Channel>,
     metadata: MetadataMap,
@@ -123,27 +122,6 @@ impl Request {
     }
 }
 
-/// How one export ended.
-enum Answer {
-    Success,
-    /// Refused for good (the request itself).
-    Refused(String),
-    Retryable {
-        reason: String,
-        retry_after: Option<Duration>,
-    },
-    /// Nothing will go through (credentials, endpoint).
-    Fatal(String),
-}
-
-/// How one export ended after its retries.
-enum Delivery {
-    Delivered,
-    Refused(String),
-    Failed(String),
-    Fatal(String),
-}
-
 impl OtlpSink {
     pub fn new(config: OtlpSinkConfig) -> Result<Self, PluginConfigError> {
         let url = config.validate()?;
@@ -163,11 +141,6 @@ impl OtlpSink {
             metadata.insert("authorization", value);
         }
         Ok(Self {
-            retry: Backoff {
-                initial: config.retry_delay,
-                max: config.max_retry_delay,
-                multiplier: 2.0,
-            },
             url,
             http: None,
             grpc: None,
@@ -233,49 +206,26 @@ impl OtlpSink {
         Ok((request, size))
     }
 
-    /// Sends one export request, retrying retryable answers.
-    async fn deliver(&self, request: &Request) -> Delivery {
-        let mut retries = 0;
-        loop {
-            let answer = each!(request, request => self.export(request).await);
-            let (reason, retry_after) = match answer {
-                Answer::Success => return Delivery::Delivered,
-                Answer::Refused(reason) => return Delivery::Refused(reason),
-                Answer::Fatal(reason) => return Delivery::Fatal(reason),
-                Answer::Retryable { reason, retry_after } => (reason, retry_after),
-            };
-            if retries >= self.config.max_retries {
-                return Delivery::Failed(format!("{reason} (after {retries} retries)"));
-            }
-            let wait = retry_after
-                .map(|wait| wait.min(MAX_RETRY_AFTER))
-                .unwrap_or_else(|| self.retry.delay(retries));
-            debug!(connector_key = %self.key, %reason, wait_ms = wait.as_millis() as u64, "export failed; retrying");
-            metrics::counter!("iggy_connector_otlp_sink_retries_total", "connector_key" => self.key.clone()).increment(1);
-            tokio::time::sleep(wait).await;
-            retries += 1;
-        }
+    /// Sends one export request once: `Ok` when the collector took it.
+    async fn deliver(&self, request: &Request) -> Result<(), Failure> {
+        each!(request, request => self.export(request).await)
     }
 
-    async fn export<S: GrpcSignal>(&self, request: &S) -> Answer {
-        let answer = match self.config.protocol {
+    async fn export<S: GrpcSignal>(&self, request: &S) -> Result<(), Failure> {
+        let partial = match self.config.protocol {
             Protocol::Grpc => self.export_grpc(request).await,
             Protocol::HttpProtobuf | Protocol::HttpJson => self.export_http(request).await,
-        };
-        match answer {
-            Ok(Some((rejected, message))) if rejected > 0 => {
-                warn!(connector_key = %self.key, signal = S::NAME, rejected, %message, "the collector accepted the export but rejected some {} (final, by the OTLP spec)", S::ITEM);
-                metrics::counter!("iggy_connector_otlp_sink_partially_rejected_total", "connector_key" => self.key.clone(), "signal" => S::NAME).increment(rejected as u64);
-                Answer::Success
-            }
-            Ok(_) => Answer::Success,
-            Err(answer) => answer,
+        }?;
+        if let Some((rejected, message)) = partial.filter(|(rejected, _)| *rejected > 0) {
+            warn!(connector_key = %self.key, signal = S::NAME, rejected, %message, "the collector accepted the export but rejected some {} (final, by the OTLP spec)", S::ITEM);
+            metrics::counter!("iggy_connector_otlp_sink_partially_rejected_total", "connector_key" => self.key.clone(), "signal" => S::NAME).increment(rejected as u64);
         }
+        Ok(())
     }
 
-    async fn export_grpc<S: GrpcSignal>(&self, request: &S) -> Result<Option<(i64, String)>, Answer> {
+    async fn export_grpc<S: GrpcSignal>(&self, request: &S) -> Result<Option<(i64, String)>, Failure> {
         let Some(channel) = self.grpc.clone() else {
-            return Err(Answer::Fatal("the sink is not open".into()));
+            return Err(Failure::Fatal("the sink is not open".into()));
         };
         let mut call = tonic::Request::new(request.clone());
         *call.metadata_mut() = self.metadata.clone();
@@ -283,53 +233,44 @@ impl OtlpSink {
         let gzip = self.config.compression == Compression::Gzip;
         match S::call(channel, call, gzip).await {
             Ok(response) => Ok(S::rejected(response.get_ref())),
-            Err(status) => Err(grpc_answer(&status)),
+            Err(status) => Err(grpc_failure(&status)),
         }
     }
 
-    async fn export_http<S: Signal>(&self, request: &S) -> Result<Option<(i64, String)>, Answer> {
+    async fn export_http<S: Signal>(&self, request: &S) -> Result<Option<(i64, String)>, Failure> {
         let Some(client) = &self.http else {
-            return Err(Answer::Fatal("the sink is not open".into()));
+            return Err(Failure::Fatal("the sink is not open".into()));
         };
         let encoding = self.wire_encoding();
         let mut url = self.url.clone();
         let path = format!("{}/v1/{}", url.path().trim_end_matches('/'), S::NAME);
         url.set_path(&path);
         let body = Bytes::from(otlp::encode(encoding, request));
-        let response = client
+        let request = client
             .request(reqwest::Method::POST, url.clone(), body)
-            .header(CONTENT_TYPE, encoding.content_type())
-            .send()
-            .await
-            .map_err(|error| Answer::Retryable {
-                reason: format!("cannot export to {url}: {}", error_chain(&error)),
-                retry_after: None,
-            })?;
-        let status = response.status().as_u16();
-        if response.status().is_success() {
-            let body = response.bytes().await.unwrap_or_default();
-            let answer: Option<S::Response> = match Encoding::sniff(&body) {
-                _ if body.is_empty() => None,
-                Encoding::Json => serde_json::from_slice(&body).ok(),
-                Encoding::Protobuf => S::Response::decode(body).ok(),
+            .header(CONTENT_TYPE, encoding.content_type());
+        let answer = http::exchange(request, url.as_str(), MAX_RESPONSE_BYTES).await?;
+        if answer.is_success() {
+            let response: Option<S::Response> = match Encoding::sniff(&answer.body) {
+                _ if answer.body.is_empty() => None,
+                Encoding::Json => serde_json::from_slice(&answer.body).ok(),
+                Encoding::Protobuf => S::Response::decode(answer.body).ok(),
             };
-            return Ok(answer.as_ref().and_then(S::rejected));
+            return Ok(response.as_ref().and_then(S::rejected));
         }
-        let retry_after = http::retry_after(response.headers(), std::time::SystemTime::now());
-        let body = http::read_text(response, MAX_RESPONSE_BYTES).await;
-        let reason = format!("{url} answered {status}: {}", status_message(&body));
-        Err(match status {
-            429 | 502 | 503 | 504 => Answer::Retryable { reason, retry_after },
-            401 | 403 => Answer::Fatal(format!("{reason}; check plugin_config.token and plugin_config.headers")),
-            404 => Answer::Fatal(format!("{reason}; check plugin_config.endpoint (OTLP/HTTP paths are /v1/logs, /v1/traces, /v1/metrics under it)")),
-            _ => Answer::Refused(reason),
+        let reason = format!("{url} answered {}: {}", answer.status, status_message(&answer.text()));
+        Err(match answer.status {
+            429 | 502 | 503 | 504 => Failure::Transient { reason, retry_after: answer.retry_after },
+            401 | 403 => Failure::Fatal(format!("{reason}; check plugin_config.token and plugin_config.headers")),
+            404 => Failure::Fatal(format!("{reason}; check plugin_config.endpoint (OTLP/HTTP paths are /v1/logs, /v1/traces, /v1/metrics under it)")),
+            _ => Failure::Refused(reason),
         })
     }
 
     /// Sends the messages of one signal, merged into requests as large as
-    /// allowed; returns the indexes refused.
-    async fn send_group(&self, group: Vec<(usize, Request, usize)>) -> Result<Vec<Rejection>, SinkError> {
-        let mut rejections = Vec::new();
+    /// allowed, and notes each message's answer, until a failure stops the
+    /// write.
+    async fn send_group(&self, group: Vec<(usize, Request, usize)>, outcome: &mut Outcome) {
         let mut chunks: Vec<Vec<(usize, Request, usize)>> = Vec::new();
         let mut size = 0;
         for item in group {
@@ -356,25 +297,27 @@ impl OtlpSink {
             for (_, request) in &rest {
                 merged.merge(request.clone());
             }
+            let indexes = std::iter::once(first_index).chain(rest.iter().map(|(index, _)| *index));
             match self.deliver(&merged).await {
-                Delivery::Delivered => {}
-                Delivery::Failed(reason) => return Err(SinkError::transient(reason)),
-                Delivery::Fatal(reason) => return Err(SinkError::fatal(reason)),
-                Delivery::Refused(reason) if rest.is_empty() => rejections.push(Rejection { index: first_index, reason }),
-                Delivery::Refused(reason) => {
+                Ok(()) => outcome.durable(indexes),
+                Err(Failure::Refused(reason)) if !rest.is_empty() => {
                     debug!(connector_key = %self.key, messages = rest.len() + 1, %reason, "export refused; sending its messages one at a time");
                     for (index, request) in std::iter::once((first_index, first)).chain(rest) {
                         match self.deliver(&request).await {
-                            Delivery::Delivered => {}
-                            Delivery::Refused(reason) => rejections.push(Rejection { index, reason }),
-                            Delivery::Failed(reason) => return Err(SinkError::transient(reason)),
-                            Delivery::Fatal(reason) => return Err(SinkError::fatal(reason)),
+                            Ok(()) => outcome.durable([index]),
+                            Err(failure) => outcome.fail(failure, [index]),
+                        }
+                        if outcome.stopped() {
+                            return;
                         }
                     }
                 }
+                Err(failure) => outcome.fail(failure, indexes),
+            }
+            if outcome.stopped() {
+                return;
             }
         }
-        Ok(rejections)
     }
 }
 
@@ -447,7 +390,7 @@ fn status_message(body: &str) -> String {
 }
 
 /// What a gRPC error status means for the export, by the OTLP spec.
-fn grpc_answer(status: &Status) -> Answer {
+fn grpc_failure(status: &Status) -> Failure {
     let reason = format!("the collector answered {:?}: {}", status.code(), status.message());
     let retry_after = status
         .get_details_retry_info()
@@ -458,17 +401,17 @@ fn grpc_answer(status: &Status) -> Answer {
         | Code::Aborted
         | Code::OutOfRange
         | Code::Unavailable
-        | Code::DataLoss => Answer::Retryable { reason, retry_after },
-        Code::ResourceExhausted if retry_after.is_some() => Answer::Retryable { reason, retry_after },
+        | Code::DataLoss => Failure::Transient { reason, retry_after },
+        Code::ResourceExhausted if retry_after.is_some() => Failure::Transient { reason, retry_after },
         Code::Unauthenticated | Code::PermissionDenied => {
-            Answer::Fatal(format!("{reason}; check plugin_config.token and plugin_config.headers"))
+            Failure::Fatal(format!("{reason}; check plugin_config.token and plugin_config.headers"))
         }
-        Code::Unimplemented => Answer::Fatal(format!(
+        Code::Unimplemented => Failure::Fatal(format!(
             "{reason}; check plugin_config.endpoint and plugin_config.protocol"
         )),
         // A connection failure shows as Unknown with a transport error source.
-        Code::Unknown if std::error::Error::source(status).is_some() => Answer::Retryable { reason, retry_after },
-        _ => Answer::Refused(reason),
+        Code::Unknown if std::error::Error::source(status).is_some() => Failure::Transient { reason, retry_after },
+        _ => Failure::Refused(reason),
     }
 }
 
@@ -509,6 +452,20 @@ grpc_signal!(ExportMetricsServiceRequest, MetricsServiceClient);
 impl Sink for OtlpSink {
     fn attach(&mut self, context: ConnectorContext) {
         self.key = context.key;
+    }
+
+    /// `retry_delay`, doubling up to `max_retry_delay`, as the engine's wait
+    /// between writes of what is not exported yet; after `max_retries`
+    /// consecutive failed writes the engine reports the sink degraded.
+    fn retry(&self) -> Option<RetrySettings> {
+        Some(RetrySettings {
+            backoff: Backoff {
+                initial: self.config.retry_delay,
+                max: self.config.max_retry_delay,
+                multiplier: 2.0,
+            },
+            degraded_after: Some(self.config.max_retries),
+        })
     }
 
     async fn open(&mut self) -> Result<(), ConnectorError> {
@@ -562,17 +519,13 @@ impl Sink for OtlpSink {
         if !undecodable.is_empty() {
             return Err(SinkError::Rejected(undecodable));
         }
-        let mut rejections = Vec::new();
+        let mut outcome = Outcome::default();
         for group in groups {
-            if !group.is_empty() {
-                rejections.extend(self.send_group(group).await?);
+            if !group.is_empty() && !outcome.stopped() {
+                self.send_group(group, &mut outcome).await;
             }
         }
-        if rejections.is_empty() {
-            Ok(())
-        } else {
-            Err(SinkError::Rejected(rejections))
-        }
+        outcome.into_result()
     }
 
     fn accepts_json_bytes(&self) -> bool {

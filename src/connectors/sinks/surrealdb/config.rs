@@ -80,19 +80,23 @@ pub struct SurrealdbSinkConfig {
     #[serde(default = "default_true")]
     pub include_origin_timestamp: bool,
     /// Timeout of one HTTP request. A write without an answer in time is
-    /// retried (its records may be stored already: a replay ignores them).
+    /// transient: the engine writes it again (its records may be stored
+    /// already: a replay ignores them).
     #[serde(default = "default_query_timeout", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub query_timeout: Duration,
-    /// Attempts of one request inside one write when it fails transiently
-    /// (0 counts as 1, like upstream). Past them the engine retries the batch.
+    /// Engine retry setting: after this many consecutive failed writes (0
+    /// counts as 1, like upstream) the engine reports the sink degraded. It
+    /// keeps writing what is not stored yet: nothing is dropped.
     #[serde(default = "default_max_retries")]
     pub max_retries: u32,
-    /// Delay before the second attempt (doubling, with jitter).
+    /// Engine retry setting: its first wait before writing again (doubling,
+    /// with jitter; a longer `Retry-After` is waited instead).
     #[serde(default = "default_retry_delay", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub retry_delay: Duration,
-    /// Longest delay between attempts (at least `retry_delay`).
+    /// Engine retry setting: its longest wait between writes (at least
+    /// `retry_delay`).
     #[serde(default = "default_max_retry_delay", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub max_retry_delay: Duration,
@@ -207,8 +211,9 @@ impl SurrealdbSinkConfig {
         Ok(url)
     }
 
-    /// Attempts of one request (upstream raises 0 to 1).
-    pub fn attempts(&self) -> u32 {
+    /// Consecutive failed writes before the engine reports the sink
+    /// degraded (upstream raises a `max_retries` of 0 to 1).
+    pub fn degraded_after(&self) -> u32 {
         self.max_retries.max(1)
     }
 }
@@ -288,7 +293,7 @@ mod tests {
         assert_eq!(config.batch_size, 1000);
         assert_eq!(config.max_request_bytes, 4 * 1024 * 1024);
         assert_eq!(config.query_timeout, Duration::from_secs(30));
-        assert_eq!(config.attempts(), 3);
+        assert_eq!(config.degraded_after(), 3);
         assert_eq!(config.retry_delay, Duration::from_millis(100));
         assert_eq!(config.max_retry_delay, Duration::from_secs(5));
     }
@@ -340,12 +345,12 @@ mod tests {
     }
 
     #[test]
-    fn given_binary_when_parsed_should_be_base64_and_zero_retries_one_attempt() {
+    fn given_binary_when_parsed_should_be_base64_and_zero_retries_count_as_one() {
         let mut config = minimal();
         config["payload_format"] = "binary".into();
         config["max_retries"] = 0.into();
         let config = parse(config).unwrap();
         assert_eq!(config.payload_format, PayloadFormat::Base64);
-        assert_eq!(config.attempts(), 1);
+        assert_eq!(config.degraded_after(), 1);
     }
 }

@@ -12,20 +12,19 @@
 //! while the others are written. `write` returns `Ok` once every statement
 //! answered `OK`.
 //!
-//! Connection errors, timeouts, 408/429/5xx (with `Retry-After`) and
-//! statements SurrealDB says can be retried are retried (`max_retries`
-//! attempts, then the engine retries the batch; what was stored is ignored
-//! then). Credentials refused (at `POST /signin` or later), a missing
+//! Each request is sent once. Connection errors, timeouts, 408/429/5xx
+//! (with `Retry-After`) and statements SurrealDB says can be retried end the
+//! write as transient, naming the records already stored: the engine writes
+//! the rest again after that wait or its backoff (a record stored by a
+//! request whose answer was lost is ignored then). A request over
+//! SurrealDB's body limit (413) is split in two. Credentials refused (at
+//! `POST /signin` or later), a missing
 //! namespace, database or table (strict mode) that `auto_define_table` does
 //! not create, and a request SurrealDB refuses as a whole are fatal, naming
 //! the field to fix. DDL and the open-time check go through `POST /sql`.
 
 mod config;
 mod record;
-
-use crate::sync::lock;
-use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -36,12 +35,12 @@ use serde_json::{Value, json};
 use tracing::{debug, info, warn};
 
 use crate::connectors::kit::backoff::Backoff;
-use crate::connectors::kit::http::{
-    self, Auth, ClientOptions, HttpClient, StatusClass, classify, error_chain,
-};
+use crate::connectors::kit::failure::Failure;
+use crate::connectors::kit::http::{self, Auth, ClientOptions, HttpClient, StatusClass};
+use crate::connectors::kit::outcome::Outcome;
 use crate::connectors::{
-    ConnectorContext, ConnectorError, PluginConfigError, Rejection, Sink, SinkEntry, SinkError,
-    parse_plugin_config, schema_of,
+    ConnectorContext, ConnectorError, PluginConfigError, RetrySettings, Sink, SinkEntry,
+    SinkError, parse_plugin_config, schema_of,
 };
 use crate::message::{SinkMessage, TopicRef};
 
@@ -62,6 +61,8 @@ pub const ENTRY: SinkEntry = SinkEntry {
 
 /// How much of an error message goes into a reason.
 const REASON_CHARS: usize = 300;
+/// Answers are read up to this much (a statement's result is ~60 bytes).
+const MAX_ANSWER_BYTES: usize = 32 * 1024 * 1024;
 
 pub struct SurrealdbSink {
     config: SurrealdbSinkConfig,
@@ -69,46 +70,8 @@ pub struct SurrealdbSink {
     /// `table`, escaped as a SurrealQL identifier.
     table: String,
     client_options: ClientOptions,
-    retry: Backoff,
     client: Option<HttpClient>,
-    /// No request goes out before this (a `Retry-After` outliving `write`).
-    not_before: Mutex<Option<Instant>>,
     key: String,
-}
-
-enum Failure {
-    Transient {
-        reason: String,
-        retry_after: Option<Duration>,
-    },
-    /// 413: the request body is over SurrealDB's limit.
-    TooLarge(String),
-    Fatal(String),
-}
-
-impl Failure {
-    fn transient(reason: String) -> Self {
-        Failure::Transient {
-            reason,
-            retry_after: None,
-        }
-    }
-
-    fn into_connector_error(self) -> ConnectorError {
-        match self {
-            Failure::Transient { reason, .. } => ConnectorError::transient(reason),
-            Failure::TooLarge(reason) | Failure::Fatal(reason) => ConnectorError::fatal(reason),
-        }
-    }
-}
-
-/// What one statement's result says about its record.
-#[derive(Debug, PartialEq)]
-enum Outcome {
-    Written,
-    Rejected(String),
-    Transient(String),
-    Fatal(String),
 }
 
 /// One statement's result, as `/sql` and the RPC `query` method answer it.
@@ -172,18 +135,11 @@ impl SurrealdbSink {
         // Checked here so `write` can rely on them.
         header_value("namespace", &config.namespace)?;
         header_value("database", &config.database)?;
-        let retry = Backoff {
-            initial: config.retry_delay,
-            max: config.max_retry_delay.max(config.retry_delay),
-            multiplier: 2.0,
-        };
         Ok(Self {
             table: ident(&config.table),
             base,
             client_options,
-            retry,
             client: None,
-            not_before: Mutex::new(None),
             key: "surrealdb".into(),
             config,
         })
@@ -202,50 +158,26 @@ impl SurrealdbSink {
         )
     }
 
-    /// Sends `request`; the body of a 2xx answer.
+    /// Sends `request` once; the body of a 2xx answer. A 413 (the body is
+    /// over SurrealDB's limit) is `Refused`: split, the records may pass.
     async fn send(&self, request: reqwest::RequestBuilder, what: &str) -> Result<Bytes, Failure> {
-        let response = match request.send().await {
-            Ok(response) => response,
-            Err(error) => {
-                let error = error.without_url();
-                let reason = if error.is_timeout() {
-                    format!(
-                        "{what}: no answer within query_timeout ({}); the records may be stored anyway (a replay ignores them)",
-                        crate::config::duration::format(self.config.query_timeout)
-                    )
-                } else {
-                    format!("{what}: {}", error_chain(&error))
-                };
-                return Err(Failure::transient(reason));
-            }
-        };
-        let status = response.status().as_u16();
-        let retry_after = http::retry_after(response.headers(), SystemTime::now());
-        let body = match response.bytes().await {
-            Ok(body) => body,
-            Err(error) => {
-                return Err(Failure::transient(format!(
-                    "{what}: the answer was cut off ({}); the records may be stored anyway (a replay ignores them)",
-                    error_chain(&error.without_url())
-                )));
-            }
-        };
-        if (200..300).contains(&status) {
-            return Ok(body);
+        let answer = http::exchange(request, self.base.as_str(), MAX_ANSWER_BYTES)
+            .await
+            .map_err(|failure| Failure::transient(format!("{what}: {}", failure.reason())))?;
+        if answer.is_success() {
+            return Ok(answer.body);
         }
-        let reason = format!("{what}: answered {status} {}", error_text(&body));
-        Err(match status {
+        let reason = format!("{what}: answered {} {}", answer.status, error_text(&answer.body));
+        Err(match answer.status {
             401 | 403 => Failure::Fatal(self.credentials_refused(&reason)),
-            413 => Failure::TooLarge(reason),
-            _ => match classify(status) {
-                StatusClass::Transient => Failure::Transient {
-                    reason,
-                    retry_after,
-                },
-                StatusClass::Permanent => Failure::Fatal(format!(
-                    "{reason}; SurrealDB refuses the request as a whole"
-                )),
+            413 => Failure::Refused(reason),
+            status if http::classify(status) == StatusClass::Transient => Failure::Transient {
+                reason,
+                retry_after: answer.retry_after,
             },
+            _ => Failure::Fatal(format!(
+                "{reason}; SurrealDB refuses the request as a whole"
+            )),
         })
     }
 
@@ -363,8 +295,9 @@ impl SurrealdbSink {
         }
     }
 
-    /// What a statement's error message says (SurrealDB's own wording).
-    fn classify(&self, message: &str) -> Outcome {
+    /// What a statement's error message says (SurrealDB's own wording):
+    /// `Ok` when its record is stored anyway, `Refused` when the record is.
+    fn classify(&self, message: &str) -> Result<(), Failure> {
         let lower = message.to_ascii_lowercase();
         if lower.contains("does not exist") {
             for (thing, field) in [
@@ -373,9 +306,9 @@ impl SurrealdbSink {
                 ("table", "table"),
             ] {
                 if lower.contains(&format!("the {thing} ")) {
-                    return Outcome::Fatal(format!(
+                    return Err(Failure::Fatal(format!(
                         "{message}: define it, fix {field}, or set auto_define_table = true"
-                    ));
+                    )));
                 }
             }
         }
@@ -383,28 +316,28 @@ impl SurrealdbSink {
             || lower.contains("iam error")
             || lower.contains("problem with authentication")
         {
-            return Outcome::Fatal(self.credentials_refused(message));
+            return Err(Failure::Fatal(self.credentials_refused(message)));
         }
         if lower.contains("can be retried")
             || lower.contains("transaction conflict")
             || lower.contains("resource busy")
             || lower.contains("timed out")
         {
-            return Outcome::Transient(message.to_owned());
+            return Err(Failure::transient(message));
         }
         // Without IGNORE support a replayed record's id collides: it is stored.
         if lower.contains("database record") && lower.contains("already exists") {
-            return Outcome::Written;
+            return Ok(());
         }
-        Outcome::Rejected(message.to_owned())
+        Err(Failure::Refused(message.to_owned()))
     }
 
     /// An error of a whole request (not about one record: nothing to skip).
     fn failure(&self, message: &str, what: &str) -> Failure {
         match self.classify(message) {
-            Outcome::Transient(reason) => Failure::transient(format!("{what}: {reason}")),
-            Outcome::Fatal(reason) => Failure::Fatal(format!("{what}: {reason}")),
-            Outcome::Rejected(_) | Outcome::Written => Failure::Fatal(format!(
+            Err(Failure::Transient { reason, .. }) => Failure::transient(format!("{what}: {reason}")),
+            Err(Failure::Fatal(reason)) => Failure::Fatal(format!("{what}: {reason}")),
+            Ok(()) | Err(Failure::Refused(_)) => Failure::Fatal(format!(
                 "{what}: SurrealDB refuses the request as a whole: {message}"
             )),
         }
@@ -459,107 +392,112 @@ impl SurrealdbSink {
         record.len() + 2 * self.table.len() + 64
     }
 
-    /// Writes `records` (index into the batch, record JSON) of one request,
-    /// retrying what fails transiently; the rejected records.
+    /// Writes `records` (index into the batch, record JSON) with one request
+    /// and notes each record's answer; a request over SurrealDB's body limit
+    /// is split in two, down to the record too large alone.
     async fn write_chunk(
         &self,
         client: &HttpClient,
-        mut pending: Vec<(usize, Vec<u8>)>,
-    ) -> Result<Vec<Rejection>, SinkError> {
-        let mut rejections = Vec::new();
-        let attempts = self.config.attempts();
-        for attempt in 1.. {
-            let not_before = *lock(&self.not_before);
-            if let Some(instant) = not_before {
-                tokio::time::sleep_until(instant.into()).await;
-            }
-            let mut query = String::with_capacity(pending.len() * (self.table.len() + 40));
-            let mut vars = Vec::with_capacity(pending.iter().map(|(_, r)| r.len() + 8).sum());
-            vars.push(b'{');
-            for (n, (_, record)) in pending.iter().enumerate() {
-                query.push_str(&format!(
-                    "INSERT IGNORE INTO {} $r{n} RETURN NONE;\n",
-                    self.table
+        mut records: Vec<(usize, Vec<u8>)>,
+        outcome: &mut Outcome,
+    ) {
+        let (query, vars) = self.statements(&records);
+        let statements = match self.rpc_query(client, &query, &vars).await {
+            Ok(statements) => statements,
+            Err(Failure::Refused(reason)) if records.len() == 1 => {
+                outcome.reject(records[0].0, format!(
+                    "{reason}: the record alone is over SurrealDB's body limit (SURREAL_HTTP_MAX_RPC_BODY_SIZE)"
                 ));
-                if n > 0 {
-                    vars.push(b',');
-                }
-                vars.extend_from_slice(format!("\"r{n}\":").as_bytes());
-                vars.extend_from_slice(record);
+                return;
             }
-            vars.push(b'}');
-            let (reason, retry_after) = match self.rpc_query(client, &query, &vars).await {
-                Ok(statements) => {
-                    if statements.len() != pending.len() {
-                        return Err(SinkError::fatal(format!(
-                            "SurrealDB answered {} results for {} statements",
-                            statements.len(),
-                            pending.len()
-                        )));
+            Err(Failure::Refused(_)) => {
+                let second = records.split_off(records.len() / 2);
+                for half in [records, second] {
+                    if !outcome.stopped() {
+                        Box::pin(self.write_chunk(client, half, outcome)).await;
                     }
-                    let mut retry = Vec::new();
-                    let mut last = String::new();
-                    for ((index, record), statement) in pending.into_iter().zip(statements) {
-                        if statement.ok() {
-                            continue;
-                        }
-                        match self.classify(&statement.message()) {
-                            Outcome::Written => {}
-                            Outcome::Rejected(reason) => rejections.push(Rejection {
-                                index,
-                                reason: format!("SurrealDB refuses the record: {reason}"),
-                            }),
-                            Outcome::Transient(reason) => {
-                                last = reason;
-                                retry.push((index, record));
-                            }
-                            Outcome::Fatal(reason) => return Err(SinkError::fatal(reason)),
-                        }
-                    }
-                    pending = retry;
-                    (last, None)
                 }
-                Err(Failure::Fatal(reason)) => return Err(SinkError::fatal(reason)),
-                Err(Failure::TooLarge(reason)) => {
-                    if pending.len() == 1 {
-                        let (index, _) = pending.remove(0);
-                        rejections.push(Rejection {
-                            index,
-                            reason: format!(
-                                "{reason}: the record alone is over SurrealDB's body limit (SURREAL_HTTP_MAX_RPC_BODY_SIZE)"
-                            ),
-                        });
-                    } else {
-                        let second = pending.split_off(pending.len() / 2);
-                        for half in [std::mem::take(&mut pending), second] {
-                            rejections.extend(Box::pin(self.write_chunk(client, half)).await?);
-                        }
-                    }
-                    break;
-                }
-                Err(Failure::Transient {
-                    reason,
-                    retry_after,
-                }) => (reason, retry_after),
-            };
-            if pending.is_empty() {
-                break;
+                return;
             }
-            if attempt >= attempts {
-                if let Some(wait) = retry_after {
-                    *lock(&self.not_before) = Some(Instant::now() + wait);
-                }
-                return Err(SinkError::transient(format!(
-                    "{} record(s) not written after {attempt} attempt(s), last: {reason}",
-                    pending.len()
-                )));
-            }
-            let delay = retry_after.unwrap_or_else(|| self.retry.delay(attempt));
-            warn!(connector_key = %self.key, records = pending.len(), attempt, retry_in_ms = delay.as_millis() as u64, error = %reason, "write failed, retrying");
-            tokio::time::sleep(delay).await;
+            Err(failure) => return outcome.fail(failure, records.iter().map(|(index, _)| *index)),
+        };
+        if statements.len() != records.len() {
+            let failure = Failure::Fatal(format!(
+                "SurrealDB answered {} results for {} statements",
+                statements.len(),
+                records.len()
+            ));
+            return outcome.fail(failure, records.iter().map(|(index, _)| *index));
         }
-        *lock(&self.not_before) = None;
-        Ok(rejections)
+        for ((index, _), statement) in records.iter().zip(statements) {
+            if statement.ok() {
+                outcome.durable([*index]);
+                continue;
+            }
+            // A statement SurrealDB says can be retried stops the write: the
+            // engine writes its record again.
+            match self.classify(&statement.message()) {
+                Ok(()) => outcome.durable([*index]),
+                Err(Failure::Refused(reason)) => {
+                    outcome.reject(*index, format!("SurrealDB refuses the record: {reason}"));
+                }
+                Err(failure) => outcome.fail(failure, [*index]),
+            }
+        }
+    }
+
+    /// One `INSERT IGNORE` statement per record and the variables they name.
+    fn statements(&self, records: &[(usize, Vec<u8>)]) -> (String, Vec<u8>) {
+        let mut query = String::with_capacity(records.len() * (self.table.len() + 40));
+        let mut vars = Vec::with_capacity(records.iter().map(|(_, r)| r.len() + 8).sum());
+        vars.push(b'{');
+        for (n, (_, record)) in records.iter().enumerate() {
+            query.push_str(&format!(
+                "INSERT IGNORE INTO {} $r{n} RETURN NONE;\n",
+                self.table
+            ));
+            if n > 0 {
+                vars.push(b',');
+            }
+            vars.extend_from_slice(format!("\"r{n}\":").as_bytes());
+            vars.extend_from_slice(record);
+        }
+        vars.push(b'}');
+        (query, vars)
+    }
+
+    /// The records of a batch in requests of at most `batch_size` records
+    /// and `max_request_bytes`; a record over that alone is refused.
+    fn chunks(
+        &self,
+        records: Vec<(usize, Vec<u8>)>,
+        outcome: &mut Outcome,
+    ) -> Vec<Vec<(usize, Vec<u8>)>> {
+        let budget = self.config.max_request_bytes - 64;
+        let mut chunks: Vec<Vec<(usize, Vec<u8>)>> = Vec::new();
+        let mut size = 0;
+        for (index, record) in records {
+            let cost = self.statement_bytes(&record);
+            if cost > budget {
+                outcome.reject(index, format!(
+                    "the record makes a {cost}-byte request, more than max_request_bytes ({})",
+                    self.config.max_request_bytes
+                ));
+                continue;
+            }
+            let full = chunks.last().is_none_or(|chunk| {
+                chunk.len() == self.config.batch_size || size + cost > budget
+            });
+            if full {
+                chunks.push(Vec::new());
+                size = 0;
+            }
+            size += cost;
+            if let Some(chunk) = chunks.last_mut() {
+                chunk.push((index, record));
+            }
+        }
+        chunks
     }
 }
 
@@ -621,29 +559,37 @@ impl Sink for SurrealdbSink {
         self.key = context.key;
     }
 
+    /// `retry_delay`, doubling up to `max_retry_delay`, as the engine's wait
+    /// between writes of what is not stored yet; after `max_retries`
+    /// consecutive failed writes the engine reports the sink degraded.
+    fn retry(&self) -> Option<RetrySettings> {
+        Some(RetrySettings {
+            backoff: Backoff {
+                initial: self.config.retry_delay,
+                max: self.config.max_retry_delay.max(self.config.retry_delay),
+                multiplier: 2.0,
+            },
+            degraded_after: Some(self.config.degraded_after()),
+        })
+    }
+
     async fn open(&mut self) -> Result<(), ConnectorError> {
         if self.config.tls_danger_accept_invalid_certs {
             warn!(connector_key = %self.key, "tls_danger_accept_invalid_certs is on: TLS certificates are NOT verified");
         }
         let client = HttpClient::new(&self.client_options)
             .map_err(|error| ConnectorError::fatal(error.to_string()))?;
-        self.signin(&client)
-            .await
-            .map_err(Failure::into_connector_error)?;
+        self.signin(&client).await?;
         if self.config.auto_define_table {
-            self.define(&client)
-                .await
-                .map_err(Failure::into_connector_error)?;
+            self.define(&client).await?;
         } else {
             if self.config.define_indexes {
                 warn!(connector_key = %self.key, "define_indexes needs auto_define_table = true: no index is defined");
             }
             let statements = self
                 .sql(&client, "INFO FOR DB;".into(), true, "checking the database")
-                .await
-                .map_err(Failure::into_connector_error)?;
-            self.check_ddl(&statements, "checking the database")
-                .map_err(Failure::into_connector_error)?;
+                .await?;
+            self.check_ddl(&statements, "checking the database")?;
         }
         info!(connector_key = %self.key, endpoint = %self.base, namespace = %self.config.namespace, database = %self.config.database, table = %self.config.table, "connected");
         self.client = Some(client);
@@ -663,53 +609,27 @@ impl Sink for SurrealdbSink {
             .client
             .as_ref()
             .ok_or_else(|| SinkError::fatal("the surrealdb sink was not opened"))?;
-        let mut rejections = Vec::new();
+        let mut outcome = Outcome::default();
         let mut records = Vec::with_capacity(messages.len());
         for (index, message) in messages.iter().enumerate() {
             match record::record_json(&self.config, topic, message) {
                 Ok(record) => records.push((index, record)),
-                Err(reason) => rejections.push(Rejection { index, reason }),
+                Err(reason) => outcome.reject(index, reason),
             }
         }
-        // Requests of at most batch_size records and max_request_bytes.
-        let budget = self.config.max_request_bytes - 64;
-        let mut chunk: Vec<(usize, Vec<u8>)> = Vec::new();
-        let mut size = 0;
-        for (index, record) in records {
-            let cost = self.statement_bytes(&record);
-            if cost > budget {
-                rejections.push(Rejection {
-                    index,
-                    reason: format!(
-                        "the record makes a {cost}-byte request, more than max_request_bytes ({})",
-                        self.config.max_request_bytes
-                    ),
-                });
-                continue;
+        for chunk in self.chunks(records, &mut outcome) {
+            if outcome.stopped() {
+                break;
             }
-            let full = chunk.len() == self.config.batch_size || size + cost > budget;
-            if full && !chunk.is_empty() {
-                rejections.extend(self.write_chunk(client, std::mem::take(&mut chunk)).await?);
-                size = 0;
-            }
-            size += cost;
-            chunk.push((index, record));
+            self.write_chunk(client, chunk, &mut outcome).await;
         }
-        if !chunk.is_empty() {
-            rejections.extend(self.write_chunk(client, chunk).await?);
-        }
-        let written = messages.len() - rejections.len();
+        let outcome = outcome.into_result();
         if self.config.verbose_logging {
-            info!(connector_key = %self.key, topic = %topic, written, rejected = rejections.len(), table = %self.config.table, "batch written");
+            info!(connector_key = %self.key, topic = %topic, messages = messages.len(), all_written = outcome.is_ok(), table = %self.config.table, "batch written");
         } else {
-            debug!(connector_key = %self.key, topic = %topic, written, rejected = rejections.len(), "batch written");
+            debug!(connector_key = %self.key, topic = %topic, messages = messages.len(), all_written = outcome.is_ok(), "batch written");
         }
-        if rejections.is_empty() {
-            Ok(())
-        } else {
-            rejections.sort_by_key(|rejection| rejection.index);
-            Err(SinkError::Rejected(rejections))
-        }
+        outcome
     }
 
     async fn close(&mut self) -> Result<(), ConnectorError> {
@@ -744,31 +664,31 @@ mod tests {
         let sink = sink();
         assert_eq!(
             sink.classify("Database record `t:x` already exists"),
-            Outcome::Written
+            Ok(())
         );
         assert!(matches!(
             sink.classify("Database index `u` already contains 'a', with record `t:x`"),
-            Outcome::Rejected(_)
+            Err(Failure::Refused(_))
         ));
         assert!(matches!(
             sink.classify("Found 'abc' for field `payload.n`, with record `t:x`, but expected a number"),
-            Outcome::Rejected(_)
+            Err(Failure::Refused(_))
         ));
         assert!(matches!(
             sink.classify("Failed to commit transaction due to a read or write conflict. This transaction can be retried"),
-            Outcome::Transient(_)
+            Err(Failure::Transient { .. })
         ));
         for (message, field) in [
             ("The namespace 'iggy' does not exist", "namespace"),
             ("The database 'connectors' does not exist", "database"),
             ("The table 'x' does not exist", "table"),
         ] {
-            let Outcome::Fatal(reason) = sink.classify(message) else {
+            let Err(Failure::Fatal(reason)) = sink.classify(message) else {
                 panic!("{message}: not fatal");
             };
             assert!(reason.contains(&format!("fix {field}")), "{reason}");
         }
-        let Outcome::Fatal(reason) = sink.classify("IAM error: Not enough permissions to perform this action")
+        let Err(Failure::Fatal(reason)) = sink.classify("IAM error: Not enough permissions to perform this action")
         else {
             panic!("not fatal");
         };
