@@ -6,7 +6,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use iggy_connect::connectors::{Flush, PluginConfigError, Registry, Sink, SinkError};
+use iggy_connect::connectors::{
+    Flush, Partial, PluginConfigError, Registry, Rejection, Sink, SinkError,
+};
 use iggy_connect::message::{Payload, SinkMessage, TopicRef};
 use serde_json::{Value, json};
 
@@ -131,8 +133,9 @@ pub async fn replayed_batch_not_duplicated(
 }
 
 /// A refused write names only messages of the batch it was given, each once,
-/// with a reason. As the engine does, the rest is written again until `Ok`:
-/// every refused message was named, none is stored, the rest is.
+/// with a reason (and may report others stored). As the engine does, the
+/// rest is written again until `Ok`: every refused message was named, none
+/// is stored, the rest is.
 pub async fn rejections_in_range(subject: &SinkSubject, backend: &dyn SinkBackend) -> Outcome {
     let mut sink = subject.open(backend).await?;
     let mut batch = messages(0..12);
@@ -165,46 +168,79 @@ pub async fn rejections_in_range(subject: &SinkSubject, backend: &dyn SinkBacken
     Ok(())
 }
 
-/// Writes `batch`, dropping what each attempt rejects and writing the rest
-/// again; returns the keys of the rejected messages.
+/// Writes `batch`, dropping what each attempt rejects or reports stored and
+/// writing the rest again; returns the keys of the rejected messages.
 async fn write_rejecting(
     sink: &dyn Sink,
     mut batch: Vec<SinkMessage>,
 ) -> Result<Vec<String>, String> {
     let mut rejected_keys = Vec::new();
     for _ in 0..=batch.len() {
-        let rejected = match write_durably(sink, &batch).await {
+        let (durable, rejected) = match write_durably(sink, &batch).await {
             Ok(()) => return Ok(rejected_keys),
-            Err(SinkError::Rejected(rejected)) => rejected,
-            Err(error) => return Err(format!("expected Ok or Rejected, got {error}")),
+            Err(SinkError::Rejected(rejected)) => (Vec::new(), rejected),
+            Err(SinkError::Partial(partial)) => {
+                let Partial {
+                    durable,
+                    rejected,
+                    rest,
+                } = *partial;
+                let settled = durable.len() + rejected.len() == batch.len();
+                ensure!(
+                    settled || rest.is_transient(),
+                    "a partial write whose rest failed for good: {rest}"
+                );
+                (durable, rejected)
+            }
+            Err(error) => return Err(format!("expected Ok, Rejected or Partial, got {error}")),
         };
-        ensure!(!rejected.is_empty(), "Rejected with no message");
-        let mut indexes = HashSet::new();
-        for rejection in &rejected {
-            ensure!(
-                rejection.index < batch.len(),
-                "rejected index {} is out of range for a batch of {}",
-                rejection.index,
-                batch.len()
-            );
-            ensure!(
-                indexes.insert(rejection.index),
-                "index {} rejected twice",
-                rejection.index
-            );
-            ensure!(!rejection.reason.is_empty(), "rejection without a reason");
-        }
+        ensure!(
+            !rejected.is_empty() || !durable.is_empty(),
+            "Rejected with no message"
+        );
+        let (stored, refused) = settled_indexes(batch.len(), &durable, &rejected)?;
         let mut index = 0;
         batch.retain(|message| {
-            let keep = !indexes.contains(&index);
-            if !keep {
+            if refused.contains(&index) {
                 rejected_keys.push(key_of(message));
             }
+            let keep = !refused.contains(&index) && !stored.contains(&index);
             index += 1;
             keep
         });
+        if batch.is_empty() {
+            return Ok(rejected_keys);
+        }
     }
     Err("the sink kept rejecting".into())
+}
+
+/// The stored and the refused indexes of a batch of `len`, each in range,
+/// named once, and every refusal with a reason.
+fn settled_indexes(
+    len: usize,
+    durable: &[usize],
+    rejected: &[Rejection],
+) -> Result<(HashSet<usize>, HashSet<usize>), String> {
+    let mut named = HashSet::new();
+    let indexes = durable
+        .iter()
+        .copied()
+        .chain(rejected.iter().map(|rejection| rejection.index));
+    for index in indexes {
+        ensure!(
+            index < len,
+            "index {index} is out of range for a batch of {len}"
+        );
+        ensure!(named.insert(index), "index {index} named twice");
+    }
+    for rejection in rejected {
+        ensure!(!rejection.reason.is_empty(), "rejection without a reason");
+    }
+    Ok((
+        durable.iter().copied().collect(),
+        rejected.iter().map(|rejection| rejection.index).collect(),
+    ))
 }
 
 /// While the backend fails transiently, `write` returns `Transient` (so the
