@@ -90,6 +90,40 @@ pub async fn exchange(
     })
 }
 
+/// [`exchange`] for an answer that must be read whole (query results): a
+/// body the connection cut short is a transient failure, as no answer is,
+/// and a body past `body_limit` bytes is refused, naming the limit.
+pub async fn exchange_whole(
+    request: reqwest::RequestBuilder,
+    target: &str,
+    body_limit: usize,
+) -> Result<Answer, Failure> {
+    let mut response = request
+        .send()
+        .await
+        .map_err(|error| no_answer(target, error))?;
+    let status = response.status().as_u16();
+    let retry_after = retry_after(response.headers(), SystemTime::now());
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|error| no_answer(target, error))?
+    {
+        if body.len() + chunk.len() > body_limit {
+            return Err(Failure::Refused(format!(
+                "the answer of {target} is larger than {body_limit} bytes"
+            )));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(Answer {
+        status,
+        retry_after,
+        body: Bytes::from(body),
+    })
+}
+
 /// A request that got no answer, as a transient failure naming its cause.
 pub fn no_answer(target: &str, error: reqwest::Error) -> Failure {
     let error = error.without_url();
