@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use iggy_connect::config::env::EnvVars;
 use iggy_connect::config::parse_connector_file;
-use iggy_connect::connectors::{Sink, SinkError};
+use iggy_connect::connectors::{ConnectorError, Sink, SinkError};
 use iggy_connect::engine::Runtime;
 use iggy_connect::iggy::MemoryBus;
 use iggy_connect::message::{Payload, SinkMessage};
@@ -19,7 +19,7 @@ use iggy_connect::state::MemoryStateStore;
 use serde_json::{Value, json};
 use support::clickhouse::{ClickHouse, Proxy};
 use support::clickhouse_http::{ClickHouseHttp, Fault};
-use support::sinks::{self, topic};
+use support::sinks::{self, durable_and_rejected, rest, topic};
 use support::wait::eventually;
 
 fn build(config: Value) -> Box<dyn Sink> {
@@ -114,7 +114,7 @@ async fn json_each_row_inserts_every_object_before_write_returns() {
 }
 
 #[tokio::test]
-async fn rows_the_server_refuses_are_rejected_by_index_and_the_rest_is_written_once() {
+async fn rows_the_server_refuses_are_rejected_by_index_and_the_rest_is_reported_stored() {
     let server = server_with_events().await;
     let sink = open(config(&server.url(), json!({}))).await;
     let batch = json_messages(vec![
@@ -125,12 +125,12 @@ async fn rows_the_server_refuses_are_rejected_by_index_and_the_rest_is_written_o
         json!({"id": 4, "name": "e", "unknown": true}),
         json!({"id": 5, "name": "f", "n": 5}),
     ]);
-    let rejected = rejected_indexes(sink.write(&topic(), &batch).await.unwrap_err());
-    assert_eq!(rejected, vec![1, 4]);
-    // The engine writes the rest again: already stored, nothing is sent twice.
-    sink.write(&topic(), &without(&batch, &rejected))
-        .await
-        .unwrap();
+    let error = sink.write(&topic(), &batch).await.unwrap_err();
+    assert_eq!(
+        durable_and_rejected(&error),
+        (vec![0, 2, 3, 5], vec![1, 4]),
+        "{error}"
+    );
     let ids: Vec<Value> = server
         .rows("SELECT id FROM events ORDER BY id")
         .await
@@ -254,11 +254,12 @@ async fn string_format_sends_text_payloads_as_csv_and_tsv_lines() {
         message(1, Payload::Text("2,c,x".into())),
         message(2, Payload::Text("3,d,30\n".into())),
     ];
-    let rejected = rejected_indexes(csv.write(&topic(), &batch).await.unwrap_err());
-    assert_eq!(rejected, vec![1], "the row CSV cannot parse");
-    csv.write(&topic(), &without(&batch, &rejected))
-        .await
-        .unwrap();
+    let error = csv.write(&topic(), &batch).await.unwrap_err();
+    assert_eq!(
+        durable_and_rejected(&error),
+        (vec![0, 2], vec![1]),
+        "the row CSV cannot parse is refused, the rest stored: {error}"
+    );
     let tsv = open(config(
         &server.url(),
         json!({"insert_format": "string", "string_format": "tsv"}),
@@ -303,10 +304,23 @@ async fn open_is_fatal_naming_the_field_on_a_missing_table_or_a_wrong_password()
 }
 
 #[tokio::test]
+async fn open_against_a_server_that_cannot_be_reached_is_transient() {
+    let server = server_with_events().await;
+    let proxy = Proxy::start(format!("127.0.0.1:{}", server.port).parse().unwrap()).await;
+    proxy.set_down(true);
+    let mut sink = build(config(&proxy.url(), json!({})));
+    let error = sink.open().await.unwrap_err();
+    assert!(matches!(error, ConnectorError::Transient(_)), "{error}");
+    proxy.set_down(false);
+    // The engine opens a fresh instance.
+    build(config(&proxy.url(), json!({}))).open().await.unwrap();
+}
+
+#[tokio::test]
 async fn a_server_that_cannot_be_reached_is_transient_and_the_retried_batch_lands() {
     let server = server_with_events().await;
     let proxy = Proxy::start(format!("127.0.0.1:{}", server.port).parse().unwrap()).await;
-    let sink = open(config(&proxy.url(), json!({"max_retries": 1}))).await;
+    let sink = open(config(&proxy.url(), json!({}))).await;
     let batch = json_messages(vec![json!({"id": 1}), json!({"id": 2})]);
     proxy.set_down(true);
     let error = sink.write(&topic(), &batch).await.unwrap_err();
@@ -378,12 +392,23 @@ async fn a_current_server_gets_a_deduplication_token_so_a_replayed_batch_is_stor
     assert_eq!(server.lines(), vec![json!({"id": 1}), json!({"id": 2})]);
 }
 
+/// Each write sends the insert once; the engine's retries of a lost answer
+/// and of a busy server carry the same token, so the row is stored once.
 #[tokio::test]
 async fn an_insert_whose_answer_was_lost_is_retried_with_the_same_token() {
     let server = ClickHouseHttp::start(EVENTS_COLUMNS).await;
     server.fail_next(&[Fault::LostAnswer, Fault::TooManyParts]);
-    let sink = open(config(&server.url, json!({"max_retries": 2}))).await;
+    let sink = open(config(&server.url, json!({}))).await;
     let batch = json_messages(vec![json!({"id": 1})]);
+    for attempt in 1..=2 {
+        let error = sink.write(&topic(), &batch).await.unwrap_err();
+        assert!(matches!(error, SinkError::Transient { .. }), "{error}");
+        assert_eq!(
+            server.insert_requests().len(),
+            attempt,
+            "one request per write"
+        );
+    }
     sink.write(&topic(), &batch).await.unwrap();
     let tokens: Vec<String> = server
         .insert_requests()
@@ -404,16 +429,11 @@ async fn refusals_that_name_no_row_are_isolated_by_bisection() {
     values[2]["poison"] = json!(true);
     values[5]["poison"] = json!(true);
     let batch = json_messages(values);
-    let rejected = rejected_indexes(sink.write(&topic(), &batch).await.unwrap_err());
-    assert_eq!(rejected, vec![2, 5]);
-    let sent = server.insert_requests().len();
-    sink.write(&topic(), &without(&batch, &rejected))
-        .await
-        .unwrap();
+    let error = sink.write(&topic(), &batch).await.unwrap_err();
     assert_eq!(
-        server.insert_requests().len(),
-        sent,
-        "the rest was stored while isolating: nothing is sent again"
+        durable_and_rejected(&error),
+        (vec![0, 1, 3, 4, 6, 7], vec![2, 5]),
+        "the rest was stored while isolating: {error}"
     );
     let mut ids: Vec<u64> = server
         .lines()
@@ -441,14 +461,58 @@ async fn row_binary_with_defaults_marks_missing_fields_for_the_server_default() 
 }
 
 #[tokio::test]
-async fn a_503_is_retried_inside_write_and_past_max_retries_is_transient() {
+async fn a_503_with_retry_after_is_one_request_and_transient_with_the_wait() {
     let server = ClickHouseHttp::start(EVENTS_COLUMNS).await;
-    server.fail_next(&[Fault::Unavailable, Fault::Unavailable, Fault::Unavailable]);
-    let sink = open(config(&server.url, json!({"max_retries": 1}))).await;
+    server.fail_next(&[Fault::UnavailableFor(7)]);
+    let sink = open(config(&server.url, json!({"max_retries": 5}))).await;
     let batch = json_messages(vec![json!({"id": 1})]);
     let error = sink.write(&topic(), &batch).await.unwrap_err();
-    assert!(matches!(error, SinkError::Transient { .. }), "{error}");
-    assert_eq!(server.insert_requests().len(), 2);
+    assert!(
+        matches!(
+            error,
+            SinkError::Transient {
+                retry_after: Some(wait),
+                ..
+            } if wait == Duration::from_secs(7)
+        ),
+        "{error:?}"
+    );
+    assert_eq!(server.insert_requests().len(), 1, "no retry inside write");
     sink.write(&topic(), &batch).await.unwrap();
     assert_eq!(server.lines(), vec![json!({"id": 1})]);
+}
+
+/// Isolating a refusal that names no row: the half stored before the
+/// server failed is durable, the rest transient; the engine's write of the
+/// rest finishes the batch.
+#[tokio::test]
+async fn inserts_stored_before_a_failure_are_reported_durable() {
+    let server = ClickHouseHttp::start(EVENTS_COLUMNS).await;
+    server.hide_rows();
+    server.fail_next(&[Fault::Pass, Fault::Pass, Fault::Unavailable]);
+    let sink = open(config(&server.url, json!({}))).await;
+    let mut values: Vec<Value> = (0..4).map(|id| json!({"id": id})).collect();
+    values[3]["poison"] = json!(true);
+    let batch = json_messages(values);
+    let error = sink.write(&topic(), &batch).await.unwrap_err();
+    assert_eq!(
+        durable_and_rejected(&error),
+        (vec![0, 1], vec![]),
+        "{error}"
+    );
+    assert!(
+        matches!(rest(&error), SinkError::Transient { .. }),
+        "{error}"
+    );
+    let error = sink
+        .write(&topic(), &without(&batch, &[0, 1]))
+        .await
+        .unwrap_err();
+    assert_eq!(durable_and_rejected(&error), (vec![0], vec![1]), "{error}");
+    let ids: Vec<u64> = server
+        .lines()
+        .iter()
+        .map(|line| line["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ids, vec![0, 1, 2]);
 }

@@ -8,8 +8,9 @@ mod support;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+use iggy_connect::connectors::kit::failure::Failure;
 use iggy_connect::connectors::kit::http::{
-    Auth, ClientError, ClientOptions, HttpClient, retry_after,
+    Auth, ClientError, ClientOptions, HttpClient, exchange_whole, retry_after,
 };
 use reqwest::Method;
 use reqwest::header::{HeaderMap, HeaderValue};
@@ -287,4 +288,42 @@ async fn a_refusing_server_closes_its_port_until_it_accepts_again() {
     })
     .await;
     assert_eq!(post(&client, &server.url("/")).await.unwrap().status(), 200);
+}
+
+/// A server that answers every connection with `answer`, as it is, and
+/// closes it.
+async fn raw_server(answer: &'static [u8]) -> reqwest::Url {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let mut request = [0u8; 4096];
+            let _ = stream.read(&mut request).await;
+            let _ = stream.write_all(answer).await;
+        }
+    });
+    url.parse().unwrap()
+}
+
+#[tokio::test]
+async fn exchange_whole_tells_a_body_cut_short_or_too_large_from_a_whole_one() {
+    let client = client(quick());
+    let cut = raw_server(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"rows\":").await;
+    let failure = exchange_whole(client.empty(Method::GET, cut), "the server", 1024)
+        .await
+        .unwrap_err();
+    assert!(matches!(failure, Failure::Transient { .. }), "{failure:?}");
+    let whole = raw_server(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n{\"rows\":1}").await;
+    let answer = exchange_whole(client.empty(Method::GET, whole.clone()), "the server", 10)
+        .await
+        .unwrap();
+    assert_eq!(answer.body.as_ref(), b"{\"rows\":1}");
+    let failure = exchange_whole(client.empty(Method::GET, whole), "the server", 9)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&failure, Failure::Refused(reason) if reason.contains("9 bytes")),
+        "{failure:?}"
+    );
 }

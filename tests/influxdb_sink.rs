@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use iggy_connect::config::env::EnvVars;
 use iggy_connect::config::parse_connector_file;
-use iggy_connect::connectors::{Sink, SinkError};
+use iggy_connect::connectors::{ConnectorError, Sink, SinkError};
 use iggy_connect::engine::Runtime;
 use iggy_connect::iggy::MemoryBus;
 use iggy_connect::message::{Payload, SinkMessage, TopicRef};
@@ -18,7 +18,7 @@ use iggy_connect::state::MemoryStateStore;
 use serde_json::{Value, json};
 use support::influxdb::InfluxDb;
 use support::influxdb_http::{Fault, InfluxHttp};
-use support::sinks::{self, topic};
+use support::sinks::{self, durable_and_rejected, rest, topic};
 use support::wait::eventually;
 
 fn build(config: Value) -> Box<dyn Sink> {
@@ -187,17 +187,19 @@ async fn v1_offset_as_a_tag_is_refused_past_max_values_per_tag() {
     let server = v1_server_with_1000_values_per_tag().await;
     let sink = open(v1(&server, json!({"batch_size": 500}))).await;
     let error = sink.write(&topic(), &runs(1200, 500)).await.unwrap_err();
-    let SinkError::Rejected(rejections) = error else {
-        panic!("expected Rejected, got {error}");
+    let SinkError::Partial(partial) = &error else {
+        panic!("expected Partial, got {error}");
     };
     assert!(
-        rejections[0].reason.contains("max-values-per-tag"),
+        partial.rejected[0].reason.contains("max-values-per-tag"),
         "{}",
-        rejections[0].reason
+        partial.rejected[0].reason
     );
-    let mut indexes: Vec<usize> = rejections.iter().map(|r| r.index).collect();
-    indexes.sort();
-    assert_eq!(indexes, (1000..1200).collect::<Vec<_>>());
+    assert_eq!(
+        durable_and_rejected(&error),
+        ((0..1000).collect(), (1000..1200).collect()),
+        "the first two requests are stored, the third dropped whole"
+    );
     assert_eq!(stored(&server).await, 1000);
 }
 
@@ -268,18 +270,19 @@ async fn v1_offset_in_the_timestamp_rejects_messages_past_1000_of_one_timestamp(
 }
 
 #[tokio::test]
-async fn v1_a_partial_write_rejects_the_refused_line_by_index_and_keeps_the_rest() {
+async fn v1_a_partial_write_rejects_the_refused_lines_by_index_and_reports_the_rest_stored() {
     let server = v1_server().await;
     let sink = open(v1(&server, json!({}))).await;
     let mut batch = json_batch(5);
     // Past 2262 in nanoseconds: InfluxDB refuses the point ("time outside range").
     batch[1].timestamp = 9_999_999_999_999_999;
     batch[3].timestamp = 9_999_999_999_999_998;
-    let rejected = rejected_indexes(sink.write(&topic(), &batch).await.unwrap_err());
-    assert_eq!(rejected, vec![1, 3]);
-    sink.write(&topic(), &without(&batch, &rejected))
-        .await
-        .unwrap();
+    let error = sink.write(&topic(), &batch).await.unwrap_err();
+    assert_eq!(
+        durable_and_rejected(&error),
+        (vec![0, 2, 4], vec![1, 3]),
+        "{error}"
+    );
     let offsets: Vec<Value> = server
         .rows("db1", "SELECT payload_json, \"offset\" FROM iggy_messages")
         .await
@@ -290,7 +293,7 @@ async fn v1_a_partial_write_rejects_the_refused_line_by_index_and_keeps_the_rest
 }
 
 #[tokio::test]
-async fn v1_a_refusal_naming_no_line_is_split_until_each_refused_point_stands_alone() {
+async fn v1_a_refusal_naming_no_line_that_dropped_every_point_rejects_them_all() {
     let server = v1_server().await;
     // payload_json as an integer: every string payload_json conflicts, and
     // 1.6 answers a bare "field type conflict" (field types are per shard:
@@ -303,8 +306,39 @@ async fn v1_a_refusal_naming_no_line_is_split_until_each_refused_point_stands_al
         .await;
     let sink = open(v1(&server, json!({}))).await;
     let batch = json_batch(4);
-    let rejected = rejected_indexes(sink.write(&topic(), &batch).await.unwrap_err());
-    assert_eq!(rejected, vec![0, 1, 2, 3]);
+    let error = sink.write(&topic(), &batch).await.unwrap_err();
+    assert_eq!(durable_and_rejected(&error), (vec![], vec![0, 1, 2, 3]));
+}
+
+/// 1.6 drops points older than the retention policy and names none of them
+/// (`points beyond retention policy dropped=2`): the request is split until
+/// each dropped point stands alone, and the points written on the way are
+/// reported stored.
+#[tokio::test]
+async fn v1_a_refusal_naming_no_line_is_split_until_each_refused_point_stands_alone() {
+    let server = InfluxDb::start();
+    server
+        .query("", "CREATE DATABASE db1 WITH DURATION 1h")
+        .await;
+    let sink = open(v1(&server, json!({}))).await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    let mut batch = json_batch(4);
+    for message in &mut batch[1..] {
+        message.timestamp = now + message.offset;
+    }
+    batch[2].timestamp = 1_700_000_000_000_000;
+    let error = sink.write(&topic(), &batch).await.unwrap_err();
+    let (durable, rejected) = durable_and_rejected(&error);
+    assert_eq!((durable, rejected), (vec![1, 3], vec![0, 2]), "{error}");
+    let SinkError::Partial(partial) = &error else {
+        panic!("expected Partial, got {error}");
+    };
+    let reason = &partial.rejected[0].reason;
+    assert!(reason.contains("retention policy"), "{reason}");
+    assert_eq!(stored(&server).await, 2);
 }
 
 #[tokio::test]
@@ -344,18 +378,25 @@ fn v2(server: &InfluxHttp, extra: Value) -> Value {
     )
 }
 
+/// 2.x refuses the whole request naming the bad line: that message is
+/// rejected and the others sent again in the same write.
 #[tokio::test]
 async fn v2_writes_with_token_auth_and_a_refused_line_is_rejected_by_index() {
     let server = InfluxHttp::start("t0ken").await;
     let sink = open(v2(&server, json!({"precision": "ns"}))).await;
     let mut batch = json_batch(4);
     batch[2].payload = Payload::Json(json!({"poison": true}));
-    let rejected = rejected_indexes(sink.write(&topic(), &batch).await.unwrap_err());
-    assert_eq!(rejected, vec![2]);
-    assert!(server.points().is_empty(), "v2 refuses the whole request");
-    sink.write(&topic(), &without(&batch, &rejected))
-        .await
-        .unwrap();
+    let error = sink.write(&topic(), &batch).await.unwrap_err();
+    assert_eq!(
+        durable_and_rejected(&error),
+        (vec![0, 1, 3], vec![2]),
+        "{error}"
+    );
+    assert_eq!(
+        server.requests().len(),
+        2,
+        "the refused request, then the rest"
+    );
     let points = server.points();
     assert_eq!(points.len(), 3, "{points:?}");
     assert!(points[0].ends_with(" 1700000000000000000"), "{}", points[0]);
@@ -380,26 +421,69 @@ async fn v3_a_partial_write_rejects_the_listed_lines_and_uses_bearer_auth() {
     .await;
     let mut batch = json_batch(3);
     batch[0].payload = Payload::Json(json!({"poison": 1}));
-    let rejected = rejected_indexes(sink.write(&topic(), &batch).await.unwrap_err());
-    assert_eq!(rejected, vec![0]);
-    assert_eq!(server.points().len(), 2, "v3 writes the rest");
-    sink.write(&topic(), &without(&batch, &rejected))
-        .await
-        .unwrap();
-    assert_eq!(server.points().len(), 2, "the rewrite overwrites");
+    let error = sink.write(&topic(), &batch).await.unwrap_err();
+    assert_eq!(
+        durable_and_rejected(&error),
+        (vec![1, 2], vec![0]),
+        "v3 writes the rest: {error}"
+    );
+    assert_eq!(server.points().len(), 2);
+    assert_eq!(server.requests().len(), 1, "nothing is sent again");
     assert_eq!(server.requests()[0]["precision"], "microsecond");
 }
 
 #[tokio::test]
-async fn v2_a_503_is_retried_and_throttling_past_max_retries_is_transient() {
+async fn v2_a_503_with_retry_after_is_one_request_and_transient_with_the_wait() {
     let server = InfluxHttp::start("t0ken").await;
-    server.fail_next(&[Fault::Unavailable]);
-    let sink = open(v2(&server, json!({}))).await;
-    sink.write(&topic(), &json_batch(2)).await.unwrap();
-    assert_eq!(server.points().len(), 2);
-    server.fail_next(&[Fault::TooManyRequests, Fault::TooManyRequests]);
+    server.fail_next(&[Fault::UnavailableFor(7)]);
+    let sink = open(v2(&server, json!({"max_retries": 5}))).await;
+    let error = sink.write(&topic(), &json_batch(2)).await.unwrap_err();
+    assert!(
+        matches!(
+            error,
+            SinkError::Transient {
+                retry_after: Some(wait),
+                ..
+            } if wait == Duration::from_secs(7)
+        ),
+        "{error:?}"
+    );
+    assert_eq!(server.requests().len(), 1, "no retry inside write");
+    server.fail_next(&[Fault::TooManyRequests]);
     let error = sink.write(&topic(), &json_batch(2)).await.unwrap_err();
     assert!(matches!(error, SinkError::Transient { .. }), "{error}");
+    sink.write(&topic(), &json_batch(2)).await.unwrap();
+    assert_eq!(server.points().len(), 2);
+}
+
+/// The requests answered before the server failed are reported stored; the
+/// engine writes only the rest again.
+#[tokio::test]
+async fn v2_requests_stored_before_a_failure_are_reported_durable() {
+    let server = InfluxHttp::start("t0ken").await;
+    server.fail_next(&[Fault::Pass, Fault::Unavailable]);
+    let sink = open(v2(&server, json!({"batch_size": 2}))).await;
+    let batch = json_batch(4);
+    let error = sink.write(&topic(), &batch).await.unwrap_err();
+    assert_eq!(
+        durable_and_rejected(&error),
+        (vec![0, 1], vec![]),
+        "{error}"
+    );
+    assert!(
+        matches!(rest(&error), SinkError::Transient { .. }),
+        "{error}"
+    );
+    sink.write(&topic(), &batch[2..]).await.unwrap();
+    assert_eq!(server.points().len(), 4);
+}
+
+#[tokio::test]
+async fn open_against_a_server_that_cannot_be_reached_is_transient() {
+    let url = format!("http://127.0.0.1:{}", support::ports::free_port());
+    let mut sink = build(json!({"url": url, "org": "iggy", "bucket": "events", "token": "t"}));
+    let error = sink.open().await.unwrap_err();
+    assert!(matches!(error, ConnectorError::Transient(_)), "{error}");
 }
 
 #[tokio::test]

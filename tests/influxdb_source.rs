@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use iggy_connect::config::env::EnvVars;
 use iggy_connect::config::parse_connector_file;
-use iggy_connect::connectors::{Registry, Source};
+use iggy_connect::connectors::{ConnectorError, Registry, Source};
 use iggy_connect::engine::Runtime;
 use iggy_connect::iggy::MemoryBus;
 use iggy_connect::message::Payload;
@@ -341,22 +341,34 @@ async fn v3_ties_answered_in_a_different_order_each_query_are_read_once() {
     assert!(server.queries().iter().all(|q| q.contains("OFFSET 0")));
 }
 
+/// Each poll sends its query once: throttling and a 503 are transient (the
+/// engine polls again), and the next poll reads the rows.
 #[tokio::test]
-async fn v3_a_503_is_retried_and_throttling_past_max_retries_is_transient() {
+async fn v3_throttling_and_a_503_are_transient_after_one_request() {
     let server = InfluxHttp::start("t0ken").await;
     seed_http(&server, "metrics", 2);
     let config = json!({
         "version": "v3", "url": server.url, "db": "metrics", "token": "t0ken",
         "query": "SELECT * FROM cpu WHERE time >= '$cursor' ORDER BY time LIMIT $limit",
-        "poll_interval": "10ms", "retry_delay": "1ms", "max_retries": 1, "max_open_retries": 0,
+        "poll_interval": "10ms", "retry_delay": "1ms", "max_retries": 3, "max_open_retries": 0,
     });
     let source = open(&config, None).await;
-    server.fail_next(&[Fault::TooManyRequests, Fault::TooManyRequests]);
-    let error = source.poll().await.unwrap_err();
-    assert!(error.is_transient(), "{error}");
-    server.fail_next(&[Fault::Unavailable]);
+    server.fail_next(&[Fault::TooManyRequests, Fault::UnavailableFor(7)]);
+    for asked in 1..=2 {
+        let error = source.poll().await.unwrap_err();
+        assert!(matches!(error, ConnectorError::Transient(_)), "{error}");
+        assert_eq!(server.requests().len(), asked, "one query per poll");
+    }
     let (rows, _) = poll(source.as_ref()).await;
     assert_eq!(rows.len(), 2);
+}
+
+#[tokio::test]
+async fn open_against_a_server_that_cannot_be_reached_is_transient() {
+    let url = format!("http://127.0.0.1:{}", support::ports::free_port());
+    let mut source = build(&json!({"url": url, "org": "iggy", "token": "t", "query": "$cursor"}));
+    let error = source.open(None).await.unwrap_err();
+    assert!(matches!(error, ConnectorError::Transient(_)), "{error}");
 }
 
 #[tokio::test]

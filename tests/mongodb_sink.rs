@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use iggy_connect::config::env::EnvVars;
 use iggy_connect::config::parse_connector_file;
-use iggy_connect::connectors::SinkError;
+use iggy_connect::connectors::{ConnectorError, SinkError};
 use iggy_connect::engine::Runtime;
 use iggy_connect::iggy::MemoryBus;
 use iggy_connect::message::{Payload, SinkMessage};
@@ -20,7 +20,7 @@ use mongodb::bson::{Document, doc};
 use serde_json::{Value, json};
 use support::clickhouse::Proxy;
 use support::mongodb::{MongoServer, unique_database};
-use support::sinks::{self, topic};
+use support::sinks::{self, durable_and_rejected, topic};
 use support::wait::eventually;
 
 fn message(offset: u64, payload: Payload) -> SinkMessage {
@@ -158,16 +158,13 @@ async fn binary_and_string_formats_store_the_payload_bytes_and_text() {
     assert!(stored[0].get("iggy_offset").is_none());
 }
 
-/// A duplicate on a unique index other than `_id` is not a replay: the
-/// message is rejected by its index and the rest is stored.
-#[tokio::test]
-async fn a_duplicate_on_another_unique_index_is_rejected_by_index_and_the_rest_is_stored() {
-    let server = MongoServer::start();
-    let database = unique_database("unique");
+/// A collection `events` in `database` with a unique index on
+/// `payload.email`, holding a document of another app with `u2@x`.
+async fn events_with_unique_email(server: &MongoServer, database: &str) {
     let collection = server
         .client()
         .await
-        .database(&database)
+        .database(database)
         .collection::<Document>("events");
     collection
         .create_index(
@@ -186,18 +183,68 @@ async fn a_duplicate_on_another_unique_index_is_rejected_by_index_and_the_rest_i
         .insert_one(doc! { "_id": "other", "payload": { "email": "u2@x" } })
         .await
         .unwrap();
+}
+
+/// A duplicate on a unique index other than `_id` is not a replay: the
+/// message is rejected by its index. The documents inserted are reported
+/// stored, and so are the replays among them (a duplicate `_id`).
+#[tokio::test]
+async fn a_duplicate_on_another_unique_index_is_rejected_by_index_and_the_rest_is_stored() {
+    let server = MongoServer::start();
+    let database = unique_database("unique");
+    events_with_unique_email(&server, &database).await;
     let sink = sinks::open("mongodb", &config(server.uri(), &database, json!({}))).await;
     let batch = json_batch(0..5);
+    sink.write(&topic(), &batch[..2]).await.unwrap();
     let error = sink.write(&topic(), &batch).await.unwrap_err();
-    assert_eq!(rejected_indexes(error), vec![2]);
-    let rest: Vec<SinkMessage> = batch
+    assert_eq!(
+        durable_and_rejected(&error),
+        (vec![0, 1, 3, 4], vec![2]),
+        "{error}"
+    );
+    assert_eq!(server.documents(&database, "events").await.len(), 5);
+}
+
+/// An ordered upsert stops at the refused document: the ones before it are
+/// stored, it is rejected, and the ones after it are sent on.
+#[tokio::test]
+async fn an_upsert_refused_mid_batch_rejects_that_message_and_stores_the_others() {
+    let server = MongoServer::start();
+    let database = unique_database("upsert_refused");
+    events_with_unique_email(&server, &database).await;
+    let sink = sinks::open(
+        "mongodb",
+        &config(
+            server.uri(),
+            &database,
+            json!({"write_mode": "upsert", "key_field": "id"}),
+        ),
+    )
+    .await;
+    let batch: Vec<SinkMessage> = ["u1@x", "u2@x", "u3@x"]
         .into_iter()
         .enumerate()
-        .filter(|(index, _)| *index != 2)
-        .map(|(_, message)| message)
+        .map(|(n, email)| {
+            message(
+                n as u64,
+                Payload::Json(json!({"id": format!("e{n}"), "email": email})),
+            )
+        })
         .collect();
-    sink.write(&topic(), &rest).await.unwrap();
-    assert_eq!(server.documents(&database, "events").await.len(), 5);
+    let error = sink.write(&topic(), &batch).await.unwrap_err();
+    assert_eq!(
+        durable_and_rejected(&error),
+        (vec![0, 2], vec![1]),
+        "{error}"
+    );
+    let ids: Vec<String> = server
+        .documents(&database, "events")
+        .await
+        .iter()
+        .map(|document| document.get_str("_id").unwrap().to_owned())
+        .collect();
+    assert_eq!(ids.len(), 3, "{ids:?}");
+    assert!(ids.contains(&"e0".to_owned()) && ids.contains(&"e2".to_owned()));
 }
 
 #[tokio::test]
@@ -309,6 +356,30 @@ async fn auto_create_collection_creates_it_in_open() {
         .await
         .unwrap();
     assert!(names.contains(&"made".to_string()), "{names:?}");
+}
+
+/// An unreachable server at open is transient: the engine opens a fresh
+/// sink again, with backoff.
+#[tokio::test]
+async fn open_against_a_server_that_cannot_be_reached_is_transient() {
+    let server = MongoServer::start();
+    let proxy = Proxy::start(server.addr()).await;
+    proxy.set_down(true);
+    let database = unique_database("unreachable");
+    let uri = format!("mongodb://{}/?directConnection=true", proxy.addr);
+    let mut sink = sinks::build(
+        "mongodb",
+        &config(
+            &uri,
+            &database,
+            json!({"server_selection_timeout": "500ms"}),
+        ),
+    );
+    let error = sink.open().await.unwrap_err();
+    assert!(matches!(error, ConnectorError::Transient(_)), "{error}");
+    proxy.set_down(false);
+    let mut sink = sinks::build("mongodb", &config(&uri, &database, json!({})));
+    sink.open().await.unwrap();
 }
 
 /// While the server cannot be reached a write is transient (the engine

@@ -20,6 +20,7 @@ use iggy_binary_protocol::codes::SEND_MESSAGES_CODE;
 use iggy_connect::config::ConnectorConfig;
 use iggy_connect::config::connector::parse_connector_file;
 use iggy_connect::config::env::EnvVars;
+use iggy_connect::connectors::{ConnectorError, Registry, Source};
 use iggy_connect::engine::Runtime;
 use iggy_connect::iggy::{ConnectionSettings, IggyBus};
 use iggy_connect::state::FileStateStore;
@@ -142,6 +143,119 @@ async fn pending(client: &mut MultiplexedConnection, stream: &str) -> i64 {
 
 fn expected(range: std::ops::Range<u64>) -> HashSet<u64> {
     range.collect()
+}
+
+/// The redis source built from `plugin_config`, driven without the engine.
+fn source(plugin_config: serde_json::Value) -> Box<dyn Source> {
+    let entry = Registry::sources()
+        .iter()
+        .find(|entry| entry.name == "redis")
+        .unwrap();
+    (entry.build)(&plugin_config).expect("a valid config")
+}
+
+/// A streams source reading `events` as group `bridge`.
+fn streams_config(redis: &RedisServer) -> serde_json::Value {
+    serde_json::json!({
+        "url": redis.url(), "streams": ["events"], "group": "bridge",
+        "block": "50ms", "connect_timeout": "1s", "timeout": "2s",
+    })
+}
+
+/// `poll`, bounded: a poll that never returns fails the test.
+async fn poll(
+    source: &dyn Source,
+) -> Result<iggy_connect::connectors::SourceBatch, ConnectorError> {
+    tokio::time::timeout(LONG, source.poll())
+        .await
+        .expect("poll returned in time")
+}
+
+/// The source's connection is dropped after a transport error and opened
+/// again by the next command: a lost connection is transient, and the
+/// engine's next poll reads on.
+#[tokio::test]
+async fn streams_a_lost_connection_is_transient_and_the_next_poll_reconnects() {
+    let mut redis = RedisServer::start();
+    append(&mut redis.client().await, "events", 0..3).await;
+    let mut source = source(streams_config(&redis));
+    source.open(None).await.unwrap();
+    assert_eq!(poll(source.as_ref()).await.unwrap().records.len(), 3);
+    source.commit().await.unwrap();
+    redis.kill();
+    let error = poll(source.as_ref()).await.unwrap_err();
+    assert!(matches!(error, ConnectorError::Transient(_)), "{error}");
+    redis.restart();
+    append(&mut redis.client().await, "events", 3..5).await;
+    assert_eq!(poll(source.as_ref()).await.unwrap().records.len(), 2);
+}
+
+/// A group deleted under the source is a lost session: `Disconnected`, and
+/// the fresh source the engine opens creates it again and reads.
+#[tokio::test]
+async fn a_consumer_group_that_went_away_is_disconnected_and_a_fresh_source_makes_it_again() {
+    let redis = RedisServer::start();
+    let mut client = redis.client().await;
+    let mut first = source(streams_config(&redis));
+    first.open(None).await.unwrap();
+    let _: i64 = redis::cmd("XGROUP")
+        .arg("DESTROY")
+        .arg("events")
+        .arg("bridge")
+        .query_async(&mut client)
+        .await
+        .unwrap();
+    append(&mut client, "events", 0..2).await;
+    let error = poll(first.as_ref()).await.unwrap_err();
+    assert!(matches!(error, ConnectorError::Disconnected(_)), "{error}");
+    first.close().await.unwrap();
+    let mut fresh = source(streams_config(&redis));
+    fresh.open(None).await.unwrap();
+    assert_eq!(poll(fresh.as_ref()).await.unwrap().records.len(), 2);
+}
+
+/// Nothing reopens a subscription's connection: once it closes, `poll`
+/// hands out what arrived before it, then fails as `Disconnected`.
+#[tokio::test]
+async fn pubsub_a_closed_connection_is_disconnected_after_what_arrived_before() {
+    let redis = RedisServer::start();
+    let mut client = redis.client().await;
+    let mut source = source(serde_json::json!({
+        "url": redis.url(), "mode": "pubsub", "channels": ["news"], "linger": "1ms",
+    }));
+    source.open(None).await.unwrap();
+    let _: i64 = redis::cmd("PUBLISH")
+        .arg("news")
+        .arg("{\"n\":1}")
+        .query_async(&mut client)
+        .await
+        .unwrap();
+    kill_subscribers(&mut client).await;
+    assert_eq!(poll(source.as_ref()).await.unwrap().records.len(), 1);
+    let error = poll(source.as_ref()).await.unwrap_err();
+    assert!(matches!(error, ConnectorError::Disconnected(_)), "{error}");
+}
+
+/// Closes every pub/sub connection of the server.
+async fn kill_subscribers(client: &mut MultiplexedConnection) {
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(client)
+        .await
+        .unwrap();
+}
+
+/// How many connections subscribe to `channel`.
+async fn subscribers(client: &mut MultiplexedConnection, channel: &str) -> i64 {
+    let answer: Vec<redis::Value> = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query_async(client)
+        .await
+        .unwrap();
+    redis::from_redis_value(answer[1].clone()).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -335,7 +449,7 @@ async fn a_kill_9_of_the_binary_mid_stream_loses_no_entry() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pubsub_mode_delivers_what_arrives_while_subscribed() {
+async fn pubsub_mode_delivers_what_arrives_while_subscribed_and_subscribes_again_when_cut() {
     let (redis, iggy) = (RedisServer::start(), IggyTestServer::start());
     let mut client = redis.client().await;
     let state = tempfile::tempdir().unwrap();
@@ -361,28 +475,37 @@ channels = ["news"]
         .unwrap();
     runtime.start_enabled().await;
     eventually("the source subscribed", LONG, async || {
-        let subscribers: Vec<redis::Value> = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg("news")
-            .query_async(&mut client)
-            .await
-            .unwrap();
-        redis::from_redis_value::<i64>(subscribers[1].clone()).unwrap() == 1
+        subscribers(&mut client, "news").await == 1
     })
     .await;
-    for n in 0..50u64 {
-        let _: i64 = redis::cmd("PUBLISH")
-            .arg("news")
-            .arg(format!("{{\"n\":{n}}}"))
-            .query_async(&mut client)
-            .await
-            .unwrap();
-    }
+    publish(&mut client, 0..50).await;
     wait_for("every published message in Iggy", LONG, || {
         distinct(&iggy.messages("from_redis", "channel")) == expected(0..50)
     })
     .await;
+    // The engine opens a fresh source once the subscription is gone.
+    kill_subscribers(&mut client).await;
+    eventually("the source subscribed again", LONG, async || {
+        subscribers(&mut client, "news").await == 1
+    })
+    .await;
+    publish(&mut client, 50..100).await;
+    wait_for("what was published after the reopen in Iggy", LONG, || {
+        distinct(&iggy.messages("from_redis", "channel")) == expected(0..100)
+    })
+    .await;
     runtime.shutdown().await;
+}
+
+async fn publish(client: &mut MultiplexedConnection, range: std::ops::Range<u64>) {
+    for n in range {
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg("news")
+            .arg(format!("{{\"n\":{n}}}"))
+            .query_async(client)
+            .await
+            .unwrap();
+    }
 }
 
 async fn produce(iggy: &IggyTestServer, topic: &str, range: std::ops::Range<u64>) {

@@ -1,6 +1,7 @@
 //! What the influxdb source and sink share: how credentials become the
-//! `Authorization` header, the health check at open, the circuit breaker with
-//! its degraded report, and how failures read.
+//! `Authorization` header, the health check at open, what an error answer
+//! means, the engine's retry policy from upstream's retry fields, and the
+//! circuit breaker with its degraded report.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -10,8 +11,30 @@ use tracing::{info, warn};
 
 use crate::connectors::kit::backoff::Backoff;
 use crate::connectors::kit::breaker::{CircuitBreaker, Transition};
-use crate::connectors::kit::http::{Auth, HttpClient, error_chain};
-use crate::connectors::{ConnectorError, Degraded};
+use crate::connectors::kit::failure::Failure;
+use crate::connectors::kit::http::{self, Answer, Auth, HttpClient};
+use crate::connectors::{ConnectorError, Degraded, RetrySettings};
+
+/// Error answers are read up to this much (their messages fit well within).
+pub const MAX_ERROR_BYTES: usize = 64 * 1024;
+
+/// The engine's retry policy from upstream's fields: the first wait
+/// `retry_delay`, doubling up to `retry_max_delay`; `max_retries` failed
+/// writes in a row report the sink degraded.
+pub fn retry_settings(
+    retry_delay: Duration,
+    retry_max_delay: Duration,
+    max_retries: u32,
+) -> RetrySettings {
+    RetrySettings {
+        backoff: Backoff {
+            initial: retry_delay.min(retry_max_delay),
+            max: retry_max_delay,
+            multiplier: 2.0,
+        },
+        degraded_after: Some(max_retries),
+    }
+}
 
 /// v1 (InfluxDB 1.x) takes basic auth, or `Token user:password` from 1.8 on
 /// (it wins when set); v2 `Token ...`; v3 `Bearer ...`.
@@ -37,61 +60,51 @@ pub fn auth(
     }
 }
 
-/// What a failed request reads as, naming the URL (without its query).
-pub fn transport_error(url: &str, timeout: Duration, error: reqwest::Error) -> String {
-    let error = error.without_url();
-    if error.is_timeout() {
-        format!(
-            "request to {url} timed out after {}",
-            humantime::format_duration(timeout)
-        )
-    } else {
-        format!("request to {url} failed: {}", error_chain(&error))
+/// What an error answer of `target` means: credentials refused (naming
+/// `credentials_field`) and a missing org, bucket or database (naming
+/// `target_field`) stop the connector; otherwise 408, 429 and 5xx are
+/// transient and the rest refuses the request.
+pub fn failure(
+    answer: &Answer,
+    target: &str,
+    credentials_field: &str,
+    target_field: &str,
+) -> Failure {
+    let reason = answer.reason(target);
+    match answer.status {
+        401 | 403 => Failure::Fatal(format!(
+            "{reason} (check plugin_config.{credentials_field})"
+        )),
+        404 => Failure::Fatal(format!(
+            "{reason} (check plugin_config.{target_field}: it must exist)"
+        )),
+        _ => answer.failure(target),
     }
 }
 
-/// A non-success answer with the start of its body.
-pub fn answer_reason(url: &str, status: u16, text: &str) -> String {
-    let text: String = text.chars().take(300).collect();
-    let text = text.trim();
-    if text.is_empty() {
-        format!("{url} answered {status}")
-    } else {
-        format!("{url} answered {status}: {text}")
-    }
-}
-
-/// `GET {base}/ping` (v1) or `/health` until it answers 2xx, at most
-/// `1 + max_retries` times.
+/// One `GET {base}/ping` (v1) or `/health`: no answer or a busy server is
+/// transient (the engine opens the connector again), any other refusal
+/// fatal.
 pub async fn check_health(
     client: &HttpClient,
     base: &reqwest::Url,
     v1: bool,
-    backoff: Backoff,
-    max_retries: u32,
-    timeout: Duration,
-    key: &str,
 ) -> Result<(), ConnectorError> {
     let url = base
         .join(if v1 { "ping" } else { "health" })
         .map_err(|error| ConnectorError::fatal(error.to_string()))?;
-    let mut attempt = 0;
-    loop {
-        let problem = match client.empty(reqwest::Method::GET, url.clone()).send().await {
-            Ok(response) if response.status().is_success() => return Ok(()),
-            Ok(response) => format!("{url} answered {}", response.status().as_u16()),
-            Err(error) => transport_error(url.as_str(), timeout, error),
-        };
-        attempt += 1;
-        if attempt > max_retries {
-            return Err(ConnectorError::transient(format!(
-                "health check failed {attempt} times: {problem}"
-            )));
-        }
-        let delay = backoff.delay(attempt);
-        warn!(connector_key = %key, retry = attempt, retry_in_ms = delay.as_millis() as u64, error = %problem, "InfluxDB health check failed, retrying");
-        tokio::time::sleep(delay).await;
+    let request = client.empty(reqwest::Method::GET, url.clone());
+    let answer = http::exchange(request, url.as_str(), MAX_ERROR_BYTES).await?;
+    if answer.is_success() {
+        return Ok(());
     }
+    Err(match answer.failure(url.as_str()) {
+        Failure::Refused(reason) => Failure::Fatal(format!(
+            "health check failed: {reason} (check plugin_config.url and version)"
+        )),
+        failure => failure,
+    }
+    .into())
 }
 
 /// The circuit breaker, reporting the connector degraded while it is open.

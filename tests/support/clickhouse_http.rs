@@ -18,8 +18,12 @@ use bytes::Bytes;
 /// How the next insert is answered instead of normally.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
+    /// Answered as usual (a place in the script of the next inserts).
+    Pass,
     /// 503 with no exception code, nothing stored.
     Unavailable,
+    /// 503 with `Retry-After` of that many seconds, nothing stored.
+    UnavailableFor(u64),
     /// 500 with code 252 (TOO_MANY_PARTS), nothing stored.
     TooManyParts,
     /// Stored, then answered 503: the acknowledgement is lost.
@@ -165,6 +169,14 @@ async fn answer(
     };
     match inner.faults.pop_front() {
         Some(Fault::Unavailable) => return (StatusCode::SERVICE_UNAVAILABLE, "").into_response(),
+        Some(Fault::UnavailableFor(seconds)) => {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [("Retry-After", seconds.to_string())],
+                "",
+            )
+                .into_response();
+        }
         Some(Fault::TooManyParts) => {
             return exception(500, 252, "TOO_MANY_PARTS", "Too many parts (300)");
         }
@@ -172,7 +184,7 @@ async fn answer(
             store(&mut inner, insert);
             return (StatusCode::SERVICE_UNAVAILABLE, "").into_response();
         }
-        None => {}
+        Some(Fault::Pass) | None => {}
     }
     if insert.format == "JSONEachRow" {
         let text = String::from_utf8_lossy(&insert.body).into_owned();

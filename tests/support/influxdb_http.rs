@@ -27,7 +27,12 @@ use std::collections::HashMap;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
+    /// Answered as usual (a place in the script of the next requests).
+    Pass,
+    /// 503 with `Retry-After: 0`.
     Unavailable,
+    /// 503 with `Retry-After` of that many seconds.
+    UnavailableFor(u64),
     TooManyRequests,
 }
 
@@ -191,8 +196,16 @@ fn check(
         Some(Fault::Unavailable) => {
             Some((StatusCode::SERVICE_UNAVAILABLE, [("Retry-After", "0")], "").into_response())
         }
+        Some(Fault::UnavailableFor(seconds)) => Some(
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [("Retry-After", seconds.to_string())],
+                "",
+            )
+                .into_response(),
+        ),
         Some(Fault::TooManyRequests) => Some((StatusCode::TOO_MANY_REQUESTS, "").into_response()),
-        None => None,
+        Some(Fault::Pass) | None => None,
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use iggy_connect::connectors::{Registry, Sink};
+use iggy_connect::connectors::{Registry, Sink, SinkError};
 use iggy_connect::message::{Headers, Payload, SinkMessage, TopicRef};
 use serde_json::{Value, json};
 
@@ -21,6 +21,28 @@ pub async fn open(name: &str, config: &Value) -> Box<dyn Sink> {
     let mut sink = build(name, config);
     sink.open().await.expect("open");
     sink
+}
+
+/// The indexes a failed write reports stored and refused, each sorted:
+/// `Rejected` stores nothing, `Partial` says both, anything else neither.
+pub fn durable_and_rejected(error: &SinkError) -> (Vec<usize>, Vec<usize>) {
+    let (mut durable, rejected) = match error {
+        SinkError::Rejected(rejected) => (Vec::new(), rejected.as_slice()),
+        SinkError::Partial(partial) => (partial.durable.clone(), partial.rejected.as_slice()),
+        _ => (Vec::new(), &[][..]),
+    };
+    let mut rejected: Vec<usize> = rejected.iter().map(|rejection| rejection.index).collect();
+    durable.sort();
+    rejected.sort();
+    (durable, rejected)
+}
+
+/// How the messages a failed write neither stored nor refused failed.
+pub fn rest(error: &SinkError) -> &SinkError {
+    match error {
+        SinkError::Partial(partial) => &partial.rest,
+        other => other,
+    }
 }
 
 /// The topic the tests' messages come from.

@@ -83,6 +83,23 @@ pub async fn exchange(
     Answer::read(response, target, body_limit).await
 }
 
+/// [`exchange`] for an answer that must be read whole (query results): a
+/// body the connection cut short is a transient failure, as no answer is,
+/// and a body past `body_limit` bytes is refused, naming the limit.
+pub async fn exchange_whole(
+    request: reqwest::RequestBuilder,
+    target: &str,
+    body_limit: usize,
+) -> Result<Answer, Failure> {
+    let answer = exchange(request, target, body_limit.saturating_add(1)).await?;
+    if answer.body.len() > body_limit {
+        return Err(Failure::Refused(format!(
+            "the answer of {target} is larger than {body_limit} bytes"
+        )));
+    }
+    Ok(answer)
+}
+
 /// A request that got no answer, as a transient failure naming its cause.
 pub fn no_answer(target: &str, error: reqwest::Error) -> Failure {
     let error = error.without_url();

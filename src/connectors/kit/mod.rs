@@ -24,7 +24,8 @@
 //! - [`size`]: sizes in config files (`"8MiB"`), for the file-writing sinks;
 //! - `http` (with any HTTP-based connector): the HTTP client builder (TLS,
 //!   timeouts, proxy, auth, gzip), `Retry-After` parsing, status classification
-//!   and `exchange`, one request sent and its answer read.
+//!   and `exchange`, one request sent and its answer read (`exchange_whole`
+//!   for an answer that must be read to its end).
 
 pub mod backoff;
 pub mod batch;

@@ -19,6 +19,17 @@
 //! Pub/sub: `SUBSCRIBE` to `channels`; Redis keeps no copy of a message, so
 //! what arrives while the source is stopped, disconnected or before Iggy
 //! took it is lost. The source keeps no state in this mode.
+//!
+//! Failures: the engine retries, the source never does. In streams mode the
+//! shared [`Connection`] drops a connection that failed and opens a new one
+//! on the next command, so a lost connection is `Transient`: the engine polls
+//! (or commits) again and that reconnects. A pub/sub subscription lives on
+//! its own connection, which nothing reopens: when it closes, `poll` hands
+//! out what arrived before and then fails as `Disconnected`, and the engine
+//! opens a fresh source, which subscribes again. A consumer group that went
+//! away (`NOGROUP`: a server restarted without its data, a stream deleted)
+//! is `Disconnected` too: `open` creates it again (or, with `create_group =
+//! false`, stops naming the field).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -33,7 +44,6 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::connectors::kit::backoff::Backoff;
 use crate::connectors::redis::{Class, Connection, classify};
 use crate::connectors::{
     ConnectorContext, ConnectorError, PluginConfigError, Source, SourceBatch, SourceEntry,
@@ -433,17 +443,10 @@ impl RedisSource {
     }
 
     async fn command(&self, command: &redis::Cmd) -> Result<Value, ConnectorError> {
-        match self.connection.query::<Value>(command).await {
-            Ok(value) => Ok(value),
-            Err(error) if error.code() == Some("NOGROUP") && self.config.create_group => {
-                // The group went away (a server restarted without its data,
-                // a stream deleted): make it again, then read.
-                warn!(%error, "the consumer group is missing; creating it again");
-                self.create_groups().await?;
-                Err(ConnectorError::transient(format!("redis: {error}")))
-            }
-            Err(error) => Err(poll_error(&error)),
-        }
+        self.connection
+            .query::<Value>(command)
+            .await
+            .map_err(|error| poll_error(&error))
     }
 
     /// Turns what was read into the batch in flight.
@@ -510,8 +513,12 @@ impl RedisSource {
             };
             match received {
                 Some(message) => inbox.buffer.push(message),
+                // The subscription's connection closed: what came before
+                // goes out first, then the engine opens a fresh source.
                 None if inbox.buffer.is_empty() => {
-                    return Err(ConnectorError::fatal("the redis subscriber stopped"));
+                    return Err(ConnectorError::disconnected(
+                        "the redis pub/sub connection closed",
+                    ));
                 }
                 None => break,
             }
@@ -523,6 +530,46 @@ impl RedisSource {
             finished: false,
         })
     }
+
+    /// Subscribes to `channels` on a connection of its own, and forwards
+    /// what arrives to `poll` until that connection closes.
+    async fn subscribe(&mut self) -> Result<(), ConnectorError> {
+        let connection = Connection::new(
+            &self.config.url,
+            self.config.connect_timeout,
+            self.config.timeout,
+        )
+        .map_err(ConnectorError::fatal)?;
+        let mut pubsub = connection
+            .pubsub()
+            .await
+            .map_err(|error| subscribe_error(&error))?;
+        for channel in &self.config.channels {
+            pubsub
+                .subscribe(channel)
+                .await
+                .map_err(|error| subscribe_error(&error))?;
+        }
+        let (sender, receiver) = mpsc::channel(self.config.batch_size as usize * 4);
+        self.subscriber = Some(tokio::spawn(forward(pubsub, sender)));
+        self.messages = Some(tokio::sync::Mutex::new(Inbox {
+            receiver,
+            buffer: Vec::new(),
+        }));
+        Ok(())
+    }
+}
+
+/// Hands the subscription's messages to `poll` until its connection closes
+/// (or the source is closed); dropping `sender` then tells `poll`.
+async fn forward(pubsub: redis::aio::PubSub, sender: mpsc::Sender<redis::Msg>) {
+    let mut messages = pubsub.into_on_message();
+    while let Some(message) = messages.next().await {
+        if sender.send(message).await.is_err() {
+            return;
+        }
+    }
+    warn!("the redis pub/sub connection closed");
 }
 
 #[async_trait]
@@ -539,27 +586,7 @@ impl Source for RedisSource {
         }
         if self.config.mode == Mode::Pubsub {
             // Nothing to restore: any saved state is ignored.
-            let (sender, receiver) = mpsc::channel(self.config.batch_size as usize * 4);
-            let subscribed = tokio::sync::oneshot::channel();
-            let subscriber = Subscriber {
-                connection: Connection::new(
-                    &self.config.url,
-                    self.config.connect_timeout,
-                    self.config.timeout,
-                )
-                .map_err(ConnectorError::fatal)?,
-                channels: self.config.channels.clone(),
-                sender,
-            };
-            self.subscriber = Some(tokio::spawn(subscriber.run(subscribed.0)));
-            self.messages = Some(tokio::sync::Mutex::new(Inbox {
-                receiver,
-                buffer: Vec::new(),
-            }));
-            return subscribed
-                .1
-                .await
-                .map_err(|_| ConnectorError::fatal("the redis subscriber stopped"))?;
+            return self.subscribe().await;
         }
         if let Some(state) = state {
             *self
@@ -761,6 +788,9 @@ fn open_error(error: &redis::RedisError) -> ConnectorError {
 }
 
 fn poll_error(error: &redis::RedisError) -> ConnectorError {
+    if error.code() == Some("NOGROUP") {
+        return ConnectorError::disconnected(format!("redis: the consumer group is gone: {error}"));
+    }
     match classify(error) {
         Class::Fatal => ConnectorError::fatal(format!(
             "redis refused the credentials or permissions of plugin_config.url: {error}"
@@ -770,72 +800,15 @@ fn poll_error(error: &redis::RedisError) -> ConnectorError {
     }
 }
 
-/// The pub/sub connection: subscribes, forwards messages, and subscribes
-/// again after a disconnect (what was published meanwhile is lost).
-struct Subscriber {
-    connection: Connection,
-    channels: Vec<String>,
-    sender: mpsc::Sender<redis::Msg>,
-}
-
-impl Subscriber {
-    const BACKOFF: Backoff = Backoff {
-        initial: Duration::from_millis(100),
-        max: Duration::from_secs(5),
-        multiplier: 2.0,
-    };
-
-    async fn run(self, subscribed: tokio::sync::oneshot::Sender<Result<(), ConnectorError>>) {
-        let mut subscribed = Some(subscribed);
-        let mut attempt = 0;
-        loop {
-            match self.subscribe().await {
-                Ok(mut pubsub) => {
-                    attempt = 0;
-                    if let Some(subscribed) = subscribed.take() {
-                        let _ = subscribed.send(Ok(()));
-                    }
-                    let mut messages = pubsub.on_message();
-                    while let Some(message) = messages.next().await {
-                        if self.sender.send(message).await.is_err() {
-                            return;
-                        }
-                    }
-                    warn!("the redis pub/sub connection closed; subscribing again");
-                }
-                Err(error) => {
-                    if classify(&error) == Class::Fatal {
-                        let error = ConnectorError::fatal(format!(
-                            "redis refused the credentials of plugin_config.url: {error}"
-                        ));
-                        match subscribed.take() {
-                            Some(subscribed) => {
-                                let _ = subscribed.send(Err(error));
-                            }
-                            None => warn!(%error, "cannot subscribe again"),
-                        }
-                        return;
-                    }
-                    if let Some(subscribed) = subscribed.take() {
-                        let _ = subscribed.send(Err(ConnectorError::transient(format!(
-                            "redis: {error}"
-                        ))));
-                        return;
-                    }
-                    warn!(%error, "cannot subscribe to redis; retrying");
-                }
-            }
-            attempt += 1;
-            tokio::time::sleep(Self::BACKOFF.delay(attempt)).await;
-        }
-    }
-
-    async fn subscribe(&self) -> Result<redis::aio::PubSub, redis::RedisError> {
-        let mut pubsub = self.connection.pubsub().await?;
-        for channel in &self.channels {
-            pubsub.subscribe(channel).await?;
-        }
-        Ok(pubsub)
+fn subscribe_error(error: &redis::RedisError) -> ConnectorError {
+    match classify(error) {
+        Class::Fatal => ConnectorError::fatal(format!(
+            "redis refused the credentials or permissions of plugin_config.url: {error}"
+        )),
+        Class::Transient => ConnectorError::transient(format!("redis: {error}")),
+        Class::Refused => ConnectorError::fatal(format!(
+            "plugin_config.channels: redis refused the subscription: {error}"
+        )),
     }
 }
 

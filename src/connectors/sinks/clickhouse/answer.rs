@@ -1,20 +1,9 @@
-//! What a ClickHouse HTTP error answer means: its exception code (the
-//! `X-ClickHouse-Exception-Code` header of current servers, or the `Code: N`
-//! the body starts with on every version) decides whether to retry, refuse
+//! What a ClickHouse HTTP answer means: its exception code (the `Code: N`
+//! the body starts with, on every version) decides whether to retry, refuse
 //! rows, or stop; `(at row N)` in the message names the refused row.
 
-/// One error answer, classified.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Failure {
-    /// Try the same insert again later.
-    Transient(String),
-    /// The data is refused; `row` (1-based, within the request) when the
-    /// server named it.
-    Data { row: Option<usize>, reason: String },
-    /// Retrying cannot help: credentials, a missing database or table, a
-    /// refused query.
-    Fatal(String),
-}
+use crate::connectors::kit::failure::Failure;
+use crate::connectors::kit::http::{Answer, StatusClass, classify};
 
 /// Exception codes of data that does not fit the table (parse errors, type
 /// mismatches, unknown fields, values out of range).
@@ -73,34 +62,40 @@ const FATAL_CODES: &[(u32, &str)] = &[
     (516, "username/password"), // AUTHENTICATION_FAILED
 ];
 
-/// Classifies an error answer of `status` with `code` (from the header, when
-/// present) and `body`.
-pub fn classify(status: u16, code_header: Option<u32>, body: &str) -> Failure {
-    let code = code_header.or_else(|| body_code(body));
-    let reason = summary(status, body);
+/// What an answer says about the request: `None` when it succeeded, or the
+/// failure. A refusal of the data is [`Failure::Refused`]; [`at_row`] reads
+/// which row the server named.
+pub fn failure(answer: &Answer) -> Option<Failure> {
+    let body = answer.text();
+    let code = body_code(&body);
+    if answer.is_success() && code.is_none() {
+        return None;
+    }
+    let reason = summary(answer.status, &body);
+    let transient = |reason| Failure::Transient {
+        reason,
+        retry_after: answer.retry_after,
+    };
     if let Some(code) = code {
         if let Some((_, field)) = FATAL_CODES.iter().find(|(fatal, _)| *fatal == code) {
-            return Failure::Fatal(format!("{reason} (check plugin_config.{field})"));
+            return Some(Failure::Fatal(format!("{reason} (check plugin_config.{field})")));
         }
         if TRANSIENT_CODES.contains(&code) {
-            return Failure::Transient(reason);
+            return Some(transient(reason));
         }
         if DATA_CODES.contains(&code) {
-            return Failure::Data {
-                row: at_row(body),
-                reason,
-            };
+            return Some(Failure::Refused(reason));
         }
     }
-    match status {
+    Some(match answer.status {
         401 | 403 => Failure::Fatal(format!("{reason} (check plugin_config.username/password)")),
         // A server error with no code or one not listed: nothing says the
         // rows are at fault, so they are kept and retried.
-        408 | 429 | 500..=599 => Failure::Transient(reason),
+        status if classify(status) == StatusClass::Transient => transient(reason),
         // Any other refusal (current servers answer 400 for bad data) is the
         // request's: its rows are isolated to find the one refused.
-        _ => Failure::Data { row: None, reason },
-    }
+        _ => Failure::Refused(reason),
+    })
 }
 
 /// `N` of a body starting `Code: N`.
@@ -139,61 +134,89 @@ fn summary(status: u16, body: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use bytes::Bytes;
+
     use super::*;
 
     const OLD_PARSE: &str = "Code: 117, e.displayText() = DB::Exception: Unknown field found while parsing JSONEachRow format: poison: (at row 4)\n, e.what() = DB::Exception\n";
     const NEW_PARSE: &str = "Code: 27. DB::Exception: Cannot parse input: expected '\"' before: 'x\"}': (while reading the value of key n): (at row 12)\n: While executing ParallelParsingBlockInputFormat. (CANNOT_PARSE_INPUT_ASSERTION_FAILED) (version 24.8.4.13 (official build))\n";
 
-    #[test]
-    fn given_parse_errors_of_old_and_new_servers_when_classified_should_name_the_row() {
-        assert!(matches!(
-            classify(500, None, OLD_PARSE),
-            Failure::Data { row: Some(4), .. }
-        ));
-        assert!(matches!(
-            classify(400, Some(27), NEW_PARSE),
-            Failure::Data { row: Some(12), .. }
-        ));
+    fn answer(status: u16, body: &str) -> Answer {
+        Answer {
+            status,
+            retry_after: None,
+            body: Bytes::from(body.to_owned()),
+        }
     }
 
     #[test]
-    fn given_auth_and_missing_table_errors_when_classified_should_be_fatal_naming_the_field() {
-        let Failure::Fatal(reason) = classify(
+    fn given_parse_errors_of_old_and_new_servers_when_read_should_refuse_naming_the_row() {
+        assert!(matches!(failure(&answer(500, OLD_PARSE)), Some(Failure::Refused(_))));
+        assert_eq!(at_row(OLD_PARSE), Some(4));
+        assert!(matches!(failure(&answer(400, NEW_PARSE)), Some(Failure::Refused(_))));
+        assert_eq!(at_row(NEW_PARSE), Some(12));
+    }
+
+    #[test]
+    fn given_auth_and_missing_table_errors_when_read_should_be_fatal_naming_the_field() {
+        let Some(Failure::Fatal(reason)) = failure(&answer(
             401,
-            None,
             "Code: 193, e.displayText() = DB::Exception: Wrong password for user default",
-        ) else {
+        )) else {
             panic!("not fatal");
         };
         assert!(reason.contains("plugin_config.password"), "{reason}");
-        let Failure::Fatal(reason) = classify(404, Some(60), "Code: 60. DB::Exception: Table default.x does not exist. (UNKNOWN_TABLE)") else {
+        let Some(Failure::Fatal(reason)) = failure(&answer(
+            404,
+            "Code: 60. DB::Exception: Table default.x does not exist. (UNKNOWN_TABLE)",
+        )) else {
             panic!("not fatal");
         };
         assert!(reason.contains("plugin_config.table"), "{reason}");
     }
 
     #[test]
-    fn given_overload_and_bare_5xx_when_classified_should_be_transient() {
+    fn given_overload_and_bare_5xx_when_read_should_be_transient_with_the_wait_asked_for() {
         assert!(matches!(
-            classify(500, None, "Code: 252, e.displayText() = DB::Exception: Too many parts"),
-            Failure::Transient(_)
+            failure(&answer(500, "Code: 252, e.displayText() = DB::Exception: Too many parts")),
+            Some(Failure::Transient { .. })
         ));
-        assert!(matches!(classify(503, None, ""), Failure::Transient(_)));
-        assert!(matches!(classify(429, None, "slow down"), Failure::Transient(_)));
+        assert!(matches!(failure(&answer(429, "slow down")), Some(Failure::Transient { .. })));
+        let throttled = Answer {
+            retry_after: Some(Duration::from_secs(7)),
+            ..answer(503, "")
+        };
+        assert_eq!(
+            failure(&throttled),
+            Some(Failure::Transient {
+                reason: "ClickHouse answered 503".into(),
+                retry_after: Some(Duration::from_secs(7)),
+            })
+        );
     }
 
     #[test]
-    fn given_an_unlisted_code_when_classified_should_retry_a_5xx_and_isolate_a_4xx() {
+    fn given_an_unlisted_code_when_read_should_retry_a_5xx_and_refuse_a_4xx() {
         assert!(matches!(
-            classify(500, None, "Code: 4242, e.displayText() = something"),
-            Failure::Transient(_)
+            failure(&answer(500, "Code: 4242, e.displayText() = something")),
+            Some(Failure::Transient { .. })
         ));
         assert_eq!(
-            classify(400, Some(4242), "Code: 4242. DB::Exception: something"),
-            Failure::Data {
-                row: None,
-                reason: "ClickHouse answered 400: Code: 4242. DB::Exception: something".into()
-            }
+            failure(&answer(400, "Code: 4242. DB::Exception: something")),
+            Some(Failure::Refused(
+                "ClickHouse answered 400: Code: 4242. DB::Exception: something".into()
+            ))
         );
+    }
+
+    #[test]
+    fn given_a_success_or_an_exception_after_a_200_when_read_should_tell_them_apart() {
+        assert_eq!(failure(&answer(200, "")), None);
+        assert!(matches!(
+            failure(&answer(200, "Code: 241. DB::Exception: Memory limit exceeded")),
+            Some(Failure::Transient { .. })
+        ));
     }
 }

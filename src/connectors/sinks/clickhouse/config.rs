@@ -5,7 +5,12 @@ use std::time::Duration;
 use secrecy::SecretString;
 use serde::Deserialize;
 
-use crate::connectors::PluginConfigError;
+use crate::connectors::{Backoff, PluginConfigError, RetrySettings};
+
+/// The engine's backoff between retries is at most this long.
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(30);
+/// ... and at least this long, so `retry_delay = 0` does not spin.
+const MIN_RETRY_DELAY: Duration = Duration::from_millis(100);
 
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -36,12 +41,14 @@ pub struct ClickHouseSinkConfig {
     /// Timeout of one request, in seconds.
     #[serde(default = "default_timeout_seconds")]
     pub timeout_seconds: u64,
-    /// Retries of one insert inside one `write` after its first attempt; past
-    /// them the engine retries the batch.
+    /// Engine retry setting: after this many failed writes in a row the sink
+    /// reports itself degraded. The engine keeps retrying what is not stored
+    /// (nothing is dropped); the sink sends each insert once per write.
     #[serde(default = "default_max_retries")]
     pub max_retries: u32,
-    /// Delay before the first retry, in seconds (doubling, capped at 30 s; 0
-    /// retries at once).
+    /// Engine retry setting: the wait before the engine's first retry of a
+    /// failed write or `open`, in seconds, doubling up to 30 s (0 waits the
+    /// shortest backoff, 100 ms).
     #[serde(default = "default_retry_delay")]
     pub retry_delay: u64,
     /// Log every insert's size and duration at debug level.
@@ -113,6 +120,19 @@ impl ClickHouseSinkConfig {
     pub fn timeout(&self) -> Duration {
         Duration::from_secs(self.timeout_seconds)
     }
+
+    /// Upstream's retry fields as the engine's policy for this sink.
+    pub fn retry_settings(&self) -> RetrySettings {
+        let initial = Duration::from_secs(self.retry_delay).clamp(MIN_RETRY_DELAY, MAX_RETRY_DELAY);
+        RetrySettings {
+            backoff: Backoff {
+                initial,
+                max: MAX_RETRY_DELAY,
+                multiplier: 2.0,
+            },
+            degraded_after: Some(self.max_retries),
+        }
+    }
 }
 
 /// `^[A-Za-z_][A-Za-z0-9_]*$`: safe inside backquotes and string literals alike.
@@ -173,6 +193,20 @@ mod tests {
             (30, 3, 1)
         );
         assert!(config.validate().is_ok());
+    }
+
+    #[test]
+    fn given_upstreams_retry_fields_when_read_should_become_the_engines_backoff() {
+        let retry = config(serde_json::json!({"max_retries": 5, "retry_delay": 2}))
+            .unwrap()
+            .retry_settings();
+        assert_eq!(retry.backoff.initial, Duration::from_secs(2));
+        assert_eq!(retry.backoff.max, MAX_RETRY_DELAY);
+        assert_eq!(retry.degraded_after, Some(5));
+        let at_once = config(serde_json::json!({"retry_delay": 0}))
+            .unwrap()
+            .retry_settings();
+        assert_eq!(at_once.backoff.initial, MIN_RETRY_DELAY);
     }
 
     #[test]

@@ -6,10 +6,12 @@
 //!
 //! Delivery: `write` returns `Ok` once the server acknowledged every insert
 //! of the batch. A connection error, a timeout, 408/429/5xx or a "try again"
-//! exception (too many parts, memory limit, read-only replica...) is retried
-//! inside `write` up to `max_retries` times, then returned as `Transient`: the
-//! engine retries the batch and commits nothing. Credentials, a missing
-//! database or table are fatal, naming the field.
+//! exception (too many parts, memory limit, read-only replica...) ends the
+//! write as `Transient` (with the server's `Retry-After`, if any): the engine
+//! retries what is not stored and commits nothing past it. Credentials, a
+//! missing database or table are fatal, naming the field. At open, an
+//! unreachable server is transient (the engine opens again) and a refusal
+//! fatal.
 //!
 //! Refused rows: a message that cannot be encoded (not a JSON object, a value
 //! that does not fit its column in `row_binary`) is rejected by index before
@@ -17,9 +19,9 @@
 //! it names (`(at row N)`) is rejected and the rest sent again; when it names
 //! none, the insert is split in halves until the refused rows stand alone. A
 //! refused insert writes nothing (an insert of fewer rows than
-//! `max_insert_block_size` is one block), and the rows written while others
-//! were isolated are remembered, so the engine's write of the rest after a
-//! rejection sends them no second time.
+//! `max_insert_block_size` is one block); the inserts that succeeded while
+//! others were isolated are reported durable (`SinkError::Partial`), so the
+//! engine writes only the rest again.
 //!
 //! Replays: where the server has `insert_deduplication_token` (22.x and
 //! later), each insert carries a token derived from the offsets it holds, so
@@ -34,24 +36,21 @@ mod answer;
 mod config;
 mod row_binary;
 
-use crate::sync::lock;
 use std::collections::HashSet;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
-use crate::connectors::kit::backoff::Backoff;
-use crate::connectors::kit::http::{self, Auth, ClientOptions, HttpClient, error_chain};
+use crate::connectors::kit::failure::Failure;
+use crate::connectors::kit::http::{self, Auth, ClientOptions, HttpClient};
 use crate::connectors::{
-    ConnectorContext, ConnectorError, PluginConfigError, Rejection, Sink, SinkEntry, SinkError,
-    parse_plugin_config, schema_of,
+    ConnectorContext, ConnectorError, PluginConfigError, Rejection, RetrySettings, Sink,
+    SinkEntry, SinkError, parse_plugin_config, schema_of,
 };
 use crate::message::{Payload, SinkMessage, TopicRef};
 
-use answer::Failure;
 pub use config::{ClickHouseSinkConfig, InsertFormat, StringFormat};
 use row_binary::Column;
 
@@ -65,8 +64,6 @@ pub const ENTRY: SinkEntry = SinkEntry {
     build: |config| Ok(Box::new(ClickHouseSink::new(parse_plugin_config(config)?)?)),
 };
 
-/// Longest wait between two attempts of one insert.
-const MAX_RETRY_DELAY: Duration = Duration::from_secs(30);
 /// Response bodies are read up to this much (errors fit well within).
 const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 
@@ -75,14 +72,10 @@ pub struct ClickHouseSink {
     base_url: reqwest::Url,
     /// The URL without credentials, for logs and errors.
     display_url: String,
-    retry: Backoff,
     client: Option<HttpClient>,
     server: Server,
     /// Set at open for `row_binary`: the table's insertable columns.
     columns: Vec<Column>,
-    /// Messages (topic, partition, offset) written by a `write` that then
-    /// returned an error: the engine's next write of that batch skips them.
-    written: Mutex<HashSet<(TopicRef, u32, u64)>>,
     key: String,
 }
 
@@ -116,19 +109,12 @@ impl ClickHouseSink {
                 .map(|port| format!(":{port}"))
                 .unwrap_or_default()
         );
-        let retry = Backoff {
-            initial: Duration::from_secs(config.retry_delay).min(MAX_RETRY_DELAY),
-            max: MAX_RETRY_DELAY,
-            multiplier: 2.0,
-        };
         Ok(Self {
             base_url,
             display_url,
-            retry,
             client: None,
             server: Server::default(),
             columns: Vec::new(),
-            written: Mutex::new(HashSet::new()),
             key: "clickhouse".into(),
             config,
         })
@@ -149,66 +135,37 @@ impl ClickHouseSink {
         }
     }
 
-    /// Runs a read query at open, retrying transient failures; the answer as text.
+    /// Runs a read query at open; the answer as text. No answer or a busy
+    /// server is transient (the engine opens the sink again), a refusal
+    /// fatal.
     async fn query(&self, client: &HttpClient, sql: &str) -> Result<String, ConnectorError> {
-        let mut attempt = 0;
-        loop {
-            let failure = match self
-                .post(client, self.base_url.clone(), Bytes::from(sql.to_owned()))
-                .await
-            {
-                Ok(text) => return Ok(text),
-                Err(failure) => failure,
-            };
-            let reason = match failure {
-                Failure::Transient(reason) => reason,
-                Failure::Fatal(reason) | Failure::Data { reason, .. } => {
-                    return Err(ConnectorError::fatal(format!("{sql}: {reason}")));
+        self.post(client, self.base_url.clone(), Bytes::from(sql.to_owned()))
+            .await
+            .map_err(|(failure, _)| match failure {
+                Failure::Transient { reason, .. } => ConnectorError::transient(reason),
+                Failure::Refused(reason) | Failure::Fatal(reason) => {
+                    ConnectorError::fatal(format!("{sql}: {reason}"))
                 }
-            };
-            attempt += 1;
-            if attempt > self.config.max_retries {
-                return Err(ConnectorError::transient(reason));
-            }
-            let delay = self.retry.delay(attempt);
-            warn!(connector_key = %self.key, url = %self.display_url, retry = attempt, retry_in_ms = delay.as_millis() as u64, error = %reason, "ClickHouse query failed, retrying");
-            tokio::time::sleep(delay).await;
-        }
+            })
     }
 
-    /// One request; the answer's text on success.
+    /// One request: the answer's text, or how it failed with, for refused
+    /// data, the row (1-based, within the request) the server named.
     async fn post(
         &self,
         client: &HttpClient,
         url: reqwest::Url,
         body: Bytes,
-    ) -> Result<String, Failure> {
-        let response = client
-            .request(reqwest::Method::POST, url, body)
-            .send()
+    ) -> Result<String, (Failure, Option<usize>)> {
+        let request = client.request(reqwest::Method::POST, url, body);
+        let answer = http::exchange(request, &self.display_url, MAX_RESPONSE_BYTES)
             .await
-            .map_err(|error| {
-                let error = error.without_url();
-                Failure::Transient(if error.is_timeout() {
-                    format!(
-                        "request to {} timed out after {} s",
-                        self.display_url, self.config.timeout_seconds
-                    )
-                } else {
-                    format!("request to {} failed: {}", self.display_url, error_chain(&error))
-                })
-            })?;
-        let status = response.status().as_u16();
-        let code = response
-            .headers()
-            .get("x-clickhouse-exception-code")
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.trim().parse().ok());
-        let text = http::read_text(response, MAX_RESPONSE_BYTES).await;
-        if (200..300).contains(&status) && code.is_none() {
-            return Ok(text);
+            .map_err(|failure| (failure, None))?;
+        let text = answer.text();
+        match answer::failure(&answer) {
+            None => Ok(text.into_owned()),
+            Some(failure) => Err((failure, answer::at_row(&text))),
         }
-        Err(answer::classify(status, code, &text))
     }
 
     fn insert_url(&self, topic: &TopicRef, messages: &[SinkMessage], part: &[Row]) -> reqwest::Url {
@@ -234,39 +191,23 @@ impl ClickHouseSink {
         url
     }
 
-    /// Sends `part` as one insert, retrying transient failures.
+    /// Sends `part` as one insert.
     async fn insert(
         &self,
         client: &HttpClient,
         topic: &TopicRef,
         messages: &[SinkMessage],
         part: &[Row],
-    ) -> Result<(), Failure> {
+    ) -> Result<(), (Failure, Option<usize>)> {
         let url = self.insert_url(topic, messages, part);
         let body: Vec<u8> = part.iter().flat_map(|row| row.bytes.iter().copied()).collect();
-        let body = Bytes::from(body);
-        let mut attempt = 0;
-        loop {
-            let started = Instant::now();
-            let outcome = self.post(client, url.clone(), body.clone()).await;
-            if self.config.verbose_logging {
-                debug!(connector_key = %self.key, url = %self.display_url, rows = part.len(), bytes = body.len(), elapsed_ms = started.elapsed().as_millis() as u64, ok = outcome.is_ok(), "ClickHouse insert");
-            }
-            let reason = match outcome {
-                Ok(_) => return Ok(()),
-                Err(Failure::Transient(reason)) => reason,
-                Err(other) => return Err(other),
-            };
-            attempt += 1;
-            if attempt > self.config.max_retries {
-                return Err(Failure::Transient(format!(
-                    "{reason} (gave up after {attempt} attempts; the batch will be retried)"
-                )));
-            }
-            let delay = self.retry.delay(attempt);
-            warn!(connector_key = %self.key, url = %self.display_url, retry = attempt, max_retries = self.config.max_retries, retry_in_ms = delay.as_millis() as u64, error = %reason, "ClickHouse insert failed, retrying");
-            tokio::time::sleep(delay).await;
+        let bytes = body.len();
+        let started = Instant::now();
+        let outcome = self.post(client, url, Bytes::from(body)).await;
+        if self.config.verbose_logging {
+            debug!(connector_key = %self.key, url = %self.display_url, rows = part.len(), bytes, elapsed_ms = started.elapsed().as_millis() as u64, ok = outcome.is_ok(), "ClickHouse insert");
         }
+        outcome.map(drop)
     }
 
     fn encode(&self, message: &SinkMessage) -> Result<(Vec<u8>, Option<usize>), String> {
@@ -343,48 +284,65 @@ impl ClickHouseSink {
         }
     }
 
-    /// Inserts `rows`, isolating what the server refuses; returns the
-    /// rejections, and in `written` the rows stored.
+    /// Inserts `rows`, isolating what the server refuses. Short of `Ok`,
+    /// the answer names the rows stored by the inserts that succeeded, the
+    /// rows refused, and how the others failed.
     async fn insert_isolating(
         &self,
         client: &HttpClient,
         topic: &TopicRef,
         messages: &[SinkMessage],
         rows: Vec<Row>,
-        written: &mut Vec<usize>,
-    ) -> Result<Vec<Rejection>, SinkError> {
+    ) -> Result<(), SinkError> {
+        let mut durable = Vec::new();
         let mut rejected = Vec::new();
         let mut parts = vec![rows];
         while let Some(mut part) = parts.pop() {
             if part.is_empty() {
                 continue;
             }
-            match self.insert(client, topic, messages, &part).await {
-                Ok(()) => written.extend(part.iter().map(|row| row.index)),
-                Err(Failure::Transient(reason)) => return Err(SinkError::transient(reason)),
-                Err(Failure::Fatal(reason)) => return Err(SinkError::fatal(reason)),
-                Err(Failure::Data { row, reason }) => {
-                    if let Some(position) = row.and_then(|row| position_of_row(&part, row)) {
-                        let refused = part.remove(position);
-                        rejected.push(Rejection {
-                            index: refused.index,
-                            reason,
-                        });
-                        parts.push(part);
-                    } else if part.len() == 1 {
-                        rejected.push(Rejection {
-                            index: part[0].index,
-                            reason,
-                        });
-                    } else {
-                        let second = part.split_off(part.len() / 2);
-                        parts.push(second);
-                        parts.push(part);
-                    }
+            let (reason, row) = match self.insert(client, topic, messages, &part).await {
+                Ok(()) => {
+                    durable.extend(part.iter().map(|row| row.index));
+                    continue;
                 }
+                Err((Failure::Refused(reason), row)) => (reason, row),
+                Err((failure, _)) => {
+                    let rest = failure.for_messages([]);
+                    return Err(if durable.is_empty() && rejected.is_empty() {
+                        rest
+                    } else {
+                        SinkError::partial(durable, rejected, rest)
+                    });
+                }
+            };
+            if let Some(position) = row.and_then(|row| position_of_row(&part, row)) {
+                let refused = part.remove(position);
+                rejected.push(Rejection {
+                    index: refused.index,
+                    reason,
+                });
+                parts.push(part);
+            } else if part.len() == 1 {
+                rejected.push(Rejection {
+                    index: part[0].index,
+                    reason,
+                });
+            } else {
+                let second = part.split_off(part.len() / 2);
+                parts.push(second);
+                parts.push(part);
             }
         }
-        Ok(rejected)
+        if rejected.is_empty() {
+            return Ok(());
+        }
+        // Every row is stored or refused: nothing is left for `rest`.
+        Err(SinkError::partial(
+            durable,
+            rejected,
+            SinkError::transient("every other row of the batch is stored"),
+        ))
     }
 }
 
@@ -516,51 +474,27 @@ impl Sink for ClickHouseSink {
             .ok_or_else(|| SinkError::fatal("the clickhouse sink was not opened"))?;
         let mut rows = Vec::with_capacity(messages.len());
         let mut refused = Vec::new();
-        {
-            let written = lock(&self.written);
-            for (index, message) in messages.iter().enumerate() {
-                if written.contains(&(topic.clone(), message.partition_id, message.offset)) {
-                    continue;
-                }
-                match self.encode(message) {
-                    Ok((bytes, count)) => rows.push(Row {
-                        index,
-                        bytes,
-                        rows: count,
-                    }),
-                    Err(reason) => refused.push(Rejection { index, reason }),
-                }
+        for (index, message) in messages.iter().enumerate() {
+            match self.encode(message) {
+                Ok((bytes, count)) => rows.push(Row {
+                    index,
+                    bytes,
+                    rows: count,
+                }),
+                Err(reason) => refused.push(Rejection { index, reason }),
             }
         }
         // Nothing is sent: the engine writes the rest again without them.
         if !refused.is_empty() {
             return Err(SinkError::Rejected(refused));
         }
-        let mut written = Vec::new();
-        let outcome = self
-            .insert_isolating(client, topic, messages, rows, &mut written)
-            .await;
-        let mut remembered = lock(&self.written);
-        match outcome {
-            Ok(rejected) if rejected.is_empty() => {
-                if !remembered.is_empty() {
-                    for message in messages {
-                        remembered.remove(&(topic.clone(), message.partition_id, message.offset));
-                    }
-                }
-                Ok(())
-            }
-            outcome => {
-                for index in written {
-                    let message = &messages[index];
-                    remembered.insert((topic.clone(), message.partition_id, message.offset));
-                }
-                match outcome {
-                    Ok(rejected) => Err(SinkError::Rejected(rejected)),
-                    Err(error) => Err(error),
-                }
-            }
-        }
+        self.insert_isolating(client, topic, messages, rows).await
+    }
+
+    /// `retry_delay` (seconds, doubling, at most 30 s) spaces the engine's
+    /// retries; `max_retries` failed writes in a row report the sink degraded.
+    fn retry(&self) -> Option<RetrySettings> {
+        Some(self.config.retry_settings())
     }
 
     async fn close(&mut self) -> Result<(), ConnectorError> {

@@ -78,10 +78,13 @@ pub struct InfluxDbSinkConfig {
     /// Log every request's size and duration at debug level.
     #[serde(default)]
     pub verbose_logging: bool,
-    /// Retries of one request inside one `write` after its first attempt.
+    /// Engine retry setting: after this many failed writes in a row the sink
+    /// reports itself degraded. The engine keeps retrying what is not stored
+    /// (nothing is dropped); the sink sends each request once per write.
     #[serde(default = "default_max_retries")]
     pub max_retries: u32,
-    /// Delay before the first retry (doubling, capped at `retry_max_delay`).
+    /// Engine retry setting: the wait before the engine's first retry of a
+    /// failed write or `open` (doubling, capped at `retry_max_delay`).
     #[serde(default = "default_retry_delay", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub retry_delay: Duration,
@@ -89,18 +92,23 @@ pub struct InfluxDbSinkConfig {
     #[serde(default = "default_timeout", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub timeout: Duration,
-    /// Health checks at open before giving up.
+    /// Upstream's count of health checks at open: accepted, unused. The
+    /// engine retries a failed `open` with this sink's backoff until `[engine]
+    /// max_open_attempts`.
     #[serde(default = "default_max_open_retries")]
     pub max_open_retries: u32,
-    /// Longest delay between two health checks at open.
+    /// Upstream's longest wait between health checks at open: accepted,
+    /// unused (the engine's backoff is capped by `retry_max_delay`).
     #[serde(default = "default_open_retry_max_delay", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub open_retry_max_delay: Duration,
-    /// Longest delay between two retries of a write (a `Retry-After` too).
+    /// Engine retry setting: the longest wait between two of the engine's
+    /// retries (a server's `Retry-After` is honoured up to `[engine]
+    /// max_retry_after`).
     #[serde(default = "default_retry_max_delay", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub retry_max_delay: Duration,
-    /// Consecutive failed attempts that open the circuit breaker; 0 disables it.
+    /// Consecutive failed requests that open the circuit breaker; 0 disables it.
     #[serde(default = "default_circuit_breaker_threshold")]
     pub circuit_breaker_threshold: u32,
     /// How long the breaker stays open before one probe request is let through.

@@ -1,6 +1,7 @@
 //! InfluxDB line protocol: escaping of measurements, tag keys and values and
-//! string fields, and reading which lines a refusal names (v1's quoted
-//! lines, v2's `line N`, v3's `line_number`).
+//! string fields, and reading what a refusal says: the lines it names (v1's
+//! quoted lines, v2's `line N`, v3's `line_number`), whether the server
+//! wrote the other points (a partial write) and how many it dropped.
 
 use std::fmt::Write;
 
@@ -70,12 +71,17 @@ pub fn check_measurement(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// What a 4xx answer names: the 1-based physical lines of the request it
-/// refused, and (v1) the refused lines' text. Empty when it names none.
+/// What a 4xx answer says: the 1-based physical lines of the request it
+/// refused and (v1) the refused lines' text, empty when it names none;
+/// whether it is a partial write (1.x `partial write: ...`, 3.x `partial
+/// write of line protocol occurred`: the points it does not name are
+/// stored); and 1.x's count of points dropped (`dropped=N`).
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Refused {
     pub lines: Vec<usize>,
     pub texts: Vec<String>,
+    pub partial: bool,
+    pub dropped: Option<usize>,
 }
 
 /// Reads a refusal body of any version.
@@ -121,6 +127,10 @@ pub fn refused(body: &str) -> Refused {
         refused.texts.push(rest[..end].to_owned());
         rest = &rest[end..];
     }
+    refused.partial = message.starts_with("partial write");
+    refused.dropped = message
+        .rsplit_once("dropped=")
+        .and_then(|(_, count)| count.trim().parse().ok());
     refused.lines.sort_unstable();
     refused.lines.dedup();
     refused
@@ -158,15 +168,35 @@ mod tests {
     #[test]
     fn given_refusals_of_each_version_when_read_should_name_their_lines() {
         let v1 = r#"{"error":"partial write: unable to parse 'bad one': invalid field format\nunable to parse 'm,t=a f=1 9999': time outside range dropped=0"}"#;
+        let v1 = refused(v1);
         assert_eq!(
-            refused(v1).texts,
+            v1.texts,
             vec!["bad one".to_owned(), "m,t=a f=1 9999".to_owned()]
         );
+        assert!(v1.partial, "1.x wrote the lines it parsed");
         let v2 = r#"{"code":"invalid","line":2,"message":"failed to parse line protocol: errors encountered on line(s):\nline 2: expected field\nline 5: invalid number"}"#;
-        assert_eq!(refused(v2).lines, vec![2, 5]);
+        let v2 = refused(v2);
+        assert_eq!(v2.lines, vec![2, 5]);
+        assert!(!v2.partial, "2.x refuses the whole request");
         let v3 = r#"{"error":"partial write of line protocol occurred","data":[{"original_line":"x","line_number":3,"error_message":"bad"}]}"#;
-        assert_eq!(refused(v3).lines, vec![3]);
+        let v3 = refused(v3);
+        assert_eq!(v3.lines, vec![3]);
+        assert!(v3.partial);
         assert_eq!(refused(r#"{"error":"field type conflict"}"#), Refused::default());
         assert_eq!(refused("not json"), Refused::default());
+    }
+
+    #[test]
+    fn given_a_1x_partial_write_naming_no_line_when_read_should_count_the_dropped_points() {
+        let conflict = r#"{"error":"partial write: field type conflict: input field \"payload_json\" on measurement \"iggy_messages\" is type string, already exists as type integer dropped=4"}"#;
+        assert_eq!(
+            refused(conflict),
+            Refused {
+                lines: Vec::new(),
+                texts: Vec::new(),
+                partial: true,
+                dropped: Some(4),
+            }
+        );
     }
 }

@@ -12,23 +12,27 @@
 //! fields.
 //!
 //! Delivery: `write` returns `Ok` once every request of the batch got a 2xx.
-//! Connection errors, timeouts, 408, 429 and 5xx are retried up to
-//! `max_retries` times per request (after the `Retry-After` asked for), then
-//! the batch fails as transient and the engine retries it; after
-//! `circuit_breaker_threshold` consecutive failures the breaker opens and the
-//! sink reports itself degraded. 401/403 and a missing database or bucket
-//! are fatal. A 4xx refusal is read for the lines it names (v1's quoted
-//! lines, v2's `line N`, v3's `line_number`): those messages are rejected by
-//! index for `on_error`, and the engine writes the rest again, which only
-//! overwrites points already written. A refusal naming no line is split in
-//! halves until the refused points stand alone.
+//! A connection error, a timeout, 408, 429 or 5xx ends the write as
+//! transient (with the server's `Retry-After`): the engine retries what is
+//! not stored. The points of requests answered 2xx before it are reported
+//! durable (`SinkError::Partial`). After `circuit_breaker_threshold`
+//! consecutive failures the breaker opens and the sink reports itself
+//! degraded. 401/403 and a missing database or bucket are fatal.
+//!
+//! A 4xx refusal is read for the lines it names (v1's quoted lines, v2's
+//! `line N`, v3's `line_number`): those messages are rejected by index for
+//! `on_error`. A partial write (1.x and 3.x write the points they can) stored
+//! the others: they are durable. Otherwise (2.x refuses the whole request)
+//! the others are sent again. A refusal naming no line is split in halves
+//! until the refused points stand alone, unless 1.x says it dropped every
+//! point of the request.
 
 mod config;
 mod line;
 mod stamps;
 
 use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use async_trait::async_trait;
 use base64::Engine;
@@ -36,16 +40,19 @@ use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 use tracing::{debug, info, warn};
 
-use crate::connectors::influxdb::{self as shared, Breaker, answer_reason};
-use crate::connectors::kit::backoff::Backoff;
-use crate::connectors::kit::http::{self, ClientOptions, HttpClient, StatusClass, classify};
+use crate::connectors::influxdb::{self as shared, Breaker};
+use crate::connectors::kit::failure::Failure;
+use crate::connectors::kit::http::{self, ClientOptions, HttpClient};
 use crate::connectors::{
-    ConnectorContext, ConnectorError, PluginConfigError, Rejection, Sink, SinkEntry, SinkError,
-    parse_plugin_config, schema_of,
+    ConnectorContext, ConnectorError, PluginConfigError, Rejection, RetrySettings, Sink,
+    SinkEntry, SinkError, parse_plugin_config, schema_of,
 };
 use crate::message::{Payload, SinkMessage, TopicRef};
 
 pub use config::{InfluxDbSinkConfig, OffsetPlacement, PayloadFormat, Precision, Version};
+
+/// Answers are read up to this much (errors and `SHOW DATABASES` fit well within).
+const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 
 pub const ENTRY: SinkEntry = SinkEntry {
     name: "influxdb",
@@ -57,14 +64,11 @@ pub const ENTRY: SinkEntry = SinkEntry {
     build: |config| Ok(Box::new(InfluxDbSink::new(parse_plugin_config(config)?)?)),
 };
 
-const MAX_RESPONSE_BYTES: usize = 64 * 1024;
-
 pub struct InfluxDbSink {
     config: InfluxDbSinkConfig,
     write_url: reqwest::Url,
     base_url: reqwest::Url,
     display_url: String,
-    retry: Backoff,
     client: Option<HttpClient>,
     breaker: Breaker,
     key: String,
@@ -80,15 +84,6 @@ struct Point {
     lines: usize,
 }
 
-/// How one request ended, after its retries.
-enum Outcome {
-    Written,
-    /// A 4xx naming what it refuses (possibly nothing).
-    Refused(line::Refused, String),
-    Transient(String),
-    Fatal(String),
-}
-
 impl InfluxDbSink {
     pub fn new(config: InfluxDbSinkConfig) -> Result<Self, PluginConfigError> {
         let write_url = config.validate()?;
@@ -96,11 +91,6 @@ impl InfluxDbSink {
         base_url.set_query(None);
         base_url.set_path("/");
         let display_url = format!("{}{}", base_url.as_str().trim_end_matches('/'), write_url.path());
-        let retry = Backoff {
-            initial: config.retry_delay,
-            max: config.retry_max_delay,
-            multiplier: 2.0,
-        };
         let breaker = Breaker::new(
             config.circuit_breaker_threshold,
             config.circuit_breaker_cool_down,
@@ -109,7 +99,6 @@ impl InfluxDbSink {
             write_url,
             base_url,
             display_url,
-            retry,
             client: None,
             breaker,
             key: "influxdb".into(),
@@ -252,92 +241,51 @@ impl InfluxDbSink {
         (points, refused)
     }
 
-    /// Sends one body, retrying transient failures.
-    async fn send(&self, client: &HttpClient, body: Bytes, points: usize) -> Outcome {
-        let mut retries = 0;
-        loop {
-            if let Err(reason) = self.breaker.allow(&self.display_url) {
-                return Outcome::Transient(reason);
-            }
-            let started = Instant::now();
-            let (reason, retry_after) = match self.attempt(client, body.clone()).await {
-                Attempt::Done(outcome) => {
-                    self.breaker.success(&self.key, &self.display_url);
-                    if self.config.verbose_logging {
-                        debug!(connector_key = %self.key, url = %self.display_url, points, bytes = body.len(), elapsed_ms = started.elapsed().as_millis() as u64, "InfluxDB write");
-                    }
-                    return outcome;
-                }
-                Attempt::Retry {
-                    reason,
-                    retry_after,
-                } => (reason, retry_after),
-            };
-            self.breaker.failure(&self.key, &self.display_url, &reason);
-            retries += 1;
-            if retries > self.config.max_retries {
-                return Outcome::Transient(format!(
-                    "{reason} (gave up after {retries} attempts; the batch will be retried)"
-                ));
-            }
-            let delay = retry_after
-                .map(|wait| wait.min(self.config.retry_max_delay))
-                .unwrap_or_else(|| self.retry.delay(retries));
-            warn!(connector_key = %self.key, url = %self.display_url, retry = retries, max_retries = self.config.max_retries, retry_in_ms = delay.as_millis() as u64, error = %reason, "InfluxDB write failed, retrying");
-            tokio::time::sleep(delay).await;
-        }
-    }
-
-    async fn attempt(&self, client: &HttpClient, body: Bytes) -> Attempt {
-        let response = match client
-            .request(reqwest::Method::POST, self.write_url.clone(), body)
-            .send()
-            .await
-        {
-            Ok(response) => response,
-            Err(error) => {
-                return Attempt::Retry {
-                    reason: self.transport_error(error),
-                    retry_after: None,
-                };
-            }
-        };
-        let status = response.status().as_u16();
-        let retry_after = http::retry_after(response.headers(), SystemTime::now());
-        let text = http::read_text(response, MAX_RESPONSE_BYTES).await;
-        if (200..300).contains(&status) {
-            return Attempt::Done(Outcome::Written);
-        }
-        let reason = answer_reason(&self.display_url, status, &text);
-        Attempt::Done(match status {
-            401 | 403 => Outcome::Fatal(format!(
-                "{reason} (check plugin_config.{})",
-                self.credentials_field()
-            )),
-            404 => Outcome::Fatal(format!(
-                "{reason} (check plugin_config.{}: it must exist)",
-                self.target_field()
-            )),
-            _ if classify(status) == StatusClass::Transient => {
-                return Attempt::Retry {
-                    reason,
-                    retry_after,
-                };
-            }
-            _ => Outcome::Refused(line::refused(&text), reason),
-        })
-    }
-
-    fn transport_error(&self, error: reqwest::Error) -> String {
-        shared::transport_error(&self.display_url, self.config.timeout, error)
-    }
-
-    /// Writes `points` in requests of `batch_size`, isolating what is refused.
-    async fn write_points(
+    /// Sends one body: `Ok` on a 2xx, else how it failed and, for a
+    /// refusal, what the answer says about its lines.
+    async fn send(
         &self,
         client: &HttpClient,
-        points: Vec<Point>,
-    ) -> Result<Vec<Rejection>, SinkError> {
+        body: Bytes,
+        points: usize,
+    ) -> Result<(), (Failure, line::Refused)> {
+        let nothing = line::Refused::default;
+        self.breaker
+            .allow(&self.display_url)
+            .map_err(|reason| (Failure::transient(reason), nothing()))?;
+        let started = Instant::now();
+        let bytes = body.len();
+        let request = client.request(reqwest::Method::POST, self.write_url.clone(), body);
+        let outcome = match http::exchange(request, &self.display_url, MAX_RESPONSE_BYTES).await {
+            Ok(answer) if answer.is_success() => Ok(()),
+            Ok(answer) => Err((
+                shared::failure(
+                    &answer,
+                    &self.display_url,
+                    self.credentials_field(),
+                    self.target_field(),
+                ),
+                line::refused(&answer.text()),
+            )),
+            Err(failure) => Err((failure, nothing())),
+        };
+        match &outcome {
+            Err((failure @ Failure::Transient { .. }, _)) => {
+                self.breaker
+                    .failure(&self.key, &self.display_url, failure.reason());
+            }
+            _ => self.breaker.success(&self.key, &self.display_url),
+        }
+        if self.config.verbose_logging {
+            debug!(connector_key = %self.key, url = %self.display_url, points, bytes, elapsed_ms = started.elapsed().as_millis() as u64, ok = outcome.is_ok(), "InfluxDB write");
+        }
+        outcome
+    }
+
+    /// Writes `points` in requests of `batch_size`, isolating what is
+    /// refused. Short of `Ok`, the answer names the points stored, the
+    /// points refused, and how the others failed.
+    async fn write_points(&self, client: &HttpClient, points: Vec<Point>) -> Result<(), SinkError> {
         let size = self.config.batch_size as usize;
         let mut parts: Vec<Vec<Point>> = Vec::new();
         let mut points = points.into_iter().peekable();
@@ -345,38 +293,40 @@ impl InfluxDbSink {
             parts.push(points.by_ref().take(size).collect());
         }
         parts.reverse();
+        let mut durable = Vec::new();
         let mut rejected = Vec::new();
-        while let Some(mut part) = parts.pop() {
+        while let Some(part) = parts.pop() {
             let body = part
                 .iter()
                 .map(|point| point.text.as_str())
                 .collect::<Vec<_>>()
                 .join("\n");
-            let (refused, reason) = match self.send(client, Bytes::from(body), part.len()).await {
-                Outcome::Written => continue,
-                Outcome::Transient(reason) => return Err(SinkError::transient(reason)),
-                Outcome::Fatal(reason) => return Err(SinkError::fatal(reason)),
-                Outcome::Refused(refused, reason) => (refused, reason),
+            let (reason, refused) = match self.send(client, Bytes::from(body), part.len()).await {
+                Ok(()) => {
+                    durable.extend(part.iter().map(|point| point.index));
+                    continue;
+                }
+                Err((Failure::Refused(reason), refused)) => (reason, refused),
+                Err((failure, _)) => {
+                    let rest = failure.for_messages([]);
+                    return Err(if durable.is_empty() && rejected.is_empty() {
+                        rest
+                    } else {
+                        SinkError::partial(durable, rejected, rest)
+                    });
+                }
             };
-            let named = named_points(&part, &refused);
-            if !named.is_empty() {
-                // The rest is written again by the engine (points overwrite).
-                rejected.extend(named.into_iter().map(|position| Rejection {
-                    index: part[position].index,
-                    reason: reason.clone(),
-                }));
-            } else if part.len() == 1 {
-                rejected.push(Rejection {
-                    index: part[0].index,
-                    reason,
-                });
-            } else {
-                let second = part.split_off(part.len() / 2);
-                parts.push(second);
-                parts.push(part);
-            }
+            isolate(part, &refused, reason, &mut parts, &mut durable, &mut rejected);
         }
-        Ok(rejected)
+        if rejected.is_empty() {
+            return Ok(());
+        }
+        // Every point is stored or refused: nothing is left for `rest`.
+        Err(SinkError::partial(
+            durable,
+            rejected,
+            SinkError::transient("every other point of the batch is stored"),
+        ))
     }
 
     /// v1: the credentials work and the database exists.
@@ -386,28 +336,14 @@ impl InfluxDbSink {
             .join("query")
             .map_err(|error| ConnectorError::fatal(error.to_string()))?;
         url.query_pairs_mut().append_pair("q", "SHOW DATABASES");
-        let response = client
-            .empty(reqwest::Method::GET, url)
-            .send()
-            .await
-            .map_err(|error| ConnectorError::transient(self.transport_error(error)))?;
-        let status = response.status().as_u16();
-        let text = http::read_text(response, MAX_RESPONSE_BYTES).await;
-        if status == 401 || status == 403 {
-            return Err(ConnectorError::fatal(format!(
-                "{} (check plugin_config.username/password)",
-                answer_reason(&self.display_url, status, &text)
-            )));
-        }
-        if !(200..300).contains(&status) {
-            return Err(ConnectorError::transient(answer_reason(
-                &self.display_url,
-                status,
-                &text,
-            )));
+        let request = client.empty(reqwest::Method::GET, url);
+        let answer = http::exchange(request, &self.display_url, MAX_RESPONSE_BYTES).await?;
+        if !answer.is_success() {
+            let field = self.credentials_field();
+            return Err(shared::failure(&answer, &self.display_url, field, "db").into());
         }
         let db = self.config.db.clone().unwrap_or_default();
-        let answer: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+        let answer: serde_json::Value = serde_json::from_slice(&answer.body).unwrap_or_default();
         let exists = answer["results"][0]["series"][0]["values"]
             .as_array()
             .is_some_and(|rows| rows.iter().any(|row| row[0].as_str() == Some(db.as_str())));
@@ -419,15 +355,50 @@ impl InfluxDbSink {
         }
         Ok(())
     }
-
 }
 
-enum Attempt {
-    Done(Outcome),
-    Retry {
-        reason: String,
-        retry_after: Option<Duration>,
-    },
+/// Settles a `part` the server refused: the points it names are rejected;
+/// the others are durable when the server wrote them (a partial write) or
+/// go back into `parts` when it wrote nothing. A refusal naming no point
+/// rejects the part when it holds one point or the server dropped them
+/// all, and splits it in halves otherwise.
+fn isolate(
+    mut part: Vec<Point>,
+    refused: &line::Refused,
+    reason: String,
+    parts: &mut Vec<Vec<Point>>,
+    durable: &mut Vec<usize>,
+    rejected: &mut Vec<Rejection>,
+) {
+    let named = named_points(&part, refused);
+    if !named.is_empty() {
+        let mut position = 0;
+        part.retain(|point| {
+            let is_named = named.contains(&position);
+            position += 1;
+            if is_named {
+                rejected.push(Rejection {
+                    index: point.index,
+                    reason: reason.clone(),
+                });
+            }
+            !is_named
+        });
+        if refused.partial {
+            durable.extend(part.iter().map(|point| point.index));
+        } else if !part.is_empty() {
+            parts.push(part);
+        }
+    } else if part.len() == 1 || refused.dropped == Some(part.len()) {
+        rejected.extend(part.iter().map(|point| Rejection {
+            index: point.index,
+            reason: reason.clone(),
+        }));
+    } else {
+        let second = part.split_off(part.len() / 2);
+        parts.push(second);
+        parts.push(part);
+    }
 }
 
 /// Positions in `part` of the points a refusal names, by physical line
@@ -488,21 +459,7 @@ impl Sink for InfluxDbSink {
         };
         let client =
             HttpClient::new(&options).map_err(|error| ConnectorError::fatal(error.to_string()))?;
-        let backoff = Backoff {
-            initial: self.config.retry_delay,
-            max: self.config.open_retry_max_delay,
-            multiplier: 2.0,
-        };
-        shared::check_health(
-            &client,
-            &self.base_url,
-            self.config.version == Version::V1,
-            backoff,
-            self.config.max_open_retries,
-            self.config.timeout,
-            &self.key,
-        )
-        .await?;
+        shared::check_health(&client, &self.base_url, self.config.version == Version::V1).await?;
         if self.config.version == Version::V1 {
             self.check_v1_database(&client).await?;
         }
@@ -524,12 +481,17 @@ impl Sink for InfluxDbSink {
         if !refused.is_empty() {
             return Err(SinkError::Rejected(refused));
         }
-        let rejected = self.write_points(client, points).await?;
-        if rejected.is_empty() {
-            Ok(())
-        } else {
-            Err(SinkError::Rejected(rejected))
-        }
+        self.write_points(client, points).await
+    }
+
+    /// `retry_delay` doubling up to `retry_max_delay` spaces the engine's
+    /// retries; `max_retries` failed writes in a row report the sink degraded.
+    fn retry(&self) -> Option<RetrySettings> {
+        Some(shared::retry_settings(
+            self.config.retry_delay,
+            self.config.retry_max_delay,
+            self.config.max_retries,
+        ))
     }
 
     async fn close(&mut self) -> Result<(), ConnectorError> {
@@ -657,9 +619,36 @@ mod tests {
             Point { index: 1, text: "b\nc".into(), lines: 2 },
             Point { index: 2, text: "d".into(), lines: 1 },
         ];
-        let by_number = line::Refused { lines: vec![3, 4], texts: Vec::new() };
+        let by_number = line::Refused { lines: vec![3, 4], ..Default::default() };
         assert_eq!(named_points(&part, &by_number), vec![1, 2]);
-        let by_text = line::Refused { lines: Vec::new(), texts: vec!["a".into()] };
+        let by_text = line::Refused { texts: vec!["a".into()], ..Default::default() };
         assert_eq!(named_points(&part, &by_text), vec![0]);
+    }
+
+    fn points(count: usize) -> Vec<Point> {
+        (0..count)
+            .map(|index| Point { index, text: format!("p{index}"), lines: 1 })
+            .collect()
+    }
+
+    fn isolated(part: Vec<Point>, refused: line::Refused) -> (Vec<Vec<usize>>, Vec<usize>, Vec<usize>) {
+        let (mut parts, mut durable, mut rejected) = (Vec::new(), Vec::new(), Vec::new());
+        isolate(part, &refused, "no".into(), &mut parts, &mut durable, &mut rejected);
+        let parts = parts
+            .iter()
+            .map(|part: &Vec<Point>| part.iter().map(|point| point.index).collect())
+            .collect();
+        (parts, durable, rejected.iter().map(|rejection| rejection.index).collect())
+    }
+
+    #[test]
+    fn given_a_refusal_when_isolated_should_store_send_again_or_split_by_what_it_says() {
+        let named = |partial| line::Refused { lines: vec![2], partial, ..Default::default() };
+        assert_eq!(isolated(points(3), named(true)), (vec![], vec![0, 2], vec![1]), "partial write: the rest is stored");
+        assert_eq!(isolated(points(3), named(false)), (vec![vec![0, 2]], vec![], vec![1]), "nothing stored: send the rest");
+        assert_eq!(isolated(points(1), named(false)), (vec![], vec![], vec![0]), "nothing left to send");
+        let dropped = |count| line::Refused { partial: true, dropped: Some(count), ..Default::default() };
+        assert_eq!(isolated(points(3), dropped(3)), (vec![], vec![], vec![0, 1, 2]), "every point dropped");
+        assert_eq!(isolated(points(3), dropped(1)), (vec![vec![1, 2], vec![0]], vec![], vec![]), "split in halves");
     }
 }

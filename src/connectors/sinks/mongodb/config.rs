@@ -6,7 +6,12 @@ use std::time::Duration;
 use secrecy::SecretString;
 use serde::Deserialize;
 
-use crate::connectors::PluginConfigError;
+use crate::connectors::{Backoff, PluginConfigError, RetrySettings};
+
+/// The engine's backoff without `retry_delay`: its first wait...
+const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(100);
+/// ... and its longest.
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -46,11 +51,13 @@ pub struct MongoDbSinkConfig {
     /// Log every batch written at info level.
     #[serde(default)]
     pub verbose_logging: bool,
-    /// Upstream's in-connector retry count: accepted for compatibility. Failed
-    /// writes are retried by the engine (same batch, capped backoff, offsets
-    /// untouched), which never gives up on a transient error.
+    /// Engine retry setting: after this many failed writes in a row the sink
+    /// reports itself degraded. The engine keeps retrying what is not stored
+    /// (offsets untouched, nothing dropped); the sink never retries itself.
     pub max_retries: Option<u32>,
-    /// Upstream's retry delay: accepted, unused (the engine retries).
+    /// Engine retry setting: the wait before the engine's first retry of a
+    /// failed write or `open` (`"1s"`), doubling up to 30 s; the engine's
+    /// default (100 ms) when unset.
     pub retry_delay: Option<String>,
     /// `insert` (upstream's event log: one document per message, `_id` from the
     /// message identity), `upsert` (one document per entity, `_id` = the
@@ -116,6 +123,7 @@ impl MongoDbSinkConfig {
         if self.batch_size == 0 {
             return Err(PluginConfigError::new("batch_size", "expected at least 1"));
         }
+        self.retry_delay()?;
         if self.max_pool_size == Some(0) {
             return Err(PluginConfigError::new(
                 "max_pool_size",
@@ -137,6 +145,39 @@ impl MongoDbSinkConfig {
             )),
             _ => Ok(()),
         }
+    }
+}
+
+impl MongoDbSinkConfig {
+    /// Upstream's `max_retries` and `retry_delay` as the engine's policy
+    /// for this sink; `None` (the engine's default) without either.
+    pub fn retry_settings(&self) -> Option<RetrySettings> {
+        let delay = self.retry_delay().ok().flatten();
+        if delay.is_none() && self.max_retries.is_none() {
+            return None;
+        }
+        Some(RetrySettings {
+            backoff: Backoff {
+                initial: delay.unwrap_or(DEFAULT_RETRY_DELAY).min(MAX_RETRY_DELAY),
+                max: MAX_RETRY_DELAY,
+                multiplier: 2.0,
+            },
+            degraded_after: self.max_retries,
+        })
+    }
+
+    fn retry_delay(&self) -> Result<Option<Duration>, PluginConfigError> {
+        self.retry_delay
+            .as_deref()
+            .map(|text| {
+                humantime::parse_duration(text).map_err(|error| {
+                    PluginConfigError::new(
+                        "retry_delay",
+                        format!("expected a duration such as \"1s\": {error}"),
+                    )
+                })
+            })
+            .transpose()
     }
 }
 
@@ -183,6 +224,24 @@ mod tests {
         assert_eq!(config.write_mode, WriteMode::Insert);
         let text = parse(serde_json::json!({"payload_format": "text"})).unwrap();
         assert_eq!(text.payload_format, PayloadFormat::String);
+    }
+
+    #[test]
+    fn given_upstreams_retry_fields_when_read_should_become_the_engines_policy() {
+        let retry = parse(serde_json::json!({"max_retries": 3, "retry_delay": "2s"}))
+            .unwrap()
+            .retry_settings()
+            .unwrap();
+        assert_eq!(retry.backoff.initial, Duration::from_secs(2));
+        assert_eq!(retry.degraded_after, Some(3));
+        let only_count = parse(serde_json::json!({"max_retries": 1}))
+            .unwrap()
+            .retry_settings()
+            .unwrap();
+        assert_eq!(only_count.backoff.initial, DEFAULT_RETRY_DELAY);
+        assert_eq!(parse(serde_json::json!({})).unwrap().retry_settings(), None);
+        let error = parse(serde_json::json!({"retry_delay": "soon"})).unwrap_err();
+        assert_eq!(error.field, "retry_delay");
     }
 
     #[test]

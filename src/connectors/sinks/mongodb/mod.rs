@@ -2,32 +2,40 @@
 //!
 //! Identity: `_id = "{stream}:{topic}:{partition}:{message_id}"` (upstream's).
 //! Batches go out as unordered `insert_many` commands of `batch_size`
-//! documents. A duplicate key (11000) on `_id` is a replay of a message
-//! already stored and counts as written; a duplicate key whose `_id` is not in
-//! the collection came from another unique index and the document is rejected
-//! by its index (the sink looks the ids up to tell the two apart, which
-//! upstream did not: it counted every 11000 as written). Other per-document
-//! errors are rejections; write-concern errors, the driver's retry labels,
-//! network, pool and server-selection errors are transient; bad credentials
-//! are fatal.
+//! documents, and the answer is read per document: one without a write error
+//! is stored (durable); a duplicate key (11000) on `_id` is a replay of a
+//! message already stored and durable too; a duplicate key whose `_id` is not
+//! in the collection came from another unique index and the document is
+//! rejected by its index (the sink looks the ids up to tell the two apart,
+//! which upstream did not: it counted every 11000 as written). A "try again"
+//! code leaves its document to the engine's retry, other per-document errors
+//! are rejections. Write-concern errors, the driver's retry labels, network,
+//! pool and server-selection errors are transient for the documents not
+//! reported stored; bad credentials are fatal. The engine retries only what
+//! is not durable (`SinkError::Partial`).
+//!
+//! `open` checks the server and the credentials (creating the collection with
+//! `auto_create_collection`): an unreachable server is transient, and the
+//! engine opens the sink again; bad credentials are fatal.
 //!
 //! `write_mode = "upsert" | "replace"` (ours) keeps one document per entity:
 //! `_id` is the payload's `key_field`, written by an ordered `update` command
 //! with `upsert: true` (`$set` of the sink's fields, or a whole replacement),
 //! so the last message of an entity wins and a replay rewrites the same state.
+//! The server stops an ordered command at its first refused document: those
+//! before it are durable, and the sink sends the ones after it on.
 
 mod config;
 mod document;
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 use futures::TryStreamExt;
 use mongodb::bson::{Bson, Document, doc};
 use mongodb::error::{Error as DriverError, ErrorKind};
 use mongodb::{Client, Collection};
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 pub use config::{MongoDbSinkConfig, PayloadFormat, WriteMode};
 pub use document::{Layout, message_id};
@@ -37,12 +45,10 @@ use crate::connectors::mongodb::{
     is_transient_code, ping,
 };
 use crate::connectors::{
-    ConnectorError, Rejection, Sink, SinkEntry, SinkError, parse_plugin_config, schema_of,
+    ConnectorError, Rejection, RetrySettings, Sink, SinkEntry, SinkError, parse_plugin_config,
+    schema_of,
 };
 use crate::message::{SinkMessage, TopicRef};
-
-/// How long `open` waits for the server before leaving the checks to `write`.
-const OPEN_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// The server's code for "the collection already exists".
 const NAMESPACE_EXISTS: i32 = 48;
@@ -65,8 +71,6 @@ pub struct MongoDbSink {
     config: MongoDbSinkConfig,
     layout: Layout,
     client: Option<Client>,
-    /// The collection is known to exist (created or checked).
-    ready: AtomicBool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -96,6 +100,8 @@ pub enum MongoDbSinkError {
     },
     #[error("writing to collection {collection} failed: {reason}")]
     WriteTransient { collection: String, reason: String },
+    #[error("the server did not answer within {0:?}")]
+    NoAnswer(std::time::Duration),
     #[error("the sink is not open")]
     NotOpen,
 }
@@ -104,7 +110,7 @@ impl MongoDbSinkError {
     fn is_transient(&self) -> bool {
         match self {
             Self::Prepare { source, .. } | Self::Write { source, .. } => is_transient(source),
-            Self::WriteTransient { .. } => true,
+            Self::WriteTransient { .. } | Self::NoAnswer(_) => true,
             _ => false,
         }
     }
@@ -136,7 +142,6 @@ impl MongoDbSink {
             layout: Layout::new(&config),
             config,
             client: None,
-            ready: AtomicBool::new(false),
         }
     }
 
@@ -165,9 +170,6 @@ impl MongoDbSink {
     /// Checks the server answers with these credentials and creates the
     /// collection when `auto_create_collection` asks for it.
     async fn prepare(&self) -> Result<(), MongoDbSinkError> {
-        if self.ready.load(Ordering::SeqCst) {
-            return Ok(());
-        }
         let client = self.client.as_ref().ok_or(MongoDbSinkError::NotOpen)?;
         let prepare_error = |source: DriverError| {
             if is_auth_error(&source) {
@@ -197,76 +199,101 @@ impl MongoDbSink {
                 }
             }
         }
-        self.ready.store(true, Ordering::SeqCst);
         Ok(())
     }
 
-    /// Inserts every chunk unordered; returns the refused messages' rejections.
-    async fn insert(
-        &self,
-        documents: &[Document],
-        positions: &[usize],
-    ) -> Result<Vec<Rejection>, MongoDbSinkError> {
+    /// Inserts every chunk unordered, reading the answer per document.
+    async fn insert(&self, documents: &[Document], positions: &[usize]) -> Result<(), SinkError> {
         let collection = self.collection()?;
         let chunk = self.config.batch_size as usize;
-        let mut duplicates = Vec::new();
-        let mut refused = Vec::new();
-        for (number, part) in documents.chunks(chunk).enumerate() {
-            let base = number * chunk;
-            let error = match collection.insert_many(part).ordered(false).await {
-                Ok(_) => continue,
-                Err(error) => error,
+        let mut settled = Settled::default();
+        for (part, positions) in documents.chunks(chunk).zip(positions.chunks(chunk)) {
+            let Err(error) = collection.insert_many(part).ordered(false).await else {
+                settled.durable.extend(positions);
+                continue;
             };
-            let ErrorKind::InsertMany(insert) = error.kind.as_ref() else {
-                return Err(self.failed(error));
-            };
-            if let Some(concern) = &insert.write_concern_error {
-                return Err(self.transient(format!(
-                    "write concern not satisfied: {} (code {})",
-                    concern.message, concern.code
-                )));
-            }
-            for write in insert.write_errors.iter().flatten() {
-                let index = base + write.index;
-                if index >= documents.len() {
-                    return Err(self.transient(format!(
-                        "the server named document {index} of a batch of {}",
-                        documents.len()
-                    )));
-                }
-                if write.code == DUPLICATE_KEY {
-                    duplicates.push(index);
-                } else if is_transient_code(write.code) {
-                    return Err(self.transient(format!("{} (code {})", write.message, write.code)));
-                } else {
-                    refused.push(Rejection {
-                        index: positions[index],
-                        reason: format!(
-                            "collection {} refused the document: {} (code {})",
-                            self.config.collection, write.message, write.code
-                        ),
-                    });
-                }
+            if let Err(rest) = self.settle(error, part, positions, &mut settled).await {
+                return Err(settled.rest(rest));
             }
         }
-        if !duplicates.is_empty() {
-            refused.extend(self.foreign_duplicates(documents, positions, &duplicates).await?);
-        }
-        Ok(refused)
+        settled.finish()
     }
 
-    /// Of the documents refused as duplicate keys, those whose `_id` is not in
-    /// the collection: they clash on another unique index and are rejected.
-    /// The others are copies of messages stored before (a replay).
+    /// Reads the failed `insert_many` of `part` (the batch's messages at
+    /// `positions`) per document into `settled`; `Err` with how the others
+    /// failed when the write stops there.
+    async fn settle(
+        &self,
+        error: DriverError,
+        part: &[Document],
+        positions: &[usize],
+        settled: &mut Settled,
+    ) -> Result<(), SinkError> {
+        let ErrorKind::InsertMany(insert) = error.kind.as_ref() else {
+            return Err(self.failed(error).into());
+        };
+        if let Some(concern) = &insert.write_concern_error {
+            let reason = format!(
+                "write concern not satisfied: {} (code {})",
+                concern.message, concern.code
+            );
+            return Err(SinkError::transient(self.transient(reason)));
+        }
+        let refused = |reason: String| {
+            let collection = &self.config.collection;
+            format!("collection {collection} refused the document: {reason}")
+        };
+        let mut failed = vec![false; part.len()];
+        let mut duplicates = Vec::new();
+        let mut retry = None;
+        for write in insert.write_errors.iter().flatten() {
+            let Some(seen) = failed.get_mut(write.index) else {
+                let reason = format!("the server named document {} of {}", write.index, part.len());
+                return Err(SinkError::transient(self.transient(reason)));
+            };
+            *seen = true;
+            let reason = format!("{} (code {})", write.message, write.code);
+            if write.code == DUPLICATE_KEY {
+                duplicates.push(write.index);
+            } else if is_transient_code(write.code) {
+                retry = Some(reason);
+            } else {
+                let index = positions[write.index];
+                settled.rejected.push(Rejection { index, reason: refused(reason) });
+            }
+        }
+        let foreign = self.foreign_duplicates(part, &duplicates).await?;
+        for index in duplicates {
+            if foreign.contains(&index) {
+                let reason = "a duplicate key on a unique index other than _id".to_owned();
+                settled.rejected.push(Rejection { index: positions[index], reason: refused(reason) });
+            } else {
+                settled.durable.push(positions[index]);
+            }
+        }
+        let stored = positions.iter().zip(&failed).filter(|(_, failed)| !**failed);
+        settled.durable.extend(stored.map(|(index, _)| *index));
+        match retry {
+            Some(reason) => Err(SinkError::transient(self.transient(reason))),
+            None => Ok(()),
+        }
+    }
+
+    /// Of the documents of `part` refused as duplicate keys (`duplicates`
+    /// index it), those whose `_id` is not in the collection: they clash on
+    /// another unique index. The others are copies of messages stored
+    /// before (a replay).
     async fn foreign_duplicates(
         &self,
-        documents: &[Document],
-        positions: &[usize],
+        part: &[Document],
         duplicates: &[usize],
-    ) -> Result<Vec<Rejection>, MongoDbSinkError> {
+    ) -> Result<HashSet<usize>, MongoDbSinkError> {
+        if duplicates.is_empty() {
+            return Ok(HashSet::new());
+        }
         let ids: Vec<Bson> = duplicates
             .iter()
-            .filter_map(|&index| documents[index].get("_id").cloned())
+            .filter_map(|&index| part[index].get("_id").cloned())
             .collect();
         let stored: HashSet<String> = self
             .collection()?
@@ -282,96 +309,96 @@ impl MongoDbSink {
             .collect();
         Ok(duplicates
             .iter()
-            .filter(|&&index| {
-                documents[index]
+            .copied()
+            .filter(|&index| {
+                part[index]
                     .get("_id")
                     .is_none_or(|id| !stored.contains(&id.to_string()))
-            })
-            .map(|&index| Rejection {
-                index: positions[index],
-                reason: format!(
-                    "collection {} refused the document: a duplicate key on a unique index other than _id",
-                    self.config.collection
-                ),
             })
             .collect())
     }
 
-    /// Upserts every document in order, one `update` command per chunk; stops
-    /// at the first refused document and returns its rejection (the engine
-    /// writes the rest again).
-    async fn upsert(
-        &self,
-        documents: Vec<Document>,
-        positions: &[usize],
-    ) -> Result<Vec<Rejection>, MongoDbSinkError> {
+    /// Upserts every document in order, one ordered `update` command per
+    /// chunk. The server stops a command at its first refused document:
+    /// those before it are durable, it is rejected (or, with a "try again"
+    /// code, left to the engine's retry with the rest), and the next command
+    /// starts right after it.
+    async fn upsert(&self, documents: Vec<Document>, positions: &[usize]) -> Result<(), SinkError> {
         let client = self.client.as_ref().ok_or(MongoDbSinkError::NotOpen)?;
         let database = client.database(&self.config.database);
         let chunk = self.config.batch_size as usize;
-        let mut documents = documents.into_iter();
-        let mut base = 0;
-        loop {
-            let updates: Vec<Document> = documents
-                .by_ref()
-                .take(chunk)
-                .map(|mut document| {
-                    // A replacement keeps its `_id` (the same as the query's,
-                    // which the server accepts); `$set` may not name it.
-                    let (id, update) = match self.config.write_mode {
-                        WriteMode::Upsert => {
-                            let id = document.remove("_id").unwrap_or(Bson::Null);
-                            (id, doc! { "$set": document })
-                        }
-                        _ => (document.get("_id").cloned().unwrap_or(Bson::Null), document),
-                    };
-                    doc! { "q": { "_id": id }, "u": update, "upsert": true }
-                })
-                .collect();
-            if updates.is_empty() {
-                return Ok(Vec::new());
-            }
-            let count = updates.len();
-            let answer = database
+        let updates: Vec<Document> = documents.into_iter().map(|document| self.update(document)).collect();
+        let mut settled = Settled::default();
+        let mut next = 0;
+        while next < updates.len() {
+            let part = &updates[next..(next + chunk).min(updates.len())];
+            let answer = match database
                 .run_command(doc! {
                     "update": &self.config.collection,
-                    "updates": updates,
+                    "updates": part,
                     "ordered": true,
                 })
                 .await
-                .map_err(|error| self.failed(error))?;
+            {
+                Ok(answer) => answer,
+                Err(error) => return Err(settled.rest(self.failed(error).into())),
+            };
             if let Ok(concern) = answer.get_document("writeConcernError") {
-                return Err(self.transient(format!(
+                return Err(settled.rest(SinkError::transient(self.transient(format!(
                     "write concern not satisfied: {}",
                     concern.get_str("errmsg").unwrap_or_default()
-                )));
+                )))));
             }
-            if let Some(write) = answer
+            let Some(write) = answer
                 .get_array("writeErrors")
                 .ok()
                 .and_then(|errors| errors.first())
                 .and_then(Bson::as_document)
-            {
-                let code = write.get_i32("code").unwrap_or_default();
-                let message = write.get_str("errmsg").unwrap_or_default();
-                if is_transient_code(code) {
-                    return Err(self.transient(format!("{message} (code {code})")));
-                }
-                let index = write
-                    .get_i32("index")
-                    .ok()
-                    .and_then(|index| usize::try_from(index).ok())
-                    .filter(|&index| index < count)
-                    .ok_or_else(|| self.transient(format!("an unattributed write error: {message}")))?;
-                return Ok(vec![Rejection {
-                    index: positions[base + index],
-                    reason: format!(
-                        "collection {} refused the document: {message} (code {code})",
-                        self.config.collection
-                    ),
-                }]);
+            else {
+                settled.durable.extend(&positions[next..next + part.len()]);
+                next += part.len();
+                continue;
+            };
+            let code = write.get_i32("code").unwrap_or_default();
+            let message = write.get_str("errmsg").unwrap_or_default();
+            let Some(index) = write
+                .get_i32("index")
+                .ok()
+                .and_then(|index| usize::try_from(index).ok())
+                .filter(|&index| index < part.len())
+            else {
+                let reason = format!("an unattributed write error: {message}");
+                return Err(settled.rest(SinkError::transient(self.transient(reason))));
+            };
+            settled.durable.extend(&positions[next..next + index]);
+            if is_transient_code(code) {
+                let reason = format!("{message} (code {code})");
+                return Err(settled.rest(SinkError::transient(self.transient(reason))));
             }
-            base += count;
+            settled.rejected.push(Rejection {
+                index: positions[next + index],
+                reason: format!(
+                    "collection {} refused the document: {message} (code {code})",
+                    self.config.collection
+                ),
+            });
+            next += index + 1;
         }
+        settled.finish()
+    }
+
+    /// One statement of an `update` command upserting `document`.
+    fn update(&self, mut document: Document) -> Document {
+        // A replacement keeps its `_id` (the same as the query's, which the
+        // server accepts); `$set` may not name it.
+        let (id, update) = match self.config.write_mode {
+            WriteMode::Upsert => {
+                let id = document.remove("_id").unwrap_or(Bson::Null);
+                (id, doc! { "$set": document })
+            }
+            _ => (document.get("_id").cloned().unwrap_or(Bson::Null), document),
+        };
+        doc! { "q": { "_id": id }, "u": update, "upsert": true }
     }
 
     fn transient(&self, reason: String) -> MongoDbSinkError {
@@ -379,6 +406,33 @@ impl MongoDbSink {
             collection: self.config.collection.clone(),
             reason,
         }
+    }
+}
+
+/// What a write settled so far, as batch indexes.
+#[derive(Default)]
+struct Settled {
+    durable: Vec<usize>,
+    rejected: Vec<Rejection>,
+}
+
+impl Settled {
+    /// The write stopped: what it settled, and `rest` for the others.
+    fn rest(self, rest: SinkError) -> SinkError {
+        if self.durable.is_empty() && self.rejected.is_empty() {
+            return rest;
+        }
+        SinkError::partial(self.durable, self.rejected, rest)
+    }
+
+    /// Every document was sent: `Ok` unless some were refused.
+    fn finish(self) -> Result<(), SinkError> {
+        if self.rejected.is_empty() {
+            return Ok(());
+        }
+        Err(self.rest(SinkError::transient(
+            "every other document of the batch is stored",
+        )))
     }
 }
 
@@ -394,18 +448,12 @@ impl Sink for MongoDbSink {
         .await
         .map_err(MongoDbSinkError::ConnectionUri)?;
         self.client = Some(client);
-        // Bad credentials fail the start; an unreachable server does not:
-        // writes retry until it is back.
-        match tokio::time::timeout(OPEN_CHECK_TIMEOUT, self.prepare()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) if !error.is_transient() => return Err(error.into()),
-            Ok(Err(error)) => {
-                warn!(%error, "mongodb sink cannot reach the server yet; writes will retry")
-            }
-            Err(_) => warn!(
-                "mongodb sink: the server did not answer within {OPEN_CHECK_TIMEOUT:?}; writes will retry"
-            ),
-        }
+        // Server selection, then the command itself: a server that accepts
+        // connections and never answers is transient too.
+        let wait = self.config.server_selection_timeout * 2;
+        tokio::time::timeout(wait, self.prepare())
+            .await
+            .map_err(|_| MongoDbSinkError::NoAnswer(wait))??;
         info!(
             database = %self.config.database,
             collection = %self.config.collection,
@@ -432,7 +480,6 @@ impl Sink for MongoDbSink {
         if messages.is_empty() {
             return Ok(());
         }
-        self.prepare().await?;
         let mut documents = Vec::with_capacity(messages.len());
         let mut positions = Vec::with_capacity(messages.len());
         let mut rejected = Vec::new();
@@ -448,12 +495,9 @@ impl Sink for MongoDbSink {
         if !rejected.is_empty() {
             return Err(SinkError::Rejected(rejected));
         }
-        let refused = match self.config.write_mode {
+        match self.config.write_mode {
             WriteMode::Insert => self.insert(&documents, &positions).await?,
             WriteMode::Upsert | WriteMode::Replace => self.upsert(documents, &positions).await?,
-        };
-        if !refused.is_empty() {
-            return Err(SinkError::Rejected(refused));
         }
         if self.config.verbose_logging {
             info!(collection = %self.config.collection, messages = messages.len(), "mongodb sink wrote a batch");
@@ -461,6 +505,11 @@ impl Sink for MongoDbSink {
             debug!(collection = %self.config.collection, messages = messages.len(), "mongodb sink wrote a batch");
         }
         Ok(())
+    }
+
+    /// Upstream's `max_retries` and `retry_delay`, as the engine's policy.
+    fn retry(&self) -> Option<RetrySettings> {
+        self.config.retry_settings()
     }
 
     async fn close(&mut self) -> Result<(), ConnectorError> {

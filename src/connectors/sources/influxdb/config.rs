@@ -66,11 +66,13 @@ pub struct InfluxDbSourceConfig {
     /// Log every query's row count and duration at debug level.
     #[serde(default)]
     pub verbose_logging: bool,
-    /// Retries of one query inside one poll after its first attempt (then the
-    /// poll fails as transient and the engine polls again).
+    /// Upstream's count of query retries inside one poll: accepted, unused.
+    /// Each poll sends its query once, and the engine retries a failed poll
+    /// (with the backoff of `retry_delay`) until the source is stopped.
     #[serde(default = "default_max_retries")]
     pub max_retries: u32,
-    /// Delay before the first retry (doubling, capped at `retry_max_delay`).
+    /// Engine retry setting: the wait before the engine's first retry of a
+    /// failed poll or `open` (doubling, capped at `retry_max_delay`).
     #[serde(default = "default_retry_delay", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub retry_delay: Duration,
@@ -78,18 +80,22 @@ pub struct InfluxDbSourceConfig {
     #[serde(default = "default_timeout", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub timeout: Duration,
-    /// Health checks at open before giving up.
+    /// Upstream's count of health checks at open: accepted, unused. The
+    /// engine retries a failed `open` with this source's backoff until
+    /// `[engine] max_open_attempts`.
     #[serde(default = "default_max_open_retries")]
     pub max_open_retries: u32,
-    /// Longest delay between two health checks at open.
+    /// Upstream's longest wait between health checks at open: accepted,
+    /// unused (the engine's backoff is capped by `retry_max_delay`).
     #[serde(default = "default_open_retry_max_delay", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub open_retry_max_delay: Duration,
-    /// Longest delay between two retries of a query (a `Retry-After` too).
+    /// Engine retry setting: the longest wait between two of the engine's
+    /// retries of a poll or `open`.
     #[serde(default = "default_retry_max_delay", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub retry_max_delay: Duration,
-    /// Consecutive failed attempts that open the circuit breaker; 0 disables it.
+    /// Consecutive failed queries that open the circuit breaker; 0 disables it.
     #[serde(default = "default_circuit_breaker_threshold")]
     pub circuit_breaker_threshold: u32,
     /// How long the breaker stays open before one probe request is let through.

@@ -26,11 +26,10 @@ mod config;
 mod rows;
 mod time;
 
-use crate::sync::lock;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use base64::Engine;
@@ -41,16 +40,15 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tracing::{debug, info, warn};
 
-use crate::connectors::influxdb::{self as shared, Breaker, answer_reason};
-use crate::connectors::kit::backoff::Backoff;
-use crate::connectors::kit::http::{
-    self, ClientOptions, HttpClient, StatusClass, classify, error_chain,
-};
+use crate::connectors::influxdb::{self as shared, Breaker};
+use crate::connectors::kit::failure::Failure;
+use crate::connectors::kit::http::{self, Answer, ClientOptions, HttpClient};
 use crate::connectors::{
-    ConnectorContext, ConnectorError, PluginConfigError, Source, SourceBatch, SourceEntry,
-    decode_state, encode_state, parse_plugin_config, schema_of,
+    ConnectorContext, ConnectorError, PluginConfigError, RetrySettings, Source, SourceBatch,
+    SourceEntry, decode_state, encode_state, parse_plugin_config, schema_of,
 };
 use crate::message::{Payload, SourceRecord};
+use crate::sync::lock;
 
 pub use config::{InfluxDbSourceConfig, PayloadFormat, Version};
 use rows::Row;
@@ -67,7 +65,6 @@ pub const ENTRY: SourceEntry = SourceEntry {
 
 /// The largest answer read (upstream's bound too).
 const MAX_ANSWER_BYTES: usize = 256 * 1024 * 1024;
-const MAX_ERROR_BYTES: usize = 64 * 1024;
 
 /// Where reading resumes: rows after `time` (ns since the epoch), and the
 /// rows at exactly `time` whose identity is in `seen` are already emitted.
@@ -96,7 +93,6 @@ pub struct InfluxDbSource {
     query_url: reqwest::Url,
     display_url: String,
     initial: i64,
-    retry: Backoff,
     client: Option<HttpClient>,
     breaker: Breaker,
     committed: Mutex<Cursor>,
@@ -105,14 +101,6 @@ pub struct InfluxDbSource {
     /// The last answer was short: wait `poll_interval` before the next query.
     caught_up: AtomicBool,
     key: String,
-}
-
-enum Attempt {
-    Done(Result<Vec<Row>, ConnectorError>),
-    Retry {
-        reason: String,
-        retry_after: Option<Duration>,
-    },
 }
 
 impl InfluxDbSource {
@@ -142,11 +130,6 @@ impl InfluxDbSource {
         }
         let display_url = format!("{}{}", base_url.as_str().trim_end_matches('/'), query_url.path());
         Ok(Self {
-            retry: Backoff {
-                initial: config.retry_delay,
-                max: config.retry_max_delay,
-                multiplier: 2.0,
-            },
             breaker: Breaker::new(
                 config.circuit_breaker_threshold,
                 config.circuit_breaker_cool_down,
@@ -246,86 +229,58 @@ impl InfluxDbSource {
         }
     }
 
-    /// Runs `query`, retrying transient failures up to `max_retries`.
+    /// Runs `query` with one request: its rows, or why not. No answer, a
+    /// body cut short or a busy server is transient (the engine polls
+    /// again); a refusal is fatal, naming the field.
     async fn run(&self, query: &str) -> Result<Vec<Row>, ConnectorError> {
         let client = self.client()?;
-        let mut retries = 0;
-        loop {
-            self.breaker
-                .allow(&self.display_url)
-                .map_err(ConnectorError::transient)?;
-            let started = Instant::now();
-            let (reason, retry_after) = match self.attempt(client, query).await {
-                Attempt::Done(answer) => {
-                    self.breaker.success(&self.key, &self.display_url);
-                    if self.config.verbose_logging {
-                        debug!(connector_key = %self.key, url = %self.display_url, rows = answer.as_ref().map(Vec::len).unwrap_or(0), elapsed_ms = started.elapsed().as_millis() as u64, "InfluxDB query");
-                    }
-                    return answer;
+        self.breaker
+            .allow(&self.display_url)
+            .map_err(ConnectorError::transient)?;
+        let started = Instant::now();
+        let request = self.request(client, query);
+        let text = http::exchange_whole(request, &self.display_url, MAX_ANSWER_BYTES)
+            .await
+            .map_err(|failure| match failure {
+                Failure::Refused(reason) => {
+                    Failure::Fatal(format!("{reason}: lower plugin_config.batch_size"))
                 }
-                Attempt::Retry {
-                    reason,
-                    retry_after,
-                } => (reason, retry_after),
-            };
-            self.breaker.failure(&self.key, &self.display_url, &reason);
-            retries += 1;
-            if retries > self.config.max_retries {
-                return Err(ConnectorError::transient(format!(
-                    "{reason} (gave up after {retries} attempts; polling again)"
-                )));
+                failure => failure,
+            })
+            .and_then(|answer| self.answer(answer));
+        match &text {
+            Err(Failure::Transient { reason, .. }) => {
+                self.breaker.failure(&self.key, &self.display_url, reason);
             }
-            let delay = retry_after
-                .map(|wait| wait.min(self.config.retry_max_delay))
-                .unwrap_or_else(|| self.retry.delay(retries));
-            warn!(connector_key = %self.key, url = %self.display_url, retry = retries, retry_in_ms = delay.as_millis() as u64, error = %reason, "InfluxDB query failed, retrying");
-            tokio::time::sleep(delay).await;
+            _ => self.breaker.success(&self.key, &self.display_url),
         }
+        let text = text?;
+        let rows = self.parse(&text);
+        if self.config.verbose_logging {
+            debug!(connector_key = %self.key, url = %self.display_url, rows = rows.as_ref().map(Vec::len).unwrap_or(0), elapsed_ms = started.elapsed().as_millis() as u64, "InfluxDB query");
+        }
+        rows
     }
 
-    async fn attempt(&self, client: &HttpClient, query: &str) -> Attempt {
-        let response = match self.request(client, query).send().await {
-            Ok(response) => response,
-            Err(error) => {
-                return Attempt::Retry {
-                    reason: self.transport_error(error),
-                    retry_after: None,
-                };
-            }
-        };
-        let status = response.status().as_u16();
-        if (200..300).contains(&status) {
-            return match read_answer(response).await {
-                Ok(text) => Attempt::Done(self.parse(&text)),
-                Err(error) => Attempt::Retry {
-                    reason: format!("reading the answer of {}: {error}", self.display_url),
-                    retry_after: None,
-                },
-            };
+    /// A query's answer as text, or what its status says.
+    fn answer(&self, answer: Answer) -> Result<String, Failure> {
+        if !answer.is_success() {
+            let failure = shared::failure(
+                &answer,
+                &self.display_url,
+                self.credentials_field(),
+                self.target_field(),
+            );
+            return Err(match failure {
+                Failure::Refused(reason) if matches!(answer.status, 400 | 422) => {
+                    Failure::Fatal(format!("{reason} (check plugin_config.query)"))
+                }
+                failure => failure,
+            });
         }
-        let retry_after = http::retry_after(response.headers(), SystemTime::now());
-        let text = http::read_text(response, MAX_ERROR_BYTES).await;
-        let reason = answer_reason(&self.display_url, status, &text);
-        Attempt::Done(Err(match status {
-            401 | 403 => ConnectorError::fatal(format!(
-                "{reason} (check plugin_config.{})",
-                self.credentials_field()
-            )),
-            404 => ConnectorError::fatal(format!(
-                "{reason} (check plugin_config.{}: it must exist)",
-                self.target_field()
-            )),
-            400 | 422 => {
-                ConnectorError::fatal(format!("{reason} (check plugin_config.query)"))
-            }
-            _ if classify(status) == StatusClass::Transient => {
-                return Attempt::Retry {
-                    reason,
-                    retry_after,
-                };
-            }
-            _ => ConnectorError::fatal(reason),
-        }))
+        String::from_utf8(answer.body.to_vec()).map_err(|_| {
+            Failure::transient(format!("the answer of {} is not UTF-8", self.display_url))
+        })
     }
 
     fn parse(&self, text: &str) -> Result<Vec<Row>, ConnectorError> {
@@ -347,10 +302,6 @@ impl InfluxDbSource {
                 self.display_url
             ))
         })
-    }
-
-    fn transport_error(&self, error: reqwest::Error) -> String {
-        shared::transport_error(&self.display_url, self.config.timeout, error)
     }
 
     /// The rows after `cursor` as records, and the cursor after them.
@@ -475,21 +426,6 @@ fn row_time(value: &Value) -> Option<i64> {
     }
 }
 
-async fn read_answer(response: reqwest::Response) -> Result<String, String> {
-    let mut response = response;
-    let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(|error| error_chain(&error))? {
-        if body.len() + chunk.len() > MAX_ANSWER_BYTES {
-            return Err(format!(
-                "the answer is larger than {} MiB: lower batch_size",
-                MAX_ANSWER_BYTES >> 20
-            ));
-        }
-        body.extend_from_slice(&chunk);
-    }
-    String::from_utf8(body).map_err(|_| "the answer is not UTF-8".to_owned())
-}
-
 #[async_trait]
 impl Source for InfluxDbSource {
     fn attach(&mut self, context: ConnectorContext) {
@@ -514,21 +450,7 @@ impl Source for InfluxDbSource {
         };
         let client =
             HttpClient::new(&options).map_err(|error| ConnectorError::fatal(error.to_string()))?;
-        let backoff = Backoff {
-            initial: self.config.retry_delay,
-            max: self.config.open_retry_max_delay,
-            multiplier: 2.0,
-        };
-        shared::check_health(
-            &client,
-            &self.base_url,
-            self.config.version == Version::V1,
-            backoff,
-            self.config.max_open_retries,
-            self.config.timeout,
-            &self.key,
-        )
-        .await?;
+        shared::check_health(&client, &self.base_url, self.config.version == Version::V1).await?;
         self.client = Some(client);
         let cursor = lock(&self.committed).clone();
         info!(connector_key = %self.key, url = %self.display_url, version = self.config.version.name(), cursor = %time::format(cursor.time), initial = %time::format(self.initial), "influxdb source open");
@@ -571,6 +493,16 @@ impl Source for InfluxDbSource {
             *lock(&self.committed) = cursor;
         }
         Ok(())
+    }
+
+    /// `retry_delay` doubling up to `retry_max_delay` spaces the engine's
+    /// polls after a failed one.
+    fn retry(&self) -> Option<RetrySettings> {
+        Some(shared::retry_settings(
+            self.config.retry_delay,
+            self.config.retry_max_delay,
+            self.config.max_retries,
+        ))
     }
 
     fn max_in_flight(&self) -> usize {
