@@ -1,7 +1,7 @@
 //! The elasticsearch source against the Elasticsearch / OpenSearch protocol
 //! test server of `support::elasticsearch`, through the `Source` interface:
 //! paging under a point in time, ties on the timestamp, the cursor in the
-//! engine's state only, rewind, an expired point in time, credentials, and
+//! engine's state only, an expired point in time, credentials, and
 //! upstream's example file.
 
 mod support;
@@ -154,24 +154,6 @@ async fn a_restart_from_the_saved_state_resumes_inside_a_tie_without_loss_or_rep
     let mut all: Vec<u64> = first.iter().chain(&rest).copied().collect();
     all.sort();
     assert_eq!(all, (0..12).collect::<Vec<u64>>());
-}
-
-#[tokio::test]
-async fn a_rewind_reads_the_uncommitted_batches_again() {
-    let server = SearchServer::start(Flavor::OpenSearch2).await;
-    seed(&server, 12);
-    let source = open(&config(&server, 3), None).await;
-    assert!(source.max_in_flight() > 1);
-    let (first, _) = poll(source.as_ref()).await;
-    let (second, _) = poll(source.as_ref()).await;
-    let (third, _) = poll(source.as_ref()).await;
-    source.commit().await.unwrap();
-    source.rewind().await.unwrap();
-    let (again, _) = poll(source.as_ref()).await;
-    let (again_third, _) = poll(source.as_ref()).await;
-    assert_ne!(first, second);
-    assert_eq!(again, second, "reading resumes after the committed batch");
-    assert_eq!(again_third, third);
 }
 
 #[tokio::test]

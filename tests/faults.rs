@@ -289,8 +289,8 @@ async fn a_failing_state_save_keeps_the_batch_unacknowledged_and_the_pipeline_re
     let server = IggyTestServer::start();
     let workspace = Workspace::with_api(&server.address().to_string(), "");
     let running =
-        // One batch in flight: the claims below are about the batch retried
-        // in place (with several, a failed save rewinds and resends them).
+        // One batch in flight: the claims below are about that batch, retried
+        // in place.
         run_random_into_out(&server, &workspace, 2000, "max_consecutive_nacks = 0\nmax_in_flight = 1", 300).await;
     // A directory where the state file is: every save fails, for root too.
     // The file moves aside first (a save that lands in between creates it

@@ -135,8 +135,7 @@ fn source_config(key: &str, stream: &str, streams: usize, plugin_config: Value) 
                 })
                 .collect(),
             max_consecutive_nacks: None,
-            // These tests follow one batch through an outage; the inbox's
-            // rewind is tested in src/connectors/sources/http/inbox.rs.
+            // These tests follow one batch through an outage.
             max_in_flight: Some(1),
         },
         file: None,

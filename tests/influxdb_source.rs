@@ -137,24 +137,6 @@ async fn v1_a_restart_from_the_saved_state_resumes_inside_a_tie_without_loss_or_
 }
 
 #[tokio::test]
-async fn v1_a_rewind_reads_the_uncommitted_batches_again() {
-    let server = InfluxDb::start();
-    seed_v1(&server, 12).await;
-    let source = open(&v1(&server, 3), None).await;
-    assert!(source.max_in_flight() > 1);
-    let (first, _) = poll(source.as_ref()).await;
-    let (second, _) = poll(source.as_ref()).await;
-    let (third, _) = poll(source.as_ref()).await;
-    source.commit().await.unwrap();
-    source.rewind().await.unwrap();
-    let (again, _) = poll(source.as_ref()).await;
-    let (again_third, _) = poll(source.as_ref()).await;
-    assert_ne!(numbers(&first), numbers(&second));
-    assert_eq!(numbers(&again), numbers(&second));
-    assert_eq!(numbers(&again_third), numbers(&third));
-}
-
-#[tokio::test]
 async fn v1_rows_written_after_catching_up_are_read_by_a_later_poll() {
     let server = InfluxDb::start();
     seed_v1(&server, 2).await;

@@ -104,7 +104,7 @@ impl ConnectorConfig {
     }
 
     /// How many batches a source runs with in flight, given how many it can
-    /// have (`1` for sinks and for sources that cannot rewind).
+    /// have (`1` for sinks and for sources that stage one batch only).
     pub fn max_in_flight(&self, capability: usize) -> usize {
         let chosen = match &self.kind_config {
             KindConfig::Source { max_in_flight, .. } => {

@@ -100,13 +100,11 @@ pub type BoxError = Box<dyn StdError + Send + Sync>;
 /// committed is in Iggy and the state returned with it (or with a later batch)
 /// is saved. Commits come strictly in poll order.
 ///
-/// With one batch in flight, a failed delivery is retried with the same batch
-/// and `poll` is not called in between. With more than one, `poll` may run
-/// while earlier batches are being sent or committed, and after a failed
-/// delivery the engine calls `rewind`: every batch polled and not committed is
-/// forgotten and the next `poll` starts again right after the last committed
-/// one. If the engine gives up it calls `close` without `commit`, and the
-/// source must leave the input of uncommitted batches untouched.
+/// `poll` may run while earlier batches are being sent or committed, up to
+/// `max_in_flight` batches. A failed delivery is retried by the engine with
+/// the same batch, so a source never sees its batches again. If the engine
+/// gives up it calls `close` without `commit`, and the source must leave the
+/// input of uncommitted batches untouched.
 #[async_trait]
 pub trait Source: Send + Sync {
     /// Prepares the source. `state` is what the last committed batch returned, as
@@ -125,18 +123,11 @@ pub trait Source: Send + Sync {
     async fn commit(&self) -> Result<(), ConnectorError>;
 
     /// How many batches this source can have polled and not yet committed
-    /// (at least 1). More than 1 requires [`rewind`](Source::rewind); the
-    /// connector file's `max_in_flight` chooses up to this many.
+    /// (at least 1: more needs a source that stages several and applies them
+    /// oldest first); the connector file's `max_in_flight` chooses up to this
+    /// many.
     fn max_in_flight(&self) -> usize {
         1
-    }
-
-    /// Forgets every batch polled and not committed: nothing of them is ever
-    /// applied, and the next `poll` resumes right after the last committed
-    /// batch. Called only on sources with `max_in_flight() > 1`, never while a
-    /// `poll` or `commit` is running.
-    async fn rewind(&self) -> Result<(), ConnectorError> {
-        Ok(())
     }
 
     /// How the engine should treat failed deliveries of this source's batches.

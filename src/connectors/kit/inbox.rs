@@ -4,8 +4,8 @@
 //! Handlers `submit` a request's records; `next_batch` (the source's `poll`)
 //! gathers every waiting request, up to `batch_length` messages, into one batch
 //! and keeps the requests as a batch in flight; `commit` answers the requests of
-//! the oldest batch in flight. `rewind` puts the requests of every batch in
-//! flight back at the front of the queue, unanswered, in their order. Requests
+//! the oldest batch in flight (a failed delivery is retried by the engine
+//! with the same batch, so a batch in flight never comes back). Requests
 //! that arrive while batches are in flight (the engine keeps retrying while
 //! the broker is down) wait here; one that gives up before it was taken into a
 //! batch is `withdraw`n and will never be delivered.
@@ -109,12 +109,10 @@ struct Submission {
     /// `None` for requests already answered (`ack = "accepted"`).
     reply: Option<oneshot::Sender<Outcome>>,
     arrived_at: Instant,
-    /// It was in a batch that was discarded after a NACK (and queued again).
-    rewound: bool,
 }
 
 struct InFlight {
-    /// The requests, kept whole (records too) so a rewind can queue them again.
+    /// The requests, answered when the batch commits.
     submissions: Vec<Submission>,
     messages: usize,
     taken_at: Instant,
@@ -169,7 +167,6 @@ impl Inbox {
             records,
             reply,
             arrived_at: now,
-            rewound: false,
         });
         drop(state);
         self.arrived.notify_one();
@@ -227,9 +224,6 @@ impl Inbox {
         else {
             return Withdrawn::TooLate;
         };
-        if state.waiting[position].rewound {
-            return Withdrawn::TooLate;
-        }
         if let Some(submission) = state.waiting.remove(position) {
             state.waiting_messages -= submission.records.len();
         }
@@ -297,28 +291,6 @@ impl Inbox {
             let _ = reply.send(Outcome::Committed);
         }
         answered
-    }
-
-    /// Forgets every batch in flight: their requests go back to the front of
-    /// the queue, in order and unanswered, to be taken again by the next poll.
-    /// Returns how many requests went back.
-    pub fn rewind(&self) -> usize {
-        let mut state = self.lock();
-        let in_flight = std::mem::take(&mut state.in_flight);
-        let mut requeued = 0;
-        for batch in in_flight.into_iter().rev() {
-            for mut submission in batch.submissions.into_iter().rev() {
-                submission.rewound = true;
-                state.waiting_messages += submission.records.len();
-                state.waiting.push_front(submission);
-                requeued += 1;
-            }
-        }
-        drop(state);
-        if requeued > 0 {
-            self.arrived.notify_one();
-        }
-        requeued
     }
 
     /// Refuses new requests and answers every waiting one. Returns the requests
@@ -484,56 +456,6 @@ mod tests {
         let ticket = inbox.submit(records(1), None).unwrap();
         inbox.next_batch().await;
         assert_eq!(inbox.withdraw(ticket), Withdrawn::TooLate);
-    }
-
-    /// A request whose batch was discarded may already be in Iggy: giving up
-    /// on it must not say it was never delivered, and it stays queued.
-    #[tokio::test]
-    async fn given_a_rewound_request_when_withdrawn_should_say_it_may_be_delivered() {
-        let inbox = inbox(1, 100);
-        let ticket = inbox.submit(records(1), None).unwrap();
-        inbox.next_batch().await;
-        inbox.rewind();
-        assert_eq!(inbox.withdraw(ticket), Withdrawn::TooLate);
-        assert_eq!(inbox.next_batch().await.len(), 1);
-    }
-
-    /// S1 (rewind): the requests of discarded batches go back to the front of
-    /// the queue in order, and none is answered until its batch commits.
-    #[tokio::test]
-    async fn given_batches_in_flight_when_rewound_should_queue_their_requests_again_unanswered() {
-        let inbox = inbox(1, 100);
-        let mut replies = Vec::new();
-        for n in 0..3 {
-            let (reply, answer) = oneshot::channel();
-            let records = vec![SourceRecord::new(Payload::Text(n.to_string()))];
-            inbox.submit(records, Some(reply)).unwrap();
-            replies.push(answer);
-        }
-        let text = |records: Vec<SourceRecord>| match &records[..] {
-            [record] => format!("{:?}", record.payload),
-            other => panic!("one record per batch, got {}", other.len()),
-        };
-        let first = text(inbox.next_batch().await);
-        assert_eq!(inbox.commit(), 1);
-        let second = text(inbox.next_batch().await);
-        let _third = inbox.next_batch().await;
-        assert_eq!(inbox.rewind(), 2);
-        assert_eq!(inbox.health().in_flight_messages, 0);
-        assert_eq!(inbox.health().waiting_messages, 2);
-        for answer in &mut replies[1..] {
-            assert!(answer.try_recv().is_err(), "answered before its commit");
-        }
-        // Polled again from the first discarded request, in order.
-        assert_eq!(text(inbox.next_batch().await), second);
-        assert_ne!(second, first);
-        assert_eq!(inbox.commit(), 1);
-        inbox.next_batch().await;
-        assert_eq!(inbox.commit(), 1);
-        for answer in replies {
-            assert_eq!(answer.await.unwrap(), Outcome::Committed);
-        }
-        assert_eq!(inbox.commit(), 0, "nothing is answered twice");
     }
 
     #[test]

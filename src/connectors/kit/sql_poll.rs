@@ -268,7 +268,7 @@ impl<C> PollCore<C> {
             });
             // Every table is caught up past the batches in flight; the engine
             // ends the source once those (and this empty one) are committed,
-            // and a NACK meanwhile rewinds and polls again.
+            // and a NACK meanwhile is retried with the same batches.
             if self.settings.stop_when_caught_up {
                 info!(tables = ?tables, "{} source caught up with every table; finishing", self.name);
             }
@@ -318,8 +318,8 @@ impl<C> PollCore<C> {
         }
     }
 
-    /// Forgets every batch in flight (a NACK rewinds, `close`).
-    pub fn rewind(&self) {
+    /// Forgets every batch in flight (`close`).
+    pub fn forget_in_flight(&self) {
         self.lock_staged().clear();
     }
 }

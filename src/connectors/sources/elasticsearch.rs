@@ -519,15 +519,6 @@ impl Source for ElasticsearchSource {
         crate::config::connector::MAX_IN_FLIGHT as usize
     }
 
-    async fn rewind(&self) -> Result<(), ConnectorError> {
-        self.lock_staged().clear();
-        *lock(&self.caught_up) = false;
-        if let Some(session) = self.session.lock().await.take() {
-            self.close_pit(session.pit).await;
-        }
-        Ok(())
-    }
-
     async fn close(&mut self) -> Result<(), ConnectorError> {
         self.lock_staged().clear();
         if let Some(session) = self.session.lock().await.take() {

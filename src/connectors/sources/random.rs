@@ -180,8 +180,7 @@ impl Source for RandomSource {
         Ok(())
     }
 
-    /// Polls continue after the newest batch in flight; a rewind forgets
-    /// those, so the next poll regenerates from the committed count.
+    /// Polls continue after the newest batch in flight.
     async fn poll(&self) -> Result<SourceBatch, ConnectorError> {
         let polled = self.polled_up_to();
         let remaining = self
@@ -199,7 +198,6 @@ impl Source for RandomSource {
         if self.polled_once.swap(true, Ordering::SeqCst) && !self.config.interval.is_zero() {
             tokio::time::sleep(self.config.interval).await;
         }
-        // A rewind may have run during the sleep.
         let polled = self.polled_up_to();
         let remaining = self
             .config
@@ -229,11 +227,6 @@ impl Source for RandomSource {
 
     fn max_in_flight(&self) -> usize {
         crate::config::connector::MAX_IN_FLIGHT as usize
-    }
-
-    async fn rewind(&self) -> Result<(), ConnectorError> {
-        self.lock_staged().clear();
-        Ok(())
     }
 
     async fn close(&mut self) -> Result<(), ConnectorError> {

@@ -64,19 +64,10 @@ pub struct SourceLog {
     /// Called at every commit; what it returns is kept in `at_commit`.
     pub probe: Mutex<Option<Box<dyn Fn() -> String + Send>>>,
     pub at_commit: Mutex<Vec<String>>,
-    pub rewinds: AtomicUsize,
-    /// `polls`/`commits` as they were at each rewind.
-    pub at_rewind: Mutex<Vec<(usize, usize)>>,
 }
-
-/// A polled batch's records and state.
-type Polled = (Vec<SourceRecord>, Option<Vec<u8>>);
 
 pub struct ScriptedSource {
     steps: Mutex<VecDeque<Step>>,
-    /// Batches polled and not committed, oldest first: a rewind puts them
-    /// back in front of `steps`.
-    in_flight: Mutex<VecDeque<Polled>>,
     max_in_flight: usize,
     policy: BatchPolicy,
     pub log: Arc<SourceLog>,
@@ -92,14 +83,13 @@ impl ScriptedSource {
     pub fn with_log(steps: Vec<Step>, policy: BatchPolicy, log: Arc<SourceLog>) -> Self {
         Self {
             steps: Mutex::new(steps.into()),
-            in_flight: Mutex::new(VecDeque::new()),
             max_in_flight: 1,
             policy,
             log,
         }
     }
 
-    /// A source that can have `count` batches in flight and rewinds.
+    /// A source that can have `count` batches in flight.
     pub fn in_flight(mut self, count: usize) -> Self {
         self.max_in_flight = count;
         self
@@ -122,19 +112,11 @@ impl Source for ScriptedSource {
         self.log.polls.fetch_add(1, Ordering::SeqCst);
         let step = self.steps.lock().unwrap().pop_front();
         match step {
-            Some(Step::Batch { records, state }) => {
-                if self.max_in_flight > 1 {
-                    self.in_flight
-                        .lock()
-                        .unwrap()
-                        .push_back((records.clone(), state.clone()));
-                }
-                Ok(SourceBatch {
-                    records,
-                    state,
-                    finished: false,
-                })
-            }
+            Some(Step::Batch { records, state }) => Ok(SourceBatch {
+                records,
+                state,
+                finished: false,
+            }),
             Some(Step::Panic) => panic!("scripted panic"),
             Some(Step::Fail(transient)) if transient => {
                 Err(ConnectorError::transient("scripted poll failure"))
@@ -151,26 +133,12 @@ impl Source for ScriptedSource {
         if let Some(probe) = self.log.probe.lock().unwrap().as_ref() {
             self.log.at_commit.lock().unwrap().push(probe());
         }
-        self.in_flight.lock().unwrap().pop_front();
         self.log.commits.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
 
     fn max_in_flight(&self) -> usize {
         self.max_in_flight
-    }
-
-    async fn rewind(&self) -> Result<(), ConnectorError> {
-        self.log.at_rewind.lock().unwrap().push((
-            self.log.polls.load(Ordering::SeqCst),
-            self.log.commits.load(Ordering::SeqCst),
-        ));
-        self.log.rewinds.fetch_add(1, Ordering::SeqCst);
-        let mut steps = self.steps.lock().unwrap();
-        for (records, state) in self.in_flight.lock().unwrap().drain(..).rev() {
-            steps.push_front(Step::Batch { records, state });
-        }
-        Ok(())
     }
 
     fn batch_policy(&self) -> BatchPolicy {

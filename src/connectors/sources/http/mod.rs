@@ -172,12 +172,6 @@ impl Source for HttpSource {
         crate::config::connector::MAX_IN_FLIGHT as usize
     }
 
-    async fn rewind(&self) -> Result<(), ConnectorError> {
-        let requeued = self.inbox.rewind();
-        debug!(connector_key = %self.key, requeued, "batches in flight discarded, their requests queued again");
-        Ok(())
-    }
-
     /// Its accepted input lives in memory (in its clients, with durable acks):
     /// stopping on a broker outage would turn the outage into refused requests
     /// for good.

@@ -509,12 +509,6 @@ impl Source for InfluxDbSource {
         crate::config::connector::MAX_IN_FLIGHT as usize
     }
 
-    async fn rewind(&self) -> Result<(), ConnectorError> {
-        self.lock_staged().clear();
-        self.caught_up.store(false, Ordering::Relaxed);
-        Ok(())
-    }
-
     async fn close(&mut self) -> Result<(), ConnectorError> {
         self.lock_staged().clear();
         self.client = None;

@@ -356,18 +356,13 @@ impl Source for MySqlSource {
         self.config.consume().max_in_flight()
     }
 
-    async fn rewind(&self) -> Result<(), ConnectorError> {
-        self.core.rewind();
-        Ok(())
-    }
-
     /// Deleting or marking consumed rows leaves their only copy in Iggy.
     fn destructive(&self) -> bool {
         self.config.consume().destructive()
     }
 
     async fn close(&mut self) -> Result<(), ConnectorError> {
-        self.core.rewind();
+        self.core.forget_in_flight();
         if let Some(pool) = self.pool.take() {
             pool.close().await;
         }

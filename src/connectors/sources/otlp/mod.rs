@@ -186,11 +186,6 @@ impl Source for OtlpSource {
         crate::config::connector::MAX_IN_FLIGHT as usize
     }
 
-    async fn rewind(&self) -> Result<(), ConnectorError> {
-        self.inbox.rewind();
-        Ok(())
-    }
-
     /// What it accepted lives in its exporters (durable acks): stopping on a
     /// broker outage would only turn the outage into refused exports.
     fn batch_policy(&self) -> BatchPolicy {

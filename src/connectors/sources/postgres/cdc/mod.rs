@@ -19,10 +19,9 @@
 //!   state is the end LSN of its last transaction. `commit` (Iggy has the
 //!   batch, the state is saved) raises the flush LSN the connection reports
 //!   (the slot's `confirmed_flush_lsn`) to that LSN; keepalives are answered
-//!   with it too, never with more. Several batches may be in flight; a rewind
-//!   (NACK) or a lost connection drops the connection, and the next poll
-//!   starts replication again after the last batch it still holds (after a
-//!   rewind: the last committed one). Transactions that end before the saved
+//!   with it too, never with more. Several batches may be in flight; a lost
+//!   connection drops the connection, and the next poll starts replication
+//!   again after the last batch it still holds. Transactions that end before the saved
 //!   LSN (delivered, slot not yet moved when the process died) are skipped,
 //!   so a restart duplicates nothing that was committed.
 
@@ -975,17 +974,6 @@ impl Source for CdcSource {
 
     fn max_in_flight(&self) -> usize {
         crate::config::connector::MAX_IN_FLIGHT as usize
-    }
-
-    async fn rewind(&self) -> Result<(), ConnectorError> {
-        self.lock_staged().clear();
-        self.caught_up.store(false, Ordering::SeqCst);
-        // The stream has read past the discarded batches: the next poll
-        // starts replication again after the last committed one.
-        if let Some(stream) = self.stream.lock().await.take() {
-            stream.close().await;
-        }
-        Ok(())
     }
 
     async fn close(&mut self) -> Result<(), ConnectorError> {

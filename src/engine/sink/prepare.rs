@@ -1,0 +1,164 @@
+//! Decoding and transforming a polled batch: a message that fails is
+//! counted and skipped or dead-lettered, never failing the batch.
+
+use std::time::Instant;
+
+use tracing::warn;
+
+use crate::codec::Schema;
+use crate::connectors::Sink;
+use crate::delivery::OnError;
+use crate::engine::dead_letter;
+use crate::engine::metrics::{ErrorStage, Stage};
+use crate::iggy::ConsumedBatch;
+use crate::message::{ConsumedMessage, OutgoingMessage, Payload, SinkMessage, TopicRef};
+use crate::telemetry::BatchSpan;
+use crate::transforms::Verdict;
+
+use super::{Prepared, TopicLoop};
+
+impl TopicLoop<'_> {
+    /// Decodes and transforms a polled batch; `None` for an empty one.
+    pub(super) fn prepare_batch(
+        &self,
+        topic: &TopicRef,
+        schema: &Schema,
+        batch: ConsumedBatch,
+    ) -> Option<Prepared> {
+        let started = Instant::now();
+        let last_offset = batch.last_offset()?;
+        let consumed = batch.messages.len();
+        self.pipeline.metrics.consumed.add(consumed as u64);
+        let mut dead = Vec::new();
+        let (messages, rejected) = self.prepare(topic, schema, batch.messages, &mut dead);
+        let decoded = started.elapsed();
+        self.pipeline
+            .metrics
+            .record_duration(Stage::Decode, decoded);
+        let mut trace = BatchSpan::start("sink", &self.pipeline.key, started);
+        trace.stage("decode", started, started + decoded, None);
+        Some(Prepared {
+            partition_id: batch.partition_id,
+            last_offset,
+            consumed,
+            messages,
+            dead,
+            started,
+            decoded,
+            rejected,
+            trace,
+        })
+    }
+
+    /// Decodes and transforms a polled batch. Messages that fail are counted and
+    /// queued for the dead-letter topic (with `on_error = "dlq"`) or skipped.
+    pub(super) fn prepare(
+        &self,
+        topic: &TopicRef,
+        schema: &Schema,
+        consumed: Vec<ConsumedMessage>,
+        dead: &mut Vec<OutgoingMessage>,
+    ) -> (Vec<SinkMessage>, usize) {
+        let pipeline = self.pipeline;
+        let mut rejected = 0;
+        let mut messages = Vec::with_capacity(consumed.len());
+        // Without transforms, a sink that writes JSON as text gets the stored
+        // bytes, checked, instead of a value it would serialize again.
+        let keep_json_text = pipeline.transforms.is_empty() && pipeline.sink.accepts_json_bytes();
+        for message in consumed {
+            let ConsumedMessage {
+                id,
+                offset,
+                partition_id,
+                timestamp,
+                origin_timestamp,
+                checksum,
+                headers,
+                payload,
+            } = message;
+            let decoded = match self.decode_and_transform(schema, &payload, keep_json_text) {
+                Ok(Some(decoded)) => decoded,
+                Ok(None) => {
+                    pipeline.metrics.filtered.add(1);
+                    continue;
+                }
+                Err((stage, error)) => {
+                    let origin = dead_letter::Origin {
+                        stream: &topic.stream,
+                        topic: &topic.topic,
+                        partition_id,
+                        offset,
+                    };
+                    self.drop_message(stage, &error, id, headers, payload, origin, dead);
+                    rejected += 1;
+                    continue;
+                }
+            };
+            messages.push(SinkMessage {
+                id,
+                offset,
+                partition_id,
+                timestamp,
+                origin_timestamp,
+                checksum,
+                headers,
+                payload: decoded,
+            });
+        }
+        (messages, rejected)
+    }
+
+    /// One message's payload, decoded under its schema and transformed; `None`
+    /// when a transform drops it.
+    pub(super) fn decode_and_transform(
+        &self,
+        schema: &Schema,
+        payload: &bytes::Bytes,
+        keep_json_text: bool,
+    ) -> Result<Option<Payload>, (ErrorStage, String)> {
+        let decoded = if keep_json_text {
+            schema.decode_keeping_json_text(payload.clone())
+        } else {
+            schema.decode(payload.clone())
+        };
+        let mut decoded = decoded.map_err(|error| (ErrorStage::Decode, error.to_string()))?;
+        let transforms = &self.pipeline.transforms;
+        if transforms.is_empty() {
+            return Ok(Some(decoded));
+        }
+        match transforms.apply(&mut decoded) {
+            Ok(Verdict::Keep) => Ok(Some(decoded)),
+            Ok(Verdict::Drop) => Ok(None),
+            Err(error) => Err((ErrorStage::Transform, error.to_string())),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn drop_message(
+        &self,
+        stage: ErrorStage,
+        error: &str,
+        id: u128,
+        headers: crate::message::Headers,
+        payload: bytes::Bytes,
+        origin: dead_letter::Origin<'_>,
+        dead: &mut Vec<OutgoingMessage>,
+    ) {
+        let pipeline = self.pipeline;
+        pipeline.metrics.error(stage, 1);
+        warn!(connector_key = %pipeline.key, stage = stage.as_str(), partition_id = origin.partition_id, offset = origin.offset, %error, "dropping message");
+        if pipeline.on_error == OnError::Dlq && pipeline.dead_letter.is_some() {
+            dead.push(dead_letter::message(
+                &pipeline.key,
+                stage.as_str(),
+                error,
+                Some(id),
+                headers,
+                payload,
+                Some(origin),
+            ));
+        } else {
+            pipeline.metrics.skipped.add(1);
+        }
+    }
+}
