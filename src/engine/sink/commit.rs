@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
-use crate::connectors::Sink;
 use crate::engine::BENCHMARK_TARGET;
 use crate::engine::deferral::Deferral;
 use crate::engine::metrics::{ErrorStage, Stage};

@@ -6,7 +6,6 @@ use std::time::Instant;
 use tracing::warn;
 
 use crate::codec::Schema;
-use crate::connectors::Sink;
 use crate::delivery::OnError;
 use crate::engine::dead_letter;
 use crate::engine::metrics::{ErrorStage, Stage};

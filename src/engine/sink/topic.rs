@@ -3,11 +3,11 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use futures::future::{BoxFuture, Either};
+use futures::future::BoxFuture;
 use futures::stream::{FuturesOrdered, StreamExt};
 use tracing::warn;
 
-use crate::connectors::Sink;
+use crate::codec::Schema;
 use crate::engine::deferral::Deferral;
 use crate::engine::metrics::ErrorStage;
 use crate::engine::retry::{Attempt, Until, retry_with};
@@ -35,183 +35,236 @@ async fn next<T>(future: &mut Option<BoxFuture<'_, T>>) -> T {
     }
 }
 
-impl TopicLoop<'_> {
+/// The state of one topic's loop: what is written and in flight, the
+/// consumer (idle here, or lent to the running prefetch) and the batch it
+/// prefetched.
+struct Lane<'r> {
+    topic: &'r TopicRef,
+    schema: &'r Schema,
+    /// Rule K6: a sink that defers acknowledgement gets one batch at a time
+    /// and its offsets move only as far as it reports durable.
+    deferral: Option<Deferral<Delivered>>,
+    /// A stop's flush of what a deferred sink still holds has started.
+    flushed_for_stop: bool,
+    /// Writes (or flushes) in flight at most.
+    writes: usize,
+    in_flight: FuturesOrdered<BoxFuture<'r, Result<Option<Delivered>, Ended>>>,
+    /// Written, waiting for the consumer to be free to commit them.
+    written: VecDeque<Delivered>,
+    prefetched: Option<ConsumedBatch>,
+    idle: Option<&'r mut Box<dyn Consumer>>,
+    polling: Option<PrefetchFuture<'r>>,
+    /// The last prefetch found nothing: none again until a write ends.
+    found_nothing: bool,
+}
+
+impl<'r> TopicLoop<'r> {
     /// Rule K5 (docs/ARCHITECTURE.md): while batches are being written the
     /// next one is polled (one poll at a time, never cancelled), so it is
     /// ready when the write ends; a sink that writes concurrently also gets
     /// the next write started. Writes finish in poll order and each commit
     /// follows its own write, so no commit passes a write that has not
     /// succeeded; the consumer commits only between polls.
-    pub(super) async fn run(&self, reader: &mut TopicReader) -> Ended {
-        let TopicReader {
-            topic,
-            schema,
-            consumer,
-        } = reader;
-        let (topic, schema) = (&*topic, &*schema);
-        // Rule K6: a sink that defers acknowledgement gets one batch at a time
-        // and its offsets move only as far as it reports durable.
-        let mut deferral: Option<Deferral<Delivered>> = self
-            .pipeline
-            .sink
-            .deferred()
-            .map(|deferred| Deferral::new(deferred.flush_interval));
-        // A stop's flush of what a deferred sink still holds has started.
-        let mut flushed_for_stop = false;
-        let writes = if deferral.is_none() && self.pipeline.sink.writes_concurrently() {
-            CONCURRENT_WRITES
-        } else {
-            1
-        };
-        let mut in_flight = FuturesOrdered::new();
-        // Written, waiting for the consumer to be free to commit them.
-        let mut written: VecDeque<Delivered> = VecDeque::new();
-        let mut prefetched: Option<ConsumedBatch> = None;
-        // The consumer is either idle here or lent to the running prefetch.
-        let mut idle: Option<&mut Box<dyn Consumer>> = Some(consumer);
-        let mut polling: Option<PrefetchFuture<'_>> = None;
-        // The last prefetch found nothing: none again until a write ends.
-        let mut found_nothing = false;
+    pub(super) async fn run(&'r self, reader: &'r mut TopicReader) -> Ended {
+        let mut lane = self.lane(reader);
         let ended = loop {
-            if let Some(consumer) = idle.as_deref_mut() {
-                match deferral.as_mut() {
-                    None => {
-                        while let Some(delivered) = written.pop_front() {
-                            self.commit(topic, consumer.as_mut(), delivered).await;
-                        }
-                    }
-                    Some(deferral) => {
-                        self.commit_durable(topic, consumer.as_mut(), deferral, &mut written)
-                            .await;
-                    }
-                }
-            }
+            self.commit_written(&mut lane).await;
             let stopping = self.shutdown.is_requested();
-            if let Some(deferral) = deferral.as_mut()
-                && !stopping
-                && in_flight.is_empty()
-                && deferral
-                    .flush_deadline()
-                    .is_some_and(|due| due <= Instant::now())
-            {
-                // The oldest batch the sink holds is `flush_interval` old.
-                deferral.flush_started();
-                in_flight.push_back(Either::Right(self.flush_all(topic)));
-            }
-            while !stopping && in_flight.len() < writes {
-                let Some(mut batch) = prefetched.take() else {
-                    break;
-                };
-                if let Some(deferral) = deferral.as_mut() {
-                    // Read again (a failed commit, a new session): what the
-                    // sink already holds is not handed to it twice.
-                    if let Some(accepted) = deferral.accepted(batch.partition_id) {
-                        batch.messages.retain(|message| message.offset > accepted);
-                    }
-                    if let Some(last_offset) = batch.last_offset() {
-                        deferral.handing(batch.partition_id, last_offset);
-                    }
-                }
-                if let Some(prepared) = self.prepare_batch(topic, schema, batch) {
-                    in_flight.push_back(Either::Left(self.deliver_batch(topic, prepared)));
+            self.start_writes(&mut lane, stopping);
+            if lane.in_flight.is_empty() && lane.polling.is_none() && lane.written.is_empty() {
+                match self.when_idle(&mut lane, stopping).await {
+                    Some(ended) => break ended,
+                    None => continue,
                 }
             }
-            if in_flight.is_empty() && polling.is_none() && written.is_empty() {
-                if stopping {
-                    if let Some(deferral) = &deferral
-                        && deferral.has_pending()
-                        && !flushed_for_stop
-                    {
-                        // What the sink holds gets the grace period to become
-                        // durable; what does not is read again after a restart.
-                        flushed_for_stop = true;
-                        in_flight.push_back(Either::Right(self.flush_all(topic)));
-                        continue;
-                    }
-                    break Ended::Shutdown;
-                }
-                if prefetched.is_none()
-                    && let Some(consumer) = idle.as_deref_mut()
-                {
-                    // Nothing in flight: wait for the next batch (a stop
-                    // request ends the wait), or until a deferred sink's
-                    // flush is due.
-                    let due = deferral.as_ref().and_then(|deferral| {
-                        // A refused commit of durable data is tried again soon.
-                        let retry_commit = deferral
-                            .commit_owed()
-                            .then(|| Instant::now() + self.pipeline.backoff.delay(1));
-                        deferral
-                            .flush_deadline()
-                            .into_iter()
-                            .chain(retry_commit)
-                            .min()
-                    });
-                    match self.poll_until(topic, consumer.as_mut(), due).await {
-                        Ok(Some(batch)) => prefetched = Some(batch),
-                        Ok(None) => {}
-                        // A stop request: the next turn ends the loop (after
-                        // a deferred sink's flush).
-                        Err(Ended::Shutdown) if self.shutdown.is_requested() => {}
-                        Err(ended) => break ended,
-                    }
-                }
-                continue;
-            }
-            if !stopping
-                && !found_nothing
-                && prefetched.is_none()
-                && !in_flight.is_empty()
-                && let Some(consumer) = idle.take()
-            {
-                polling = Some(Box::pin(async move {
-                    let polled = consumer.poll_available().await;
-                    (consumer, polled)
-                }));
-            }
-            tokio::select! {
-                biased;
-                Some(delivered) = in_flight.next() => match delivered {
-                    Ok(delivered) => {
-                        found_nothing = false;
-                        written.extend(delivered);
-                    }
-                    Err(ended) => break ended,
-                },
-                (consumer, polled) = next(&mut polling) => {
-                    polling = None;
-                    idle = Some(consumer);
-                    match polled {
-                        Ok(Some(batch)) => prefetched = Some(batch),
-                        Ok(None) => found_nothing = true,
-                        Err(error) => {
-                            found_nothing = true;
-                            self.poll_failed(topic, 0, &error);
-                        }
-                    }
-                }
-                () = self.shutdown.requested(), if !stopping => {}
+            self.start_prefetch(&mut lane, stopping);
+            if let Err(ended) = self.wait(&mut lane, stopping).await {
+                break ended;
             }
         };
-        // The consumer is closed next: let a prefetch in progress finish
-        // (one request) rather than cut it off mid-request.
-        if let Some(polling) = polling {
-            idle = Some(polling.await.0);
-        }
-        // Batches written before a failure are durable: commit them, so a
-        // reopened sink does not write them again.
-        if deferral.is_none()
-            && let Some(consumer) = idle
-        {
-            while let Some(delivered) = written.pop_front() {
-                self.commit(topic, consumer.as_mut(), delivered).await;
-            }
-        }
+        self.finish(lane).await;
         ended
     }
 
+    fn lane(&self, reader: &'r mut TopicReader) -> Lane<'r> {
+        let sink = &self.pipeline.sink;
+        let deferral = sink
+            .deferred()
+            .map(|deferred| Deferral::new(deferred.flush_interval));
+        let writes = match deferral.is_none() && sink.writes_concurrently() {
+            true => CONCURRENT_WRITES,
+            false => 1,
+        };
+        Lane {
+            topic: &reader.topic,
+            schema: &reader.schema,
+            deferral,
+            flushed_for_stop: false,
+            writes,
+            in_flight: FuturesOrdered::new(),
+            written: VecDeque::new(),
+            prefetched: None,
+            idle: Some(&mut reader.consumer),
+            polling: None,
+            found_nothing: false,
+        }
+    }
+
+    /// Commits what is written, if the consumer is free (a deferred sink:
+    /// as far as it reports durable).
+    async fn commit_written(&self, lane: &mut Lane<'r>) {
+        let Some(consumer) = lane.idle.as_deref_mut() else {
+            return;
+        };
+        match lane.deferral.as_mut() {
+            None => {
+                while let Some(delivered) = lane.written.pop_front() {
+                    self.commit(lane.topic, consumer.as_mut(), delivered).await;
+                }
+            }
+            Some(deferral) => {
+                self.commit_durable(lane.topic, consumer.as_mut(), deferral, &mut lane.written)
+                    .await;
+            }
+        }
+    }
+
+    /// Starts a deferred sink's flush once its oldest batch is
+    /// `flush_interval` old, and the writes the prefetched batch allows.
+    fn start_writes(&'r self, lane: &mut Lane<'r>, stopping: bool) {
+        if let Some(deferral) = lane.deferral.as_mut()
+            && !stopping
+            && lane.in_flight.is_empty()
+            && deferral
+                .flush_deadline()
+                .is_some_and(|due| due <= Instant::now())
+        {
+            deferral.flush_started();
+            lane.in_flight
+                .push_back(Box::pin(self.flush_all(lane.topic)));
+        }
+        while !stopping && lane.in_flight.len() < lane.writes {
+            let Some(mut batch) = lane.prefetched.take() else {
+                break;
+            };
+            if let Some(deferral) = lane.deferral.as_mut() {
+                // Read again (a failed commit, a new session): what the
+                // sink already holds is not handed to it twice.
+                if let Some(accepted) = deferral.accepted(batch.partition_id) {
+                    batch.messages.retain(|message| message.offset > accepted);
+                }
+                if let Some(last_offset) = batch.last_offset() {
+                    deferral.handing(batch.partition_id, last_offset);
+                }
+            }
+            if let Some(prepared) = self.prepare_batch(lane.topic, lane.schema, batch) {
+                lane.in_flight
+                    .push_back(Box::pin(self.deliver_batch(lane.topic, prepared)));
+            }
+        }
+    }
+
+    /// Nothing in flight: at a stop, a deferred sink's last flush or the
+    /// end; otherwise wait for the next batch (a stop request ends the
+    /// wait), or until a deferred sink's flush is due. `Some` ends the loop.
+    async fn when_idle(&'r self, lane: &mut Lane<'r>, stopping: bool) -> Option<Ended> {
+        if stopping {
+            if let Some(deferral) = &lane.deferral
+                && deferral.has_pending()
+                && !lane.flushed_for_stop
+            {
+                // What the sink holds gets the grace period to become
+                // durable; what does not is read again after a restart.
+                lane.flushed_for_stop = true;
+                lane.in_flight
+                    .push_back(Box::pin(self.flush_all(lane.topic)));
+                return None;
+            }
+            return Some(Ended::Shutdown);
+        }
+        let consumer = match (&lane.prefetched, lane.idle.as_deref_mut()) {
+            (None, Some(consumer)) => consumer,
+            _ => return None,
+        };
+        let due = lane.deferral.as_ref().and_then(|deferral| {
+            // A refused commit of durable data is tried again soon.
+            let retry_commit = deferral
+                .commit_owed()
+                .then(|| Instant::now() + self.pipeline.backoff.delay(1));
+            deferral
+                .flush_deadline()
+                .into_iter()
+                .chain(retry_commit)
+                .min()
+        });
+        match self.poll_until(lane.topic, consumer.as_mut(), due).await {
+            Ok(polled) => lane.prefetched = polled,
+            // A stop request: the next turn ends the loop (after a deferred
+            // sink's flush).
+            Err(Ended::Shutdown) if self.shutdown.is_requested() => {}
+            Err(ended) => return Some(ended),
+        }
+        None
+    }
+
+    /// Lends the consumer to a prefetch while writes run.
+    fn start_prefetch(&self, lane: &mut Lane<'r>, stopping: bool) {
+        if stopping || lane.found_nothing || lane.prefetched.is_some() || lane.in_flight.is_empty()
+        {
+            return;
+        }
+        if let Some(consumer) = lane.idle.take() {
+            lane.polling = Some(Box::pin(async move {
+                let polled = consumer.poll_available().await;
+                (consumer, polled)
+            }));
+        }
+    }
+
+    /// Waits for a write to end, the prefetch to return, or a stop request.
+    async fn wait(&self, lane: &mut Lane<'r>, stopping: bool) -> Result<(), Ended> {
+        tokio::select! {
+            biased;
+            Some(delivered) = lane.in_flight.next() => {
+                lane.found_nothing = false;
+                lane.written.extend(delivered?);
+            }
+            (consumer, polled) = next(&mut lane.polling) => {
+                lane.polling = None;
+                lane.idle = Some(consumer);
+                match polled {
+                    Ok(Some(batch)) => lane.prefetched = Some(batch),
+                    Ok(None) => lane.found_nothing = true,
+                    Err(error) => {
+                        lane.found_nothing = true;
+                        self.poll_failed(lane.topic, 0, &error);
+                    }
+                }
+            }
+            () = self.shutdown.requested(), if !stopping => {}
+        }
+        Ok(())
+    }
+
+    /// The loop ended: lets a prefetch in progress finish (one request,
+    /// not cut off before the consumer is closed), then commits the batches
+    /// written before a failure (durable: a reopened sink must not write
+    /// them again).
+    async fn finish(&self, mut lane: Lane<'r>) {
+        if let Some(polling) = lane.polling.take() {
+            lane.idle = Some(polling.await.0);
+        }
+        if lane.deferral.is_none()
+            && let Some(consumer) = lane.idle
+        {
+            while let Some(delivered) = lane.written.pop_front() {
+                self.commit(lane.topic, consumer.as_mut(), delivered).await;
+            }
+        }
+    }
+
     /// Waits for the next batch, retrying failed polls until a stop is requested.
-    pub(super) async fn poll(
+    async fn poll(
         &self,
         topic: &TopicRef,
         consumer: &mut dyn Consumer,

@@ -4,17 +4,15 @@
 
 use std::time::Instant;
 
-use futures::stream::StreamExt;
 use tracing::warn;
 
-use crate::connectors::{Flush, Partial, Rejection, Sink, SinkError};
+use crate::connectors::{Flush, Partial, Rejection, SinkError};
 use crate::delivery::OnError;
 use crate::engine::metrics::{ConnectorMetrics, ErrorStage, Stage};
 use crate::engine::retry::{Attempt, Until, retry, retry_with};
 use crate::engine::source::Ended;
 use crate::engine::status::StopReason;
 use crate::engine::{catch_panic, dead_letter};
-use crate::iggy::Producer;
 use crate::message::{OutgoingMessage, SinkMessage, TopicRef};
 use crate::telemetry::Outcome;
 
@@ -233,7 +231,7 @@ impl TopicLoop<'_> {
     /// `nacks`) after the backoff or the wait the backend asked for, and
     /// applying `on_error` to rejected messages, until every message is
     /// durable or set aside (rule K3).
-    pub(super) async fn write(
+    async fn write(
         &self,
         topic: &TopicRef,
         writing: &mut Writing,
@@ -273,7 +271,7 @@ impl TopicLoop<'_> {
     }
 
     /// One write of what is left of the batch.
-    pub(super) async fn write_once(
+    async fn write_once(
         &self,
         topic: &TopicRef,
         writing: &mut Writing,
@@ -300,7 +298,7 @@ impl TopicLoop<'_> {
 
     /// What the engine does with a write's failure: keeps what is durable,
     /// sets aside what is rejected, and retries the rest as the sink said.
-    pub(super) fn answer(
+    fn answer(
         &self,
         topic: &TopicRef,
         writing: &mut Writing,
