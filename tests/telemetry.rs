@@ -222,7 +222,9 @@ reject_containing = "\"seq\":13,"
     );
     let running = workspace.run();
     wait_until("a write NACKed", LONG, || {
-        workspace.stderr().contains("retrying what is not written yet")
+        workspace
+            .stderr()
+            .contains("retrying what is not written yet")
     });
     std::fs::remove_file(&failing).unwrap();
     wait_until("every record committed", LONG, || {

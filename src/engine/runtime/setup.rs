@@ -12,7 +12,7 @@ use tracing::{info, warn};
 
 use super::slot::Slot;
 use super::{Runtime, RuntimeOptions};
-use crate::config::{ConnectorConfig, KindConfig};
+use crate::config::{ConnectorConfig, KindConfig, SinkStream, SourceStream};
 use crate::connectors::{BuildError, ConnectorError, ConnectorKind, RetrySettings, Sink, Source};
 use crate::engine::backoff::Backoff;
 use crate::engine::retry::{Attempt, Until, retry};
@@ -21,7 +21,7 @@ use crate::engine::source::{Route, SourcePipeline};
 use crate::engine::{Shutdown, catch_panic};
 use crate::iggy::{BusError, ConsumerSpec, Producer, ProducerTarget};
 use crate::message::TopicRef;
-use crate::state::StateError;
+use crate::state::{StateError, StoredState};
 use crate::transforms::{TransformChain, TransformConfigError};
 
 pub(super) enum Prepared {
@@ -107,16 +107,7 @@ impl Runtime {
             return Err(SetupError::WrongKind(ConnectorKind::Source));
         };
         let transforms = build_transforms(config)?;
-        let stored = self.state.load(&config.key).await?;
-        if let Some(stored) = &stored
-            && stored.connector != config.connector
-        {
-            return Err(SetupError::ForeignState {
-                location: self.state.location(&config.key),
-                found: stored.connector.clone(),
-                expected: config.connector.clone(),
-            });
-        }
+        let stored = self.stored_state(config).await?;
         let restoring_from = stored.as_ref().map(|_| self.state.location(&config.key));
         let state = stored.as_ref().map(|stored| stored.data.as_slice());
         let build = || {
@@ -140,37 +131,9 @@ impl Runtime {
             .retry()
             .map_or(self.options.source_backoff, |retry| retry.backoff);
         let max_in_flight = config.max_in_flight(source.max_in_flight());
-        let producers = async {
-            let mut routes = Vec::with_capacity(streams.len());
-            for stream in streams {
-                let target = ProducerTarget {
-                    stream: stream.stream.clone(),
-                    topic: stream.topic.clone(),
-                    partitions: stream.partitions,
-                    batch_length: stream.batch_length,
-                    linger_time: stream.linger_time,
-                };
-                let producer = self
-                    .connect(slot, shutdown, || self.bus.producer(&target))
-                    .await?;
-                if source.destructive() && producer.created_volatile_topic() {
-                    warn!(
-                        connector_key = %config.key, stream = %target.stream, topic = %target.topic,
-                        "this source removes what it delivered from its origin, and the topic it just \
-                         created acknowledges messages before they are on disk: a broker crash can \
-                         lose them; set [iggy] topic_durability = \"persisted\""
-                    );
-                }
-                routes.push(Route {
-                    producer,
-                    schema: stream.schema.clone(),
-                    target: format!("{}/{}", stream.stream, stream.topic),
-                });
-            }
-            let dead_letter = self.dead_letter_producer(slot, config, shutdown).await?;
-            Ok((routes, dead_letter))
-        }
-        .await;
+        let producers = self
+            .routes(slot, config, streams, source.destructive(), shutdown)
+            .await;
         let (routes, dead_letter) = match producers {
             Ok(producers) => producers,
             Err(error) => {
@@ -221,37 +184,7 @@ impl Runtime {
         };
         let mut sink = self.open(slot, shutdown, None, build).await?;
         let retry = sink.retry();
-        let consumers = async {
-            let mut readers = Vec::new();
-            for stream in streams {
-                for topic in &stream.topics {
-                    let spec = ConsumerSpec {
-                        stream: stream.stream.clone(),
-                        topic: topic.clone(),
-                        group: stream.consumer_group.clone(),
-                        batch_length: stream.batch_length,
-                        poll_interval: stream.poll_interval,
-                        connector_key: config.key.clone(),
-                        degraded: slot.degraded.clone(),
-                    };
-                    let consumer = self
-                        .connect(slot, shutdown, || self.bus.consumer(&spec))
-                        .await?;
-                    readers.push(TopicReader {
-                        topic: TopicRef {
-                            stream: stream.stream.clone(),
-                            topic: topic.clone(),
-                        },
-                        schema: stream.schema.clone(),
-                        consumer,
-                    });
-                }
-            }
-            let dead_letter = self.dead_letter_producer(slot, config, shutdown).await?;
-            Ok((readers, dead_letter))
-        }
-        .await;
-        let (readers, dead_letter) = match consumers {
+        let (readers, dead_letter) = match self.readers(slot, config, streams, shutdown).await {
             Ok(consumers) => consumers,
             Err(error) => {
                 let _ = catch_panic(sink.close()).await;
@@ -277,6 +210,102 @@ impl Runtime {
                 benchmark: config.benchmark,
             },
         })
+    }
+
+    /// The source's saved state, refused when another connector wrote it.
+    async fn stored_state(
+        &self,
+        config: &ConnectorConfig,
+    ) -> Result<Option<StoredState>, SetupError> {
+        let stored = self.state.load(&config.key).await?;
+        if let Some(stored) = &stored
+            && stored.connector != config.connector
+        {
+            return Err(SetupError::ForeignState {
+                location: self.state.location(&config.key),
+                found: stored.connector.clone(),
+                expected: config.connector.clone(),
+            });
+        }
+        Ok(stored)
+    }
+
+    /// A source's producers, one per `[[streams]]` entry, and its
+    /// dead-letter producer.
+    async fn routes(
+        &self,
+        slot: &Slot,
+        config: &ConnectorConfig,
+        streams: &[SourceStream],
+        destructive: bool,
+        shutdown: &Shutdown,
+    ) -> Result<(Vec<Route>, Option<Box<dyn Producer>>), SetupError> {
+        let mut routes = Vec::with_capacity(streams.len());
+        for stream in streams {
+            let target = ProducerTarget {
+                stream: stream.stream.clone(),
+                topic: stream.topic.clone(),
+                partitions: stream.partitions,
+                batch_length: stream.batch_length,
+                linger_time: stream.linger_time,
+            };
+            let producer = self
+                .connect(slot, shutdown, || self.bus.producer(&target))
+                .await?;
+            if destructive && producer.created_volatile_topic() {
+                warn!(
+                    connector_key = %config.key, stream = %target.stream, topic = %target.topic,
+                    "this source removes what it delivered from its origin, and the topic it just \
+                     created acknowledges messages before they are on disk: a broker crash can \
+                     lose them; set [iggy] topic_durability = \"persisted\""
+                );
+            }
+            routes.push(Route {
+                producer,
+                schema: stream.schema.clone(),
+                target: format!("{}/{}", stream.stream, stream.topic),
+            });
+        }
+        let dead_letter = self.dead_letter_producer(slot, config, shutdown).await?;
+        Ok((routes, dead_letter))
+    }
+
+    /// A sink's consumers, one per topic of its `[[streams]]` entries, and
+    /// its dead-letter producer.
+    async fn readers(
+        &self,
+        slot: &Slot,
+        config: &ConnectorConfig,
+        streams: &[SinkStream],
+        shutdown: &Shutdown,
+    ) -> Result<(Vec<TopicReader>, Option<Box<dyn Producer>>), SetupError> {
+        let mut readers = Vec::new();
+        for stream in streams {
+            for topic in &stream.topics {
+                let spec = ConsumerSpec {
+                    stream: stream.stream.clone(),
+                    topic: topic.clone(),
+                    group: stream.consumer_group.clone(),
+                    batch_length: stream.batch_length,
+                    poll_interval: stream.poll_interval,
+                    connector_key: config.key.clone(),
+                    degraded: slot.degraded.clone(),
+                };
+                let consumer = self
+                    .connect(slot, shutdown, || self.bus.consumer(&spec))
+                    .await?;
+                readers.push(TopicReader {
+                    topic: TopicRef {
+                        stream: stream.stream.clone(),
+                        topic: topic.clone(),
+                    },
+                    schema: stream.schema.clone(),
+                    consumer,
+                });
+            }
+        }
+        let dead_letter = self.dead_letter_producer(slot, config, shutdown).await?;
+        Ok((readers, dead_letter))
     }
 
     /// Builds a fresh instance with `build` and opens it, until it opens or

@@ -14,7 +14,7 @@ use crate::engine::source::Ended;
 use crate::engine::status::StopReason;
 use crate::engine::{catch_panic, dead_letter};
 use crate::message::{OutgoingMessage, SinkMessage, TopicRef};
-use crate::telemetry::Outcome;
+use crate::telemetry::{BatchSpan, Outcome};
 
 use super::{Delivered, Prepared, TopicLoop};
 
@@ -131,26 +131,11 @@ impl TopicLoop<'_> {
         let failed = wrote.as_ref().err().map(|_| "the write gave up");
         trace.stage("write", writing_started, writing_started + written, failed);
         let stored = match wrote {
-            Ok(()) if !writing.dead.is_empty() => {
-                let sending = Instant::now();
-                let sent = self.send_dead_letters(&writing.dead).await;
-                let failed = sent.as_ref().err().map(|_| "the dead-letter send gave up");
-                trace.stage("dead_letter", sending, Instant::now(), failed);
-                sent
+            Ok(()) => {
+                self.after_write(topic, &writing.dead, &mut trace, &mut nacks)
+                    .await
             }
             wrote => wrote,
-        };
-        // A deferred sink holds the batch now: it uploads what its own
-        // triggers sealed.
-        let stored = match stored {
-            Ok(()) if self.pipeline.sink.deferred().is_some() => {
-                let flushing = Instant::now();
-                let flushed = self.flush(topic, Flush::Due, &mut nacks).await;
-                let failed = flushed.as_ref().err().map(|_| "the flush gave up");
-                trace.stage("flush", flushing, Instant::now(), failed);
-                flushed
-            }
-            stored => stored,
         };
         if let Err(ended) = stored {
             trace.end(consumed, nacks, Outcome::Nack);
@@ -169,6 +154,33 @@ impl TopicLoop<'_> {
             trace,
             last_written: writing.last_written,
         })
+    }
+
+    /// What follows a write that settled every message: the dead letters it
+    /// set aside are sent, and a deferred sink (which holds the batch now)
+    /// uploads what its own triggers sealed.
+    async fn after_write(
+        &self,
+        topic: &TopicRef,
+        dead: &[OutgoingMessage],
+        trace: &mut BatchSpan,
+        nacks: &mut u32,
+    ) -> Result<(), Ended> {
+        if !dead.is_empty() {
+            let sending = Instant::now();
+            let sent = self.send_dead_letters(dead).await;
+            let failed = sent.as_ref().err().map(|_| "the dead-letter send gave up");
+            trace.stage("dead_letter", sending, Instant::now(), failed);
+            sent?;
+        }
+        if self.pipeline.sink.deferred().is_some() {
+            let flushing = Instant::now();
+            let flushed = self.flush(topic, Flush::Due, nacks).await;
+            let failed = flushed.as_ref().err().map(|_| "the flush gave up");
+            trace.stage("flush", flushing, Instant::now(), failed);
+            flushed?;
+        }
+        Ok(())
     }
 
     /// A deferred sink's flush of everything it holds for `topic` (age, stop).
