@@ -17,8 +17,9 @@ use iggy_connect::iggy::MemoryBus;
 use iggy_connect::message::{Payload, SinkMessage};
 use iggy_connect::state::MemoryStateStore;
 use serde_json::{Value, json};
-use support::clickhouse::{ClickHouse, Proxy};
+use support::clickhouse::ClickHouse;
 use support::clickhouse_http::{ClickHouseHttp, Fault};
+use support::proxy::Proxy;
 use support::sinks::{self, durable_and_rejected, rest, topic};
 use support::wait::eventually;
 

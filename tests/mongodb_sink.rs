@@ -18,8 +18,8 @@ use iggy_connect::message::{Payload, SinkMessage};
 use iggy_connect::state::MemoryStateStore;
 use mongodb::bson::{Document, doc};
 use serde_json::{Value, json};
-use support::clickhouse::Proxy;
 use support::mongodb::{MongoServer, unique_database};
+use support::proxy::Proxy;
 use support::sinks::{self, durable_and_rejected, topic};
 use support::wait::eventually;
 

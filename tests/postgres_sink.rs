@@ -3,6 +3,8 @@
 //! or called directly where a test needs to replay a batch.
 
 mod postgres_common;
+#[path = "support/proxy.rs"]
+mod proxy;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,6 +18,7 @@ use iggy_connect::state::MemoryStateStore;
 use postgres_common::{
     connect, count, create_database, database_url, execute, sink_config, unique, wait_for,
 };
+use proxy::Proxy;
 use sqlx::PgPool;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -244,6 +247,48 @@ async fn a_target_table_gone_for_a_while_is_retried_and_nothing_is_lost() {
         .await,
         600
     );
+}
+
+/// Rule O1: the database cannot be reached when the runtime starts (a relay
+/// in front of it refuses every connection). The sink keeps trying, and once
+/// the database can be reached it writes every message, with no restart and
+/// no API call.
+#[tokio::test]
+async fn a_database_unreachable_at_start_gets_every_message_once_it_is_reachable() {
+    let pool = connect(&database_url()).await;
+    let mut url = reqwest::Url::parse(&database_url()).unwrap();
+    let host = match url.host_str() {
+        Some("localhost") | None => "127.0.0.1".to_owned(),
+        Some(host) => host.to_owned(),
+    };
+    let target = format!("{host}:{}", url.port().unwrap_or(5432));
+    let proxy = Proxy::start(target.parse().unwrap()).await;
+    proxy.set_down(true);
+    url.set_host(Some("127.0.0.1")).unwrap();
+    url.set_port(Some(proxy.addr.port())).unwrap();
+    let table = unique("sink_down_at_start");
+    let pipeline = Pipeline::start(
+        "json",
+        "stop",
+        &plugin_config_for(url.as_str(), &table, "auto_create_table = true"),
+    )
+    .await;
+    pipeline.produce(1, &refs(&json_payloads(0, 100))).await;
+    wait_for(
+        "the sink to report the unreachable database",
+        WAIT,
+        || async { pipeline.view().status.last_error.is_some() },
+    )
+    .await;
+    assert!(!pipeline.drained(), "nothing can be written yet");
+    proxy.set_down(false);
+    pipeline.wait_until_drained().await;
+    assert_eq!(
+        count(&pool, &format!("SELECT count(*) FROM {table}")).await,
+        100
+    );
+    assert_eq!(pipeline.view().status.status, Status::Running);
+    pipeline.runtime.shutdown().await;
 }
 
 #[tokio::test]

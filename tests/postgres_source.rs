@@ -2,6 +2,8 @@
 //! `scripts/with-postgres.sh`), driven by the real runtime over the in-memory bus.
 
 mod postgres_common;
+#[path = "support/proxy.rs"]
+mod proxy;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,6 +13,7 @@ use iggy_connect::engine::Status;
 use iggy_connect::iggy::MemoryBus;
 use iggy_connect::state::{MemoryStateStore, StateStore};
 use postgres_common::{Pipeline, connect, count, database_url, execute, unique, wait_for};
+use proxy::Proxy;
 use serde_json::Value;
 use sqlx::PgPool;
 
@@ -119,6 +122,45 @@ async fn cursor_mode_delivers_every_row_once_in_upstream_record_shape_and_follow
     assert_eq!(first["data"]["amount"], serde_json::json!(1.5));
     let messages = pipeline.bus.messages(&pipeline.stream, "rows");
     assert_eq!(messages[0].id as u64, 1, "the key is the id's low 64 bits");
+}
+
+/// Rule O1: the database cannot be reached when the runtime starts (a relay
+/// in front of it refuses every connection). The source keeps trying, and
+/// once the database can be reached it delivers every row once, with no
+/// restart and no API call.
+#[tokio::test]
+async fn a_database_unreachable_at_start_delivers_every_row_once_it_is_reachable() {
+    let pool = connect(&database_url()).await;
+    let table = unique("src_down_at_start");
+    create_rows(&pool, &table, "", 300).await;
+    let mut url = reqwest::Url::parse(&database_url()).unwrap();
+    let host = match url.host_str() {
+        Some("localhost") | None => "127.0.0.1".to_owned(),
+        Some(host) => host.to_owned(),
+    };
+    let proxy = Proxy::start(
+        format!("{host}:{}", url.port().unwrap_or(5432))
+            .parse()
+            .unwrap(),
+    )
+    .await;
+    proxy.set_down(true);
+    url.set_host(Some("127.0.0.1")).unwrap();
+    url.set_port(Some(proxy.addr.port())).unwrap();
+    let config = plugin_config(&table, "batch_size = 100").replace(&database_url(), url.as_str());
+    let pipeline =
+        Pipeline::start(&config, MemoryBus::new(), Arc::new(MemoryStateStore::new())).await;
+    wait_for(
+        "the source to report the unreachable database",
+        WAIT,
+        || async { pipeline.status().last_error.is_some() },
+    )
+    .await;
+    assert!(pipeline.ids().is_empty());
+    proxy.set_down(false);
+    pipeline.wait_for_count(300).await;
+    pipeline.runtime.shutdown().await;
+    assert_each_once(&pipeline.ids(), 1..=300);
 }
 
 #[tokio::test]

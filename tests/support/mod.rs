@@ -36,6 +36,7 @@ pub mod nats_server;
 pub mod otlp_receiver;
 pub mod ports;
 pub mod prometheus;
+pub mod proxy;
 #[cfg(feature = "quickwit-sink")]
 pub mod quickwit;
 #[cfg(any(feature = "rabbitmq-source", feature = "rabbitmq-sink"))]
