@@ -514,6 +514,22 @@ pub struct RetrySettings {
     pub degraded_after: Option<u32>,
 }
 
+impl RetrySettings {
+    /// Upstream's usual fields: `retry_delay` doubling up to
+    /// `max_retry_delay`, and `max_retries` consecutive failed attempts
+    /// before the connector is reported degraded.
+    pub fn doubling(retry_delay: Duration, max_retry_delay: Duration, max_retries: u32) -> Self {
+        Self {
+            backoff: Backoff {
+                initial: retry_delay,
+                max: max_retry_delay,
+                multiplier: 2.0,
+            },
+            degraded_after: Some(max_retries),
+        }
+    }
+}
+
 /// One message of a batch that the backend refused for good.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rejection {

@@ -36,7 +36,6 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue, LOCATION};
 use serde_json::Value;
 use tracing::{debug, info, warn};
 
-use crate::connectors::kit::backoff::Backoff;
 use crate::connectors::kit::failure::Failure;
 use crate::connectors::kit::http::{self, Answer, Auth, ClientOptions, HttpClient};
 use crate::connectors::kit::outcome::Outcome;
@@ -500,14 +499,11 @@ impl Sink for DorisSink {
     /// same labels); after `max_retries` consecutive failed writes the
     /// engine reports the sink degraded.
     fn retry(&self) -> Option<RetrySettings> {
-        Some(RetrySettings {
-            backoff: Backoff {
-                initial: self.config.retry_delay,
-                max: self.config.max_retry_delay,
-                multiplier: 2.0,
-            },
-            degraded_after: Some(self.config.max_retries.max(1)),
-        })
+        Some(RetrySettings::doubling(
+            self.config.retry_delay,
+            self.config.max_retry_delay,
+            self.config.max_retries.max(1),
+        ))
     }
 
     async fn open(&mut self) -> Result<(), ConnectorError> {

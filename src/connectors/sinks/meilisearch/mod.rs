@@ -32,7 +32,6 @@ use serde::Deserialize;
 use serde_json::Value;
 use tracing::{info, warn};
 
-use crate::connectors::kit::backoff::Backoff;
 use crate::connectors::kit::failure::Failure;
 use crate::connectors::kit::http::{
     self, Answer, Auth, ClientOptions, HttpClient, StatusClass, classify,
@@ -428,14 +427,11 @@ impl Sink for MeilisearchSink {
     }
 
     fn retry(&self) -> Option<RetrySettings> {
-        Some(RetrySettings {
-            backoff: Backoff {
-                initial: self.config.retry_delay,
-                max: self.config.max_retry_delay,
-                multiplier: 2.0,
-            },
-            degraded_after: Some(self.config.max_retries),
-        })
+        Some(RetrySettings::doubling(
+            self.config.retry_delay,
+            self.config.max_retry_delay,
+            self.config.max_retries,
+        ))
     }
 
     async fn close(&mut self) -> Result<(), ConnectorError> {

@@ -45,7 +45,6 @@ use tonic::{Code, Status};
 use tonic_types::StatusExt;
 use tracing::{debug, info, warn};
 
-use crate::connectors::kit::backoff::Backoff;
 use crate::connectors::kit::failure::Failure;
 use crate::connectors::kit::http::{self, Auth, ClientOptions, HttpClient};
 use crate::connectors::kit::outcome::Outcome;
@@ -458,14 +457,11 @@ impl Sink for OtlpSink {
     /// between writes of what is not exported yet; after `max_retries`
     /// consecutive failed writes the engine reports the sink degraded.
     fn retry(&self) -> Option<RetrySettings> {
-        Some(RetrySettings {
-            backoff: Backoff {
-                initial: self.config.retry_delay,
-                max: self.config.max_retry_delay,
-                multiplier: 2.0,
-            },
-            degraded_after: Some(self.config.max_retries),
-        })
+        Some(RetrySettings::doubling(
+            self.config.retry_delay,
+            self.config.max_retry_delay,
+            self.config.max_retries,
+        ))
     }
 
     async fn open(&mut self) -> Result<(), ConnectorError> {

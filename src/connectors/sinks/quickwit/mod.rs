@@ -28,7 +28,6 @@ use reqwest::header::{CONTENT_TYPE, HeaderValue};
 use serde_json::{Map, Value};
 use tracing::{info, warn};
 
-use crate::connectors::kit::backoff::Backoff;
 use crate::connectors::kit::batch::{Body, Framing, Limits, Push};
 use crate::connectors::kit::failure::Failure;
 use crate::connectors::kit::http::{
@@ -354,14 +353,11 @@ impl Sink for QuickwitSink {
     }
 
     fn retry(&self) -> Option<RetrySettings> {
-        Some(RetrySettings {
-            backoff: Backoff {
-                initial: self.config.retry_delay,
-                max: self.config.max_retry_delay,
-                multiplier: 2.0,
-            },
-            degraded_after: Some(self.config.max_retries),
-        })
+        Some(RetrySettings::doubling(
+            self.config.retry_delay,
+            self.config.max_retry_delay,
+            self.config.max_retries,
+        ))
     }
 
     async fn close(&mut self) -> Result<(), ConnectorError> {

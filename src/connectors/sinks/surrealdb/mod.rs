@@ -34,7 +34,6 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tracing::{debug, info, warn};
 
-use crate::connectors::kit::backoff::Backoff;
 use crate::connectors::kit::failure::Failure;
 use crate::connectors::kit::http::{self, Auth, ClientOptions, HttpClient, StatusClass};
 use crate::connectors::kit::outcome::Outcome;
@@ -563,14 +562,11 @@ impl Sink for SurrealdbSink {
     /// between writes of what is not stored yet; after `max_retries`
     /// consecutive failed writes the engine reports the sink degraded.
     fn retry(&self) -> Option<RetrySettings> {
-        Some(RetrySettings {
-            backoff: Backoff {
-                initial: self.config.retry_delay,
-                max: self.config.max_retry_delay.max(self.config.retry_delay),
-                multiplier: 2.0,
-            },
-            degraded_after: Some(self.config.degraded_after()),
-        })
+        Some(RetrySettings::doubling(
+            self.config.retry_delay,
+            self.config.max_retry_delay.max(self.config.retry_delay),
+            self.config.degraded_after(),
+        ))
     }
 
     async fn open(&mut self) -> Result<(), ConnectorError> {
