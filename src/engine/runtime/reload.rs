@@ -42,49 +42,80 @@ impl Runtime {
     ) -> ReloadReport {
         let mut report = ReloadReport::default();
         let errors: Vec<&ConfigIssue> = issues.iter().filter(|issue| issue.is_error()).collect();
-        let name = |kind: ConnectorKind, key: &str| format!("{kind} {key}");
         let mut seen = Vec::new();
         for config in configs {
-            let (kind, key) = (config.kind, config.key.clone());
-            seen.push((kind, key.clone()));
-            let lock = self.lifecycle_lock(kind, &key);
-            let _serialized = lock.lock().await;
-            let Ok(slot) = self.slot(kind, &key) else {
-                let enabled = config.enabled;
-                if self.add(config).is_ok() && enabled && self.start(kind, &key).await.is_ok() {
-                    report.started.push(name(kind, &key));
-                }
-                continue;
-            };
-            let file = slot.config().file.clone();
-            match errors
-                .iter()
-                .find(|issue| Some(&issue.file) == file.as_ref())
-            {
-                // Its running file no longer loads: keep what runs.
-                Some(issue) => {
-                    let reason = format!("config reload refused: {issue}");
-                    report
-                        .refused
-                        .push(format!("{}: {issue}", name(kind, &key)));
-                    slot.set_reload_refusal(Some(reason));
-                    continue;
-                }
-                None => slot.set_reload_refusal(None),
-            }
-            if *slot.config() == config {
-                continue;
-            }
-            let enabled = config.enabled;
-            let _ = self.replace_config(config);
-            self.stop_slot(&slot).await;
-            if enabled {
-                self.start_slot(&slot).await;
-                report.restarted.push(name(kind, &key));
-            } else {
-                report.stopped.push(name(kind, &key));
-            }
+            seen.push((config.kind, config.key.clone()));
+            self.reload_one(config, &errors, &mut report).await;
         }
+        self.reload_missing(&seen, &errors, &mut report).await;
+        let claimed: Vec<String> = report.refused.clone();
+        report.errors = errors
+            .iter()
+            .map(|issue| issue.to_string())
+            .filter(|text| {
+                !claimed
+                    .iter()
+                    .any(|refused| refused.ends_with(text.as_str()))
+            })
+            .collect();
+        log_reload(&report);
+        report
+    }
+
+    /// A connector whose file loaded: added and started if new, left alone
+    /// if unchanged or if its file no longer loads, restarted (or stopped,
+    /// when disabled) with the new config otherwise.
+    async fn reload_one(
+        self: &Arc<Self>,
+        config: ConnectorConfig,
+        errors: &[&ConfigIssue],
+        report: &mut ReloadReport,
+    ) {
+        let (kind, key) = (config.kind, config.key.clone());
+        let lock = self.lifecycle_lock(kind, &key);
+        let _serialized = lock.lock().await;
+        let Ok(slot) = self.slot(kind, &key) else {
+            let enabled = config.enabled;
+            if self.add(config).is_ok() && enabled && self.start(kind, &key).await.is_ok() {
+                report.started.push(name(kind, &key));
+            }
+            return;
+        };
+        let file = slot.config().file.clone();
+        if let Some(issue) = errors
+            .iter()
+            .find(|issue| Some(&issue.file) == file.as_ref())
+        {
+            // Its running file no longer loads: keep what runs.
+            report
+                .refused
+                .push(format!("{}: {issue}", name(kind, &key)));
+            slot.set_reload_refusal(Some(format!("config reload refused: {issue}")));
+            return;
+        }
+        slot.set_reload_refusal(None);
+        if *slot.config() == config {
+            return;
+        }
+        let enabled = config.enabled;
+        let _ = self.replace_config(config);
+        self.stop_slot(&slot).await;
+        if enabled {
+            self.start_slot(&slot).await;
+            report.restarted.push(name(kind, &key));
+        } else {
+            report.stopped.push(name(kind, &key));
+        }
+    }
+
+    /// Connectors the load did not name: stopped when their file is gone,
+    /// kept (and the refusal shown) when it is there but does not load.
+    async fn reload_missing(
+        &self,
+        seen: &[(ConnectorKind, String)],
+        errors: &[&ConfigIssue],
+        report: &mut ReloadReport,
+    ) {
         let slots = self.lock_slots().clone();
         for slot in slots {
             if seen.contains(&(slot.kind, slot.key.clone())) {
@@ -114,32 +145,28 @@ impl Runtime {
                 }
             }
         }
-        let claimed: Vec<String> = report.refused.clone();
-        report.errors = errors
-            .iter()
-            .map(|issue| issue.to_string())
-            .filter(|text| {
-                !claimed
-                    .iter()
-                    .any(|refused| refused.ends_with(text.as_str()))
-            })
-            .collect();
-        for refused in &report.refused {
-            error!("config reload: {refused}; the running version stays");
-        }
-        for issue in &report.errors {
-            error!("config reload: {issue}");
-        }
-        if report.changed() {
-            info!(
-                started = ?report.started,
-                restarted = ?report.restarted,
-                stopped = ?report.stopped,
-                "connector configs reloaded"
-            );
-        } else {
-            debug!("connector configs reloaded: nothing changed");
-        }
-        report
+    }
+}
+
+fn name(kind: ConnectorKind, key: &str) -> String {
+    format!("{kind} {key}")
+}
+
+fn log_reload(report: &ReloadReport) {
+    for refused in &report.refused {
+        error!("config reload: {refused}; the running version stays");
+    }
+    for issue in &report.errors {
+        error!("config reload: {issue}");
+    }
+    if report.changed() {
+        info!(
+            started = ?report.started,
+            restarted = ?report.restarted,
+            stopped = ?report.stopped,
+            "connector configs reloaded"
+        );
+    } else {
+        debug!("connector configs reloaded: nothing changed");
     }
 }
