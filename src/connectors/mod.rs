@@ -467,16 +467,6 @@ impl SinkError {
     }
 }
 
-impl From<ConnectorError> for SinkError {
-    fn from(error: ConnectorError) -> Self {
-        match error {
-            ConnectorError::Transient(error) => Self::transient(error),
-            ConnectorError::Disconnected(error) => Self::Disconnected(error),
-            ConnectorError::Fatal(error) => Self::Fatal(error),
-        }
-    }
-}
-
 /// A backend's answer per message for a batch it took in part
 /// ([`SinkError::Partial`]).
 #[derive(Debug)]
