@@ -91,9 +91,10 @@ impl<'r> TopicLoop<'r> {
         let deferral = sink
             .deferred()
             .map(|deferred| Deferral::new(deferred.flush_interval));
-        let writes = match deferral.is_none() && sink.writes_concurrently() {
-            true => CONCURRENT_WRITES,
-            false => 1,
+        let writes = if deferral.is_none() && sink.writes_concurrently() {
+            CONCURRENT_WRITES
+        } else {
+            1
         };
         Lane {
             topic: &reader.topic,

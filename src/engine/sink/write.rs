@@ -31,9 +31,18 @@ struct Writing {
     last_written: Option<u64>,
 }
 
+/// What a write's answer says of one message.
+#[derive(Clone)]
+enum Fate {
+    /// Not settled: written again.
+    Left,
+    Stored,
+    Refused(String),
+}
+
 impl Writing {
     /// Every message left is durable.
-    pub(super) fn all_durable(&mut self, metrics: &ConnectorMetrics) {
+    fn all_durable(&mut self, metrics: &ConnectorMetrics) {
         self.written += self.messages.len();
         metrics.processed.add(self.messages.len() as u64);
         let last = self.messages.iter().map(|message| message.offset).max();
@@ -45,7 +54,7 @@ impl Writing {
     /// aside per `on_error`) out of what is left to write; indexes outside
     /// the batch are ignored, and a message both stored and refused counts
     /// as refused. `Err` when a rejection stops the sink.
-    pub(super) fn settle(
+    fn settle(
         &mut self,
         topic_loop: &TopicLoop<'_>,
         topic: &TopicRef,
@@ -62,22 +71,22 @@ impl Writing {
             let message = &self.messages[first.index];
             return Err(topic_loop.rejected_stop(topic, rejected.len(), message, &first.reason));
         }
-        let mut fates: Vec<Option<Option<String>>> = vec![None; count];
+        let mut fates = vec![Fate::Left; count];
         for index in durable.into_iter().filter(|index| *index < count) {
-            fates[index] = Some(None);
+            fates[index] = Fate::Stored;
         }
         for rejection in rejected {
-            fates[rejection.index] = Some(Some(rejection.reason));
+            fates[rejection.index] = Fate::Refused(rejection.reason);
         }
         let mut stored = 0;
         for (message, fate) in std::mem::take(&mut self.messages).into_iter().zip(fates) {
             match fate {
-                None => self.messages.push(message),
-                Some(None) => {
+                Fate::Left => self.messages.push(message),
+                Fate::Stored => {
                     stored += 1;
                     self.last_written = self.last_written.max(Some(message.offset));
                 }
-                Some(Some(reason)) => {
+                Fate::Refused(reason) => {
                     self.rejected += 1;
                     topic_loop.reject(topic, message, &reason, &mut self.dead);
                 }

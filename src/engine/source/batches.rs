@@ -221,13 +221,13 @@ impl SourcePipeline {
                     Ok(group) => {
                         window.nacks = 0;
                         let count = window.committing_count;
-                        match self.finish_group(&mut window.pending, count, &group) {
-                            true => Err(Ended::Stopped(
+                        if self.finish_group(&mut window.pending, count, &group) {
+                            return Err(Ended::Stopped(
                                 StopReason::Completed,
                                 "the source has nothing more to produce".into(),
-                            )),
-                            false => Ok(()),
+                            ));
                         }
+                        Ok(())
                     }
                     Err(CommitFailure::End(ended)) => Err(ended),
                     Err(CommitFailure::Nack(nack)) => self.nack(window, nack),
@@ -322,9 +322,10 @@ impl SourcePipeline {
         let prepared = started.elapsed();
         self.metrics.record_duration(Stage::Prepare, prepared);
         trace.stage("transform", started, started + prepared, None);
-        let phase = match groups.iter().all(Vec::is_empty) {
-            true => Phase::Acked,
-            false => Phase::Polled,
+        let phase = if groups.iter().all(Vec::is_empty) {
+            Phase::Acked
+        } else {
+            Phase::Polled
         };
         Ok(InFlight {
             sent: vec![false; groups.len()],
