@@ -3,6 +3,7 @@
 
 mod postgres_common;
 #[path = "support/proxy.rs"]
+#[allow(dead_code)]
 mod proxy;
 
 use std::collections::HashMap;
