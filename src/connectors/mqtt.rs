@@ -20,7 +20,6 @@ use rumqttc::{ConnectReturnCode, MqttOptions, Outgoing, Packet, QoS, SubscribeFi
 use secrecy::{ExposeSecret, SecretString};
 use tokio::task::JoinHandle;
 
-use crate::connectors::kit::backoff::Backoff;
 use crate::connectors::{ConnectorError, PluginConfigError};
 
 /// The MQTT protocol version a connector speaks.
@@ -149,13 +148,6 @@ pub fn default_connect_timeout() -> Duration {
 pub fn default_max_packet_size() -> usize {
     1024 * 1024
 }
-
-/// The pace of reconnects after a lost connection.
-pub const RECONNECT: Backoff = Backoff {
-    initial: Duration::from_millis(100),
-    max: Duration::from_secs(2),
-    multiplier: 2.0,
-};
 
 /// QoS as written in a config: 0 (at most once) or 1 (at least once).
 pub fn qos_of(field: &str, qos: u8) -> Result<QoS, PluginConfigError> {

@@ -242,6 +242,11 @@ pub async fn transient_error_retried(subject: &SinkSubject, backend: &dyn SinkBa
     let batch = messages(0..8);
     let failed = write_durably(sink.as_ref(), &batch).await;
     backend.heal().await;
+    if let Err(SinkError::Disconnected(_)) = &failed {
+        // As the engine does (rule O2): a fresh instance writes again.
+        close(sink.as_mut()).await?;
+        sink = subject.open(backend).await?;
+    }
     let outcome = async {
         match failed {
             Err(SinkError::Transient { .. } | SinkError::Disconnected(_)) => {}

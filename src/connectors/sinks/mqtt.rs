@@ -40,12 +40,12 @@ use async_trait::async_trait;
 use futures::future::join_all;
 use rumqttc::QoS;
 use serde::Deserialize;
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::oneshot;
 use tracing::warn;
 
 use crate::connectors::mqtt::{
     Client, Driven, Event, EventLoop, Message, MqttConnection, Protocol, PubAckRefusal,
-    RECONNECT, Session, check_topic, connection_fields, qos_of,
+    Session, check_topic, connection_fields, qos_of,
 };
 use crate::connectors::{
     ConnectorContext, ConnectorError, PluginConfigError, Rejection, Sink, SinkEntry, SinkError,
@@ -122,8 +122,6 @@ fn retryable(reason: &str) -> PubAckRefusal {
 #[derive(Default)]
 struct Shared {
     tracker: Mutex<Tracker>,
-    /// Told whenever the broker accepted a connection.
-    connected: Notify,
 }
 
 impl Shared {
@@ -136,8 +134,10 @@ impl Shared {
 
 #[derive(Default)]
 struct Tracker {
-    connected: bool,
-    /// Why the sink cannot go on (a login refused on a reconnect).
+    /// The connection is gone, and why: writes say so, and the engine opens
+    /// a fresh sink (rule O2).
+    gone: Option<String>,
+    /// Why the sink cannot go on (the broker refused it for good).
     fatal: Option<String>,
     /// Handed to the client, waiting for their packet ids, in order.
     queued: VecDeque<Ticket>,
@@ -168,7 +168,7 @@ impl Tracker {
 
     /// The connection is gone: nothing waiting is known to be written.
     fn lost(&mut self, reason: &str) {
-        self.connected = false;
+        self.gone.get_or_insert_with(|| reason.to_owned());
         for ticket in self.queued.drain(..).chain(self.unacked.drain().map(|(_, ticket)| ticket)) {
             let _ = ticket.send(Err(retryable(reason)));
         }
@@ -291,20 +291,20 @@ impl MqttSink {
         }
     }
 
-    /// Hands `chunk` to the client, a ticket for each in `settled`; gives the
-    /// chunk back while there is no connection.
+    /// Hands `chunk` to the client, a ticket for each in `settled`; fails
+    /// once the connection is gone.
     fn hand_over(
         &self,
         client: &Client,
         chunk: Vec<Message>,
         settled: &mut Vec<oneshot::Receiver<Outcome>>,
-    ) -> Result<Result<(), Vec<Message>>, SinkError> {
+    ) -> Result<(), SinkError> {
         let mut tracker = self.shared.lock();
         if let Some(reason) = &tracker.fatal {
             return Err(SinkError::fatal(reason.clone()));
         }
-        if !tracker.connected {
-            return Ok(Err(chunk));
+        if let Some(reason) = &tracker.gone {
+            return Err(SinkError::disconnected(reason.clone()));
         }
         // Under the lock, so the event loop task pairs packet ids with these
         // tickets in this order.
@@ -320,7 +320,7 @@ impl MqttSink {
             }
             settled.push(outcome);
         }
-        Ok(Ok(()))
+        Ok(())
     }
 
     /// Hands `chunk` (the messages from index `first` on) to the client and
@@ -335,20 +335,7 @@ impl MqttSink {
     ) -> Result<(), SinkError> {
         let mut settled = Vec::with_capacity(chunk.len());
         let deadline = tokio::time::Instant::now() + self.config.ack_timeout;
-        let mut chunk = Some(chunk);
-        while let Some(publishes) = chunk.take() {
-            let connected = self.shared.connected.notified();
-            if let Err(publishes) = self.hand_over(client, publishes, &mut settled)? {
-                // A reconnect in progress: wait for it within the batch's time.
-                if tokio::time::timeout_at(deadline, connected).await.is_err() {
-                    return Err(SinkError::transient(format!(
-                        "mqtt broker {}: not connected (reconnecting)",
-                        self.config.url
-                    )));
-                }
-                chunk = Some(publishes);
-            }
-        }
+        self.hand_over(client, chunk, &mut settled)?;
         let outcomes = tokio::time::timeout_at(deadline, join_all(settled))
             .await
             .map_err(|_| {
@@ -361,33 +348,37 @@ impl MqttSink {
             match outcome {
                 Ok(Ok(())) => {}
                 Ok(Err(refusal)) if refusal.retryable => {
-                    return Err(SinkError::transient(format!("mqtt publish: {}", refusal.reason)));
+                    return Err(self.unsettled(&refusal.reason));
                 }
                 Ok(Err(refusal)) => rejected.push(Rejection {
                     index,
                     reason: refusal.reason,
                 }),
-                Err(_) => return Err(SinkError::transient("mqtt publish: the connection closed")),
+                Err(_) => return Err(self.unsettled("the connection closed")),
             }
         }
         Ok(())
     }
+
+    /// A publish that did not settle: the connection is gone (the engine
+    /// opens a fresh sink) or, on a live one, a retryable refusal.
+    fn unsettled(&self, reason: &str) -> SinkError {
+        match &self.shared.lock().gone {
+            Some(gone) => SinkError::disconnected(gone.clone()),
+            None => SinkError::transient(format!("mqtt publish: {reason}")),
+        }
+    }
 }
 
-/// Drives the connection until the client disconnects or is dropped, pairing
-/// publishes with packet ids and PUBACKs; after a lost connection it drops
-/// what the client would send again and reconnects.
+/// Drives the connection until the client disconnects or is dropped, or the
+/// connection is lost, pairing publishes with packet ids and PUBACKs. A lost
+/// connection fails every publish waiting on it and ends the drive: writes
+/// then report it, and the engine opens a fresh sink (rule O2).
 async fn drive(mut eventloop: EventLoop, connection: MqttConnection, shared: Arc<Shared>) {
-    let mut failures = 0;
     loop {
         match eventloop.poll().await {
             Ok(Event::Sent(pkid)) => shared.lock().sent(pkid),
             Ok(Event::PubAck { pkid, outcome }) => shared.lock().acked(pkid, outcome),
-            Ok(Event::ConnAck { .. }) => {
-                failures = 0;
-                shared.lock().connected = true;
-                shared.connected.notify_waiters();
-            }
             Ok(Event::Disconnected) => {
                 shared.lock().lost("the sink is closing");
                 return;
@@ -399,24 +390,13 @@ async fn drive(mut eventloop: EventLoop, connection: MqttConnection, shared: Arc
             Ok(_) => {}
             Err(error) => {
                 let classified = connection.classify(&error);
-                {
-                    let mut tracker = shared.lock();
-                    // What the client kept to send again, and what waits in
-                    // its queue, is dropped with the tickets (under the lock,
-                    // so no write slips in between): the engine's retry
-                    // publishes it again. Events of the lost connection still
-                    // queued in the client (a publish it failed to write)
-                    // would pair packet ids of the next one with the wrong
-                    // tickets: they go too.
-                    eventloop.forget_unsent();
-                    tracker.lost(&classified.to_string());
-                    if !classified.is_transient() {
-                        tracker.fatal.get_or_insert(classified.to_string());
-                    }
+                let mut tracker = shared.lock();
+                tracker.lost(&classified.to_string());
+                if !classified.is_transient() {
+                    tracker.fatal.get_or_insert(classified.to_string());
                 }
-                failures += 1;
-                warn!(%error, "mqtt sink: connection lost, reconnecting");
-                tokio::time::sleep(RECONNECT.delay(failures)).await;
+                warn!(%error, "mqtt sink: connection lost");
+                return;
             }
         }
     }
@@ -440,7 +420,6 @@ impl Sink for MqttSink {
         };
         let (client, mut eventloop) = connection.client(&client_id, session, 2 * CHUNK)?;
         connection.connect(&mut eventloop).await?;
-        self.shared.lock().connected = true;
         let driving = drive(eventloop, connection, self.shared.clone());
         self.driven = Some(Driven::spawn(client, driving));
         Ok(())
@@ -558,10 +537,7 @@ mod tests {
 
     #[test]
     fn given_packet_ids_when_tracked_should_settle_in_order_and_fail_all_on_loss() {
-        let mut tracker = Tracker {
-            connected: true,
-            ..Tracker::default()
-        };
+        let mut tracker = Tracker::default();
         let mut outcomes = Vec::new();
         for _ in 0..3 {
             let (ticket, outcome) = oneshot::channel();
@@ -576,6 +552,6 @@ mod tests {
         assert_eq!(outcomes[0].try_recv().unwrap(), Ok(()));
         assert_eq!(outcomes[1].try_recv().unwrap(), Ok(()));
         assert_eq!(outcomes[2].try_recv().unwrap(), Err(retryable("gone")));
-        assert!(!tracker.connected);
+        assert_eq!(tracker.gone.as_deref(), Some("gone"));
     }
 }

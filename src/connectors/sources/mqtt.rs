@@ -44,7 +44,7 @@ use tokio::sync::Notify;
 use tracing::{debug, warn};
 
 use crate::connectors::mqtt::{
-    Client, Driven, Event, EventLoop, Incoming, MqttConnection, Protocol, RECONNECT, Session,
+    Client, Driven, Event, EventLoop, Incoming, MqttConnection, Protocol, Session,
     connection_fields, qos_of,
 };
 use crate::connectors::{
@@ -135,8 +135,11 @@ struct Inbox {
     received: VecDeque<Received>,
     /// Counts the connections accepted: a packet id is valid only on its own.
     connection: u64,
-    /// Why the source cannot go on (a login refused on a reconnect).
+    /// Why the source cannot go on (a subscription refused).
     fatal: Option<String>,
+    /// The connection is gone: once what it delivered is taken, `poll`
+    /// says so and the engine opens a fresh source (rule O2).
+    lost: Option<String>,
 }
 
 struct Received {
@@ -174,6 +177,11 @@ impl Shared {
 
     fn fail(&self, reason: String) {
         self.lock().fatal.get_or_insert(reason);
+        self.arrived.notify_one();
+    }
+
+    fn lose(&self, reason: String) {
+        self.lock().lost.get_or_insert(reason);
         self.arrived.notify_one();
     }
 }
@@ -378,31 +386,19 @@ fn record(message: &Incoming) -> SourceRecord {
     }
 }
 
-/// Drives the connection until the client disconnects or is dropped: queues
-/// what arrives, reconnects after a loss, and subscribes again when the
-/// broker has no session for the client.
+/// Drives the connection until the client disconnects or is dropped, or
+/// the connection is lost: queues what arrives. A lost connection is not
+/// reconnected here: the engine opens a fresh source, whose session the
+/// broker kept (what was not acknowledged comes again).
 async fn drive(
     mut eventloop: EventLoop,
-    client: Client,
     connection: MqttConnection,
-    qos: QoS,
     topics: Vec<String>,
     shared: Arc<Shared>,
 ) {
-    let mut failures = 0;
     loop {
         match eventloop.poll().await {
             Ok(Event::Publish(message)) => shared.receive(message),
-            Ok(Event::ConnAck { session_present }) => {
-                failures = 0;
-                shared.connected();
-                debug!(session_present, "mqtt source reconnected");
-                if !session_present
-                    && let Err(error) = client.subscribe(&topics, qos, false).await
-                {
-                    warn!(%error, "mqtt source: cannot subscribe again");
-                }
-            }
             Ok(Event::SubAck(refusals)) => {
                 if let Some(reason) = refused(&topics, &refusals) {
                     shared.fail(reason);
@@ -418,12 +414,13 @@ async fn drive(
                     shared.receive(message);
                 }
                 let classified = connection.classify(&error);
-                if !classified.is_transient() {
+                if classified.is_transient() {
+                    warn!(%error, "mqtt source: connection lost");
+                    shared.lose(classified.to_string());
+                } else {
                     shared.fail(classified.to_string());
                 }
-                failures += 1;
-                warn!(%error, "mqtt source: connection lost, reconnecting");
-                tokio::time::sleep(RECONNECT.delay(failures)).await;
+                return;
             }
         }
     }
@@ -475,9 +472,7 @@ impl Source for MqttSource {
         self.subscribe(&client, &mut eventloop, &connection).await?;
         let driving = drive(
             eventloop,
-            client.clone(),
             connection,
-            self.qos,
             self.config.topics.clone(),
             self.shared.clone(),
         );
@@ -496,9 +491,15 @@ impl Source for MqttSource {
                     return Err(ConnectorError::fatal(reason.clone()));
                 }
                 let ready = inbox.received.len();
+                if ready == 0
+                    && let Some(reason) = &inbox.lost
+                {
+                    return Err(ConnectorError::disconnected(reason.clone()));
+                }
                 let lingered = first_seen
                     .is_some_and(|seen| seen.elapsed() >= self.config.linger)
                     || self.config.linger.is_zero();
+                let lingered = lingered || inbox.lost.is_some();
                 if ready >= self.config.batch_size || (ready > 0 && lingered) {
                     let taken: Vec<Received> = inbox
                         .received
@@ -525,10 +526,13 @@ impl Source for MqttSource {
         let Some(staged) = self.lock_staged().take() else {
             return Ok(());
         };
-        let current = self.shared.lock().connection;
+        let (current, lost) = {
+            let inbox = self.shared.lock();
+            (inbox.connection, inbox.lost.is_some())
+        };
         let count = staged.publishes.len() as u64;
-        if staged.connection != current {
-            debug!("mqtt source: a batch from an earlier connection is not acknowledged");
+        if staged.connection != current || lost {
+            debug!("mqtt source: a batch from a lost connection is not acknowledged");
         } else if let Some(driven) = &self.driven {
             // Never acknowledged twice: after a failure here the broker sends
             // the rest again on the next connection.
