@@ -1,7 +1,8 @@
 //! What the mqtt source and sink share: where the broker is, how to log in,
 //! the first connect (which tells a login the broker refuses from a broker
-//! that is down), the reconnect pacing of the event loop afterwards, and the
-//! one place that knows the two protocol versions apart.
+//! that is down), and the one place that knows the two protocol versions
+//! apart. A lost connection is never reconnected here: the connectors report
+//! it and the engine opens fresh ones.
 //!
 //! MQTT 3.1.1 (`rumqttc`'s v4 API) or MQTT 5 (its `v5` API), chosen by
 //! `protocol_version`, over plain TCP (no TLS in this build). Both connectors

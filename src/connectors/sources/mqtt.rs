@@ -7,7 +7,8 @@
 //! and sends it again (with DUP set) when the client id connects next: after a
 //! stop, a crash or a lost connection the uncommitted batch comes again
 //! (duplicates, never loss). A background task drives the connection (keep
-//! alive, reconnects) and queues what arrives; `poll` takes from that queue
+//! alive) and queues what arrives; a lost connection ends it, and `poll`
+//! then says so (`Disconnected`) so the engine opens a fresh source; `poll` takes from that queue
 //! without waiting in between, so a dropped poll loses nothing. How much the
 //! broker sends before it waits for PUBACKs is its own setting (mosquitto's
 //! `max_inflight_messages`, 20 by default), which bounds a batch.
@@ -16,8 +17,8 @@
 //! per connection and reused), so records get the engine's fresh id and a
 //! redelivered message is a new Iggy message with the header `mqtt_dup`.
 //! A packet id means something only on the connection it came on: a batch
-//! received before a reconnect is delivered but not acknowledged (the broker
-//! sends it again), and acknowledgements go out in the order the messages came,
+//! received on a lost connection is delivered but not acknowledged (the
+//! broker sends it again), and acknowledgements go out in the order the messages came,
 //! as MQTT 3.1.1 (4.6) asks.
 //!
 //! MQTT 5 (`protocol_version = "5"`) keeps the same contract: clean start
