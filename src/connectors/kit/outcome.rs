@@ -16,6 +16,15 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// What a sink gathered itself: the messages stored and those refused.
+    pub fn settled(durable: Vec<usize>, rejected: Vec<Rejection>) -> Self {
+        Self {
+            durable,
+            rejected,
+            rest: None,
+        }
+    }
+
     /// The messages at `indexes` are stored.
     pub fn durable(&mut self, indexes: impl IntoIterator<Item = usize>) {
         self.durable.extend(indexes);

@@ -43,6 +43,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use tracing::{debug, info};
 
+use crate::connectors::kit::outcome::Outcome;
 use crate::connectors::kit::failure::Failure;
 use crate::connectors::kit::http::{self, Auth, ClientOptions, HttpClient};
 use crate::connectors::{
@@ -308,12 +309,9 @@ impl ClickHouseSink {
                 }
                 Err((Failure::Refused(reason), row)) => (reason, row),
                 Err((failure, _)) => {
-                    let rest = failure.for_messages([]);
-                    return Err(if durable.is_empty() && rejected.is_empty() {
-                        rest
-                    } else {
-                        SinkError::partial(durable, rejected, rest)
-                    });
+                    let mut outcome = Outcome::settled(durable, rejected);
+                    outcome.fail(failure, []);
+                    return outcome.into_result();
                 }
             };
             if let Some(position) = row.and_then(|row| position_of_row(&part, row)) {
@@ -334,15 +332,7 @@ impl ClickHouseSink {
                 parts.push(part);
             }
         }
-        if rejected.is_empty() {
-            return Ok(());
-        }
-        // Every row is stored or refused: nothing is left for `rest`.
-        Err(SinkError::partial(
-            durable,
-            rejected,
-            SinkError::transient("every other row of the batch is stored"),
-        ))
+        Outcome::settled(durable, rejected).into_result()
     }
 }
 

@@ -41,6 +41,7 @@ use bytes::Bytes;
 use tracing::{debug, info, warn};
 
 use crate::connectors::influxdb::{self as shared, Breaker};
+use crate::connectors::kit::outcome::Outcome;
 use crate::connectors::kit::failure::Failure;
 use crate::connectors::kit::http::{self, ClientOptions, HttpClient};
 use crate::connectors::{
@@ -308,25 +309,14 @@ impl InfluxDbSink {
                 }
                 Err((Failure::Refused(reason), refused)) => (reason, refused),
                 Err((failure, _)) => {
-                    let rest = failure.for_messages([]);
-                    return Err(if durable.is_empty() && rejected.is_empty() {
-                        rest
-                    } else {
-                        SinkError::partial(durable, rejected, rest)
-                    });
+                    let mut outcome = Outcome::settled(durable, rejected);
+                    outcome.fail(failure, []);
+                    return outcome.into_result();
                 }
             };
             isolate(part, &refused, reason, &mut parts, &mut durable, &mut rejected);
         }
-        if rejected.is_empty() {
-            return Ok(());
-        }
-        // Every point is stored or refused: nothing is left for `rest`.
-        Err(SinkError::partial(
-            durable,
-            rejected,
-            SinkError::transient("every other point of the batch is stored"),
-        ))
+        Outcome::settled(durable, rejected).into_result()
     }
 
     /// v1: the credentials work and the database exists.
