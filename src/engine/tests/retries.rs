@@ -269,72 +269,54 @@ async fn given_a_partial_write_when_retried_should_write_again_only_what_is_not_
     harness.runtime.shutdown().await;
 }
 
+/// How long the engine waited between a write answered `Retry-After:
+/// asked` and the next one, under a runtime whose cap is `cap`, counted on
+/// the (paused) tokio clock.
+async fn wait_after_throttling(asked: Duration, cap: Duration) -> Duration {
+    let harness = Harness::with_runtime(|options| options.max_retry_after = cap, |_, state| state);
+    let control = Arc::new(SinkControl::default());
+    let throttled: Answer = Box::new(move |_, _| {
+        Err(SinkError::transient_after(
+            "429 Too Many Requests",
+            Some(asked),
+        ))
+    });
+    control.answers.lock().unwrap().push_back(throttled);
+    harness.factory.sink("snk", control.clone());
+    harness.produce(&[br#"{"n":0}"#]).await;
+    harness
+        .start_sink(scripted::sink_config("snk", OnError::Stop))
+        .await;
+    wait_for("the message to be written", || {
+        control.written_numbers() == [0]
+    })
+    .await;
+    harness.runtime.shutdown().await;
+    let times = control.write_times.lock().unwrap().clone();
+    assert_eq!(times.len(), 2);
+    times[1] - times[0]
+}
+
 /// Rule K3: a backend's `Retry-After` is waited for before the next write,
 /// counted on a paused clock (the backoff alone is a few milliseconds).
 #[tokio::test(start_paused = true)]
 async fn given_a_transient_failure_with_retry_after_when_retried_should_wait_what_the_backend_asked()
  {
-    let harness = Harness::new(Duration::from_secs(5));
-    let control = Arc::new(SinkControl::default());
-    let throttled: Answer = Box::new(|_, _| {
-        Err(SinkError::transient_after(
-            "429 Too Many Requests",
-            Some(Duration::from_secs(30)),
-        ))
-    });
-    control.answers.lock().unwrap().push_back(throttled);
-    harness.factory.sink("snk", control.clone());
-    harness.produce(&[br#"{"n":0}"#]).await;
-    harness
-        .start_sink(scripted::sink_config("snk", OnError::Stop))
-        .await;
-
-    wait_for("the message to be written", || {
-        control.written_numbers() == [0]
-    })
-    .await;
-    let times = control.write_times.lock().unwrap().clone();
-    assert_eq!(times.len(), 2);
-    let waited = times[1] - times[0];
+    let waited = wait_after_throttling(Duration::from_secs(30), Duration::from_secs(600)).await;
     assert!(
         waited >= Duration::from_secs(30) && waited < Duration::from_secs(31),
         "{waited:?}"
     );
-    harness.runtime.shutdown().await;
 }
 
 /// `[engine] max_retry_after` caps what a backend may ask for.
 #[tokio::test(start_paused = true)]
 async fn given_a_retry_after_past_the_cap_when_retried_should_wait_only_the_cap() {
-    let harness = Harness::with_runtime(
-        |options| options.max_retry_after = Duration::from_secs(10),
-        |_, state| state,
-    );
-    let control = Arc::new(SinkControl::default());
-    let throttled: Answer = Box::new(|_, _| {
-        Err(SinkError::transient_after(
-            "503",
-            Some(Duration::from_secs(3600)),
-        ))
-    });
-    control.answers.lock().unwrap().push_back(throttled);
-    harness.factory.sink("snk", control.clone());
-    harness.produce(&[br#"{"n":0}"#]).await;
-    harness
-        .start_sink(scripted::sink_config("snk", OnError::Stop))
-        .await;
-
-    wait_for("the message to be written", || {
-        control.written_numbers() == [0]
-    })
-    .await;
-    let times = control.write_times.lock().unwrap().clone();
-    let waited = times[1] - times[0];
+    let waited = wait_after_throttling(Duration::from_secs(3600), Duration::from_secs(10)).await;
     assert!(
         waited >= Duration::from_secs(10) && waited < Duration::from_secs(11),
         "{waited:?}"
     );
-    harness.runtime.shutdown().await;
 }
 
 /// A connector's own retry fields are the engine's policy for it: past its
