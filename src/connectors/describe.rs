@@ -343,7 +343,7 @@ pub fn file_schema(info: &ConnectorInfo) -> Value {
 pub fn reference_markdown() -> String {
     let mut out = String::from(
         "# Connector fields\n\nGenerated from the config types' doc comments (`iggy-connect describe KIND NAME` prints the same); \
-         `BLESS=1 cargo nextest run --features full,faulty-sink --test registry` rewrites this file.\n",
+         `BLESS=1 cargo nextest run --features full,faulty-sink --test it -E 'test(/^registry::/)'` rewrites this file.\n",
     );
     for info in crate::connectors::Registry::all() {
         out.push_str(&format!(
