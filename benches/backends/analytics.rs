@@ -5,10 +5,10 @@
 //! (doris, in this process: its memory is in `rss_mb`), and influxdb 1.6 ->
 //! the influxdb source -> Iggy:
 //!
-//!     cargo bench --features clickhouse-sink,influxdb-sink,influxdb-source,doris-sink --bench analytics
-//!     cargo bench --features clickhouse-sink,influxdb-sink,influxdb-source,doris-sink --bench analytics -- doris
+//!     cargo bench --features clickhouse-sink,influxdb-sink,influxdb-source,doris-sink --bench backends -- analytics
+//!     cargo bench --features clickhouse-sink,influxdb-sink,influxdb-source,doris-sink --bench backends -- analytics doris
 //!
-//! Iggy is `IGGY_ADDRESS` or the test server (see `benches/common/mod.rs`);
+//! Iggy is `IGGY_ADDRESS` or the test server (see `benches/backends/common/mod.rs`);
 //! each case runs in its own process and prints one `bench:` line. A
 //! database server is a separate process: its memory is not in `rss_mb`.
 //! Latencies are read after the runtime's shutdown, which finishes the last
@@ -16,19 +16,22 @@
 //! duration was not recorded yet (with one batch: `batches=0`).
 //!
 //! `BENCH_SCALE` (default 1.0) multiplies every case's size.
-
-#[path = "../tests/support/mod.rs"]
-mod support;
-
-mod common;
+#![cfg(all(
+    feature = "clickhouse-sink",
+    feature = "influxdb-sink",
+    feature = "influxdb-source",
+    feature = "doris-sink"
+))]
 
 use std::time::Duration;
 
-use common::{Iggy, Pipeline, Report, Stages, raw};
 use iggy_connect::connectors::ConnectorKind;
-use support::clickhouse::ClickHouse;
-use support::doris::{Doris, Kind, column};
-use support::influxdb::InfluxDb;
+
+use crate::common;
+use crate::common::{Iggy, Pipeline, Report, Stages, raw};
+use crate::support::clickhouse::ClickHouse;
+use crate::support::doris::{Doris, Kind, column};
+use crate::support::influxdb::InfluxDb;
 
 const CASES: &[&str] = &[
     "iggy_to_clickhouse_json_each_row",
@@ -41,9 +44,12 @@ const CASES: &[&str] = &[
 const T0_MICROS: u64 = 1_709_251_200_000_000;
 const TOPIC: &str = "events";
 
-fn main() {
-    common::main(CASES, run);
-}
+#[linkme::distributed_slice(crate::BENCHES)]
+static BENCH: crate::Bench = crate::Bench {
+    name: "analytics",
+    cases: CASES,
+    run: |case| Box::pin(run(case)),
+};
 
 async fn run(case: String) {
     let case = case.as_str();

@@ -2,10 +2,10 @@
 //! export answered once durable) and of the otlp sink (Iggy -> sink -> a
 //! local OTLP/gRPC collector answering success):
 //!
-//!     cargo bench --features otlp-source,otlp-sink --bench otlp
-//!     cargo bench --features otlp-source,otlp-sink --bench otlp -- sink
+//!     cargo bench --features otlp-source,otlp-sink --bench backends -- otlp
+//!     cargo bench --features otlp-source,otlp-sink --bench backends -- otlp sink
 //!
-//! Iggy is `IGGY_ADDRESS` or the test server (see `benches/common/mod.rs`);
+//! Iggy is `IGGY_ADDRESS` or the test server (see `benches/backends/common/mod.rs`);
 //! each case runs in its own process and prints one `bench:` line, with
 //! `records=N records_per_s=R` added (log records; `messages` counts Iggy
 //! messages, so the two `split` choices compare by `records_per_s`). The
@@ -13,13 +13,9 @@
 //! collector run in the case's process, so their memory is in its `rss_mb`.
 //!
 //! `BENCH_SCALE` (default 1.0) multiplies every case's size; a debug check:
-//! `BENCH_SCALE=0.01 cargo bench --features full,faulty-sink --bench otlp`
+//! `BENCH_SCALE=0.01 cargo bench --features full,faulty-sink --bench backends -- otlp`
 //! (or `cargo test --benches` style runs with the same variable).
-
-#[path = "../tests/support/mod.rs"]
-mod support;
-
-mod common;
+#![cfg(all(feature = "otlp-source", feature = "otlp-sink"))]
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -27,7 +23,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Iggy, Report, Stages, raw};
 use iggy_connect::config::ConnectorConfig;
 use iggy_connect::config::connector::parse_connector_file;
 use iggy_connect::config::env::EnvVars;
@@ -47,6 +42,9 @@ use opentelemetry_proto::tonic::logs::v1::{LogRecord, ResourceLogs, ScopeLogs};
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use prost::Message as _;
 
+use crate::common;
+use crate::common::{Iggy, Report, Stages, raw};
+
 const CASES: &[&str] = &[
     "otlp_grpc_to_iggy_split_scope",
     "otlp_grpc_to_iggy_split_record",
@@ -56,9 +54,12 @@ const CASES: &[&str] = &[
 const CLIENTS: u64 = 16;
 const RECORDS_PER_EXPORT: usize = 100;
 
-fn main() {
-    common::main(CASES, run);
-}
+#[linkme::distributed_slice(crate::BENCHES)]
+static BENCH: crate::Bench = crate::Bench {
+    name: "otlp",
+    cases: CASES,
+    run: |case| Box::pin(run(case)),
+};
 
 async fn run(case: String) {
     let case = case.as_str();

@@ -2,9 +2,9 @@
 //! of 1000, against the real MariaDB of `tests/support/mariadb.rs` (row
 //! binlog on, one server per case process):
 //!
-//!     cargo bench --features mysql-source,mysql-sink --bench mysql
+//!     cargo bench --features mysql-source,mysql-sink --bench backends -- mysql
 //!
-//! Iggy is `IGGY_ADDRESS` or the test server (see `benches/common/mod.rs`);
+//! Iggy is `IGGY_ADDRESS` or the test server (see `benches/backends/common/mod.rs`);
 //! each case runs in its own process and prints one `bench:` line.
 //! `BENCH_SCALE` (default 1.0) multiplies the sizes.
 //!
@@ -17,19 +17,17 @@
 //!   as many updates) -> Iggy;
 //! - `iggy_to_mysql_sink`: a filled topic of ~1 KB JSON messages -> table
 //!   (`payload_format = "json"`).
-
-#[path = "../tests/support/mod.rs"]
-mod support;
-
-mod common;
+#![cfg(all(feature = "mysql-source", feature = "mysql-sink"))]
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{Iggy, Pipeline, Report, Stages, raw};
 use iggy_connect::connectors::ConnectorKind;
 use sqlx::MySqlPool;
-use support::mariadb::{connect, count, create_database, execute};
+
+use crate::common;
+use crate::common::{Iggy, Pipeline, Report, Stages, raw};
+use crate::support::mariadb::{connect, count, create_database, execute};
 
 const CASES: &[&str] = &[
     "mysql_source_to_iggy",
@@ -41,9 +39,12 @@ const BATCH: u64 = 1000;
 const TOPIC: &str = "rows";
 const TABLE: &str = "bench";
 
-fn main() {
-    common::main(CASES, run);
-}
+#[linkme::distributed_slice(crate::BENCHES)]
+static BENCH: crate::Bench = crate::Bench {
+    name: "mysql",
+    cases: CASES,
+    run: |case| Box::pin(run(case)),
+};
 
 async fn run(case: String) {
     let case = case.as_str();

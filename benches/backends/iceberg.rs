@@ -2,30 +2,31 @@
 //! `iceberg` crate's memory catalog over a temp directory (Parquet files and
 //! one fast-append snapshot per commit; nothing but the local disk behind it):
 //!
-//!     cargo bench --features iceberg-sink --bench iceberg
+//!     cargo bench --features iceberg-sink --bench backends -- iceberg
 //!
-//! Iggy is `IGGY_ADDRESS` or the test server (see `benches/common/mod.rs`);
+//! Iggy is `IGGY_ADDRESS` or the test server (see `benches/backends/common/mod.rs`);
 //! the case prints one `bench:` line with `snapshots=N` added. The time runs
 //! until every message is in a committed snapshot (the sink is stopped after
 //! it accepted the last one, which commits what it holds). The row count is
 //! checked from the snapshots' summaries, not with a reader.
 //! `BENCH_SCALE` (default 1.0) multiplies the case's size (a debug check:
-//! `BENCH_SCALE=0.01 cargo bench --profile dev --features iceberg-sink --bench iceberg`).
+//! `BENCH_SCALE=0.01 cargo bench --profile dev --features iceberg-sink --bench backends -- iceberg`).
+#![cfg(feature = "iceberg-sink")]
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
-mod common;
-
-use common::{Iggy, Pipeline, Report, Stages, raw};
 use iggy_connect::connectors::ConnectorKind;
+
+use crate::common;
+use crate::common::{Iggy, Pipeline, Report, Stages, raw};
 
 const CASES: &[&str] = &["iggy_to_iceberg_sink"];
 const TOPIC: &str = "events";
 
-fn main() {
-    common::main(CASES, run);
-}
+#[linkme::distributed_slice(crate::BENCHES)]
+static BENCH: crate::Bench = crate::Bench {
+    name: "iceberg",
+    cases: CASES,
+    run: |case| Box::pin(run(case)),
+};
 
 async fn run(case: String) {
     let iggy = Iggy::start();

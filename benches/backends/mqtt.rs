@@ -2,9 +2,9 @@
 //! `mosquitto` (Debian's 2.0, started by the case from
 //! `tests/support/mosquitto.rs`, installed by `scripts/ensure-debian-packages`):
 //!
-//!     cargo bench --features mqtt-sink,mqtt-source --bench mqtt
+//!     cargo bench --features mqtt-sink,mqtt-source --bench backends -- mqtt
 //!
-//! Iggy is `IGGY_ADDRESS` or the test server (see `benches/common/mod.rs`);
+//! Iggy is `IGGY_ADDRESS` or the test server (see `benches/backends/common/mod.rs`);
 //! each case runs in its own process and prints one `bench:` line. The broker
 //! is a separate process: its memory is not in `rss_mb`. The broker's default
 //! window of 20 unacknowledged messages towards a subscriber bounds the
@@ -13,15 +13,13 @@
 //! multiplies every case's size. The `mqtt5` cases are the same over MQTT 5
 //! (`protocol_version = "5"`; the source then bounds the broker's window
 //! itself, Receive Maximum 2 x `batch_size`).
+#![cfg(all(feature = "mqtt-source", feature = "mqtt-sink"))]
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
-mod common;
-
-use common::{Iggy, Pipeline, Report, Stages, raw};
 use iggy_connect::connectors::ConnectorKind;
-use support::mosquitto::{Collector, Mosquitto, create_session, publish};
+
+use crate::common;
+use crate::common::{Iggy, Pipeline, Report, Stages, raw};
+use crate::support::mosquitto::{Collector, Mosquitto, create_session, publish};
 
 const CASES: &[&str] = &[
     "iggy_to_mqtt",
@@ -31,9 +29,12 @@ const CASES: &[&str] = &[
 ];
 const TOPIC: &str = "events";
 
-fn main() {
-    common::main(CASES, run);
-}
+#[linkme::distributed_slice(crate::BENCHES)]
+static BENCH: crate::Bench = crate::Bench {
+    name: "mqtt",
+    cases: CASES,
+    run: |case| Box::pin(run(case)),
+};
 
 async fn run(case: String) {
     let case = case.as_str();

@@ -4,27 +4,30 @@
 //! servers run in this process, storing every document in memory, so their
 //! cost and memory are part of the figures:
 //!
-//!     cargo bench --features elasticsearch-sink,elasticsearch-source,meilisearch-sink,quickwit-sink --bench elasticsearch
+//!     cargo bench --features elasticsearch-sink,elasticsearch-source,meilisearch-sink,quickwit-sink --bench backends -- elasticsearch
 //!
 //! One case per connector (`iggy_to_elasticsearch_sink`, `iggy_to_meilisearch_sink`,
 //! `iggy_to_quickwit_sink`, `elasticsearch_source_to_iggy`; name one to run
 //! only it). Iggy is `IGGY_ADDRESS` or the test server (see
-//! `benches/common/mod.rs`); each case prints one `bench:` line with
+//! `benches/backends/common/mod.rs`); each case prints one `bench:` line with
 //! `requests=N` (bulk, documents or ingest requests; searches for the source)
 //! added. `BENCH_SCALE` (default 1.0) multiplies the cases' size; a debug
 //! check: `BENCH_SCALE=0.01 cargo bench --profile dev ...`.
+#![cfg(all(
+    feature = "elasticsearch-sink",
+    feature = "elasticsearch-source",
+    feature = "meilisearch-sink",
+    feature = "quickwit-sink"
+))]
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
-mod common;
-
-use common::{Iggy, Pipeline, Report, Stages, raw};
 use iggy_connect::connectors::ConnectorKind;
 use serde_json::json;
-use support::elasticsearch::{Flavor, SearchServer};
-use support::meilisearch::MeiliServer;
-use support::quickwit::QuickwitServer;
+
+use crate::common;
+use crate::common::{Iggy, Pipeline, Report, Stages, raw};
+use crate::support::elasticsearch::{Flavor, SearchServer};
+use crate::support::meilisearch::MeiliServer;
+use crate::support::quickwit::QuickwitServer;
 
 const CASES: &[&str] = &[
     "iggy_to_elasticsearch_sink",
@@ -34,9 +37,12 @@ const CASES: &[&str] = &[
 ];
 const TOPIC: &str = "events";
 
-fn main() {
-    common::main(CASES, run);
-}
+#[linkme::distributed_slice(crate::BENCHES)]
+static BENCH: crate::Bench = crate::Bench {
+    name: "elasticsearch",
+    cases: CASES,
+    run: |case| Box::pin(run(case)),
+};
 
 async fn run(case: String) {
     let iggy = Iggy::start();

@@ -2,21 +2,17 @@
 //! answered once durable) and of the http sink (Iggy -> sink -> a local HTTP
 //! server answering 200):
 //!
-//!     cargo bench --features http-source,http-sink --bench http
-//!     cargo bench --features http-source,http-sink --bench http -- sink
+//!     cargo bench --features http-source,http-sink --bench backends -- http
+//!     cargo bench --features http-source,http-sink --bench backends -- http sink
 //!
-//! Iggy is `IGGY_ADDRESS` or the test server (see `benches/common/mod.rs`);
+//! Iggy is `IGGY_ADDRESS` or the test server (see `benches/backends/common/mod.rs`);
 //! each case runs in its own process and prints one `bench:` line, with
 //! `requests=N requests_per_s=R` added. The load generator (32 concurrent
 //! reqwest clients) and the receiving server run in the case's process, so
 //! their memory is part of its `rss_mb`.
 //!
 //! `BENCH_SCALE` (default 1.0) multiplies every case's size.
-
-#[path = "../tests/support/mod.rs"]
-mod support;
-
-mod common;
+#![cfg(all(feature = "http-source", feature = "http-sink"))]
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -25,7 +21,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{Iggy, Report, Stages, raw};
 use iggy_connect::config::ConnectorConfig;
 use iggy_connect::config::connector::parse_connector_file;
 use iggy_connect::config::env::EnvVars;
@@ -34,6 +29,9 @@ use iggy_connect::engine::Runtime;
 use iggy_connect::iggy::IggyBus;
 use iggy_connect::state::FileStateStore;
 use serde_json::{Value, json};
+
+use crate::common;
+use crate::common::{Iggy, Report, Stages, raw};
 
 const CASES: &[&str] = &[
     "http_source_to_iggy_1_msg_per_request",
@@ -46,9 +44,12 @@ const TOPIC: &str = "events";
 /// Concurrent clients posting to the source.
 const CLIENTS: u64 = 32;
 
-fn main() {
-    common::main(CASES, run);
-}
+#[linkme::distributed_slice(crate::BENCHES)]
+static BENCH: crate::Bench = crate::Bench {
+    name: "http",
+    cases: CASES,
+    run: |case| Box::pin(run(case)),
+};
 
 async fn run(case: String) {
     let case = case.as_str();

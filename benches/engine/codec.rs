@@ -1,11 +1,11 @@
 //! JSON decode and encode per message: serde_json (what the engine uses) against
 //! simd-json, on a `random` source record (`small`, one long string), a database
 //! row (`row`, mixed column types) and a nested order (`large`, 5 KiB).
-//! `cargo bench --bench codec`. `schema_codecs` puts the Avro, Protocol
+//! `cargo bench --bench engine -- json_`. `schema_codecs` puts the Avro, Protocol
 //! Buffers and FlatBuffers stream schemas (features `schema-avro`,
 //! `schema-proto`, `schema-flatbuffer`; FlatBuffers needs `flatc` on the PATH
 //! to compile its schema) next to JSON on the row:
-//! `cargo bench --features full --bench codec -- schema_codecs`.
+//! `cargo bench --features full --bench engine -- schema_codecs`.
 //!
 //! The engine's `Payload::Json` holds a `serde_json::Value`; simd-json is
 //! measured both producing that same type (what switching would cost us) and
@@ -16,7 +16,7 @@
 use std::hint::black_box;
 
 use bytes::Bytes;
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
 use iggy_connect::codec::Schema;
 use iggy_connect::message::Payload;
 use serde_json::{Value, json};
@@ -301,4 +301,3 @@ fn flatbuffer_row(dir: &std::path::Path) -> Option<Schema> {
 }
 
 criterion_group!(benches, decode, encode, schema_codecs);
-criterion_main!(benches);

@@ -4,27 +4,28 @@
 //! figures measure the emulator as much as the sink; a real mongod with
 //! `IGGY_CONNECT_TEST_MONGODB_URL`):
 //!
-//!     cargo bench --features mongodb-sink,mongodb-source --bench mongodb
+//!     cargo bench --features mongodb-sink,mongodb-source --bench backends -- mongodb
 //!
-//! Iggy is `IGGY_ADDRESS` or the test server (see `benches/common/mod.rs`);
+//! Iggy is `IGGY_ADDRESS` or the test server (see `benches/backends/common/mod.rs`);
 //! the case prints one `bench:` line. `BENCH_SCALE` (default 1.0) multiplies
 //! the case's size (a debug check: `BENCH_SCALE=0.01`).
+#![cfg(all(feature = "mongodb-sink", feature = "mongodb-source"))]
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
-mod common;
-
-use common::{Iggy, Pipeline, Report, Stages, raw};
 use iggy_connect::connectors::ConnectorKind;
-use support::mongodb::{MongoServer, unique_database};
+
+use crate::common;
+use crate::common::{Iggy, Pipeline, Report, Stages, raw};
+use crate::support::mongodb::{MongoServer, unique_database};
 
 const CASES: &[&str] = &["iggy_to_mongodb_sink", "mongodb_source_to_iggy"];
 const TOPIC: &str = "events";
 
-fn main() {
-    common::main(CASES, run);
-}
+#[linkme::distributed_slice(crate::BENCHES)]
+static BENCH: crate::Bench = crate::Bench {
+    name: "mongodb",
+    cases: CASES,
+    run: |case| Box::pin(run(case)),
+};
 
 async fn run(case: String) {
     let iggy = Iggy::start();

@@ -1,10 +1,10 @@
 //! Cost of each transform per message, on a record shaped like a change event
-//! (`cargo bench --bench transforms`). The payload is cloned outside the timed
+//! (`cargo bench --bench engine -- transform_per_message`). The payload is cloned outside the timed
 //! part, so the figures are the transform alone.
 
 use std::hint::black_box;
 
-use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
+use criterion::{BatchSize, Criterion, criterion_group};
 use iggy_connect::message::Payload;
 use iggy_connect::transforms::TransformChain;
 use serde_json::{Value, json};
@@ -147,4 +147,3 @@ fn transforms(criterion: &mut Criterion) {
 }
 
 criterion_group!(benches, transforms);
-criterion_main!(benches);

@@ -2,28 +2,29 @@
 //! "remote" Iggy server -> the iggy source (a consumer group there) -> the
 //! same topic on "our" server:
 //!
-//!     cargo bench --features iggy-source --bench replication
+//!     cargo bench --features iggy-source --bench backends -- replication
 //!
 //! Both servers are test servers in child processes of their own (so
 //! `rss_mb` is the connector's alone); `IGGY_ADDRESS` names ours and
 //! `IGGY_REMOTE_ADDRESS` the remote one (same credentials) for real servers.
 //! One case, `iggy_to_iggy` (1 KB messages in batches of 1000), prints one
 //! `bench:` line. `BENCH_SCALE` (default 1.0) multiplies its size.
+#![cfg(feature = "iggy-source")]
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
-mod common;
-
-use common::{Iggy, Pipeline, Report, Stages, raw};
 use iggy_connect::connectors::ConnectorKind;
+
+use crate::common;
+use crate::common::{Iggy, Pipeline, Report, Stages, raw};
 
 const CASES: &[&str] = &["iggy_to_iggy"];
 const TOPIC: &str = "events";
 
-fn main() {
-    common::main(CASES, run);
-}
+#[linkme::distributed_slice(crate::BENCHES)]
+static BENCH: crate::Bench = crate::Bench {
+    name: "replication",
+    cases: CASES,
+    run: |case| Box::pin(run(case)),
+};
 
 async fn run(case: String) {
     let ours = Iggy::start();

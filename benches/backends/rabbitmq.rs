@@ -2,36 +2,38 @@
 //! RabbitMQ broker (Debian's `rabbitmq-server` 3.10, started by the case from
 //! `tests/support/rabbitmq.rs`, installed by `scripts/ensure-debian-packages`):
 //!
-//!     cargo bench --features rabbitmq-sink,rabbitmq-source --bench rabbitmq
+//!     cargo bench --features rabbitmq-sink,rabbitmq-source --bench backends -- rabbitmq
 //!
 //! - `iggy_to_rabbitmq`: Iggy -> sink -> a durable queue (persistent
 //!   messages, publisher confirms per batch);
 //! - `rabbitmq_to_iggy` (not listed yet, see `CASES`): a durable queue filled
 //!   beforehand -> source (manual acks per batch) -> Iggy.
 //!
-//! Iggy is `IGGY_ADDRESS` or the test server (see `benches/common/mod.rs`);
+//! Iggy is `IGGY_ADDRESS` or the test server (see `benches/backends/common/mod.rs`);
 //! each case runs in its own process and prints one `bench:` line. The broker
 //! is a separate process: its memory is not in `rss_mb`.
 //!
 //! `BENCH_SCALE` (default 1.0) multiplies every case's size (at least 1000
 //! messages): `BENCH_SCALE=0.01` for a quick check.
+#![cfg(all(feature = "rabbitmq-source", feature = "rabbitmq-sink"))]
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
-mod common;
-
-use common::{Iggy, raw};
 use iggy_connect::connectors::ConnectorKind;
 use serde_json::json;
-use support::rabbitmq::{client, publish, shared, unique};
+
+use crate::common;
+use crate::common::{Iggy, raw};
+use crate::support;
+use crate::support::rabbitmq::{client, publish, shared, unique};
 
 const CASES: &[&str] = &["iggy_to_rabbitmq", "rabbitmq_to_iggy"];
 const TOPIC: &str = "events";
 
-fn main() {
-    common::main(CASES, run);
-}
+#[linkme::distributed_slice(crate::BENCHES)]
+static BENCH: crate::Bench = crate::Bench {
+    name: "rabbitmq",
+    cases: CASES,
+    run: |case| Box::pin(run(case)),
+};
 
 async fn run(case: String) {
     let case = case.as_str();

@@ -3,30 +3,31 @@
 //! `tests/support/nats_server.rs`, installed by `scripts/ensure-debian-packages`),
 //! and of the nats source out of a JetStream stream into Iggy:
 //!
-//!     cargo bench --features nats-sink,nats-source --bench nats
+//!     cargo bench --features nats-sink,nats-source --bench backends -- nats
 //!
-//! Iggy is `IGGY_ADDRESS` or the test server (see `benches/common/mod.rs`);
+//! Iggy is `IGGY_ADDRESS` or the test server (see `benches/backends/common/mod.rs`);
 //! each case runs in its own process and prints one `bench:` line. The NATS
 //! server is a separate process: its memory is not in `rss_mb`.
 //!
 //! `BENCH_SCALE` (default 1.0) multiplies every case's size.
+#![cfg(all(feature = "nats-source", feature = "nats-sink"))]
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
-mod common;
-
-use common::{Iggy, Pipeline, Report, Stages, raw};
 use iggy_connect::connectors::ConnectorKind;
 use serde_json::json;
-use support::nats_server::{NatsServer, create_stream, stream_messages};
+
+use crate::common;
+use crate::common::{Iggy, Pipeline, Report, Stages, raw};
+use crate::support::nats_server::{NatsServer, create_stream, stream_messages};
 
 const CASES: &[&str] = &["iggy_to_nats_jetstream", "nats_jetstream_to_iggy"];
 const TOPIC: &str = "events";
 
-fn main() {
-    common::main(CASES, run);
-}
+#[linkme::distributed_slice(crate::BENCHES)]
+static BENCH: crate::Bench = crate::Bench {
+    name: "nats",
+    cases: CASES,
+    run: |case| Box::pin(run(case)),
+};
 
 async fn run(case: String) {
     let case = case.as_str();

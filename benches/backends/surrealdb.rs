@@ -3,28 +3,29 @@
 //! each statement and keeping every record in memory, so its cost and
 //! memory are part of the figures; no real SurrealDB runs here):
 //!
-//!     cargo bench --features surrealdb-sink --bench surrealdb
+//!     cargo bench --features surrealdb-sink --bench backends -- surrealdb
 //!
-//! Iggy is `IGGY_ADDRESS` or the test server (see `benches/common/mod.rs`);
+//! Iggy is `IGGY_ADDRESS` or the test server (see `benches/backends/common/mod.rs`);
 //! the case prints one `bench:` line with `requests=N` (RPC query requests)
 //! added. `BENCH_SCALE` (default 1.0) multiplies the case's size (a debug
 //! check: `BENCH_SCALE=0.01 cargo bench --profile dev ...`).
+#![cfg(feature = "surrealdb-sink")]
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
-mod common;
-
-use common::{Iggy, Pipeline, Report, Stages, raw};
 use iggy_connect::connectors::ConnectorKind;
-use support::surrealdb::SurrealServer;
+
+use crate::common;
+use crate::common::{Iggy, Pipeline, Report, Stages, raw};
+use crate::support::surrealdb::SurrealServer;
 
 const CASES: &[&str] = &["iggy_to_surrealdb_sink"];
 const TOPIC: &str = "events";
 
-fn main() {
-    common::main(CASES, run);
-}
+#[linkme::distributed_slice(crate::BENCHES)]
+static BENCH: crate::Bench = crate::Bench {
+    name: "surrealdb",
+    cases: CASES,
+    run: |case| Box::pin(run(case)),
+};
 
 async fn run(case: String) {
     let iggy = Iggy::start();

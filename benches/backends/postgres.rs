@@ -1,10 +1,10 @@
 //! Throughput of the postgres connectors through Iggy with ~1 KB JSON rows,
 //! batches of 1000:
 //!
-//!     scripts/with-postgres.sh cargo bench --features postgres-source,postgres-sink --bench postgres
-//!     scripts/with-postgres.sh cargo bench --features postgres-source,postgres-sink --bench postgres -- chain
+//!     scripts/with-postgres.sh cargo bench --features postgres-source,postgres-sink --bench backends -- postgres
+//!     scripts/with-postgres.sh cargo bench --features postgres-source,postgres-sink --bench backends -- postgres chain
 //!
-//! Iggy is `IGGY_ADDRESS` or the test server (see `benches/common/mod.rs`);
+//! Iggy is `IGGY_ADDRESS` or the test server (see `benches/backends/common/mod.rs`);
 //! each case runs in its own process and prints one `bench:` line.
 //!
 //! - `postgres_source_to_iggy`: table -> Iggy (upstream's `DatabaseRecord`);
@@ -25,18 +25,13 @@
 //! - `postgres_cdc_changes_to_iggy`: `mode = "cdc"`, changes already in the
 //!   slot (inserts in 1000-row transactions, then as many updates) -> Iggy:
 //!   the decode rate of the replication stream.
-
-#[path = "../tests/support/mod.rs"]
-mod support;
-
-mod common;
+#![cfg(all(feature = "postgres-source", feature = "postgres-sink"))]
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{Iggy, Latencies, Report, Stages, raw};
 use iggy_connect::config::ConnectorConfig;
 use iggy_connect::config::env::EnvVars;
 use iggy_connect::config::parse_connector_file;
@@ -47,6 +42,10 @@ use iggy_connect::message::{Payload, SinkMessage, TopicRef};
 use iggy_connect::state::FileStateStore;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, PgPool};
+
+use crate::common;
+use crate::common::{Iggy, Latencies, Report, Stages, raw};
+use crate::support;
 
 const CASES: &[&str] = &[
     "postgres_source_to_iggy",
@@ -63,9 +62,12 @@ const CASES: &[&str] = &[
 const BATCH: u64 = 1000;
 const TOPIC: &str = "rows";
 
-fn main() {
-    common::main(CASES, run);
-}
+#[linkme::distributed_slice(crate::BENCHES)]
+static BENCH: crate::Bench = crate::Bench {
+    name: "postgres",
+    cases: CASES,
+    run: |case| Box::pin(run(case)),
+};
 
 async fn run(case: String) {
     let case = case.as_str();

@@ -7,10 +7,9 @@
 //! test server of `tests/support/`, started in a child process of its own so
 //! that a case's peak RSS is the connectors' alone.
 //!
-//! Every bench binary takes case names (or parts of them) as arguments; with
-//! none it runs every case. Each case runs in a fresh child process (the same
-//! executable, given the exact case name), so one case's heap never inflates
-//! another's peak RSS.
+//! Each case runs in a fresh child process (the same executable, given the
+//! case's name: see `main.rs`), so one case's heap never inflates another's
+//! peak RSS.
 #![allow(dead_code)]
 
 pub mod raw;
@@ -23,6 +22,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use iggy_connect::iggy::ConnectionSettings;
 use metrics::{
     Counter, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder, SharedString, Unit,
@@ -33,48 +33,24 @@ use crate::support::iggy_server::IggyTestServer;
 /// Set in the child process that serves the test server.
 const SERVE_ENV: &str = "IGGY_CONNECT_BENCH_SERVE";
 
-/// Runs the bench: serves the test server when this process was started for
-/// that, else runs the case named on the command line in this process, else
-/// runs every matching case in its own child process. A case runs on a worker
-/// thread of a multi-threaded runtime, as the engine's pipelines do:
-/// `block_on`'s own thread would add a cross-thread wake-up to every I/O event.
-pub fn main<F>(cases: &[&str], run_case: fn(String) -> F)
-where
-    F: Future<Output = ()> + Send + 'static,
-{
+/// Serves the test server instead of returning when this process was started
+/// for that ([`Iggy::start_test_server`]).
+pub fn serve_if_asked() {
     if std::env::var_os(SERVE_ENV).is_some() {
         serve();
     }
-    let filters: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|arg| !arg.starts_with("--"))
-        .collect();
-    if let [only] = filters.as_slice()
-        && let Some(case) = cases.iter().find(|case| **case == only.as_str())
-    {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .expect("tokio runtime");
-        let case = runtime.spawn(run_case((*case).to_owned()));
-        runtime.block_on(case).expect("the case panicked");
-        return;
-    }
-    let exe = std::env::current_exe().expect("the bench knows its executable");
-    let mut failed = Vec::new();
-    for case in cases
-        .iter()
-        .filter(|case| filters.is_empty() || filters.iter().any(|f| case.contains(f.as_str())))
-    {
-        let status = Command::new(&exe)
-            .arg(case)
-            .status()
-            .expect("the bench can run itself");
-        if !status.success() {
-            failed.push(*case);
-        }
-    }
-    assert!(failed.is_empty(), "failed cases: {failed:?}");
+}
+
+/// Runs one case in this process, on a worker thread of a multi-threaded
+/// runtime, as the engine's pipelines do: `block_on`'s own thread would add a
+/// cross-thread wake-up to every I/O event.
+pub fn run_case(case: BoxFuture<'static, ()>) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let case = runtime.spawn(case);
+    runtime.block_on(case).expect("the case panicked");
 }
 
 /// Child-process mode: serve the test server until the parent closes stdin.

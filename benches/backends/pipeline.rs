@@ -1,13 +1,13 @@
 //! End-to-end throughput of the random source and the stdout sink through a
 //! real Iggy server, next to the iggy client's own limits on the same server.
 //!
-//!     cargo bench --bench pipeline                  # every case
-//!     cargo bench --bench pipeline -- random        # cases whose name contains "random"
-//!     IGGY_ADDRESS=127.0.0.1:8090 cargo bench --bench pipeline   # a real server
+//!     cargo bench --bench backends -- pipeline                  # every case
+//!     cargo bench --bench backends -- pipeline random        # cases whose name contains "random"
+//!     IGGY_ADDRESS=127.0.0.1:8090 cargo bench --bench backends -- pipeline   # a real server
 //!
 //! Each case runs in its own process and prints one line
 //! `bench: name=... messages=N seconds=S msgs_per_s=R p50_ms=... p99_ms=... rss_mb=...`
-//! (see `benches/common/mod.rs`). Latencies are per batch: poll to commit for
+//! (see `benches/backends/common/mod.rs`). Latencies are per batch: poll to commit for
 //! a source, poll to offset commit for a sink, as the engine times them.
 //! The stdout sink prints every payload (`print_payload = true`) to the
 //! process's standard output, which the case points at /dev/null.
@@ -22,18 +22,13 @@
 //! - `random_iggy_stdout`: both connectors in one runtime, measured at the sink.
 //!
 //! `BENCH_SCALE` scales the message counts (default 1: 1,000,000).
-
-#[path = "../tests/support/mod.rs"]
-mod support;
-
-mod common;
+#![cfg(all(feature = "random-source", feature = "stdout-sink"))]
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{Iggy, Latencies, Report, Stages, raw};
 use iggy_connect::config::ConnectorConfig;
 use iggy_connect::config::connector::parse_connector_file;
 use iggy_connect::config::env::EnvVars;
@@ -41,6 +36,9 @@ use iggy_connect::connectors::ConnectorKind;
 use iggy_connect::engine::Runtime;
 use iggy_connect::iggy::IggyBus;
 use iggy_connect::state::FileStateStore;
+
+use crate::common;
+use crate::common::{Iggy, Latencies, Report, Stages, raw};
 
 const CASES: &[&str] = &[
     "raw_send",
@@ -62,9 +60,12 @@ const BATCH: u64 = 1000;
 const TEXT_LENGTH: usize = 100;
 const TOPIC: &str = "events";
 
-fn main() {
-    common::main(CASES, run);
-}
+#[linkme::distributed_slice(crate::BENCHES)]
+static BENCH: crate::Bench = crate::Bench {
+    name: "pipeline",
+    cases: CASES,
+    run: |case| Box::pin(run(case)),
+};
 
 async fn run(case: String) {
     let case = case.as_str();

@@ -2,32 +2,33 @@
 //! temp directory (Parquet files and the commit log on disk, fsync as the
 //! filesystem does it):
 //!
-//!     cargo bench --features delta-sink --bench delta
+//!     cargo bench --features delta-sink --bench backends -- delta
 //!
-//! Iggy is `IGGY_ADDRESS` or the test server (see `benches/common/mod.rs`);
+//! Iggy is `IGGY_ADDRESS` or the test server (see `benches/backends/common/mod.rs`);
 //! the case prints one `bench:` line with `commits=N` added. The time runs
 //! until every message is in a committed table version (the sink is stopped
 //! after it accepted the last one, which commits what it holds). The table is
 //! read back with PyPI `deltalake` after the clock stops
 //! (`scripts/lake-readers`). `BENCH_SCALE` (default 1.0) multiplies the
 //! case's size (a debug check:
-//! `BENCH_SCALE=0.01 cargo bench --profile dev --features delta-sink --bench delta`).
+//! `BENCH_SCALE=0.01 cargo bench --profile dev --features delta-sink --bench backends -- delta`).
+#![cfg(feature = "delta-sink")]
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
-mod common;
-
-use common::{Iggy, Pipeline, Report, Stages, raw};
 use iggy_connect::connectors::ConnectorKind;
-use support::delta::Table;
+
+use crate::common;
+use crate::common::{Iggy, Pipeline, Report, Stages, raw};
+use crate::support::delta::Table;
 
 const CASES: &[&str] = &["iggy_to_delta_sink"];
 const TOPIC: &str = "events";
 
-fn main() {
-    common::main(CASES, run);
-}
+#[linkme::distributed_slice(crate::BENCHES)]
+static BENCH: crate::Bench = crate::Bench {
+    name: "delta",
+    cases: CASES,
+    run: |case| Box::pin(run(case)),
+};
 
 async fn run(case: String) {
     let iggy = Iggy::start();

@@ -2,30 +2,31 @@
 //! local Redis (Debian's redis-server 7.0, started by the case from
 //! `tests/support/redis.rs`, installed by `scripts/ensure-debian-packages`):
 //!
-//!     cargo bench --features redis-sink,redis-source --bench redis
+//!     cargo bench --features redis-sink,redis-source --bench backends -- redis
 //!
-//! Iggy is `IGGY_ADDRESS` or the test server (see `benches/common/mod.rs`);
+//! Iggy is `IGGY_ADDRESS` or the test server (see `benches/backends/common/mod.rs`);
 //! each case runs in its own process and prints one `bench:` line. Redis is a
 //! separate process (AOF fsynced on every write, as the tests run it): its
 //! memory is not in `rss_mb`. `BENCH_SCALE` (default 1.0) multiplies every
 //! case's size.
+#![cfg(all(feature = "redis-source", feature = "redis-sink"))]
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
-mod common;
-
-use common::{Iggy, Pipeline, Report, Stages, raw};
 use iggy_connect::connectors::ConnectorKind;
 use serde_json::json;
-use support::redis::RedisServer;
+
+use crate::common;
+use crate::common::{Iggy, Pipeline, Report, Stages, raw};
+use crate::support::redis::RedisServer;
 
 const CASES: &[&str] = &["iggy_to_redis", "redis_to_iggy"];
 const TOPIC: &str = "events";
 
-fn main() {
-    common::main(CASES, run);
-}
+#[linkme::distributed_slice(crate::BENCHES)]
+static BENCH: crate::Bench = crate::Bench {
+    name: "redis",
+    cases: CASES,
+    run: |case| Box::pin(run(case)),
+};
 
 async fn run(case: String) {
     let case = case.as_str();

@@ -2,31 +2,32 @@
 //! `moto[server]`, a Python process on loopback, so its cost is part of the
 //! figures; `scripts/s3-emulator` installs it):
 //!
-//!     cargo bench --features s3-sink --bench s3
+//!     cargo bench --features s3-sink --bench backends -- s3
 //!
-//! Iggy is `IGGY_ADDRESS` or the test server (see `benches/common/mod.rs`);
+//! Iggy is `IGGY_ADDRESS` or the test server (see `benches/backends/common/mod.rs`);
 //! the case prints one `bench:` line with `objects=N` added. The time runs
 //! until every message is in an uploaded object (the sink is stopped after
 //! it accepted the last one, which flushes and commits what it holds).
 //! `BENCH_SCALE` (default 1.0) multiplies the case's size (a debug check:
-//! `BENCH_SCALE=0.01 cargo bench --profile dev --features s3-sink --bench s3`).
+//! `BENCH_SCALE=0.01 cargo bench --profile dev --features s3-sink --bench backends -- s3`).
+#![cfg(feature = "s3-sink")]
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
-mod common;
-
-use common::{Iggy, Pipeline, Report, Stages, raw};
 use iggy_connect::connectors::ConnectorKind;
-use support::s3::S3Server;
+
+use crate::common;
+use crate::common::{Iggy, Pipeline, Report, Stages, raw};
+use crate::support::s3::S3Server;
 
 const CASES: &[&str] = &["iggy_to_s3_sink"];
 const TOPIC: &str = "events";
 const BUCKET: &str = "bench";
 
-fn main() {
-    common::main(CASES, run);
-}
+#[linkme::distributed_slice(crate::BENCHES)]
+static BENCH: crate::Bench = crate::Bench {
+    name: "s3",
+    cases: CASES,
+    run: |case| Box::pin(run(case)),
+};
 
 async fn run(case: String) {
     let iggy = Iggy::start();
