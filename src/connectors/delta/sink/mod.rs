@@ -57,7 +57,7 @@ use errors::classify;
 pub const ENTRY: SinkEntry = SinkEntry {
     name: "delta",
     feature: "delta-sink",
-    description: "appends JSON messages to a Delta Lake table on a local disk or S3 (Parquet files committed with one txn action per partition: exactly once; offsets committed after the Delta commit)",
+    description: "appends JSON messages to a Delta Lake table on local disk or S3, exactly once (Parquet files, txn actions)",
     // Upstream's azure and gcs keys (refused with their backends, accepted
     // otherwise) are caught by the API's name net: `account_key`, `token`.
     secret_fields: &["aws_s3_access_key", "aws_s3_secret_key"],

@@ -13,7 +13,7 @@
 //! read again (a retry, a failed commit) finds its timestamps remembered.
 //! What it cannot see are the messages handled before the sink opened: after
 //! a restart inside a run of more than 1000 messages of one timestamp, it
-//! counts from the first message it sees again (README, InfluxDB sink).
+//! counts from the first message it sees again (docs/connectors/influxdb.md).
 
 use std::collections::{BTreeMap, HashMap};
 

@@ -53,7 +53,7 @@ pub struct MeilisearchSinkConfig {
     pub timeout: Duration,
     /// Follow each documents task until it `succeeded` (then `write` returns
     /// `Ok`) or `failed`. `false`: `Ok` once Meilisearch enqueued the task,
-    /// and a task failing later is never seen (see the README).
+    /// and a task failing later is never seen (see docs/connectors/meilisearch.md).
     #[serde(default = "default_true")]
     pub wait_for_tasks: bool,
     /// Longest wait for one task to finish; past it the write is transient

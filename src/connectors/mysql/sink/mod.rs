@@ -4,7 +4,7 @@
 //! Identity: the Iggy message id (`id DECIMAL(39,0) PRIMARY KEY`). A message
 //! whose id is already stored is a copy (a redelivery after a crash) and
 //! `ON DUPLICATE KEY UPDATE id = id` makes it a no-op. `INSERT IGNORE` would
-//! do the same about as fast (measured in the README), but it also turns every
+//! do the same about as fast (measured in BENCHMARKS.md), but it also turns every
 //! other error of the row into a warning and stores a mangled value (a string
 //! in an INT column becomes 0), so a refused row would be silently written
 //! instead of rejected.
@@ -71,7 +71,7 @@ pub enum MySqlSinkError {
     #[error("{}", describe(.0))]
     Connect(#[source] sqlx::Error),
     #[error(
-        "target table {0} does not exist; create it (see the README for the layout) or set auto_create_table = true"
+        "target table {0} does not exist; create it (see docs/connectors/mysql.md for the layout) or set auto_create_table = true"
     )]
     MissingTable(String),
     #[error("cannot prepare target table {table}: {}", describe(.source))]
@@ -81,7 +81,7 @@ pub enum MySqlSinkError {
         source: sqlx::Error,
     },
     #[error(
-        "target table {table} does not fit the sink's settings (include_metadata, include_checksum, include_origin_timestamp; see the README for the layout): {problem}"
+        "target table {table} does not fit the sink's settings (include_metadata, include_checksum, include_origin_timestamp; see docs/connectors/mysql.md for the layout): {problem}"
     )]
     Columns { table: String, problem: String },
     #[error("writing to {table} failed: {}", describe(.source))]

@@ -72,7 +72,7 @@ pub enum PostgresSinkError {
     #[error("{}", describe(.0))]
     Connect(#[source] sqlx::Error),
     #[error(
-        "target table {0} does not exist; create it (see the README for upstream's layout) or set auto_create_table = true"
+        "target table {0} does not exist; create it (see docs/connectors/postgres.md for upstream's layout) or set auto_create_table = true"
     )]
     MissingTable(String),
     #[error("cannot prepare target table {table}: {}", describe(.source))]
@@ -82,7 +82,7 @@ pub enum PostgresSinkError {
         source: sqlx::Error,
     },
     #[error(
-        "target table {table} does not fit the sink's settings (include_metadata, include_checksum, include_origin_timestamp, payload_format; see the README for upstream's layout): {}",
+        "target table {table} does not fit the sink's settings (include_metadata, include_checksum, include_origin_timestamp, payload_format; see docs/connectors/postgres.md for upstream's layout): {}",
         describe(.source)
     )]
     Columns {

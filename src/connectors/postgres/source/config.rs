@@ -85,7 +85,7 @@ pub struct PostgresSourceConfig {
     /// `TRUNCATE` (default: the first three, as upstream).
     pub capture_operations: Option<Vec<String>>,
     /// CDC: upstream's backend choice (`builtin` or `pg_replicate`); both mean
-    /// pgoutput read through SQL here.
+    /// pgoutput over the streaming replication protocol here.
     pub cdc_backend: Option<String>,
     /// CDC: the publication naming the captured tables, created for `tables`
     /// when missing (default: the slot's name).

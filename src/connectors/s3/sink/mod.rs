@@ -47,7 +47,7 @@ use file::{ClosedFile, Layout, OpenFile};
 pub const ENTRY: SinkEntry = SinkEntry {
     name: "s3",
     feature: "s3-sink",
-    description: "writes messages as objects to S3 or an S3-compatible store (files closed by size or count, keys from their offsets: a replay overwrites; offsets committed once the object is uploaded)",
+    description: "writes messages as objects to S3 or an S3-compatible store (keys from offsets: a replay overwrites)",
     secret_fields: &["access_key_id", "secret_access_key"],
     sample_config: "bucket = \"iggy-data\"\nregion = \"us-east-1\"\nprefix = \"iggy/raw\"\nendpoint = \"http://127.0.0.1:9000\"\naccess_key_id = \"key-id-secret\"\nsecret_access_key = \"secret\"\nfile_rotation = \"messages\"\nmax_messages_per_file = 10000\noutput_format = \"json_lines\"\ncompression = \"gzip\"\nflush_interval = \"60s\"\n",
     config_schema: schema_of::<S3SinkConfig>,
