@@ -1,7 +1,7 @@
 //! JSON decode and encode per message: serde_json (what the engine uses) against
 //! simd-json, on a `random` source record (`small`, one long string), a database
 //! row (`row`, mixed column types) and a nested order (`large`, 5 KiB).
-//! `cargo bench --bench engine -- json_`. `schema_codecs` puts the Avro, Protocol
+//! `cargo bench --bench engine -- '^json_'`. `schema_codecs` puts the Avro, Protocol
 //! Buffers and FlatBuffers stream schemas (features `schema-avro`,
 //! `schema-proto`, `schema-flatbuffer`; FlatBuffers needs `flatc` on the PATH
 //! to compile its schema) next to JSON on the row:
