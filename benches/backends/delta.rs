@@ -23,12 +23,13 @@ use crate::support::delta::Table;
 const CASES: &[&str] = &["iggy_to_delta_sink"];
 const TOPIC: &str = "events";
 
-#[linkme::distributed_slice(crate::BENCHES)]
-static BENCH: crate::Bench = crate::Bench {
-    name: "delta",
-    cases: CASES,
-    run: |case| Box::pin(run(case)),
-};
+inventory::submit! {
+    crate::Bench {
+        name: "delta",
+        cases: CASES,
+        run: |case| Box::pin(run(case)),
+    }
+}
 
 async fn run(case: String) {
     let iggy = Iggy::start();

@@ -37,12 +37,13 @@ const CASES: &[&str] = &[
 ];
 const TOPIC: &str = "events";
 
-#[linkme::distributed_slice(crate::BENCHES)]
-static BENCH: crate::Bench = crate::Bench {
-    name: "elasticsearch",
-    cases: CASES,
-    run: |case| Box::pin(run(case)),
-};
+inventory::submit! {
+    crate::Bench {
+        name: "elasticsearch",
+        cases: CASES,
+        run: |case| Box::pin(run(case)),
+    }
+}
 
 async fn run(case: String) {
     let iggy = Iggy::start();

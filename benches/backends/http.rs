@@ -44,12 +44,13 @@ const TOPIC: &str = "events";
 /// Concurrent clients posting to the source.
 const CLIENTS: u64 = 32;
 
-#[linkme::distributed_slice(crate::BENCHES)]
-static BENCH: crate::Bench = crate::Bench {
-    name: "http",
-    cases: CASES,
-    run: |case| Box::pin(run(case)),
-};
+inventory::submit! {
+    crate::Bench {
+        name: "http",
+        cases: CASES,
+        run: |case| Box::pin(run(case)),
+    }
+}
 
 async fn run(case: String) {
     let case = case.as_str();

@@ -21,12 +21,13 @@ use crate::common::{Iggy, Pipeline, Report, Stages, raw};
 const CASES: &[&str] = &["iggy_to_iceberg_sink"];
 const TOPIC: &str = "events";
 
-#[linkme::distributed_slice(crate::BENCHES)]
-static BENCH: crate::Bench = crate::Bench {
-    name: "iceberg",
-    cases: CASES,
-    run: |case| Box::pin(run(case)),
-};
+inventory::submit! {
+    crate::Bench {
+        name: "iceberg",
+        cases: CASES,
+        run: |case| Box::pin(run(case)),
+    }
+}
 
 async fn run(case: String) {
     let iggy = Iggy::start();

@@ -38,7 +38,6 @@ mod surrealdb;
 use std::process::Command;
 
 use futures::future::BoxFuture;
-use linkme::distributed_slice;
 
 /// Set in the child process that runs one case: the case's name.
 const CASE_ENV: &str = "IGGY_CONNECT_BENCH_CASE";
@@ -50,15 +49,14 @@ pub struct Bench {
     pub run: fn(String) -> BoxFuture<'static, ()>,
 }
 
-/// Every backend bench compiled in; each module adds its own.
-#[distributed_slice]
-pub static BENCHES: [Bench];
+// Every backend bench compiled in; each module adds its own.
+inventory::collect!(Bench);
 
 fn main() {
     common::serve_if_asked();
     if let Ok(case) = std::env::var(CASE_ENV) {
-        let bench = BENCHES
-            .iter()
+        let bench = inventory::iter::<Bench>
+            .into_iter()
             .find(|bench| bench.cases.contains(&case.as_str()))
             .unwrap_or_else(|| panic!("no bench case {case}"));
         common::run_case((bench.run)(case));
@@ -70,7 +68,10 @@ fn main() {
         .collect();
     let selected = select(&arguments);
     if selected.is_empty() {
-        let mut compiled: Vec<&str> = BENCHES.iter().map(|bench| bench.name).collect();
+        let mut compiled: Vec<&str> = inventory::iter::<Bench>
+            .into_iter()
+            .map(|bench| bench.name)
+            .collect();
         compiled.sort_unstable();
         eprintln!(
             "no bench case matches {arguments:?}; the backends compiled in are {compiled:?} \
@@ -95,7 +96,7 @@ fn main() {
 
 /// The cases the arguments select, by backend name (sorted) then case order.
 fn select(arguments: &[String]) -> Vec<&'static str> {
-    let mut benches: Vec<&Bench> = BENCHES.iter().collect();
+    let mut benches: Vec<&Bench> = inventory::iter::<Bench>.into_iter().collect();
     benches.sort_unstable_by_key(|bench| bench.name);
     let (named, filters): (Vec<&String>, Vec<&String>) = arguments
         .iter()

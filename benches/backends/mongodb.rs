@@ -20,12 +20,13 @@ use crate::support::mongodb::{MongoServer, unique_database};
 const CASES: &[&str] = &["iggy_to_mongodb_sink", "mongodb_source_to_iggy"];
 const TOPIC: &str = "events";
 
-#[linkme::distributed_slice(crate::BENCHES)]
-static BENCH: crate::Bench = crate::Bench {
-    name: "mongodb",
-    cases: CASES,
-    run: |case| Box::pin(run(case)),
-};
+inventory::submit! {
+    crate::Bench {
+        name: "mongodb",
+        cases: CASES,
+        run: |case| Box::pin(run(case)),
+    }
+}
 
 async fn run(case: String) {
     let iggy = Iggy::start();

@@ -39,12 +39,13 @@ const BATCH: u64 = 1000;
 const TOPIC: &str = "rows";
 const TABLE: &str = "bench";
 
-#[linkme::distributed_slice(crate::BENCHES)]
-static BENCH: crate::Bench = crate::Bench {
-    name: "mysql",
-    cases: CASES,
-    run: |case| Box::pin(run(case)),
-};
+inventory::submit! {
+    crate::Bench {
+        name: "mysql",
+        cases: CASES,
+        run: |case| Box::pin(run(case)),
+    }
+}
 
 async fn run(case: String) {
     let case = case.as_str();

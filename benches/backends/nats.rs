@@ -22,12 +22,13 @@ use crate::support::nats_server::{NatsServer, create_stream, stream_messages};
 const CASES: &[&str] = &["iggy_to_nats_jetstream", "nats_jetstream_to_iggy"];
 const TOPIC: &str = "events";
 
-#[linkme::distributed_slice(crate::BENCHES)]
-static BENCH: crate::Bench = crate::Bench {
-    name: "nats",
-    cases: CASES,
-    run: |case| Box::pin(run(case)),
-};
+inventory::submit! {
+    crate::Bench {
+        name: "nats",
+        cases: CASES,
+        run: |case| Box::pin(run(case)),
+    }
+}
 
 async fn run(case: String) {
     let case = case.as_str();

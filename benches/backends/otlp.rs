@@ -54,12 +54,13 @@ const CASES: &[&str] = &[
 const CLIENTS: u64 = 16;
 const RECORDS_PER_EXPORT: usize = 100;
 
-#[linkme::distributed_slice(crate::BENCHES)]
-static BENCH: crate::Bench = crate::Bench {
-    name: "otlp",
-    cases: CASES,
-    run: |case| Box::pin(run(case)),
-};
+inventory::submit! {
+    crate::Bench {
+        name: "otlp",
+        cases: CASES,
+        run: |case| Box::pin(run(case)),
+    }
+}
 
 async fn run(case: String) {
     let case = case.as_str();

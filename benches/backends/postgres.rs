@@ -62,12 +62,13 @@ const CASES: &[&str] = &[
 const BATCH: u64 = 1000;
 const TOPIC: &str = "rows";
 
-#[linkme::distributed_slice(crate::BENCHES)]
-static BENCH: crate::Bench = crate::Bench {
-    name: "postgres",
-    cases: CASES,
-    run: |case| Box::pin(run(case)),
-};
+inventory::submit! {
+    crate::Bench {
+        name: "postgres",
+        cases: CASES,
+        run: |case| Box::pin(run(case)),
+    }
+}
 
 async fn run(case: String) {
     let case = case.as_str();

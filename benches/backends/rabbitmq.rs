@@ -28,12 +28,13 @@ use crate::support::rabbitmq::{client, publish, shared, unique};
 const CASES: &[&str] = &["iggy_to_rabbitmq", "rabbitmq_to_iggy"];
 const TOPIC: &str = "events";
 
-#[linkme::distributed_slice(crate::BENCHES)]
-static BENCH: crate::Bench = crate::Bench {
-    name: "rabbitmq",
-    cases: CASES,
-    run: |case| Box::pin(run(case)),
-};
+inventory::submit! {
+    crate::Bench {
+        name: "rabbitmq",
+        cases: CASES,
+        run: |case| Box::pin(run(case)),
+    }
+}
 
 async fn run(case: String) {
     let case = case.as_str();

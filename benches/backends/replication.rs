@@ -19,12 +19,13 @@ use crate::common::{Iggy, Pipeline, Report, Stages, raw};
 const CASES: &[&str] = &["iggy_to_iggy"];
 const TOPIC: &str = "events";
 
-#[linkme::distributed_slice(crate::BENCHES)]
-static BENCH: crate::Bench = crate::Bench {
-    name: "replication",
-    cases: CASES,
-    run: |case| Box::pin(run(case)),
-};
+inventory::submit! {
+    crate::Bench {
+        name: "replication",
+        cases: CASES,
+        run: |case| Box::pin(run(case)),
+    }
+}
 
 async fn run(case: String) {
     let ours = Iggy::start();

@@ -20,12 +20,13 @@ use crate::support::surrealdb::SurrealServer;
 const CASES: &[&str] = &["iggy_to_surrealdb_sink"];
 const TOPIC: &str = "events";
 
-#[linkme::distributed_slice(crate::BENCHES)]
-static BENCH: crate::Bench = crate::Bench {
-    name: "surrealdb",
-    cases: CASES,
-    run: |case| Box::pin(run(case)),
-};
+inventory::submit! {
+    crate::Bench {
+        name: "surrealdb",
+        cases: CASES,
+        run: |case| Box::pin(run(case)),
+    }
+}
 
 async fn run(case: String) {
     let iggy = Iggy::start();

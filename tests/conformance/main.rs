@@ -31,7 +31,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use futures::future::LocalBoxFuture;
 use iggy_connect::connectors::{ConnectorKind, Registry};
 use libtest_mimic::{Arguments, Failed, Trial};
-use linkme::distributed_slice;
 
 use crate::sink::{SinkBackend, SinkSubject};
 use crate::source::{SourceBackend, SourceSubject};
@@ -65,30 +64,29 @@ impl Fixture {
     }
 }
 
-/// Every fixture compiled in: each fixture file adds its own with
-/// [`source_fixture!`] or [`sink_fixture!`].
-#[distributed_slice]
-pub static FIXTURES: [Fixture];
+// Every fixture compiled in: each fixture file adds its own with
+// [`source_fixture!`] or [`sink_fixture!`], as connectors register themselves.
+inventory::collect!(Fixture);
 
 /// Registers a source fixture: `source_fixture!(module_name, "connector", backend_expr)`,
 /// the expression evaluated (it may `.await`) once per check.
 #[macro_export]
 macro_rules! source_fixture {
     ($name:ident, $connector:literal, $backend:expr) => {
-        #[allow(non_upper_case_globals)]
-        #[linkme::distributed_slice($crate::FIXTURES)]
-        static $name: $crate::Fixture = {
-            fn new()
-            -> futures::future::LocalBoxFuture<'static, Box<dyn $crate::source::SourceBackend>>
+        inventory::submit! {
             {
-                Box::pin(async { Box::new($backend) as Box<dyn $crate::source::SourceBackend> })
+                fn new()
+                -> futures::future::LocalBoxFuture<'static, Box<dyn $crate::source::SourceBackend>>
+                {
+                    Box::pin(async { Box::new($backend) as Box<dyn $crate::source::SourceBackend> })
+                }
+                $crate::Fixture {
+                    name: stringify!($name),
+                    connector: $connector,
+                    backend: $crate::NewBackend::Source(new),
+                }
             }
-            $crate::Fixture {
-                name: stringify!($name),
-                connector: $connector,
-                backend: $crate::NewBackend::Source(new),
-            }
-        };
+        }
     };
 }
 
@@ -96,19 +94,19 @@ macro_rules! source_fixture {
 #[macro_export]
 macro_rules! sink_fixture {
     ($name:ident, $connector:literal, $backend:expr) => {
-        #[allow(non_upper_case_globals)]
-        #[linkme::distributed_slice($crate::FIXTURES)]
-        static $name: $crate::Fixture = {
-            fn new() -> futures::future::LocalBoxFuture<'static, Box<dyn $crate::sink::SinkBackend>>
+        inventory::submit! {
             {
-                Box::pin(async { Box::new($backend) as Box<dyn $crate::sink::SinkBackend> })
+                fn new() -> futures::future::LocalBoxFuture<'static, Box<dyn $crate::sink::SinkBackend>>
+                {
+                    Box::pin(async { Box::new($backend) as Box<dyn $crate::sink::SinkBackend> })
+                }
+                $crate::Fixture {
+                    name: stringify!($name),
+                    connector: $connector,
+                    backend: $crate::NewBackend::Sink(new),
+                }
             }
-            $crate::Fixture {
-                name: stringify!($name),
-                connector: $connector,
-                backend: $crate::NewBackend::Sink(new),
-            }
-        };
+        }
     };
 }
 
@@ -150,8 +148,8 @@ fn registry_trials() -> Vec<Trial> {
 }
 
 fn fixtures_of(kind: ConnectorKind, connector: &str) -> impl Iterator<Item = &'static Fixture> {
-    FIXTURES
-        .iter()
+    inventory::iter::<Fixture>
+        .into_iter()
         .filter(move |fixture| fixture.kind() == kind && fixture.connector == connector)
 }
 
@@ -213,8 +211,8 @@ fn every_registered_connector_has_a_fixture() -> Result<(), Failed> {
         .filter(|(kind, name)| fixtures_of(*kind, name).next().is_none())
         .map(|(kind, name)| format!("{name} {kind}"))
         .collect();
-    let orphans: Vec<String> = FIXTURES
-        .iter()
+    let orphans: Vec<String> = inventory::iter::<Fixture>
+        .into_iter()
         .filter(|fixture| !registered.contains(&(fixture.kind(), fixture.connector)))
         .map(|fixture| {
             format!(
@@ -225,13 +223,13 @@ fn every_registered_connector_has_a_fixture() -> Result<(), Failed> {
             )
         })
         .collect();
-    if !missing.is_empty() {
-        return Err(format!("connectors without a conformance fixture: {missing:?}").into());
+    if missing.is_empty() && orphans.is_empty() {
+        return Ok(());
     }
-    if !orphans.is_empty() {
-        return Err(format!("fixtures for no registered connector: {orphans:?}").into());
-    }
-    Ok(())
+    Err(format!(
+        "connectors without a conformance fixture: {missing:?}; fixtures for no registered connector: {orphans:?}"
+    )
+    .into())
 }
 
 /// A name no other check (or run) uses.
