@@ -1,5 +1,8 @@
 //! The control plane of the real binary: `iggy-connect run` against the
 //! in-process Iggy test server, driven over HTTP as an operator would.
+// The tests here run the random source and the stdout sink (the default
+// features): a build without them leaves them out rather than failing them.
+#![cfg(all(feature = "random-source", feature = "stdout-sink"))]
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -697,6 +700,10 @@ fn run_exits_non_zero_naming_the_address_when_the_http_port_is_taken() {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "faulty-sink"),
+    ignore = "needs the faulty sink: --features faulty-sink"
+)]
 async fn health_names_a_sink_that_stores_no_offsets_while_messages_wait_and_metrics_show_its_lag() {
     let server = IggyTestServer::start();
     let (source, sink, topic) = (unique("src"), unique("snk"), unique("t"));
@@ -781,6 +788,10 @@ fn http_source(key: &str, topic: &str) -> (String, String) {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(feature = "http-source"),
+    ignore = "needs the http source: --features http-source"
+)]
 async fn a_destructive_source_creating_a_topic_without_persisted_durability_is_warned_about() {
     let server = IggyTestServer::start();
     let (source, topic) = (unique("src"), unique("t"));
@@ -815,6 +826,10 @@ async fn a_destructive_source_creating_a_topic_without_persisted_durability_is_w
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(feature = "http-source"),
+    ignore = "needs the http source: --features http-source"
+)]
 async fn the_api_answers_while_an_http_source_listener_is_flooded() {
     const FLOOD: usize = 120;
     let server = IggyTestServer::start();
