@@ -20,7 +20,9 @@ use crate::support;
 use crate::support::binary::Workspace;
 use crate::support::harness::{connector, iggy_client, produce_ns, runtime};
 use crate::support::iggy_server::{IggyTestServer, StoredMessage};
-use crate::support::rabbitmq::{client, port, publish, publish_messages, shared, unique};
+use crate::support::rabbitmq::{
+    RabbitServer, client, port, publish, publish_messages, shared, unique,
+};
 use crate::support::wait::{eventually, wait_for};
 
 const LONG: Duration = Duration::from_secs(90);
@@ -298,11 +300,14 @@ async fn a_missing_exchange_and_bad_credentials_are_fatal_at_open_naming_the_fie
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_restart_mid_stream_leaves_every_message_in_the_queue() {
-    let (port, iggy) = (port(), IggyTestServer::start());
+    // A broker of its own: restarting the shared one would cut off the
+    // tests running beside this one in the same process (plain `cargo test`).
+    let mut broker = RabbitServer::start();
+    let (port, iggy) = (broker.port, IggyTestServer::start());
     let (exchange, queue) = (unique("x"), unique("q"));
     topology(port, &exchange, &queue).await;
     // Else the kill below can roll the exchange, queue or binding back.
-    shared().sync_definitions();
+    broker.sync_definitions();
     iggy.create_topic("shop", "orders", 1);
     produce_ns(&iggy_client(&iggy).await, "shop", "orders", 1..3001).await;
     let state = tempfile::tempdir().unwrap();
@@ -315,7 +320,7 @@ async fn a_broker_restart_mid_stream_leaves_every_message_in_the_queue() {
         client(port).await.ready(&queue).await >= 100
     })
     .await;
-    shared().restart();
+    broker.restart();
     let at_restart = client(port).await.ready(&queue).await;
     wait_for("the sink's offset to cover the topic", LONG, || {
         iggy.stored_offset("shop", "orders", "iggy-connect-sink-to-rabbit", 0) == Some(2999)
@@ -494,11 +499,14 @@ async fn while_iggy_refuses_sends_nothing_is_acked_and_everything_arrives_after(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_restart_mid_stream_loses_nothing() {
-    let (port, iggy) = (port(), IggyTestServer::start());
+    // A broker of its own: restarting the shared one would cut off the
+    // tests running beside this one in the same process (plain `cargo test`).
+    let mut broker = RabbitServer::start();
+    let (port, iggy) = (broker.port, IggyTestServer::start());
     let queue = unique("q");
     client(port).await.queue(&queue, None).await;
     // Else the kill below can roll the queue back, with what it holds.
-    shared().sync_definitions();
+    broker.sync_definitions();
     publish(port, &queue, bodies(0..2000)).await;
     let state = tempfile::tempdir().unwrap();
     let runtime = runtime(&iggy, state.path());
@@ -510,7 +518,7 @@ async fn a_broker_restart_mid_stream_loses_nothing() {
         iggy.message_count("orders", "created") >= 100
     })
     .await;
-    shared().restart();
+    broker.restart();
     let at_restart = iggy.message_count("orders", "created");
     publish(port, &queue, bodies(2000..2100)).await;
     wait_for("everything in Iggy after the restart", LONG, || {
