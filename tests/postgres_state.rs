@@ -8,7 +8,7 @@ mod postgres_common;
 use std::time::Duration;
 
 use iggy_connect::config::runtime::{StateConfig, StateKind};
-use iggy_connect::state::postgres::PostgresStateStore;
+use iggy_connect::connectors::postgres::state::PostgresStateStore;
 use iggy_connect::state::{Acquired, Leases, StateError, StateStore, StoredState};
 use postgres_common::{database_url, unique};
 use secrecy::SecretString;
