@@ -34,8 +34,6 @@ pub mod breaker;
 pub mod cdc;
 pub mod failure;
 #[cfg(feature = "kit-http")]
-pub mod gzip;
-#[cfg(feature = "kit-http")]
 pub mod http;
 #[cfg(any(feature = "http-source", feature = "otlp-source"))]
 pub mod inbox;
