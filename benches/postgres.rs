@@ -618,7 +618,7 @@ async fn wait_for_slot(pool: &PgPool, slot: &str) {
 /// Drops what a CDC source named `name` created: its slot (once the last
 /// walsender let go of it) and its publication.
 async fn drop_cdc(pool: &PgPool, name: &str) {
-    let slot = iggy_connect::connectors::sources::postgres::derived_slot_name(name).expect("slot");
+    let slot = iggy_connect::connectors::postgres::source::derived_slot_name(name).expect("slot");
     let dropped = "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
                    WHERE slot_name = $1 AND NOT active";
     for _ in 0..100 {
@@ -656,7 +656,7 @@ async fn cdc_changes(case: &str, url: &str, pool: &PgPool, name: &str, rows: u64
     create_source_table(pool, &table, 0).await;
     let state = tempfile::tempdir().expect("state dir");
     let config = cdc_config(url, name, &table, "never");
-    let slot = iggy_connect::connectors::sources::postgres::derived_slot_name(name).expect("slot");
+    let slot = iggy_connect::connectors::postgres::source::derived_slot_name(name).expect("slot");
     {
         let runtime = runtime(&iggy, state.path());
         runtime.add(config.clone()).expect("add cdc source");

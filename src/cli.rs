@@ -212,25 +212,24 @@ pub fn run(cli: Cli) -> ExitCode {
     }
 }
 
-/// The compiled-in connectors as a table.
+/// The compiled-in connectors as a table, its columns as wide as their longest cell.
 pub fn list() -> String {
-    let mut out = format!(
-        "{:<8} {:<12} {:<18} {}\n",
-        "KIND", "NAME", "FEATURE", "DESCRIPTION"
-    );
-    for entry in Registry::sources() {
-        out.push_str(&format!(
-            "{:<8} {:<12} {:<18} {}\n",
-            "source", entry.name, entry.feature, entry.description
-        ));
-    }
-    for entry in Registry::sinks() {
-        out.push_str(&format!(
-            "{:<8} {:<12} {:<18} {}\n",
-            "sink", entry.name, entry.feature, entry.description
-        ));
-    }
-    out
+    let rows: Vec<[&str; 4]> = std::iter::once(["KIND", "NAME", "FEATURE", "DESCRIPTION"])
+        .chain(Registry::all().iter().map(|info| {
+            let kind = match info.kind {
+                ConnectorKind::Source => "source",
+                ConnectorKind::Sink => "sink",
+            };
+            [kind, info.name, info.feature, info.description]
+        }))
+        .collect();
+    let width = |column: usize| rows.iter().map(|row| row[column].len()).max().unwrap_or(0);
+    let (kind, name, feature) = (width(0), width(1), width(2));
+    rows.iter()
+        .map(|[k, n, f, description]| {
+            format!("{k:<kind$} {n:<name$} {f:<feature$} {description}\n")
+        })
+        .collect()
 }
 
 /// Printed after `list`'s table, on stderr so the table stays one row per connector.

@@ -10,7 +10,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use iggy_connect::connectors::decode_state;
-use iggy_connect::connectors::sources::random::RandomState;
+use iggy_connect::connectors::random::source::RandomState;
 use iggy_connect::state::{FileStateStore, StateStore};
 use serde_json::Value;
 use support::accounting::{

@@ -12,7 +12,7 @@ use std::time::Duration;
 use iggy_connect::codec::Schema;
 use iggy_connect::config::{ConnectorConfig, KindConfig, SourceStream};
 use iggy_connect::connectors::ConnectorKind;
-use iggy_connect::connectors::sources::http::message_id;
+use iggy_connect::connectors::http::source::message_id;
 use iggy_connect::engine::{Runtime, Status, StopReason};
 use iggy_connect::iggy::MemoryBus;
 use iggy_connect::message::HeaderValue;

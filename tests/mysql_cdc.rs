@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use iggy_connect::config::env::EnvVars;
 use iggy_connect::config::parse_connector_file;
-use iggy_connect::connectors::sources::mysql::CdcState;
+use iggy_connect::connectors::mysql::source::CdcState;
 use iggy_connect::connectors::{ConnectorKind, decode_state};
 use iggy_connect::engine::{Runtime, Status};
 use iggy_connect::iggy::MemoryBus;

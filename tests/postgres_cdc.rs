@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use drive::{build, drain};
-use iggy_connect::connectors::sources::postgres::CdcState;
+use iggy_connect::connectors::postgres::source::CdcState;
 use iggy_connect::engine::{Runtime, Status};
 use iggy_connect::iggy::MemoryBus;
 use iggy_connect::state::{MemoryStateStore, StateStore};
@@ -44,7 +44,7 @@ fn cdc_config(tables: &[&str], extra: &str) -> String {
 
 /// The slot a connector with `key` and no `replication_slot` uses.
 fn slot_of(key: &str) -> String {
-    iggy_connect::connectors::sources::postgres::derived_slot_name(key).unwrap()
+    iggy_connect::connectors::postgres::source::derived_slot_name(key).unwrap()
 }
 
 async fn confirmed_flush(pool: &PgPool, slot: &str) -> Option<u64> {
@@ -57,7 +57,7 @@ async fn confirmed_flush(pool: &PgPool, slot: &str) -> Option<u64> {
     .unwrap();
     text.flatten()
         .as_deref()
-        .and_then(iggy_connect::connectors::sources::postgres::parse_lsn)
+        .and_then(iggy_connect::connectors::postgres::source::parse_lsn)
 }
 
 /// Drops a test's slot once the server session of its last peek let go of it
@@ -713,7 +713,7 @@ async fn an_idle_source_lets_its_slot_move_past_other_tables_wal() {
         .fetch_one(&pool)
         .await
         .unwrap();
-    let written = iggy_connect::connectors::sources::postgres::parse_lsn(&written).unwrap();
+    let written = iggy_connect::connectors::postgres::source::parse_lsn(&written).unwrap();
     wait_for("the slot to pass the other table's WAL", WAIT, || async {
         confirmed_flush(&pool, &slot)
             .await

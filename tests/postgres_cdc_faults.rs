@@ -57,7 +57,7 @@ async fn sigkill_mid_stream_loses_no_change_and_repeats_at_most_the_batches_in_f
             database_url()
         ),
     );
-    let slot = iggy_connect::connectors::sources::postgres::derived_slot_name(&key).unwrap();
+    let slot = iggy_connect::connectors::postgres::source::derived_slot_name(&key).unwrap();
     let running = workspace.run();
     eventually("the slot", LONG, || async {
         sqlx::query_scalar::<_, i64>(

@@ -1,5 +1,5 @@
 //! The connector registry against what describes it: the Cargo features and
-//! bundles, features.md, docs/connectors.md, and `describe` for every
+//! bundles, and `describe` for every
 //! registered connector (its fields, an example `validate` accepts unchanged,
 //! a JSON Schema the example satisfies).
 
@@ -39,7 +39,7 @@ fn strings(value: &toml::Value) -> BTreeSet<String> {
 }
 
 #[test]
-fn registry_cargo_features_bundles_and_features_md_agree() {
+fn registry_cargo_features_and_bundles_agree() {
     let manifest: toml::Table =
         toml::from_str(&std::fs::read_to_string(repo().join("Cargo.toml")).unwrap()).unwrap();
     let features = manifest["features"].as_table().expect("[features]");
@@ -73,36 +73,6 @@ fn registry_cargo_features_bundles_and_features_md_agree() {
         "Cargo.toml's connector features and the registration lines differ"
     );
 
-    let features_md = std::fs::read_to_string(repo().join("features.md")).unwrap();
-    // The connector table: from its header to the first blank line.
-    let rows: BTreeSet<(String, String)> = features_md
-        .lines()
-        .skip_while(|line| !line.starts_with("| feature | connector |"))
-        .take_while(|line| !line.trim().is_empty())
-        .filter_map(|line| {
-            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
-            let feature = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
-            let connector = cells.get(2)?;
-            connector
-                .starts_with('`')
-                .then(|| (feature.to_owned(), (*connector).to_owned()))
-        })
-        .collect();
-    let expected: BTreeSet<(String, String)> = in_tree
-        .iter()
-        .map(|connector| {
-            (
-                connector.feature.to_owned(),
-                format!("`{}` {}", connector.name, connector.kind),
-            )
-        })
-        .collect();
-    assert_eq!(
-        rows, expected,
-        "features.md's connector table and the registry differ"
-    );
-
-    // A connector in no bundle is a test-only one, and features.md says so.
     let (all_sources, all_sinks) = (
         strings(&features["all-sources"]),
         strings(&features["all-sinks"]),
@@ -115,16 +85,6 @@ fn registry_cargo_features_bundles_and_features_md_agree() {
             members.is_subset(of_kind),
             "{bundle} holds a feature of the other kind: {members:?}"
         );
-        for feature in of_kind.difference(members) {
-            let row = features_md
-                .lines()
-                .find(|line| line.starts_with(&format!("| `{feature}` |")))
-                .unwrap();
-            assert!(
-                row.contains("test-only"),
-                "`{feature}` is in no bundle but features.md does not call it test-only: {row}"
-            );
-        }
     }
     // `full` is every connector bundle plus bundles of other kinds (schemas),
     // never a connector named on its own.
@@ -152,24 +112,6 @@ fn registry_cargo_features_bundles_and_features_md_agree() {
             "{bundled:?} not all in {compiled:?}"
         );
     }
-}
-
-#[test]
-#[cfg_attr(
-    not(all(feature = "full", feature = "faulty-sink")),
-    ignore = "docs/connectors.md covers every connector: run with --features full,faulty-sink"
-)]
-fn docs_connectors_md_is_generated_from_the_config_types() {
-    let path = repo().join("docs/connectors.md");
-    let generated = describe::reference_markdown();
-    if std::env::var_os("BLESS").is_some() {
-        std::fs::write(&path, &generated).unwrap();
-    }
-    let written = std::fs::read_to_string(&path).unwrap_or_default();
-    assert!(
-        written == generated,
-        "docs/connectors.md is out of date: BLESS=1 cargo nextest run --features full,faulty-sink --test registry"
-    );
 }
 
 #[test]

@@ -404,10 +404,12 @@ async fn eventually(what: &str, condition: impl FnMut() -> bool) {
 }
 
 #[test]
-fn the_transform_examples_in_the_readme_are_valid_connector_tables() {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
-    let blocks: Vec<&str> = readme
+fn the_transform_examples_in_the_docs_are_valid_connector_tables() {
+    let page = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/schemas-and-transforms.md"),
+    )
+    .unwrap();
+    let blocks: Vec<&str> = page
         .split("```toml")
         .skip(1)
         .filter_map(|rest| rest.split_once("```").map(|(block, _)| block))
@@ -420,7 +422,7 @@ fn the_transform_examples_in_the_readme_are_valid_connector_tables() {
              [[streams]]\nstream = \"s\"\ntopics = [\"t\"]\nschema = \"json\"\n\
              [plugin_config]\n{block}"
         );
-        let config = parse("README.md", &file);
+        let config = parse("docs/schemas-and-transforms.md", &file);
         assert!(!config.transforms.is_empty(), "{block}");
     }
 }

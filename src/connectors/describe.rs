@@ -1,7 +1,10 @@
 //! What `iggy-connect describe` shows about a connector, read from the JSON
 //! Schema of its config type (so the fields are documented once, in the config
 //! type's doc comments): its fields, an example connector file and a JSON Schema
-//! of the whole connector file.
+//! of the whole connector file. `pages` turns the same into the connector
+//! pages, the connector index and features.md.
+
+pub mod pages;
 
 use serde_json::{Map, Value, json};
 
@@ -336,32 +339,4 @@ pub fn file_schema(info: &ConnectorInfo) -> Value {
         "properties": properties,
         "$defs": definitions,
     })
-}
-
-/// The field table of every compiled-in connector, in Markdown: the text of
-/// `docs/connectors.md` (a test checks the file against it).
-pub fn reference_markdown() -> String {
-    let mut out = String::from(
-        "# Connector fields\n\nGenerated from the config types' doc comments (`iggy-connect describe KIND NAME` prints the same); \
-         `BLESS=1 cargo nextest run --features full,faulty-sink --test registry` rewrites this file.\n",
-    );
-    for info in crate::connectors::Registry::all() {
-        out.push_str(&format!(
-            "\n## {} `{}`\n\n{} (feature `{}`).\n\n| field | type | default | required | description |\n| --- | --- | --- | --- | --- |\n",
-            info.kind, info.name, info.description, info.feature
-        ));
-        for field in fields(&info) {
-            out.push_str(&format!(
-                "| `{}` | {} | {} | {} | {} |\n",
-                field.name,
-                field.kind.replace('|', "\\|"),
-                field
-                    .default
-                    .map_or_else(|| "-".to_owned(), |default| format!("`{default}`")),
-                if field.required { "yes" } else { "no" },
-                field.description.replace('|', "\\|"),
-            ));
-        }
-    }
-    out
 }

@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::OnceLock;
 
 use crate::connectors::{PluginConfigError, Sink, Source};
 
@@ -53,7 +54,7 @@ impl Interface for dyn Sink {
 }
 
 /// Everything about one connector, declared once in its module as `ENTRY` and
-/// registered by one line in `connectors/mod.rs`.
+/// registered there with `inventory::submit!(ENTRY);`.
 pub struct Entry<C: ?Sized> {
     /// The name configs use (`path = "random"` or an upstream library path).
     pub name: &'static str,
@@ -77,6 +78,31 @@ pub struct Entry<C: ?Sized> {
 
 pub type SourceEntry = Entry<dyn Source>;
 pub type SinkEntry = Entry<dyn Sink>;
+
+// Each connector registers its `ENTRY` from its own module with
+// `inventory::submit!(ENTRY);`, so no central list names it.
+inventory::collect!(SourceEntry);
+inventory::collect!(SinkEntry);
+
+/// Every source compiled into this binary, by name.
+pub fn sources() -> &'static [&'static SourceEntry] {
+    static SOURCES: OnceLock<Vec<&'static SourceEntry>> = OnceLock::new();
+    SOURCES.get_or_init(|| by_name(inventory::iter::<SourceEntry>))
+}
+
+/// Every sink compiled into this binary, by name.
+pub fn sinks() -> &'static [&'static SinkEntry] {
+    static SINKS: OnceLock<Vec<&'static SinkEntry>> = OnceLock::new();
+    SINKS.get_or_init(|| by_name(inventory::iter::<SinkEntry>))
+}
+
+fn by_name<C: ?Sized>(
+    entries: impl IntoIterator<Item = &'static Entry<C>>,
+) -> Vec<&'static Entry<C>> {
+    let mut entries: Vec<_> = entries.into_iter().collect();
+    entries.sort_by_key(|entry| entry.name);
+    entries
+}
 
 impl<C: ?Sized + Interface> Entry<C> {
     pub const KIND: ConnectorKind = C::KIND;
@@ -139,21 +165,4 @@ impl PluginConfigError {
             format!("plugin_config.{}", self.field)
         }
     }
-}
-
-/// `a == b` in a constant, so a registration line and its module's `ENTRY`
-/// are checked against each other at compile time.
-pub const fn same(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    if a.len() != b.len() {
-        return false;
-    }
-    let mut index = 0;
-    while index < a.len() {
-        if a[index] != b[index] {
-            return false;
-        }
-        index += 1;
-    }
-    true
 }

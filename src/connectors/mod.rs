@@ -1,77 +1,19 @@
 //! The connector interfaces, the registry that builds connectors from config, and
-//! one module per connector under `sources/` and `sinks/`.
+//! one folder per backend (`postgres/`: its shared client code in `mod.rs`, its
+//! `source` and `sink`, its `doc.md`).
 
 pub mod describe;
-#[cfg(any(feature = "elasticsearch-source", feature = "elasticsearch-sink"))]
-mod elasticsearch;
 pub mod entry;
-#[cfg(any(feature = "influxdb-source", feature = "influxdb-sink"))]
-mod influxdb;
 pub mod kit;
-#[cfg(any(feature = "mongodb-source", feature = "mongodb-sink"))]
-mod mongodb;
-#[cfg(any(feature = "mqtt-source", feature = "mqtt-sink"))]
-mod mqtt;
-#[cfg(any(feature = "mysql-source", feature = "mysql-sink"))]
-mod mysql;
-#[cfg(any(feature = "nats-source", feature = "nats-sink"))]
-mod nats;
-#[cfg(any(feature = "otlp-source", feature = "otlp-sink"))]
-pub mod otlp;
-#[cfg(any(
-    feature = "postgres-source",
-    feature = "postgres-sink",
-    feature = "postgres-state"
-))]
-pub(crate) mod postgres;
-#[cfg(any(feature = "rabbitmq-source", feature = "rabbitmq-sink"))]
-mod rabbitmq;
-#[cfg(any(feature = "redis-source", feature = "redis-sink"))]
-mod redis;
 pub mod registry;
 
-// One line per connector: its module (named as the connector) and the cargo
-// feature that compiles it in. See CONTRIBUTING.md, "Adding a connector".
-registry::register_connectors! {
-    sources {
-        random => "random-source",
-        postgres => "postgres-source",
-        http => "http-source",
-        elasticsearch => "elasticsearch-source",
-        iggy => "iggy-source",
-        influxdb => "influxdb-source",
-        mongodb => "mongodb-source",
-        mysql => "mysql-source",
-        nats => "nats-source",
-        redis => "redis-source",
-        otlp => "otlp-source",
-        mqtt => "mqtt-source",
-        rabbitmq => "rabbitmq-source",
-    }
-    sinks {
-        stdout => "stdout-sink",
-        faulty => "faulty-sink",
-        postgres => "postgres-sink",
-        http => "http-sink",
-        elasticsearch => "elasticsearch-sink",
-        clickhouse => "clickhouse-sink",
-        influxdb => "influxdb-sink",
-        doris => "doris-sink",
-        mongodb => "mongodb-sink",
-        mysql => "mysql-sink",
-        nats => "nats-sink",
-        meilisearch => "meilisearch-sink",
-        quickwit => "quickwit-sink",
-        redis => "redis-sink",
-        otlp => "otlp-sink",
-        mqtt => "mqtt-sink",
-        rabbitmq => "rabbitmq-sink",
-        surrealdb => "surrealdb-sink",
-        s3 => "s3-sink",
-        delta => "delta-sink",
-        iceberg => "iceberg-sink",
-    }
-}
+use entry::InTree;
+
+// One module per backend folder (`postgres/`, `mqtt/`, ...) and `IN_TREE`,
+// written by build.rs from Cargo.toml's features: a connector is its folder
+// and its feature, and registers itself with `#[distributed_slice]` in its
+// module (see `entry`).
+include!(concat!(env!("OUT_DIR"), "/connectors.rs"));
 
 use std::error::Error as StdError;
 use std::fmt;

@@ -1,81 +1,15 @@
-//! The lookup over the connectors compiled into this binary.
-//!
-//! `connectors/mod.rs` registers each connector with one line of
-//! [`register_connectors!`]: that line declares the connector's module behind
-//! its cargo feature, puts its `ENTRY` in the lists below and names it in the
-//! list of every in-tree connector (so a binary built without it can say which
-//! feature brings it in). The module's `ENTRY` must carry the same name and
-//! feature as its line; that is checked when compiling.
+//! The lookup over the connectors compiled into this binary: the entries the
+//! connectors registered (`entry::sources`, `entry::sinks`), and `IN_TREE` (every
+//! connector of the source tree, from Cargo.toml) to say which feature brings
+//! in one that is not compiled in.
 
 use std::path::Path;
 
 pub use crate::connectors::entry::{
     BuildError, ConnectorKind, InTree, RegistryError, SinkEntry, SourceEntry,
 };
-use crate::connectors::{IN_TREE, SINKS, SOURCES, Sink, Source};
-
-/// Registers connectors, one line each: `module => "cargo-feature",` under
-/// `sources` or `sinks`. The module name is the connector's name.
-macro_rules! register_connectors {
-    (
-        sources { $($source:ident => $source_feature:literal,)* }
-        sinks { $($sink:ident => $sink_feature:literal,)* }
-    ) => {
-        /// One module per source connector, each behind its own cargo feature.
-        pub mod sources {
-            $(#[cfg(feature = $source_feature)] pub mod $source;)*
-        }
-
-        /// One module per sink connector, each behind its own cargo feature.
-        pub mod sinks {
-            $(#[cfg(feature = $sink_feature)] pub mod $sink;)*
-        }
-
-        /// Every connector of this source tree, compiled in or not.
-        const IN_TREE: &[$crate::connectors::entry::InTree] = &[
-            $($crate::connectors::entry::InTree {
-                name: stringify!($source),
-                kind: $crate::connectors::entry::ConnectorKind::Source,
-                feature: $source_feature,
-            },)*
-            $($crate::connectors::entry::InTree {
-                name: stringify!($sink),
-                kind: $crate::connectors::entry::ConnectorKind::Sink,
-                feature: $sink_feature,
-            },)*
-        ];
-
-        /// Every source compiled into this binary.
-        static SOURCES: &[&$crate::connectors::entry::SourceEntry] = &[
-            $(#[cfg(feature = $source_feature)] &sources::$source::ENTRY,)*
-        ];
-
-        /// Every sink compiled into this binary.
-        static SINKS: &[&$crate::connectors::entry::SinkEntry] = &[
-            $(#[cfg(feature = $sink_feature)] &sinks::$sink::ENTRY,)*
-        ];
-
-        $(
-            #[cfg(feature = $source_feature)]
-            const _: () = assert!(
-                $crate::connectors::entry::same(sources::$source::ENTRY.name, stringify!($source))
-                    && $crate::connectors::entry::same(sources::$source::ENTRY.feature, $source_feature),
-                concat!("sources::", stringify!($source), "::ENTRY must be named \"",
-                    stringify!($source), "\" with feature \"", $source_feature, "\""),
-            );
-        )*
-        $(
-            #[cfg(feature = $sink_feature)]
-            const _: () = assert!(
-                $crate::connectors::entry::same(sinks::$sink::ENTRY.name, stringify!($sink))
-                    && $crate::connectors::entry::same(sinks::$sink::ENTRY.feature, $sink_feature),
-                concat!("sinks::", stringify!($sink), "::ENTRY must be named \"",
-                    stringify!($sink), "\" with feature \"", $sink_feature, "\""),
-            );
-        )*
-    };
-}
-pub(crate) use register_connectors;
+use crate::connectors::entry::{sinks, sources};
+use crate::connectors::{IN_TREE, Sink, Source};
 
 /// What the CLI and the API show about one compiled-in connector, whatever its kind.
 #[derive(Clone, Copy)]
@@ -157,11 +91,11 @@ pub struct Registry;
 
 impl Registry {
     pub fn sources() -> &'static [&'static SourceEntry] {
-        SOURCES
+        sources()
     }
 
     pub fn sinks() -> &'static [&'static SinkEntry] {
-        SINKS
+        sinks()
     }
 
     /// Every connector of this source tree, compiled in or not.
@@ -171,14 +105,14 @@ impl Registry {
 
     /// Every compiled-in connector, sources first.
     pub fn all() -> Vec<ConnectorInfo> {
-        let sources = SOURCES.iter().map(|entry| info_of!(entry));
+        let sources = sources().iter().map(|entry| info_of!(entry));
         sources
-            .chain(SINKS.iter().map(|entry| info_of!(entry)))
+            .chain(sinks().iter().map(|entry| info_of!(entry)))
             .collect()
     }
 
     pub fn source(name: &str) -> Result<&'static SourceEntry, RegistryError> {
-        SOURCES
+        sources()
             .iter()
             .copied()
             .find(|entry| entry.name == name)
@@ -186,7 +120,7 @@ impl Registry {
     }
 
     pub fn sink(name: &str) -> Result<&'static SinkEntry, RegistryError> {
-        SINKS
+        sinks()
             .iter()
             .copied()
             .find(|entry| entry.name == name)
@@ -263,8 +197,8 @@ fn missing(name: &str, kind: ConnectorKind) -> RegistryError {
         return RegistryError::NotCompiledIn(*connector);
     }
     let available: Vec<&str> = match kind {
-        ConnectorKind::Source => SOURCES.iter().map(|entry| entry.name).collect(),
-        ConnectorKind::Sink => SINKS.iter().map(|entry| entry.name).collect(),
+        ConnectorKind::Source => sources().iter().map(|entry| entry.name).collect(),
+        ConnectorKind::Sink => sinks().iter().map(|entry| entry.name).collect(),
     };
     RegistryError::Unknown {
         name: name.to_owned(),
@@ -325,6 +259,37 @@ mod tests {
         assert_eq!(error, RegistryError::NotCompiledIn(*connector));
         let feature = format!("--features {}", connector.feature);
         assert!(error.to_string().contains(&feature), "{error}");
+    }
+
+    #[test]
+    fn given_registered_entries_when_compared_with_the_tree_should_be_named_after_their_folder_and_feature()
+     {
+        let registered = Registry::all();
+        assert!(!registered.is_empty(), "no connector registered itself");
+        for info in registered {
+            let in_tree = InTree {
+                name: info.name,
+                kind: info.kind,
+                feature: info.feature,
+            };
+            assert!(
+                IN_TREE.contains(&in_tree),
+                "{} {}: its ENTRY must be named after its folder (src/connectors/<name>/) and \
+                 carry the feature `<name>-{}` of Cargo.toml",
+                info.kind,
+                info.name,
+                info.kind,
+            );
+        }
+        let compiled_in = IN_TREE
+            .iter()
+            .filter(|connector| Registry::info(connector.kind, connector.name).is_ok())
+            .count();
+        assert_eq!(
+            compiled_in,
+            Registry::all().len(),
+            "a connector registered twice"
+        );
     }
 
     #[test]

@@ -44,29 +44,7 @@ pub async fn reset(
     to: &OffsetReset,
     only: Option<(&str, &str)>,
 ) -> Result<Vec<TopicMoves>, OffsetsError> {
-    let KindConfig::Sink { streams, .. } = &config.kind_config else {
-        return Err(OffsetsError::NotASink(config.key.clone()));
-    };
-    let topics: Vec<(&str, &str, &str)> = streams
-        .iter()
-        .flat_map(|stream| {
-            stream.topics.iter().map(|topic| {
-                (
-                    stream.stream.as_str(),
-                    topic.as_str(),
-                    stream.consumer_group.as_str(),
-                )
-            })
-        })
-        .filter(|(stream, topic, _)| only.is_none_or(|only| only == (*stream, *topic)))
-        .collect();
-    if let (Some((stream, topic)), true) = (only, topics.is_empty()) {
-        return Err(OffsetsError::NoSuchTopic {
-            key: config.key.clone(),
-            stream: stream.to_owned(),
-            topic: topic.to_owned(),
-        });
-    }
+    let topics = sink_topics(config, only)?;
     let mut moved = Vec::new();
     for (stream, topic, group) in topics {
         let spec = ConsumerSpec {
@@ -102,6 +80,37 @@ pub async fn reset(
         });
     }
     Ok(moved)
+}
+
+/// The sink's `(stream, topic, consumer group)`s, or only the one `only` names.
+fn sink_topics<'a>(
+    config: &'a ConnectorConfig,
+    only: Option<(&str, &str)>,
+) -> Result<Vec<(&'a str, &'a str, &'a str)>, OffsetsError> {
+    let KindConfig::Sink { streams, .. } = &config.kind_config else {
+        return Err(OffsetsError::NotASink(config.key.clone()));
+    };
+    let topics: Vec<(&str, &str, &str)> = streams
+        .iter()
+        .flat_map(|stream| {
+            stream.topics.iter().map(|topic| {
+                (
+                    stream.stream.as_str(),
+                    topic.as_str(),
+                    stream.consumer_group.as_str(),
+                )
+            })
+        })
+        .filter(|(stream, topic, _)| only.is_none_or(|only| only == (*stream, *topic)))
+        .collect();
+    match only {
+        Some((stream, topic)) if topics.is_empty() => Err(OffsetsError::NoSuchTopic {
+            key: config.key.clone(),
+            stream: stream.to_owned(),
+            topic: topic.to_owned(),
+        }),
+        _ => Ok(topics),
+    }
 }
 
 /// Reads `earliest`, `latest`, `timestamp:<RFC 3339 or microseconds>` or

@@ -1,5 +1,5 @@
 //! An Elasticsearch / OpenSearch protocol test server (no real one runs here,
-//! see docs/BACKENDS.md): axum on 127.0.0.1:0, following the documented REST
+//! see docs/connectors/elasticsearch.md): axum on 127.0.0.1:0, following the documented REST
 //! API of Elasticsearch 8 and OpenSearch 2 for what the connectors use.
 //!
 //! - `GET /` answers the flavour's version body (ES 8.15 or OpenSearch 2.17);

@@ -1,5 +1,5 @@
 //! A Meilisearch 1.x protocol test server (no real one runs here, see
-//! docs/BACKENDS.md): axum on 127.0.0.1:0, following Meilisearch's documented
+//! docs/connectors/meilisearch.md): axum on 127.0.0.1:0, following Meilisearch's documented
 //! REST API for what the sink uses.
 //!
 //! - `GET /health` (no key needed), `GET /version`;

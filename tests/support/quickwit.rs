@@ -1,5 +1,5 @@
 //! A Quickwit 0.8 protocol test server (no real one runs here, see
-//! docs/BACKENDS.md): axum on 127.0.0.1:0, following Quickwit's documented
+//! docs/connectors/quickwit.md): axum on 127.0.0.1:0, following Quickwit's documented
 //! REST API for what the sink uses.
 //!
 //! - `GET /api/v1/version`;

@@ -1,5 +1,5 @@
 //! A SurrealDB protocol test server (the real engine is ~600 crates, too
-//! heavy for CI here, see docs/BACKENDS.md): axum on 127.0.0.1:0, following
+//! heavy for CI here, see docs/connectors/surrealdb.md): axum on 127.0.0.1:0, following
 //! SurrealDB's documented HTTP API (2.x/3.x) for what the sink uses.
 //!
 //! - `GET /health`;

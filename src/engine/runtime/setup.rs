@@ -107,25 +107,7 @@ impl Runtime {
             return Err(SetupError::WrongKind(ConnectorKind::Source));
         };
         let transforms = build_transforms(config)?;
-        let stored = self.stored_state(config).await?;
-        let restoring_from = stored.as_ref().map(|_| self.state.location(&config.key));
-        let state = stored.as_ref().map(|stored| stored.data.as_slice());
-        let build = || {
-            let mut source =
-                self.options
-                    .factory
-                    .source(config)
-                    .map_err(|error| SetupError::Build {
-                        file: config.origin(),
-                        error,
-                    })?;
-            source.attach(slot.context());
-            Ok(SourceOpening { source, state })
-        };
-        let mut source = self
-            .open(slot, shutdown, restoring_from, build)
-            .await?
-            .source;
+        let mut source = self.open_source(slot, config, shutdown).await?;
         let policy = config.batch_policy(source.batch_policy());
         let backoff = source
             .retry()
@@ -158,6 +140,35 @@ impl Runtime {
             verbose: config.verbose,
             benchmark: config.benchmark,
         })
+    }
+
+    /// Builds the source and opens it with its saved state (each attempt on
+    /// a fresh instance, as [`Runtime::open`] retries).
+    async fn open_source(
+        &self,
+        slot: &Slot,
+        config: &ConnectorConfig,
+        shutdown: &Shutdown,
+    ) -> Result<Box<dyn Source>, SetupError> {
+        let stored = self.stored_state(config).await?;
+        let restoring_from = stored.as_ref().map(|_| self.state.location(&config.key));
+        let state = stored.as_ref().map(|stored| stored.data.as_slice());
+        let build = || {
+            let mut source =
+                self.options
+                    .factory
+                    .source(config)
+                    .map_err(|error| SetupError::Build {
+                        file: config.origin(),
+                        error,
+                    })?;
+            source.attach(slot.context());
+            Ok(SourceOpening { source, state })
+        };
+        Ok(self
+            .open(slot, shutdown, restoring_from, build)
+            .await?
+            .source)
     }
 
     async fn prepare_sink(

@@ -158,26 +158,33 @@ impl SinkPipeline {
             Ok(Err(error)) => warn!(connector_key = %context.key, %error, "sink close failed"),
             Err(panic) => warn!(connector_key = %context.key, %panic, "sink close panicked"),
         }
-        match &ended {
+        context.report_end(&ended);
+        ended
+    }
+}
+
+impl SinkContext {
+    /// Reports how the sink ended: its status, log line and stop metric.
+    fn report_end(&self, ended: &Ended) {
+        match ended {
             Ended::Shutdown => {
-                info!(connector_key = %context.key, "sink stopped");
-                context.status.set_stopped();
+                info!(connector_key = %self.key, "sink stopped");
+                self.status.set_stopped();
             }
             // The runtime reopens it and reports the status meanwhile.
             Ended::Disconnected(_) => {}
             Ended::Stopped(reason, message) => {
-                error!(connector_key = %context.key, stop_reason = %reason, %message, "sink stopped");
+                error!(connector_key = %self.key, stop_reason = %reason, %message, "sink stopped");
                 metrics::counter!(
                     "iggy_connector_stops_total",
-                    "connector_key" => context.key.clone(),
+                    "connector_key" => self.key.clone(),
                     "connector_type" => "sink",
                     "reason" => reason.as_str()
                 )
                 .increment(1);
-                context.status.set_stopped_by(*reason, message.clone());
+                self.status.set_stopped_by(*reason, message.clone());
             }
         }
-        ended
     }
 }
 

@@ -1,0 +1,4 @@
+//! The ClickHouse sink.
+
+#[cfg(feature = "clickhouse-sink")]
+pub mod sink;

@@ -1,0 +1,4 @@
+//! The Delta Lake sink.
+
+#[cfg(feature = "delta-sink")]
+pub mod sink;

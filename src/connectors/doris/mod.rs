@@ -1,0 +1,4 @@
+//! The Apache Doris sink.
+
+#[cfg(feature = "doris-sink")]
+pub mod sink;

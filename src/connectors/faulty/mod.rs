@@ -1,0 +1,4 @@
+//! The test-only faulty sink.
+
+#[cfg(feature = "faulty-sink")]
+pub mod sink;

@@ -1,0 +1,4 @@
+//! The Apache Iceberg sink.
+
+#[cfg(feature = "iceberg-sink")]
+pub mod sink;

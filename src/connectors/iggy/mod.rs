@@ -1,0 +1,4 @@
+//! The Iggy (another cluster) source.
+
+#[cfg(feature = "iggy-source")]
+pub mod source;

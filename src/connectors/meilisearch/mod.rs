@@ -1,0 +1,4 @@
+//! The Meilisearch sink.
+
+#[cfg(feature = "meilisearch-sink")]
+pub mod sink;

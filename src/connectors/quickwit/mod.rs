@@ -1,0 +1,4 @@
+//! The Quickwit sink.
+
+#[cfg(feature = "quickwit-sink")]
+pub mod sink;

@@ -1,0 +1,510 @@
+//! What the rabbitmq source and sink share: where the broker is, how to log
+//! in, one connection with one channel whose broker-side events (publisher
+//! confirms, returns, a close with its reason) are collected, and how AMQP
+//! reply codes map onto the delivery contract.
+
+#[cfg(feature = "rabbitmq-sink")]
+pub mod sink;
+#[cfg(feature = "rabbitmq-source")]
+pub mod source;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use amqprs::callbacks::{ChannelCallback, ConnectionCallback};
+use amqprs::channel::Channel;
+use amqprs::connection::{Connection, OpenConnectionArguments};
+use amqprs::{Ack, BasicProperties, Cancel, Close, CloseChannel, Nack, Return};
+use async_trait::async_trait;
+use secrecy::{ExposeSecret, SecretString};
+use tokio::sync::mpsc;
+
+use crate::connectors::{ConnectorError, PluginConfigError};
+
+type AmqpResult<T> = Result<T, amqprs::error::Error>;
+
+/// The connection fields both connectors take.
+#[derive(Debug, Clone)]
+pub struct AmqpConnection {
+    pub host: String,
+    pub port: u16,
+    pub virtual_host: String,
+    pub username: String,
+    pub password: SecretString,
+    pub connect_timeout: Duration,
+    pub heartbeat: Duration,
+}
+
+/// Declares the connection fields inside a connector's config struct (each
+/// config declares them, since a flattened struct cannot deny unknown fields).
+macro_rules! connection_fields {
+    ($(#[$meta:meta])* $vis:vis struct $name:ident { $($body:tt)* }) => {
+        $(#[$meta])*
+        $vis struct $name {
+            /// The broker's host name or address.
+            #[serde(default = "crate::connectors::rabbitmq::default_host")]
+            pub host: String,
+            /// The broker's AMQP port.
+            #[serde(default = "crate::connectors::rabbitmq::default_port")]
+            pub port: u16,
+            /// The virtual host to open.
+            #[serde(default = "crate::connectors::rabbitmq::default_virtual_host")]
+            pub virtual_host: String,
+            /// User name (SASL PLAIN).
+            #[serde(default = "crate::connectors::rabbitmq::default_username")]
+            pub username: String,
+            /// The user's password; a secret.
+            #[serde(default = "crate::connectors::rabbitmq::default_password")]
+            #[schemars(with = "String")]
+            pub password: secrecy::SecretString,
+            /// How long connecting and logging in may take before it counts as
+            /// failed (and is retried).
+            #[serde(
+                default = "crate::connectors::rabbitmq::default_connect_timeout",
+                with = "crate::config::duration"
+            )]
+            #[schemars(with = "crate::config::duration::Text")]
+            pub connect_timeout: std::time::Duration,
+            /// The AMQP heartbeat asked for (whole seconds; `0s` turns it off),
+            /// so a dead connection is noticed.
+            #[serde(
+                default = "crate::connectors::rabbitmq::default_heartbeat",
+                with = "crate::config::duration"
+            )]
+            #[schemars(with = "crate::config::duration::Text")]
+            pub heartbeat: std::time::Duration,
+            $($body)*
+        }
+
+        impl $name {
+            pub fn connection(&self) -> crate::connectors::rabbitmq::AmqpConnection {
+                crate::connectors::rabbitmq::AmqpConnection {
+                    host: self.host.clone(),
+                    port: self.port,
+                    virtual_host: self.virtual_host.clone(),
+                    username: self.username.clone(),
+                    password: self.password.clone(),
+                    connect_timeout: self.connect_timeout,
+                    heartbeat: self.heartbeat,
+                }
+            }
+        }
+    };
+}
+pub(crate) use connection_fields;
+
+pub fn default_host() -> String {
+    "127.0.0.1".into()
+}
+
+pub fn default_port() -> u16 {
+    5672
+}
+
+pub fn default_virtual_host() -> String {
+    "/".into()
+}
+
+pub fn default_username() -> String {
+    "guest".into()
+}
+
+pub fn default_password() -> SecretString {
+    SecretString::from("guest")
+}
+
+pub fn default_connect_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+
+pub fn default_heartbeat() -> Duration {
+    Duration::from_secs(30)
+}
+
+/// The longest AMQP short string (names, routing keys, header names).
+pub const SHORT_STR: usize = 255;
+
+/// Checks that `value` of `field` fits an AMQP short string.
+pub fn check_short(field: &str, value: &str) -> Result<(), PluginConfigError> {
+    if value.len() > SHORT_STR {
+        return Err(PluginConfigError::new(
+            field,
+            format!("expected at most {SHORT_STR} bytes, found {}", value.len()),
+        ));
+    }
+    Ok(())
+}
+
+/// What the broker said on the channel, in order.
+#[derive(Debug)]
+pub enum Event {
+    /// Publisher confirm: the messages up to `tag` (or only `tag`) are taken.
+    Ack { tag: u64, multiple: bool },
+    /// The broker could not take the messages up to `tag` (or only `tag`).
+    Nack { tag: u64, multiple: bool },
+    /// A `mandatory` message no queue took (`basic.return`); it precedes the
+    /// message's ack.
+    Returned {
+        message_id: Option<String>,
+        code: u16,
+        text: String,
+    },
+}
+
+/// A connection with one open channel, and what the broker told it.
+pub struct Session {
+    connection: Connection,
+    pub channel: Channel,
+    pub events: mpsc::UnboundedReceiver<Event>,
+    closed: Arc<Mutex<Option<(u16, String)>>>,
+}
+
+/// Forwards the broker's channel and connection events to the session.
+#[derive(Clone)]
+struct Callback {
+    events: mpsc::UnboundedSender<Event>,
+    closed: Arc<Mutex<Option<(u16, String)>>>,
+}
+
+impl Callback {
+    fn record(&self, code: u16, text: &str) {
+        let mut closed = self
+            .closed
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        closed.get_or_insert_with(|| (code, text.to_owned()));
+    }
+}
+
+#[async_trait]
+impl ConnectionCallback for Callback {
+    async fn close(&mut self, _connection: &Connection, close: Close) -> AmqpResult<()> {
+        self.record(close.reply_code(), close.reply_text());
+        Ok(())
+    }
+
+    async fn blocked(&mut self, _connection: &Connection, reason: String) {
+        tracing::warn!(%reason, "the RabbitMQ broker blocks publishing (resource alarm)");
+    }
+
+    async fn unblocked(&mut self, _connection: &Connection) {}
+
+    async fn secret_updated(&mut self, _connection: &Connection) {}
+}
+
+#[async_trait]
+impl ChannelCallback for Callback {
+    async fn close(&mut self, _channel: &Channel, close: CloseChannel) -> AmqpResult<()> {
+        self.record(close.reply_code(), close.reply_text());
+        Ok(())
+    }
+
+    async fn cancel(&mut self, _channel: &Channel, cancel: Cancel) -> AmqpResult<()> {
+        // The queue was deleted or its node went away: the consumer is gone.
+        // Transient: consuming again fails for good (404) if the queue is gone.
+        self.record(
+            0,
+            &format!("the broker cancelled consumer {}", cancel.consumer_tag()),
+        );
+        Ok(())
+    }
+
+    async fn flow(&mut self, _channel: &Channel, active: bool) -> AmqpResult<bool> {
+        Ok(active)
+    }
+
+    async fn publish_ack(&mut self, _channel: &Channel, ack: Ack) {
+        let _ = self.events.send(Event::Ack {
+            tag: ack.delivery_tag(),
+            multiple: ack.mutiple(),
+        });
+    }
+
+    async fn publish_nack(&mut self, _channel: &Channel, nack: Nack) {
+        let _ = self.events.send(Event::Nack {
+            tag: nack.delivery_tag(),
+            multiple: nack.multiple(),
+        });
+    }
+
+    async fn publish_return(
+        &mut self,
+        _channel: &Channel,
+        ret: Return,
+        properties: BasicProperties,
+        _content: Vec<u8>,
+    ) {
+        let _ = self.events.send(Event::Returned {
+            message_id: properties.message_id().cloned(),
+            code: ret.reply_code(),
+            text: ret.reply_text().clone(),
+        });
+    }
+}
+
+impl AmqpConnection {
+    /// Checks what can be checked without a broker.
+    pub fn check(&self) -> Result<(), PluginConfigError> {
+        if self.host.trim().is_empty() {
+            return Err(PluginConfigError::new(
+                "host",
+                "expected the broker's host, such as 127.0.0.1",
+            ));
+        }
+        if self.port == 0 {
+            return Err(PluginConfigError::new(
+                "port",
+                "expected a port, such as 5672",
+            ));
+        }
+        check_short("virtual_host", &self.virtual_host)?;
+        if self.username.is_empty() {
+            return Err(PluginConfigError::new("username", "expected a user name"));
+        }
+        if self.heartbeat.as_secs() > u64::from(u16::MAX) {
+            return Err(PluginConfigError::new(
+                "heartbeat",
+                "expected at most 65535 seconds",
+            ));
+        }
+        Ok(())
+    }
+
+    fn address(&self) -> String {
+        format!(
+            "{}:{} (virtual host {:?})",
+            self.host, self.port, self.virtual_host
+        )
+    }
+
+    /// Opens a connection named `name` and one channel on it, once (the
+    /// engine retries a transient failure).
+    ///
+    /// RabbitMQ answers bad credentials by closing (or resetting) the socket
+    /// right after the login (this client cannot ask for the explicit
+    /// refusal), and it only listens once it has booted: a login cut off is
+    /// taken as refused credentials, which is fatal, while a broker that is
+    /// down or starting refuses the TCP connection, which is transient.
+    pub async fn open(&self, name: &str) -> Result<Session, ConnectorError> {
+        self.connect(name)
+            .await
+            .map_err(|opening| opening.into_error(self))
+    }
+
+    async fn connect(&self, name: &str) -> Result<Session, Opening> {
+        let mut arguments = OpenConnectionArguments::new(
+            &self.host,
+            self.port,
+            &self.username,
+            self.password.expose_secret(),
+        );
+        arguments
+            .virtual_host(&self.virtual_host)
+            .connection_name(name)
+            .heartbeat(u16::try_from(self.heartbeat.as_secs()).unwrap_or(u16::MAX));
+        let connection = tokio::time::timeout(self.connect_timeout, Connection::open(&arguments))
+            .await
+            .map_err(|_| Opening::Failed(format!("no answer within {:?}", self.connect_timeout)))?
+            .map_err(|error| match error {
+                amqprs::error::Error::NetworkError(text)
+                    if text.contains("peer shutdown") || text.contains("reset by peer") =>
+                {
+                    Opening::CutOff
+                }
+                amqprs::error::Error::ConnectionOpenError(text) => Opening::Refused(text),
+                other => Opening::Failed(other.to_string()),
+            })?;
+        let (sender, events) = mpsc::unbounded_channel();
+        let callback = Callback {
+            events: sender,
+            closed: Arc::new(Mutex::new(None)),
+        };
+        let closed = callback.closed.clone();
+        let failed = |error: amqprs::error::Error| Opening::Failed(error.to_string());
+        connection
+            .register_callback(callback.clone())
+            .await
+            .map_err(failed)?;
+        let channel = tokio::time::timeout(self.connect_timeout, connection.open_channel(None))
+            .await
+            .map_err(|_| Opening::Failed("opening a channel timed out".into()))?
+            .map_err(failed)?;
+        channel.register_callback(callback).await.map_err(failed)?;
+        Ok(Session {
+            connection,
+            channel,
+            events,
+            closed,
+        })
+    }
+}
+
+/// Why opening a connection failed.
+enum Opening {
+    /// The broker closed the socket during the login.
+    CutOff,
+    /// The broker refused the connection with a reason (`connection.close`).
+    Refused(String),
+    Failed(String),
+}
+
+impl Opening {
+    fn into_error(self, connection: &AmqpConnection) -> ConnectorError {
+        let address = connection.address();
+        match self {
+            Opening::CutOff => ConnectorError::fatal(format!(
+                "plugin_config.username/password: RabbitMQ at {address} refused the login of \
+                 {:?}; fix the credentials (or the user's permissions)",
+                connection.username
+            )),
+            Opening::Refused(text) if text.contains("ACCESS_REFUSED") => {
+                ConnectorError::fatal(format!(
+                    "plugin_config.username/password: RabbitMQ at {address} refused the login: {text}"
+                ))
+            }
+            Opening::Refused(text) if text.contains("NOT_ALLOWED") => {
+                ConnectorError::fatal(format!(
+                    "plugin_config.virtual_host: RabbitMQ at {address} refused the virtual host \
+                     (missing, or the user has no access to it): {text}"
+                ))
+            }
+            Opening::Refused(text) | Opening::Failed(text) => {
+                ConnectorError::transient(format!("RabbitMQ at {address}: {text}"))
+            }
+        }
+    }
+}
+
+impl Session {
+    /// Whether the connection and the channel are still open.
+    pub fn is_open(&self) -> bool {
+        self.connection.is_open() && self.channel.is_open()
+    }
+
+    /// The reply code and text the broker closed the channel or the
+    /// connection with, if it did.
+    pub fn closed(&self) -> Option<(u16, String)> {
+        self.closed
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// What `error`, met while doing `action` (about `field` of the config),
+    /// means: the broker's reason when it closed the channel decides.
+    pub fn error(
+        &self,
+        field: &str,
+        action: &str,
+        error: impl std::fmt::Display,
+    ) -> ConnectorError {
+        match self.closed() {
+            Some((code, text)) => classify(field, action, code, &text),
+            None => ConnectorError::transient(format!("RabbitMQ {action}: {error}")),
+        }
+    }
+
+    /// Closes the channel and the connection (the broker requeues what the
+    /// channel had delivered and nobody acknowledged).
+    pub async fn close(self) {
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.channel.close()).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.connection.close()).await;
+    }
+}
+
+/// What a broker's close reply code means. Codes are AMQP 0-9-1's.
+pub fn classify(field: &str, action: &str, code: u16, text: &str) -> ConnectorError {
+    match code {
+        // ACCESS_REFUSED: no permission; NOT_FOUND: no such exchange or
+        // queue; PRECONDITION_FAILED: declared with other settings;
+        // NOT_ALLOWED: the virtual host.
+        403 => ConnectorError::fatal(format!(
+            "plugin_config.username: RabbitMQ refused {action}: {code} {text}; grant the user \
+             the permission"
+        )),
+        404 | 406 => ConnectorError::fatal(format!(
+            "plugin_config.{field}: RabbitMQ refused {action}: {code} {text}; fix the name, \
+             declare it, or match its settings"
+        )),
+        530 => ConnectorError::fatal(format!(
+            "plugin_config.virtual_host: RabbitMQ refused {action}: {code} {text}"
+        )),
+        // CONNECTION_FORCED (a broker stopping), RESOURCE_ERROR, INTERNAL_ERROR, ...
+        _ => ConnectorError::transient(format!("RabbitMQ {action}: {code} {text}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn connection() -> AmqpConnection {
+        AmqpConnection {
+            host: default_host(),
+            port: default_port(),
+            virtual_host: default_virtual_host(),
+            username: default_username(),
+            password: default_password(),
+            connect_timeout: default_connect_timeout(),
+            heartbeat: default_heartbeat(),
+        }
+    }
+
+    #[test]
+    fn given_a_bad_connection_field_when_checked_should_name_it() {
+        connection().check().unwrap();
+        let cases = [
+            (
+                AmqpConnection {
+                    host: " ".into(),
+                    ..connection()
+                },
+                "host",
+            ),
+            (
+                AmqpConnection {
+                    port: 0,
+                    ..connection()
+                },
+                "port",
+            ),
+            (
+                AmqpConnection {
+                    username: String::new(),
+                    ..connection()
+                },
+                "username",
+            ),
+            (
+                AmqpConnection {
+                    virtual_host: "v".repeat(256),
+                    ..connection()
+                },
+                "virtual_host",
+            ),
+            (
+                AmqpConnection {
+                    heartbeat: Duration::from_secs(70_000),
+                    ..connection()
+                },
+                "heartbeat",
+            ),
+        ];
+        for (bad, field) in cases {
+            assert_eq!(bad.check().unwrap_err().field, field);
+        }
+    }
+
+    #[test]
+    fn given_a_close_code_when_classified_should_say_what_retrying_can_fix() {
+        assert!(!classify("queue", "consume", 404, "NOT_FOUND").is_transient());
+        assert!(
+            classify("queue", "consume", 404, "NOT_FOUND")
+                .to_string()
+                .contains("plugin_config.queue")
+        );
+        assert!(!classify("queue", "consume", 403, "ACCESS_REFUSED").is_transient());
+        assert!(classify("queue", "consume", 320, "CONNECTION_FORCED").is_transient());
+        assert!(classify("queue", "consume", 541, "INTERNAL_ERROR").is_transient());
+    }
+}

@@ -1,0 +1,4 @@
+//! The random source.
+
+#[cfg(feature = "random-source")]
+pub mod source;

@@ -1,0 +1,4 @@
+//! The stdout sink.
+
+#[cfg(feature = "stdout-sink")]
+pub mod sink;

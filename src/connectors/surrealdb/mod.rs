@@ -1,0 +1,4 @@
+//! The SurrealDB sink.
+
+#[cfg(feature = "surrealdb-sink")]
+pub mod sink;
