@@ -3,16 +3,14 @@
 //! `[transforms.*]`, ...), plus our optional delivery settings.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use toml::{Table, Value};
 
 use crate::config::env::EnvVars;
 use crate::config::reader::{Reader, describe};
-use crate::config::streams::{read_sink_streams, read_source_streams};
+use crate::config::streams::{SinkStream, SourceStream, read_sink_streams, read_source_streams};
 use crate::config::{ConfigIssue, ConfigIssues, env};
 
-use crate::codec::Schema;
 pub use crate::config::connector_dir::load_connector_dir;
 pub use crate::config::streams::{
     DEFAULT_BATCH_LENGTH, DEFAULT_LINGER_TIME, DEFAULT_POLL_INTERVAL,
@@ -62,27 +60,6 @@ pub enum KindConfig {
         streams: Vec<SinkStream>,
         on_error: OnError,
     },
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SourceStream {
-    pub stream: String,
-    pub topic: String,
-    pub schema: Schema,
-    pub batch_length: u32,
-    pub linger_time: Duration,
-    /// Partitions for a topic we create (ours; upstream always creates 1).
-    pub partitions: u32,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SinkStream {
-    pub stream: String,
-    pub topics: Vec<String>,
-    pub schema: Schema,
-    pub batch_length: u32,
-    pub poll_interval: Duration,
-    pub consumer_group: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

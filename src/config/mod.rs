@@ -17,10 +17,11 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 pub use connector::{
-    ConnectorConfig, DeadLetterTarget, KindConfig, OnError, SinkStream, SourceStream,
-    load_connector_dir, parse_connector_file,
+    ConnectorConfig, DeadLetterTarget, KindConfig, OnError, load_connector_dir,
+    parse_connector_file,
 };
 pub use runtime::RuntimeConfig;
+pub use streams::{SinkStream, SourceStream};
 
 /// One problem found in a config file.
 #[derive(Debug, Clone, PartialEq, Eq)]

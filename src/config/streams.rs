@@ -5,8 +5,28 @@ use std::time::Duration;
 use toml::{Table, Value};
 
 use crate::codec::{Schema, SchemaName, SchemaOptions};
-use crate::config::connector::{SinkStream, SourceStream};
 use crate::config::reader::{Reader, describe};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceStream {
+    pub stream: String,
+    pub topic: String,
+    pub schema: Schema,
+    pub batch_length: u32,
+    pub linger_time: Duration,
+    /// Partitions for a topic we create (ours; upstream always creates 1).
+    pub partitions: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SinkStream {
+    pub stream: String,
+    pub topics: Vec<String>,
+    pub schema: Schema,
+    pub batch_length: u32,
+    pub poll_interval: Duration,
+    pub consumer_group: String,
+}
 
 pub const DEFAULT_BATCH_LENGTH: u32 = 1000;
 pub const DEFAULT_LINGER_TIME: Duration = Duration::from_millis(5);

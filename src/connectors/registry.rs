@@ -29,8 +29,8 @@ impl ConnectorInfo {
     /// it), and which secret paths held no such word (a declared secret the
     /// sample does not show).
     pub fn sample_with_secret(&self, secret: &str) -> (serde_json::Value, Vec<&'static str>) {
-        let table: toml::Table = toml::from_str(self.sample_config).unwrap_or_default();
-        let mut config = crate::config::connector::toml_to_json(&toml::Value::Table(table));
+        let mut config: serde_json::Value =
+            toml::from_str(self.sample_config).unwrap_or_else(|_| serde_json::json!({}));
         let missing = self
             .secret_fields
             .iter()

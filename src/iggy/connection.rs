@@ -13,6 +13,7 @@ use secrecy::{ExposeSecret, SecretString};
 
 use crate::config::runtime::{IggyConfig, TopicDurability};
 use crate::iggy::BusError;
+use crate::iggy::settings::SettingsError;
 use crate::iggy::tls::TlsSettings;
 
 const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -43,25 +44,6 @@ enum CredentialsSource {
         password: SecretString,
     },
     Token(SecretString),
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SettingsError {
-    #[error("iggy.token: cannot read token file {path}: {reason}")]
-    TokenFile { path: String, reason: String },
-    #[error("iggy.token: token file {path} is empty")]
-    EmptyTokenFile { path: String },
-    #[error("iggy.username and iggy.password are required when no iggy.token is set")]
-    MissingCredentials,
-    #[error("iggy.tls.ca_file is required when iggy.tls.enabled is true")]
-    MissingTlsCaFile,
-    #[error("iggy.tls.ca_file: cannot use {path}: {reason}")]
-    TlsCaFile { path: String, reason: String },
-    #[error(
-        "iggy.tls.domain: {name:?} is not a valid server name (a DNS name or an IP address; \
-         empty uses the host of iggy.address)"
-    )]
-    TlsDomain { name: String },
 }
 
 impl ConnectionSettings {

@@ -7,6 +7,7 @@ mod consumer;
 mod headers;
 pub mod memory;
 mod producer;
+pub mod settings;
 mod tls;
 
 use std::time::Duration;

@@ -16,7 +16,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
 use crate::config::runtime::IggyTlsConfig;
-use crate::iggy::connection::SettingsError;
+use crate::iggy::settings::SettingsError;
 
 /// TLS settings that were checked: the CA file holds certificates and the
 /// server name is valid.

@@ -42,7 +42,7 @@ use crate::connectors::{
     ConnectorContext, ConnectorError, PluginConfigError, Source, SourceBatch, SourceEntry,
     decode_state, encode_state, parse_plugin_config, schema_of,
 };
-use crate::iggy::connection::SettingsError;
+use crate::iggy::settings::SettingsError;
 use crate::iggy::{
     Bus, BusError, ConnectionSettings, ConsumedBatch, Consumer, ConsumerSpec, IggyBus,
 };

@@ -21,6 +21,7 @@ use crate::state::StateStore;
 
 mod factory;
 mod lease;
+mod prepared;
 mod reload;
 mod setup;
 mod slot;

@@ -3,17 +3,17 @@
 //! the bus (retried while the bus is unreachable).
 
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use tracing::{info, warn};
 
+use super::prepared::{Prepared, SetupError};
 use super::slot::Slot;
 use super::{Runtime, RuntimeOptions};
 use crate::config::{ConnectorConfig, KindConfig, SinkStream, SourceStream};
-use crate::connectors::{BuildError, ConnectorError, ConnectorKind, RetrySettings, Sink, Source};
+use crate::connectors::{ConnectorError, ConnectorKind, RetrySettings, Sink, Source};
 use crate::engine::backoff::Backoff;
 use crate::engine::retry::{Attempt, Until, retry};
 use crate::engine::sink::{SinkContext, SinkPipeline, TopicReader};
@@ -21,62 +21,8 @@ use crate::engine::source::{Route, SourcePipeline};
 use crate::engine::{Shutdown, catch_panic};
 use crate::iggy::{BusError, ConsumerSpec, Producer, ProducerTarget};
 use crate::message::TopicRef;
-use crate::state::{StateError, StoredState};
-use crate::transforms::{TransformChain, TransformConfigError};
-
-pub(super) enum Prepared {
-    Source(SourcePipeline),
-    Sink(SinkPipeline),
-}
-
-/// Why a connector did not start; shown as its stop message.
-#[derive(Debug, thiserror::Error)]
-pub(super) enum SetupError {
-    /// A stop was requested while the connector was still starting.
-    #[error("stopped while starting")]
-    Shutdown,
-    #[error("not a {0} config")]
-    WrongKind(ConnectorKind),
-    #[error("{}: {error}", file.display())]
-    Build {
-        file: PathBuf,
-        #[source]
-        error: BuildError,
-    },
-    #[error("{}: transforms.{}{}: {}", file.display(), error.transform, field_suffix(&error.field), error.message)]
-    Transforms {
-        file: PathBuf,
-        #[source]
-        error: TransformConfigError,
-    },
-    #[error(transparent)]
-    LoadState(#[from] StateError),
-    #[error(
-        "state {location} was written by the \"{found}\" connector, not \"{expected}\"; refusing to start from it"
-    )]
-    ForeignState {
-        location: String,
-        found: String,
-        expected: String,
-    },
-    /// `open` failed (or panicked: `reason` is then the panic message).
-    #[error("open failed{}: {reason}", restoring_from.as_ref().map(|location| format!(" (restoring state from {location})")).unwrap_or_default())]
-    Open {
-        restoring_from: Option<String>,
-        reason: String,
-    },
-    /// The bus refused a producer or consumer (not merely unreachable).
-    #[error("{0}")]
-    Bus(BusError),
-}
-
-fn field_suffix(field: &str) -> String {
-    if field.is_empty() {
-        String::new()
-    } else {
-        format!(".{field}")
-    }
-}
+use crate::state::StoredState;
+use crate::transforms::TransformChain;
 
 impl Runtime {
     pub(super) async fn prepare(

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info_span, warn};
 
 use super::Runtime;
-use super::setup::{Prepared, SetupError};
+use super::prepared::{Prepared, SetupError};
 use crate::config::{ConnectorConfig, KindConfig};
 use crate::connectors::{ConnectorContext, ConnectorKind, Degraded};
 use crate::engine::Shutdown;

@@ -139,7 +139,7 @@ impl PostgresSourceConfig {
             ));
         }
         for table in &self.tables {
-            super::query::quote_qualified(table)
+            super::quote::quote_qualified(table)
                 .map_err(|message| PluginConfigError::new("tables", message))?;
         }
         let columns = [
@@ -150,7 +150,7 @@ impl PostgresSourceConfig {
         ];
         for (field, column) in columns {
             if let Some(column) = column {
-                super::query::quote_identifier(column)
+                super::quote::quote_identifier(column)
                     .map_err(|message| PluginConfigError::new(field, message))?;
             }
         }

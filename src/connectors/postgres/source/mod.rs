@@ -14,6 +14,7 @@
 mod cdc;
 mod config;
 mod query;
+mod quote;
 mod record;
 
 use std::sync::Arc;
@@ -149,7 +150,7 @@ impl PostgresSource {
         let pool = self.pool()?;
         let mut plans = Vec::with_capacity(self.config.tables.len());
         for table in &self.config.tables {
-            let quoted = query::quote_qualified(table).unwrap_or_default();
+            let quoted = quote::quote_qualified(table).unwrap_or_default();
             let rows = match sqlx::query(CATALOG_SQL).bind(quoted).fetch_all(pool).await {
                 Ok(rows) => rows,
                 Err(error) => {

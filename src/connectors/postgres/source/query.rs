@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use super::config::{Consume, PayloadFormat, PostgresSourceConfig};
+use super::quote::{quote_identifier, quote_qualified};
 use crate::connectors::kit::sql_poll::{CatalogEntry, PlanColumns};
 pub use crate::connectors::kit::sql_poll::{Placeholders, PlanError};
 
@@ -216,33 +217,6 @@ fn column(catalog: &CatalogColumn) -> Column {
 /// literal.
 pub fn fill_placeholders(template: &str, values: &Placeholders<'_>) -> String {
     values.fill(template, |offset| offset.replace('\'', "''"))
-}
-
-/// `"name"`, with embedded quotes doubled.
-pub fn quote_identifier(name: &str) -> Result<String, String> {
-    if name.is_empty() {
-        return Err("expected a non-empty identifier".into());
-    }
-    if name.contains('\0') {
-        return Err(format!("identifier {name:?} contains a NUL byte"));
-    }
-    Ok(format!("\"{}\"", name.replace('"', "\"\"")))
-}
-
-/// `schema.table` or `table`, each part quoted (so names are case-sensitive, as
-/// upstream's source treats them).
-pub fn quote_qualified(name: &str) -> Result<String, String> {
-    let parts: Vec<&str> = name.split('.').collect();
-    if parts.len() > 2 {
-        return Err(format!(
-            "expected \"table\" or \"schema.table\", found \"{name}\""
-        ));
-    }
-    let quoted = parts
-        .iter()
-        .map(|part| quote_identifier(part))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(quoted.join("."))
 }
 
 #[cfg(test)]

@@ -42,7 +42,8 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use super::config::{Operation, PostgresSourceConfig, SnapshotMode};
-use super::query::{CATALOG_SQL, quote_identifier, quote_qualified};
+use super::query::CATALOG_SQL;
+use super::quote::{quote_identifier, quote_qualified};
 use super::record::message_id;
 use crate::connectors::kit::cdc::RecordShape;
 use crate::connectors::postgres::{describe, is_transient, lazy_pool, with_connect_cause};

@@ -7,7 +7,7 @@ use sqlx::postgres::PgPool;
 use tracing::warn;
 
 use super::pgoutput::{Relation, Value};
-use crate::connectors::postgres::source::query::quote_identifier;
+use crate::connectors::postgres::source::quote::quote_identifier;
 use crate::connectors::postgres::{describe, is_transient};
 
 /// `json` and `jsonb`: their text is JSON already and goes in as JSON.
