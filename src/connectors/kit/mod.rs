@@ -35,8 +35,6 @@ pub mod breaker;
 pub mod cdc;
 pub mod failure;
 #[cfg(feature = "kit-http")]
-pub mod gzip;
-#[cfg(feature = "kit-http")]
 pub mod http;
 #[cfg(feature = "kit-inbox")]
 pub mod inbox;
