@@ -6,7 +6,7 @@
 //!
 //! JSON is parsed once into the `serde_json::Value` that transforms change in
 //! place, and serialized once. serde_json stays over simd-json
-//! (`benches/codec.rs`, simd-json vs serde_json): producing our `Value`,
+//! (`benches/engine/codec.rs`, simd-json vs serde_json): producing our `Value`,
 //! simd-json decoded a 300-byte record in 824 vs 569 ns and a database row in
 //! 2.95 vs 2.69 µs, and was 3% faster only on a 5 KiB order (35.7 vs 36.9 µs);
 //! it encoded the row in 640 vs 509 ns and the order in 7.4 vs 5.0 µs, and was
@@ -150,7 +150,7 @@ impl Schema {
             (Schema::Json, Payload::Json(value)) => {
                 // serde_json's `to_vec` starts at 128 bytes and regrows for a
                 // typical record; starting at 512 measured ~25% faster on a
-                // 300-byte record and no slower on a 5 KiB one (benches/codec.rs).
+                // 300-byte record and no slower on a 5 KiB one (benches/engine/codec.rs).
                 let mut buffer = Vec::with_capacity(JSON_ENCODE_CAPACITY);
                 serde_json::to_writer(&mut buffer, value)
                     .map_err(|error| CodecError::InvalidJson(error.to_string()))?;

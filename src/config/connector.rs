@@ -336,8 +336,8 @@ fn read_dead_letter(reader: &mut Reader) -> Option<DeadLetterTarget> {
 pub const MAX_IN_FLIGHT: u32 = 64;
 
 /// Batches in flight for sources that can have several and whose file does
-/// not say, chosen by measurement (`cargo bench --bench pipeline --
-/// random_to_iggy_in_flight`, BENCHMARKS.md): on a disk where a state save
+/// not say, chosen by measurement (`cargo bench --bench backends --
+/// pipeline random_to_iggy_in_flight`, BENCHMARKS.md): on a disk where a state save
 /// takes several ms, 16 covered three times the batches per save of 4.
 pub const DEFAULT_MAX_IN_FLIGHT: u32 = 16;
 

@@ -216,7 +216,7 @@ impl Drop for IggyProducer {
 /// The message as the client sends it. Without user headers it is built
 /// directly: `check` already refused what Iggy cannot store, and the builder's
 /// clock read per message (the origin timestamp, here one per request) was
-/// about 5% of a source's CPU time (perf, `cargo bench --bench pipeline`).
+/// about 5% of a source's CPU time (perf, `cargo bench --bench backends -- pipeline`).
 fn to_iggy_message(
     message: &OutgoingMessage,
     origin_timestamp: u64,

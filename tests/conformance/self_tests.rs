@@ -1,8 +1,34 @@
 //! The suite's own tests: every check passes on the correct reference
 //! connectors and fails on the one broken the way that check is about.
 
+use libtest_mimic::{Failed, Trial};
+
 use crate::reference::{self, Queue, SinkFlaw, SourceFlaw, Store};
-use crate::{sink, source};
+use crate::{block_on, sink, source};
+
+/// The self-tests, named `self_tests::<what it proves>`.
+pub fn trials() -> Vec<Trial> {
+    let mut trials = vec![
+        trial(
+            "the_correct_reference_source_passes_every_source_check",
+            the_correct_reference_source_passes_every_source_check,
+        ),
+        trial(
+            "the_correct_reference_sink_passes_every_sink_check",
+            the_correct_reference_sink_passes_every_sink_check,
+        ),
+    ];
+    trials.extend(
+        FAILS
+            .iter()
+            .map(|case| Trial::test(format!("self_tests::{}", case.name), move || case.fails())),
+    );
+    trials
+}
+
+fn trial(name: &str, body: fn() -> Result<(), Failed>) -> Trial {
+    Trial::test(format!("self_tests::{name}"), body)
+}
 
 async fn source_check(check: &str, flaw: SourceFlaw) -> crate::Outcome {
     source::run(check, &reference::source(flaw), &Queue::new()).await
@@ -12,119 +38,137 @@ async fn sink_check(check: &str, flaw: SinkFlaw) -> crate::Outcome {
     sink::run(check, &reference::sink(flaw), &Store::new()).await
 }
 
-#[tokio::test]
-async fn the_correct_reference_source_passes_every_source_check() {
-    for check in source::CHECKS {
-        if let Err(failure) = source_check(check, SourceFlaw::None).await {
-            panic!("{check}: {failure}");
+fn the_correct_reference_source_passes_every_source_check() -> Result<(), Failed> {
+    block_on(async {
+        for check in source::CHECKS {
+            source_check(check, SourceFlaw::None)
+                .await
+                .map_err(|failure| format!("{check}: {failure}"))?;
         }
-    }
+        Ok(())
+    })
 }
 
-#[tokio::test]
-async fn the_correct_reference_sink_passes_every_sink_check() {
-    for check in sink::CHECKS {
-        if let Err(failure) = sink_check(check, SinkFlaw::None).await {
-            panic!("{check}: {failure}");
+fn the_correct_reference_sink_passes_every_sink_check() -> Result<(), Failed> {
+    block_on(async {
+        for check in sink::CHECKS {
+            sink_check(check, SinkFlaw::None)
+                .await
+                .map_err(|failure| format!("{check}: {failure}"))?;
         }
-    }
+        Ok(())
+    })
 }
 
-/// Asserts `check` fails on the flawed connector and prints why.
-macro_rules! fails {
-    ($test:ident, $run:ident, $check:literal, $flaw:expr) => {
-        #[tokio::test]
-        async fn $test() {
-            assert!(source::CHECKS.contains(&$check) || sink::CHECKS.contains(&$check));
-            match $run($check, $flaw).await {
-                Ok(()) => panic!("{} passed on {:?}", $check, $flaw),
-                Err(failure) => eprintln!("{} fails on {:?}: {failure}", $check, $flaw),
+/// A check that must fail on a connector with one flaw.
+struct Fails {
+    name: &'static str,
+    check: &'static str,
+    flaw: Flaw,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Flaw {
+    Source(SourceFlaw),
+    Sink(SinkFlaw),
+}
+
+impl Fails {
+    /// Passes when `check` fails on the flawed connector, and prints why.
+    fn fails(&self) -> Result<(), Failed> {
+        if !source::CHECKS.contains(&self.check) && !sink::CHECKS.contains(&self.check) {
+            return Err(format!("no check {}", self.check).into());
+        }
+        let outcome = block_on(async {
+            match self.flaw {
+                Flaw::Source(flaw) => source_check(self.check, flaw).await,
+                Flaw::Sink(flaw) => sink_check(self.check, flaw).await,
+            }
+        });
+        match outcome {
+            Ok(()) => Err(format!("{} passed on {:?}", self.check, self.flaw).into()),
+            Err(failure) => {
+                eprintln!(
+                    "{} fails on {:?}: {}",
+                    self.check,
+                    self.flaw,
+                    failure.message().unwrap_or_default()
+                );
+                Ok(())
             }
         }
-    };
+    }
 }
 
-fails!(
-    fresh_start_fails_on_a_source_skipping_its_first_item,
-    source_check,
-    "fresh_start",
-    SourceFlaw::SkipsFirstItem
-);
-fails!(
-    restore_fails_on_a_source_ignoring_its_state,
-    source_check,
-    "restore",
-    SourceFlaw::IgnoresState
-);
-fails!(
-    corrupt_state_refused_fails_on_a_source_accepting_corrupt_state,
-    source_check,
-    "corrupt_state_refused",
-    SourceFlaw::AcceptsCorruptState
-);
-fails!(
-    state_round_trip_fails_on_a_source_saving_a_stale_state,
-    source_check,
-    "state_round_trip",
-    SourceFlaw::StaleState
-);
-fails!(
-    nothing_destructive_before_commit_fails_on_a_source_deleting_in_poll,
-    source_check,
-    "nothing_destructive_before_commit",
-    SourceFlaw::DeletesInPoll
-);
-fails!(
-    cancelled_poll_loses_nothing_fails_on_a_source_advancing_before_it_waits,
-    source_check,
-    "cancelled_poll_loses_nothing",
-    SourceFlaw::AdvancesBeforeWaiting
-);
-fails!(
-    ok_means_durable_fails_on_a_sink_not_writing,
-    sink_check,
-    "ok_means_durable",
-    SinkFlaw::OkWithoutWriting
-);
-fails!(
-    replayed_batch_not_duplicated_fails_on_a_duplicating_idempotent_sink,
-    sink_check,
-    "replayed_batch_not_duplicated",
-    SinkFlaw::Duplicates
-);
-fails!(
-    rejections_in_range_fails_on_out_of_range_indexes,
-    sink_check,
-    "rejections_in_range",
-    SinkFlaw::RejectsOutOfRange
-);
-fails!(
-    rejections_in_range_fails_on_a_sink_storing_what_it_refused,
-    sink_check,
-    "rejections_in_range",
-    SinkFlaw::StoresRejected
-);
-fails!(
-    transient_error_retried_fails_on_a_sink_answering_ok_while_down,
-    sink_check,
-    "transient_error_retried",
-    SinkFlaw::OkWhileDown
-);
-fails!(
-    open_while_down_is_retried_fails_on_a_sink_whose_open_is_fatal_while_down,
-    sink_check,
-    "open_while_down_is_retried",
-    SinkFlaw::FatalOpenWhileDown
-);
-fails!(
-    rejections_in_range_fails_on_a_sink_claiming_durable_what_it_did_not_store,
-    sink_check,
-    "rejections_in_range",
-    SinkFlaw::ClaimsUnwrittenDurable
-);
-fails!(
-    open_while_down_is_retried_fails_on_a_source_whose_open_is_fatal_while_down,
-    source_check,
-    "open_while_down_is_retried",
-    SourceFlaw::FatalOpenWhileDown
-);
+const FAILS: &[Fails] = &[
+    Fails {
+        name: "fresh_start_fails_on_a_source_skipping_its_first_item",
+        check: "fresh_start",
+        flaw: Flaw::Source(SourceFlaw::SkipsFirstItem),
+    },
+    Fails {
+        name: "restore_fails_on_a_source_ignoring_its_state",
+        check: "restore",
+        flaw: Flaw::Source(SourceFlaw::IgnoresState),
+    },
+    Fails {
+        name: "corrupt_state_refused_fails_on_a_source_accepting_corrupt_state",
+        check: "corrupt_state_refused",
+        flaw: Flaw::Source(SourceFlaw::AcceptsCorruptState),
+    },
+    Fails {
+        name: "state_round_trip_fails_on_a_source_saving_a_stale_state",
+        check: "state_round_trip",
+        flaw: Flaw::Source(SourceFlaw::StaleState),
+    },
+    Fails {
+        name: "nothing_destructive_before_commit_fails_on_a_source_deleting_in_poll",
+        check: "nothing_destructive_before_commit",
+        flaw: Flaw::Source(SourceFlaw::DeletesInPoll),
+    },
+    Fails {
+        name: "cancelled_poll_loses_nothing_fails_on_a_source_advancing_before_it_waits",
+        check: "cancelled_poll_loses_nothing",
+        flaw: Flaw::Source(SourceFlaw::AdvancesBeforeWaiting),
+    },
+    Fails {
+        name: "ok_means_durable_fails_on_a_sink_not_writing",
+        check: "ok_means_durable",
+        flaw: Flaw::Sink(SinkFlaw::OkWithoutWriting),
+    },
+    Fails {
+        name: "replayed_batch_not_duplicated_fails_on_a_duplicating_idempotent_sink",
+        check: "replayed_batch_not_duplicated",
+        flaw: Flaw::Sink(SinkFlaw::Duplicates),
+    },
+    Fails {
+        name: "rejections_in_range_fails_on_out_of_range_indexes",
+        check: "rejections_in_range",
+        flaw: Flaw::Sink(SinkFlaw::RejectsOutOfRange),
+    },
+    Fails {
+        name: "rejections_in_range_fails_on_a_sink_storing_what_it_refused",
+        check: "rejections_in_range",
+        flaw: Flaw::Sink(SinkFlaw::StoresRejected),
+    },
+    Fails {
+        name: "transient_error_retried_fails_on_a_sink_answering_ok_while_down",
+        check: "transient_error_retried",
+        flaw: Flaw::Sink(SinkFlaw::OkWhileDown),
+    },
+    Fails {
+        name: "open_while_down_is_retried_fails_on_a_sink_whose_open_is_fatal_while_down",
+        check: "open_while_down_is_retried",
+        flaw: Flaw::Sink(SinkFlaw::FatalOpenWhileDown),
+    },
+    Fails {
+        name: "rejections_in_range_fails_on_a_sink_claiming_durable_what_it_did_not_store",
+        check: "rejections_in_range",
+        flaw: Flaw::Sink(SinkFlaw::ClaimsUnwrittenDurable),
+    },
+    Fails {
+        name: "open_while_down_is_retried_fails_on_a_source_whose_open_is_fatal_while_down",
+        check: "open_while_down_is_retried",
+        flaw: Flaw::Source(SourceFlaw::FatalOpenWhileDown),
+    },
+];

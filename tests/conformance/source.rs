@@ -17,7 +17,7 @@ use iggy_connect::iggy::MemoryBus;
 use iggy_connect::state::{FileStateStore, StateStore, StoredState};
 use serde_json::Value;
 
-use crate::wait::{Check, try_eventually};
+use crate::support::wait::{Check, try_eventually};
 use crate::{Outcome, ensure, unique};
 
 /// How long a check waits for records before failing.

@@ -1,6 +1,7 @@
 //! Delta tables read and written with PyPI `deltalake` (delta-rs's Python
 //! package, in the venv `scripts/lake-readers` prepares): an independent
 //! reader of what the delta sink commits.
+#![cfg(feature = "delta-sink")]
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};

@@ -14,6 +14,7 @@
 //! unknown database or table is a `Fail` naming it. Faults: the next loads
 //! answered 503 or 429, `Publish Timeout` (loaded, not yet visible), or
 //! loaded with the answer lost (a 500 after the commit).
+#![cfg(feature = "doris-sink")]
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};

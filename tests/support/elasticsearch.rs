@@ -28,6 +28,7 @@
 //! whole-request answers for the next `_bulk` requests (429/503 with
 //! `Retry-After`, or a pass for one handled as usual), down (503 for everything), and near-real-time visibility
 //! (writes are searchable only after a refresh).
+#![cfg(any(feature = "elasticsearch-sink", feature = "elasticsearch-source"))]
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;

@@ -2,6 +2,7 @@
 //! `scripts/lake-readers` prepares): an independent reader of what the
 //! iceberg sink commits. A table is found by its directory: its newest
 //! `NNNNN-<uuid>.metadata.json` is opened with `StaticTable.from_metadata`.
+#![cfg(feature = "iceberg-sink")]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -9,6 +9,7 @@
 //!
 //! Fault injection: [`IcebergRest::fail_commits`] answers the next commits
 //! with a status (409 conflicts, 503 outages) without applying them.
+#![cfg(feature = "iceberg-sink")]
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};

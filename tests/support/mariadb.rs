@@ -1,10 +1,11 @@
 //! A real MariaDB (Debian's `mariadb-server` 10.11, installed by
 //! `scripts/ensure-debian-packages`) with the row binlog on, one per test
 //! process (nextest runs each test in its own process; plain `cargo test` shares
-//! one per binary): a free loopback port, a data directory copied from a
+//! one per test binary): a free loopback port, a data directory copied from a
 //! template that `mariadb-install-db` builds once per machine (4-5 s, then
 //! about 0.3 s per server), every test in a database of its own. The server
 //! is killed by PID and its directory removed when the process exits.
+#![cfg(any(feature = "mysql-source", feature = "mysql-sink"))]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -26,6 +26,7 @@
 //! with `Retry-After`, or a pass for one handled as usual), the next documents tasks failing with an internal
 //! error, down (503 for everything), a paused task processor (tasks stay
 //! enqueued), no index creation on first write.
+#![cfg(feature = "meilisearch-sink")]
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;

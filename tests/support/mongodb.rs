@@ -4,6 +4,7 @@
 //! emulator: no real mongod can be installed here. With
 //! `IGGY_CONNECT_TEST_MONGODB_URL` set, tests use that server instead (a real
 //! mongod; change streams need it to be a replica set).
+#![cfg(any(feature = "mongodb-sink", feature = "mongodb-source"))]
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

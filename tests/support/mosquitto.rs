@@ -7,6 +7,7 @@
 //!
 //! Also the tests' own MQTT clients: `publish` (QoS 1, every PUBACK awaited)
 //! and `Collector`, a QoS 1 subscriber in a persistent session.
+#![cfg(any(feature = "mqtt-source", feature = "mqtt-sink"))]
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

@@ -2,6 +2,7 @@
 //! `scripts/ensure-debian-packages`): its own temp store directory and a free
 //! loopback port, stopped by PID on drop. `restart` stops it (SIGTERM, as an
 //! operator would) and starts it again on the same port and store.
+#![cfg(any(feature = "nats-source", feature = "nats-sink"))]
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

@@ -2,6 +2,7 @@
 //! tonic `TraceService` and `LogsService` on one gRPC port, and OTLP/HTTP
 //! (`/v1/traces`, `/v1/logs`, protobuf) on another, keeping every export
 //! request it gets. It runs on its own Tokio runtime, so sync tests can use it.
+#![cfg(all(feature = "telemetry", feature = "otlp-source"))]
 
 use std::sync::{Arc, Mutex};
 

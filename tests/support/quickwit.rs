@@ -20,6 +20,7 @@
 //!
 //! Faults: whole-request answers for the next ingest requests (429/503 with
 //! `Retry-After`, or a pass for one handled as usual), down (503 for everything), a deleted index.
+#![cfg(feature = "quickwit-sink")]
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;

@@ -1,14 +1,16 @@
 //! A real RabbitMQ broker (Debian's `rabbitmq-server` 3.10, installed by
-//! `scripts/ensure-debian-packages`), one per test binary: it takes seconds
-//! to start, so the tests of a binary share it and keep apart by unique queue
+//! `scripts/ensure-debian-packages`), one per test process: it takes seconds
+//! to start, so tests sharing a process (plain `cargo test`; nextest gives each
+//! its own) share it and keep apart by unique queue
 //! and exchange names. Everything of it is its own: a temp directory for its
 //! data (mnesia), logs, config and Erlang cookie (`HOME`), a free loopback
 //! AMQP port, a free distribution port, and an `epmd` of its own on a free
-//! port (so nothing collides with another broker or test binary). No plugin
+//! port (so nothing collides with another broker or test process). No plugin
 //! is enabled (no management). Both processes are children of a thread that
 //! lives as long as the binary and die with it (`PR_SET_PDEATHSIG`); `kill`
 //! stops the broker by its PID with SIGKILL, `restart` starts it again on the
 //! same port and data directory.
+#![cfg(any(feature = "rabbitmq-source", feature = "rabbitmq-sink"))]
 
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -36,7 +38,7 @@ pub struct RabbitServer {
     epmd_port: u16,
 }
 
-/// Runs `job` on a thread that lives as long as the test binary, so a
+/// Runs `job` on a thread that lives as long as the test process, so a
 /// process it spawns (dying with its parent thread) outlives any one test.
 fn on_keeper<T: Send + 'static>(job: impl FnOnce() -> T + Send + 'static) -> T {
     type Job = Box<dyn FnOnce() + Send>;
@@ -79,7 +81,7 @@ fn die_with_parent(command: &mut Command) {
     }
 }
 
-/// The broker of this test binary, started on first use.
+/// The broker of this test process, started on first use.
 pub fn shared() -> std::sync::MutexGuard<'static, RabbitServer> {
     static SHARED: OnceLock<Mutex<RabbitServer>> = OnceLock::new();
     SHARED

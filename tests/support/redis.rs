@@ -4,6 +4,7 @@
 //! (so a kill -9 and a restart keep every stream, group and pending entry),
 //! stopped by PID on drop. It starts in a few milliseconds, so each test has
 //! its own.
+#![cfg(any(feature = "redis-sink", feature = "redis-source"))]
 
 use std::io::{Read, Write};
 use std::process::{Child, Command, Stdio};

@@ -2,6 +2,7 @@
 //! part a client of the wire format uses), on a free loopback port: schemas by
 //! id, subjects and their versions, registration, optional basic auth. It
 //! records every request so tests can count the client's calls.
+#![cfg(feature = "schema-registry")]
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

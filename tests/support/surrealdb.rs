@@ -30,6 +30,7 @@
 //! answer is cut off), a slow answer after the statements ran, the first
 //! statement failing with a retryable transaction conflict; down (503
 //! for every request). `/rpc` bodies over the body limit are answered 413.
+#![cfg(feature = "surrealdb-sink")]
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;

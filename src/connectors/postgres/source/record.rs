@@ -106,7 +106,7 @@ impl RowShape {
     /// columns, written around the row's JSON as PostgreSQL produced it
     /// (`row_to_json`, valid JSON by construction): the row is neither parsed
     /// nor serialized again, and its numbers keep PostgreSQL's exact text
-    /// (`12.50`, 20-digit numerics). Measured with `benches/postgres.rs`.
+    /// (`12.50`, 20-digit numerics). Measured with `benches/backends/postgres.rs`.
     fn document_text(&self, row_json: &str, now: &str) -> Result<Bytes, RowError> {
         if !self.include_metadata {
             return Ok(Bytes::copy_from_slice(row_json.as_bytes()));
