@@ -5,7 +5,7 @@
 //!
 //! Layers, bottom first: a file imports only from its own layer and those
 //! below, and no two files import each other, directly or around a circle
-//! (`tests/layers.rs` checks both). `a::*` is every module under `a` not
+//! (`tests/it/layers.rs` checks both). `a::*` is every module under `a` not
 //! listed itself.
 //! 1. `message`, `delivery`, `clock`, `sync`
 //! 2. `codec`, `transforms`, `connectors`, `connectors::entry`, `connectors::kit::backoff`
