@@ -194,13 +194,17 @@ pub fn run(cli: Cli) -> ExitCode {
             admin::offsets(&config, &key, &to, only).await
         }),
         Command::Completions { shell } => {
-            clap_complete::generate(
-                shell,
-                &mut command(),
-                "iggy-connect",
-                &mut std::io::stdout(),
-            );
-            ExitCode::SUCCESS
+            // Generated into memory first: clap_complete panics on a write
+            // error, and a reader that stops early (`| head`) is not one.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut command(), "iggy-connect", &mut script);
+            match std::io::Write::write_all(&mut std::io::stdout(), &script) {
+                Err(error) if error.kind() != std::io::ErrorKind::BrokenPipe => {
+                    eprintln!("error: cannot write the completions: {error}");
+                    ExitCode::FAILURE
+                }
+                _ => ExitCode::SUCCESS,
+            }
         }
         Command::Man => match clap_mangen::Man::new(command()).render(&mut std::io::stdout()) {
             Ok(()) => ExitCode::SUCCESS,

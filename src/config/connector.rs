@@ -11,7 +11,6 @@ use crate::config::reader::{Reader, describe};
 use crate::config::streams::{SinkStream, SourceStream, read_sink_streams, read_source_streams};
 use crate::config::{ConfigIssue, ConfigIssues, env};
 
-pub use crate::config::connector_dir::load_connector_dir;
 pub use crate::config::streams::{
     DEFAULT_BATCH_LENGTH, DEFAULT_LINGER_TIME, DEFAULT_POLL_INTERVAL,
 };

@@ -16,10 +16,8 @@ mod streams;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-pub use connector::{
-    ConnectorConfig, DeadLetterTarget, KindConfig, OnError, load_connector_dir,
-    parse_connector_file,
-};
+pub use connector::{ConnectorConfig, DeadLetterTarget, KindConfig, OnError, parse_connector_file};
+pub use connector_dir::load_connector_dir;
 pub use runtime::RuntimeConfig;
 pub use streams::{SinkStream, SourceStream};
 

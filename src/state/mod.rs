@@ -4,14 +4,15 @@
 pub mod file;
 pub mod json;
 pub mod memory;
-#[cfg(feature = "postgres-state")]
-pub mod postgres;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::future::BoxFuture;
+
+use crate::config::runtime::{StateConfig, StateKind};
 
 pub use file::FileStateStore;
 pub use memory::MemoryStateStore;
@@ -82,20 +83,33 @@ pub enum Acquired {
     },
 }
 
+/// A state store kept by a backend (`type = "postgres"`): its folder
+/// registers it with `inventory::submit!`, behind the feature
+/// `<kind>-state`.
+pub struct Backend {
+    pub kind: StateKind,
+    pub open: for<'a> fn(&'a StateConfig) -> Opening<'a>,
+}
+
+/// A backend store being opened.
+pub type Opening<'a> = BoxFuture<'a, Result<Arc<dyn StateStore>, StateError>>;
+
+inventory::collect!(Backend);
+
 /// The state store `[state]` asks for.
-pub async fn open(
-    config: &crate::config::runtime::StateConfig,
-) -> Result<Arc<dyn StateStore>, StateError> {
-    match config.kind {
-        crate::config::runtime::StateKind::File => Ok(Arc::new(FileStateStore::new(&config.path)?)),
-        #[cfg(feature = "postgres-state")]
-        crate::config::runtime::StateKind::Postgres => {
-            Ok(Arc::new(postgres::PostgresStateStore::open(config).await?))
-        }
-        #[cfg(not(feature = "postgres-state"))]
-        crate::config::runtime::StateKind::Postgres => Err(StateError::Unavailable(
-            "[state] type = \"postgres\" needs a build with the postgres-state feature".into(),
-        )),
+pub async fn open(config: &StateConfig) -> Result<Arc<dyn StateStore>, StateError> {
+    if config.kind == StateKind::File {
+        return Ok(Arc::new(FileStateStore::new(&config.path)?));
+    }
+    match inventory::iter::<Backend>
+        .into_iter()
+        .find(|backend| backend.kind == config.kind)
+    {
+        Some(backend) => (backend.open)(config).await,
+        None => Err(StateError::Unavailable(format!(
+            "[state] type = \"{0}\" needs a build with the {0}-state feature",
+            config.kind
+        ))),
     }
 }
 

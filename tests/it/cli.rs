@@ -505,6 +505,22 @@ fn pipe_honours_the_log_format_and_every_json_line_is_an_object_with_unique_keys
 }
 
 #[test]
+fn completions_read_partly_end_without_a_panic() {
+    // `iggy-connect completions bash | head -1`: the reader closes the pipe early.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_iggy-connect"))
+        .args(["completions", "bash"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(output.status.success(), "{stderr}");
+}
+
+#[test]
 fn completions_man_page_and_version_with_features() {
     for (shell, marker) in [
         ("bash", "-o default iggy-connect"),

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use iggy_connect::config::runtime::{StateConfig, StateKind};
-use iggy_connect::state::postgres::PostgresStateStore;
+use iggy_connect::connectors::postgres::state::PostgresStateStore;
 use iggy_connect::state::{Acquired, Leases, StateError, StateStore, StoredState};
 use secrecy::SecretString;
 

@@ -7,8 +7,9 @@
 //! given their schema default (optional scalars as `null`), enums by name,
 //! unions as `{field}_type` (the member's name, `NONE` when unset) and
 //! `{field}` (the table), structs and fixed arrays as objects and arrays,
-//! non-finite floats as the strings `"NaN"`, `"Infinity"` and `"-Infinity"`. Every read is bounds
-//! checked: a buffer that does not fit the schema fails that message.
+//! non-finite floats as the strings `"NaN"`, `"Infinity"` and `"-Infinity"`. The
+//! `flatbuffers` crate's verifier checks every part before it is read: a
+//! buffer that does not fit the schema fails that message.
 //!
 //! A buffer's file identifier is not checked (writers may leave it out);
 //! encoding writes the schema's.
@@ -32,10 +33,9 @@ use crate::message::Payload;
 mod read;
 mod write;
 
-use read::Reader;
 use write::Writer;
 
-/// Nesting of tables, vectors and structs a buffer may have.
+/// Nesting of tables a buffer may have (of tables and vectors when encoding).
 const MAX_DEPTH: usize = 64;
 /// Values one buffer may decode to: offsets may point many times at the same
 /// table, so a small buffer could otherwise expand without bound.
@@ -216,9 +216,7 @@ impl FlatBufferCodec {
                 bytes.len()
             )));
         }
-        let mut reader = Reader::new(bytes, inner);
-        let root = reader.offset_target(0)?;
-        reader.table(inner.root, root, 0).map(Payload::Json)
+        read::decode(bytes, inner).map(Payload::Json)
     }
 
     /// Encodes JSON (a value, JSON text, or text holding JSON) as one buffer;
@@ -255,6 +253,14 @@ fn parse_json(bytes: &[u8]) -> Result<Value, CodecError> {
 
 fn invalid(message: impl Into<String>) -> CodecError {
     CodecError::InvalidFlatBuffer(message.into())
+}
+
+/// One level below `depth`, refused past [`MAX_DEPTH`].
+fn deeper(depth: usize) -> Result<usize, CodecError> {
+    if depth >= MAX_DEPTH {
+        return Err(invalid(format!("nested deeper than {MAX_DEPTH} levels")));
+    }
+    Ok(depth + 1)
 }
 
 fn read_object(object: &reflection::Object) -> Result<ObjectDef, String> {

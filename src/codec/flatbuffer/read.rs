@@ -1,114 +1,57 @@
-//! Decoding: bounds-checked reads of one buffer, guided by the schema.
+//! Decoding, guided by the schema: the `flatbuffers` crate's verifier checks
+//! each table, offset, string and scalar before its reader follows it (within
+//! the buffer, aligned, strings UTF-8 and terminated, tables nested at most
+//! [`MAX_DEPTH`] deep), so a buffer that does not fit fails that message.
 
+use flatbuffers::{
+    Follow, ForwardsUOffset, InvalidFlatbuffer, Verifiable, Verifier, VerifierOptions,
+};
 use serde_json::{Map, Number, Value};
 
 use super::{Element, FieldDef, Inner, MAX_DEPTH, MAX_VALUES, Scalar, Type, invalid};
 use crate::codec::CodecError;
 
-/// Bounds-checked reads of one buffer, guided by the schema.
-pub(super) struct Reader<'a> {
+/// The JSON of the buffer `buf`, whose root is a table of the schema's root type.
+pub(super) fn decode(buf: &[u8], schema: &Inner) -> Result<Value, CodecError> {
+    let options = VerifierOptions {
+        max_depth: MAX_DEPTH,
+        max_tables: MAX_VALUES,
+        ..VerifierOptions::default()
+    };
+    let mut verifier = Verifier::new(&options, buf);
+    let mut reader = Reader {
+        buf,
+        schema,
+        values: 0,
+    };
+    let root = reader.offset_target(&mut verifier, 0)?;
+    reader.table(&mut verifier, schema.root, root)
+}
+
+/// Reads what the verifier (created over the same `buf`) has checked.
+struct Reader<'a> {
     buf: &'a [u8],
     schema: &'a Inner,
     values: usize,
 }
 
 impl<'a> Reader<'a> {
-    pub(super) fn new(buf: &'a [u8], schema: &'a Inner) -> Self {
-        Self {
-            buf,
-            schema,
-            values: 0,
-        }
-    }
-
-    fn bytes<const N: usize>(&self, position: usize) -> Result<[u8; N], CodecError> {
-        position
-            .checked_add(N)
-            .and_then(|end| self.buf.get(position..end))
-            .and_then(|slice| slice.try_into().ok())
-            .ok_or_else(|| {
-                invalid(format!(
-                    "a read of {N} bytes at {position} runs past the end of the {}-byte buffer",
-                    self.buf.len()
-                ))
-            })
-    }
-
-    fn u16(&self, position: usize) -> Result<u16, CodecError> {
-        self.bytes(position).map(u16::from_le_bytes)
-    }
-
-    fn u32(&self, position: usize) -> Result<usize, CodecError> {
-        self.bytes(position)
-            .map(|bytes| u32::from_le_bytes(bytes) as usize)
-    }
-
-    /// Where the unsigned offset stored at `position` points.
-    pub(super) fn offset_target(&self, position: usize) -> Result<usize, CodecError> {
-        let target = position
-            .checked_add(self.u32(position)?)
-            .filter(|target| *target < self.buf.len())
-            .ok_or_else(|| invalid(format!("the offset at {position} points past the buffer")))?;
-        Ok(target)
-    }
-
-    fn count(&mut self) -> Result<(), CodecError> {
-        self.values += 1;
-        if self.values > MAX_VALUES {
-            return Err(invalid(format!(
-                "the buffer decodes to more than {MAX_VALUES} values"
-            )));
-        }
-        Ok(())
-    }
-
-    pub(super) fn depth(depth: usize) -> Result<usize, CodecError> {
-        if depth >= MAX_DEPTH {
-            return Err(invalid(format!("nested deeper than {MAX_DEPTH} levels")));
-        }
-        Ok(depth + 1)
-    }
-
     /// The table at `position`: each field present, or its default.
-    pub(super) fn table(
+    fn table(
         &mut self,
+        verifier: &mut Verifier<'_, 'a>,
         object: usize,
         position: usize,
-        depth: usize,
     ) -> Result<Value, CodecError> {
-        let depth = Self::depth(depth)?;
         self.count()?;
         let definition = self.schema.object(object)?;
-        let soffset = i32::from_le_bytes(self.bytes(position)?);
-        let vtable = i64::try_from(position)
-            .ok()
-            .and_then(|position| position.checked_sub(i64::from(soffset)))
-            .and_then(|vtable| usize::try_from(vtable).ok())
-            .ok_or_else(|| invalid(format!("the table at {position} has no vtable")))?;
-        let vtable_len = usize::from(self.u16(vtable)?);
-        let table_len = usize::from(self.u16(vtable + 2)?);
-        if vtable_len < 4 || vtable_len % 2 != 0 {
-            return Err(invalid(format!("the vtable at {vtable} is malformed")));
-        }
-        let slot = |reader: &Self, offset: u16| -> Result<Option<usize>, CodecError> {
-            let offset = usize::from(offset);
-            if offset + 2 > vtable_len {
-                return Ok(None);
-            }
-            match usize::from(reader.u16(vtable + offset)?) {
-                0 => Ok(None),
-                at if at >= table_len => Err(invalid(format!(
-                    "a field of the table at {position} lies outside the table"
-                ))),
-                at => Ok(Some(position + at)),
-            }
-        };
+        let mut table = verifier.visit_table(position).map_err(broken)?;
         let mut map = Map::new();
         for field in &definition.fields {
-            let at = slot(self, field.offset)?;
+            let at = table.deref(field.offset).map_err(broken)?;
             let value = match (field.ty, at) {
                 (Type::Scalar { scalar, enum_index }, Some(at)) => {
-                    self.scalar(scalar, enum_index, at)?
+                    self.scalar(table.verifier(), scalar, enum_index, at)?
                 }
                 (Type::Scalar { .. }, None) if field.optional => Value::Null,
                 (Type::Scalar { scalar, enum_index }, None) => {
@@ -122,6 +65,7 @@ impl<'a> Reader<'a> {
                 }
                 (_, None) => continue,
                 (Type::Union(enum_index), Some(at)) => {
+                    // The member is named by the `{field}_type` field beside it.
                     let Some(type_field) = definition
                         .fields
                         .iter()
@@ -129,10 +73,10 @@ impl<'a> Reader<'a> {
                     else {
                         continue;
                     };
-                    let Some(tag_at) = slot(self, type_field.offset)? else {
+                    let Some(tag_at) = table.deref(type_field.offset).map_err(broken)? else {
                         continue;
                     };
-                    let tag = i64::from(self.bytes::<1>(tag_at)?[0]);
+                    let tag = i64::from(self.read::<u8>(table.verifier(), tag_at)?);
                     let member = self
                         .schema
                         .enums
@@ -140,47 +84,50 @@ impl<'a> Reader<'a> {
                         .and_then(|e| e.values.iter().find(|value| value.value == tag))
                         .and_then(|value| value.table);
                     match member {
-                        Some(table) => {
-                            let target = self.offset_target(at)?;
-                            self.table(table, target, depth)?
+                        Some(member) => {
+                            let target = self.offset_target(table.verifier(), at)?;
+                            self.table(table.verifier(), member, target)?
                         }
                         None => continue,
                     }
                 }
-                (ty, Some(at)) => self.value(ty, at, depth)?,
+                (ty, Some(at)) => self.value(table.verifier(), ty, at)?,
             };
             map.insert(field.name.clone(), value);
         }
+        table.finish();
         Ok(Value::Object(map))
     }
 
     /// A non-scalar field's value stored at `at`.
-    fn value(&mut self, ty: Type, at: usize, depth: usize) -> Result<Value, CodecError> {
+    fn value(
+        &mut self,
+        verifier: &mut Verifier<'_, 'a>,
+        ty: Type,
+        at: usize,
+    ) -> Result<Value, CodecError> {
         match ty {
-            Type::String => {
-                let target = self.offset_target(at)?;
-                self.string(target)
-            }
-            Type::Object(object) => self.object(object, at, depth),
+            Type::String => self.string(verifier, at),
+            Type::Object(object) => self.object(verifier, object, at),
             Type::Vector(element) => {
-                let target = self.offset_target(at)?;
-                let len = self.u32(target)?;
-                self.elements(element, target + 4, len, depth)
+                let target = self.offset_target(verifier, at)?;
+                let len = self.read::<u32>(verifier, target)? as usize;
+                self.elements(verifier, element, target + 4, len)
             }
-            Type::Array(element, len) => self.elements(element, at, len, depth),
-            Type::Scalar { scalar, enum_index } => self.scalar(scalar, enum_index, at),
+            Type::Array(element, len) => self.elements(verifier, element, at, len),
+            Type::Scalar { scalar, enum_index } => self.scalar(verifier, scalar, enum_index, at),
             Type::Union(_) => Ok(Value::Null),
         }
     }
 
+    /// `len` elements side by side from `start`: a vector's or a fixed array's.
     fn elements(
         &mut self,
+        verifier: &mut Verifier<'_, 'a>,
         element: Element,
         start: usize,
         len: usize,
-        depth: usize,
     ) -> Result<Value, CodecError> {
-        let depth = Self::depth(depth)?;
         let stride = match element {
             Element::Scalar { scalar, .. } => scalar.size(),
             Element::Object(object) if self.schema.is_struct(object) => {
@@ -189,89 +136,79 @@ impl<'a> Reader<'a> {
             Element::String | Element::Object(_) => 4,
         };
         // Checked up front, so a huge length in a small buffer fails at once.
-        if len
-            .checked_mul(stride)
-            .and_then(|size| start.checked_add(size))
-            .is_none_or(|end| end > self.buf.len())
-        {
-            return Err(invalid(format!(
-                "a vector of {len} elements at {start} runs past the end of the buffer"
-            )));
-        }
+        verifier
+            .range_in_buffer(start, len.saturating_mul(stride))
+            .map_err(broken)?;
         let mut items = Vec::with_capacity(len);
         for index in 0..len {
             let at = start + index * stride;
             self.count()?;
             items.push(match element {
-                Element::Scalar { scalar, enum_index } => self.scalar(scalar, enum_index, at)?,
-                Element::String => {
-                    let target = self.offset_target(at)?;
-                    self.string(target)?
+                Element::Scalar { scalar, enum_index } => {
+                    self.scalar(verifier, scalar, enum_index, at)?
                 }
-                Element::Object(object) => self.object(object, at, depth)?,
+                Element::String => self.string(verifier, at)?,
+                Element::Object(object) => self.object(verifier, object, at)?,
             });
         }
         Ok(Value::Array(items))
     }
 
     /// The struct stored inline at `at`, or the table the offset there points to.
-    fn object(&mut self, object: usize, at: usize, depth: usize) -> Result<Value, CodecError> {
-        if self.schema.is_struct(object) {
-            return self.structure(object, at, depth);
+    fn object(
+        &mut self,
+        verifier: &mut Verifier<'_, 'a>,
+        object: usize,
+        at: usize,
+    ) -> Result<Value, CodecError> {
+        if !self.schema.is_struct(object) {
+            let target = self.offset_target(verifier, at)?;
+            return self.table(verifier, object, target);
         }
-        let target = self.offset_target(at)?;
-        self.table(object, target, depth)
-    }
-
-    /// A struct stored inline at `at`.
-    fn structure(&mut self, object: usize, at: usize, depth: usize) -> Result<Value, CodecError> {
-        let depth = Self::depth(depth)?;
         self.count()?;
         let definition = self.schema.object(object)?;
+        verifier
+            .range_in_buffer(at, definition.bytesize)
+            .map_err(broken)?;
         let mut map = Map::new();
         for field in &definition.fields {
-            let field_at = at + usize::from(field.offset);
-            let value = self.value(field.ty, field_at, depth)?;
+            let value = self.value(verifier, field.ty, at + usize::from(field.offset))?;
             map.insert(field.name.clone(), value);
         }
         Ok(Value::Object(map))
     }
 
-    fn string(&mut self, at: usize) -> Result<Value, CodecError> {
-        let len = self.u32(at)?;
-        let bytes = (at + 4)
-            .checked_add(len)
-            .and_then(|end| self.buf.get(at + 4..end))
-            .ok_or_else(|| invalid(format!("the string at {at} runs past the buffer")))?;
-        std::str::from_utf8(bytes)
+    /// The string the offset at `at` points to.
+    fn string(&mut self, verifier: &mut Verifier<'_, 'a>, at: usize) -> Result<Value, CodecError> {
+        self.read::<ForwardsUOffset<&str>>(verifier, at)
             .map(|text| Value::String(text.to_owned()))
-            .map_err(|_| invalid(format!("the string at {at} is not UTF-8")))
     }
 
     fn scalar(
         &self,
+        verifier: &mut Verifier<'_, 'a>,
         scalar: Scalar,
         enum_index: Option<usize>,
         at: usize,
     ) -> Result<Value, CodecError> {
         let integer = match scalar {
-            Scalar::Bool => return Ok(Value::Bool(self.bytes::<1>(at)?[0] != 0)),
-            Scalar::F32 => return Ok(float(f32::from_le_bytes(self.bytes(at)?).into(), true)),
-            Scalar::F64 => return Ok(float(f64::from_le_bytes(self.bytes(at)?), false)),
+            Scalar::Bool => return Ok(Value::Bool(self.read::<bool>(verifier, at)?)),
+            Scalar::F32 => return Ok(float(self.read::<f32>(verifier, at)?.into(), true)),
+            Scalar::F64 => return Ok(float(self.read::<f64>(verifier, at)?, false)),
             Scalar::U64 => {
-                let value = u64::from_le_bytes(self.bytes(at)?);
+                let value = self.read::<u64>(verifier, at)?;
                 return Ok(match i64::try_from(value) {
                     Ok(signed) => self.integer(enum_index, signed),
                     Err(_) => Value::Number(value.into()),
                 });
             }
-            Scalar::I8 => i64::from(i8::from_le_bytes(self.bytes(at)?)),
-            Scalar::U8 => i64::from(u8::from_le_bytes(self.bytes(at)?)),
-            Scalar::I16 => i64::from(i16::from_le_bytes(self.bytes(at)?)),
-            Scalar::U16 => i64::from(u16::from_le_bytes(self.bytes(at)?)),
-            Scalar::I32 => i64::from(i32::from_le_bytes(self.bytes(at)?)),
-            Scalar::U32 => i64::from(u32::from_le_bytes(self.bytes(at)?)),
-            Scalar::I64 => i64::from_le_bytes(self.bytes(at)?),
+            Scalar::I8 => i64::from(self.read::<i8>(verifier, at)?),
+            Scalar::U8 => i64::from(self.read::<u8>(verifier, at)?),
+            Scalar::I16 => i64::from(self.read::<i16>(verifier, at)?),
+            Scalar::U16 => i64::from(self.read::<u16>(verifier, at)?),
+            Scalar::I32 => i64::from(self.read::<i32>(verifier, at)?),
+            Scalar::U32 => i64::from(self.read::<u32>(verifier, at)?),
+            Scalar::I64 => self.read::<i64>(verifier, at)?,
         };
         Ok(self.integer(enum_index, integer))
     }
@@ -294,6 +231,51 @@ impl<'a> Reader<'a> {
             }
             _ => self.integer(enum_index, field.default_integer),
         }
+    }
+
+    /// Where the offset stored at `position` points.
+    fn offset_target(
+        &self,
+        verifier: &mut Verifier<'_, 'a>,
+        position: usize,
+    ) -> Result<usize, CodecError> {
+        let offset = verifier.get_uoffset(position).map_err(broken)?;
+        Ok(position.saturating_add(offset as usize))
+    }
+
+    /// The `T` at `at`, once the verifier has checked that one lies there.
+    fn read<T: Verifiable + Follow<'a>>(
+        &self,
+        verifier: &mut Verifier<'_, 'a>,
+        at: usize,
+    ) -> Result<T::Inner, CodecError> {
+        T::run_verifier(verifier, at).map_err(broken)?;
+        // SAFETY: the verifier runs over `self.buf` (see `decode`) and has just
+        // checked that a whole `T` lies at `at`, which is all `follow` needs.
+        Ok(unsafe { T::follow(self.buf, at) })
+    }
+
+    /// Values one buffer decodes to are capped: offsets may point many times
+    /// at the same table, so a small buffer could otherwise expand without bound.
+    fn count(&mut self) -> Result<(), CodecError> {
+        self.values += 1;
+        if self.values > MAX_VALUES {
+            return Err(invalid(format!(
+                "the buffer decodes to more than {MAX_VALUES} values"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The verifier's refusal as the codec's error.
+fn broken(error: InvalidFlatbuffer) -> CodecError {
+    match error {
+        InvalidFlatbuffer::RangeOutOfBounds { range, .. } => invalid(format!(
+            "a read of bytes {}..{} runs past the end of the buffer",
+            range.start, range.end
+        )),
+        other => invalid(other.to_string().trim_end()),
     }
 }
 

@@ -3,8 +3,7 @@
 use flatbuffers::{FlatBufferBuilder, TableFinishedWIPOffset, WIPOffset};
 use serde_json::{Map, Value};
 
-use super::read::Reader;
-use super::{Element, FieldDef, Inner, ObjectDef, Scalar, Type, invalid};
+use super::{Element, FieldDef, Inner, ObjectDef, Scalar, Type, deeper, invalid};
 use crate::codec::CodecError;
 
 /// Builds one buffer from JSON, guided by the schema.
@@ -24,7 +23,7 @@ impl<'s, 'b, 'f> Writer<'s, 'b, 'f> {
         value: &Value,
         depth: usize,
     ) -> Result<WIPOffset<TableFinishedWIPOffset>, CodecError> {
-        let depth = Reader::depth(depth)?;
+        let depth = deeper(depth)?;
         let definition = self.schema.object(object)?;
         let Some(map) = value.as_object() else {
             return Err(invalid(format!(
@@ -142,7 +141,7 @@ impl<'s, 'b, 'f> Writer<'s, 'b, 'f> {
         context: &str,
         depth: usize,
     ) -> Result<u32, CodecError> {
-        let depth = Reader::depth(depth)?;
+        let depth = deeper(depth)?;
         let Some(items) = value.as_array() else {
             return Err(invalid(format!(
                 "{context} expects an array, found {value}"

@@ -5,19 +5,21 @@
 //! request sent and its answer read, the part of every HTTP-speaking
 //! connector that is not about its backend.
 
+use std::io::Read;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
+use flate2::Compression;
+use flate2::read::GzEncoder;
 use reqwest::header::{
     AUTHORIZATION, CONTENT_ENCODING, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER,
 };
 use secrecy::{ExposeSecret, SecretString};
 
 use super::failure::Failure;
-use super::gzip;
 use crate::connectors::PluginConfigError;
 
 /// The longest `Retry-After` honoured; a server asking for more is waited on
@@ -358,7 +360,7 @@ impl HttpClient {
         if self.gzip {
             request
                 .header(CONTENT_ENCODING, HeaderValue::from_static("gzip"))
-                .body(gzip::compress(&body))
+                .body(gzip(&body))
         } else {
             request.body(body)
         }
@@ -368,6 +370,16 @@ impl HttpClient {
     pub fn empty(&self, method: reqwest::Method, url: reqwest::Url) -> reqwest::RequestBuilder {
         self.client.request(method, url)
     }
+}
+
+/// `body` as one gzip member, at the fastest level: a request body is sent
+/// once, not stored, and JSON lines still shrink sevenfold at it.
+fn gzip(body: &[u8]) -> Vec<u8> {
+    let mut compressed = Vec::with_capacity(body.len() / 4 + 32);
+    GzEncoder::new(body, Compression::fast())
+        .read_to_end(&mut compressed)
+        .expect("reading from memory into memory cannot fail");
+    compressed
 }
 
 fn default_headers(options: &ClientOptions) -> Result<HeaderMap, ClientError> {

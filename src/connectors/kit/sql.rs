@@ -1,16 +1,6 @@
-//! What the SQL connectors (postgres and mysql, sources and sinks) share
-//! whatever the driver: explaining a pool timeout by its cause, the error
-//! kinds every driver retries, and how a sink lays out a message's payload.
-//! The postgres state store alone uses only the first two.
-#![cfg_attr(
-    not(any(
-        feature = "postgres-source",
-        feature = "postgres-sink",
-        feature = "mysql-source",
-        feature = "mysql-sink"
-    )),
-    allow(dead_code)
-)]
+//! What the SQL connectors (sources, sinks and state stores) share whatever
+//! the driver: explaining a pool timeout by its cause, the error kinds every
+//! driver retries, and how a sink lays out a message's payload.
 
 use std::future::Future;
 use std::time::Duration;
@@ -22,7 +12,7 @@ use crate::message::Payload;
 
 /// How long `open` waits for the database before leaving the checks to the
 /// first poll or write.
-const OPEN_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+pub const OPEN_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long one direct connection attempt may take when a pool timeout is
 /// explained by it.
@@ -86,7 +76,7 @@ where
 /// polls or writes) retry until it is. `check` looks at the database;
 /// `unreachable` runs when it took too long: the cause as text, or the fatal
 /// error it is. `who` names the connector in the warning.
-pub(crate) async fn check_on_open<E, U>(
+pub async fn check_on_open<E, U>(
     who: &str,
     retries: &str,
     check: impl Future<Output = Result<(), E>>,
@@ -129,7 +119,7 @@ pub(crate) fn is_transient_client(error: &sqlx::Error) -> bool {
 /// them; `text_column` says the column holds text (so raw bytes must be
 /// UTF-8), `format` names the column's `payload_format` in the refusal.
 /// On a refusal the buffer is as it was.
-pub(crate) fn append_payload(
+pub fn append_payload(
     buffer: &mut Vec<u8>,
     payload: &Payload,
     text_column: bool,

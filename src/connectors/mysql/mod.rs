@@ -69,7 +69,7 @@ pub(crate) fn quote_identifier(name: &str) -> Result<String, String> {
 /// `database.table` or `table`, each part quoted. MySQL keeps the case of
 /// names (whether it compares them case-sensitively depends on the server's
 /// `lower_case_table_names`).
-pub(crate) fn quote_qualified(name: &str) -> Result<String, String> {
+pub fn quote_qualified(name: &str) -> Result<String, String> {
     let parts: Vec<&str> = name.trim().split('.').collect();
     if parts.len() > 2 {
         return Err(format!(

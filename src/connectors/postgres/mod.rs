@@ -5,6 +5,8 @@
 pub mod sink;
 #[cfg(feature = "postgres-source")]
 pub mod source;
+#[cfg(feature = "postgres-state")]
+pub mod state;
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -18,7 +20,7 @@ use crate::connectors::kit::sql;
 /// Checks a `connection_string` without connecting: a `postgres://` or
 /// `postgresql://` URL that parses (sqlx also takes other schemes and
 /// key/value strings, which upstream's connectors never did).
-pub(crate) fn check_connection_string(
+pub fn check_connection_string(
     connection_string: &SecretString,
 ) -> Result<(), crate::connectors::PluginConfigError> {
     let text = connection_string.expose_secret();

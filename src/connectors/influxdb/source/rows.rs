@@ -1,6 +1,7 @@
 //! The query answers of each version as rows (column -> JSON value): v1's
 //! JSON series, v2's annotated CSV, v3's JSON lines.
 
+use csv::StringRecord;
 use serde_json::{Map, Number, Value};
 
 pub type Row = Map<String, Value>;
@@ -57,21 +58,23 @@ pub fn v3(text: &str) -> Result<Vec<Row>, String> {
 }
 
 /// Flux annotated CSV (`#datatype`, `#group`, `#default` annotations, a
-/// header per table, tables separated by blank lines). Values are typed by
-/// `#datatype`; an error table (`error`, `reference` columns) is `Err`.
+/// header per table). Values are typed by `#datatype`; an error table
+/// (`error`, `reference` columns) is `Err`. The `csv` crate skips the blank
+/// lines between tables; each table starts with its annotations (the query
+/// asks for them), which is where a new header is expected.
 pub fn v2(text: &str) -> Result<Vec<Row>, String> {
+    let mut reader = csv::ReaderBuilder::new()
+        .has_headers(false)
+        // Tables differ in width.
+        .flexible(true)
+        .from_reader(text.as_bytes());
     let mut rows = Vec::new();
-    let mut datatypes: Vec<String> = Vec::new();
-    let mut defaults: Vec<String> = Vec::new();
-    let mut header: Option<Vec<String>> = None;
-    for record in csv_records(text)? {
-        if record.len() == 1 && record[0].is_empty() {
-            header = None;
-            datatypes.clear();
-            defaults.clear();
-            continue;
-        }
-        match record[0].as_str() {
+    let mut datatypes = StringRecord::new();
+    let mut defaults = StringRecord::new();
+    let mut header: Option<StringRecord> = None;
+    for record in reader.records() {
+        let record = record.map_err(|error| format!("the answer is not CSV: {error}"))?;
+        match record.get(0).unwrap_or_default() {
             "#datatype" => {
                 header = None;
                 datatypes = record;
@@ -98,12 +101,12 @@ pub fn v2(text: &str) -> Result<Vec<Row>, String> {
                 continue;
             }
             let value = if value.is_empty() {
-                defaults.get(index).map(String::as_str).unwrap_or_default()
+                defaults.get(index).unwrap_or_default()
             } else {
-                value.as_str()
+                value
             };
-            let datatype = datatypes.get(index).map(String::as_str).unwrap_or_default();
-            row.insert(column.clone(), typed(value, datatype));
+            let datatype = datatypes.get(index).unwrap_or_default();
+            row.insert(column.to_owned(), typed(value, datatype));
         }
         if columns.iter().any(|column| column == "error") && row.contains_key("reference") {
             return Err(row["error"].as_str().unwrap_or_default().to_owned());
@@ -142,49 +145,6 @@ fn typed(value: &str, datatype: &str) -> Value {
         _ => None,
     };
     parsed.unwrap_or_else(|| Value::String(value.to_owned()))
-}
-
-/// RFC 4180 records: `,` between fields, `"` quoting (`""` inside), CRLF or LF.
-fn csv_records(text: &str) -> Result<Vec<Vec<String>>, String> {
-    let mut records = Vec::new();
-    let mut record = Vec::new();
-    let mut field = String::new();
-    let mut chars = text.chars().peekable();
-    let mut quoted = false;
-    let mut any = false;
-    while let Some(char) = chars.next() {
-        any = true;
-        if quoted {
-            match char {
-                '"' if chars.peek() == Some(&'"') => {
-                    chars.next();
-                    field.push('"');
-                }
-                '"' => quoted = false,
-                other => field.push(other),
-            }
-            continue;
-        }
-        match char {
-            '"' => quoted = true,
-            ',' => record.push(std::mem::take(&mut field)),
-            '\r' if chars.peek() == Some(&'\n') => {}
-            '\n' => {
-                record.push(std::mem::take(&mut field));
-                records.push(std::mem::take(&mut record));
-                any = false;
-            }
-            other => field.push(other),
-        }
-    }
-    if quoted {
-        return Err("the CSV answer ends inside a quoted value".into());
-    }
-    if any {
-        record.push(field);
-        records.push(record);
-    }
-    Ok(records)
 }
 
 #[cfg(test)]

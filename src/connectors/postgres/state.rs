@@ -23,8 +23,20 @@ use sqlx::{AssertSqlSafe, Row};
 use tokio::sync::OnceCell;
 
 use crate::config::runtime::StateConfig;
+use crate::config::runtime::StateKind;
 use crate::connectors::postgres::{describe, is_transient, lazy_pool, with_connect_cause};
-use crate::state::{Acquired, Leases, StateError, StateStore, StoredState};
+use crate::state::{Acquired, Backend, Leases, StateError, StateStore, StoredState};
+
+inventory::submit!(Backend {
+    kind: StateKind::Postgres,
+    open: |config| {
+        Box::pin(async move {
+            let store: std::sync::Arc<dyn StateStore> =
+                std::sync::Arc::new(PostgresStateStore::open(config).await?);
+            Ok(store)
+        })
+    },
+});
 
 /// The holder an operator's change (the API or the CLI, no lease) is saved under.
 const OPERATOR: &str = "operator";
