@@ -11,7 +11,7 @@ use entry::InTree;
 
 // One module per backend folder (`postgres/`, `mqtt/`, ...) and `IN_TREE`,
 // written by build.rs from Cargo.toml's features: a connector is its folder
-// and its feature, and registers itself with `#[distributed_slice]` in its
+// and its feature, and registers itself with `inventory::submit!` in its
 // module (see `entry`).
 include!(concat!(env!("OUT_DIR"), "/connectors.rs"));
 
