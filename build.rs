@@ -21,7 +21,10 @@ fn main() {
 
     let manifest = std::fs::read_to_string("Cargo.toml").expect("reading Cargo.toml");
     let features = feature_names(&manifest);
-    let connectors_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/connectors");
+    // Read when the script runs, not when it is compiled: one compiled
+    // script may serve clones at other paths (a shared target directory).
+    let manifest_dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    let connectors_dir = Path::new(&manifest_dir).join("src/connectors");
 
     // backend -> the features that compile its folder in
     let mut backends: BTreeMap<String, Vec<&str>> = BTreeMap::new();

@@ -57,6 +57,10 @@ pub enum SinkFlaw {
     /// Answers a poisoned batch per message, calling durable one it did not
     /// store.
     ClaimsUnwrittenDurable,
+    /// (Over HTTP) takes a request that failed on the way as written.
+    OkWhenCut,
+    /// (Over HTTP) answers a 429 as transient without its `Retry-After`.
+    DropsRetryAfter,
 }
 
 pub fn source(flaw: SourceFlaw) -> SourceSubject {
@@ -400,6 +404,124 @@ impl Sink for MemorySink {
             rejected,
             SinkError::transient("nothing left"),
         ))
+    }
+
+    async fn close(&mut self) -> Result<(), ConnectorError> {
+        Ok(())
+    }
+}
+
+/// A reference backend reached over HTTP on loopback: `POST /keys` with a
+/// JSON array of keys stores those it does not hold yet.
+pub struct WebStore {
+    pub url: String,
+    keys: Arc<Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl WebStore {
+    pub async fn start() -> Self {
+        let keys = Arc::new(Mutex::new(Vec::new()));
+        let stored = keys.clone();
+        let app = axum::Router::new().route(
+            "/keys",
+            axum::routing::post(
+                move |axum::Json(batch): axum::Json<Vec<String>>| async move {
+                    let mut keys = stored.lock().unwrap();
+                    for key in batch {
+                        if !keys.contains(&key) {
+                            keys.push(key);
+                        }
+                    }
+                },
+            ),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.ok();
+        });
+        Self { url, keys, task }
+    }
+}
+
+impl Drop for WebStore {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[async_trait]
+impl SinkBackend for WebStore {
+    fn plugin_config(&self) -> Value {
+        json!({"url": self.url})
+    }
+
+    fn idempotent(&self) -> bool {
+        true
+    }
+
+    async fn stored(&self) -> Result<Vec<String>, String> {
+        Ok(self.keys.lock().unwrap().clone())
+    }
+}
+
+pub fn web_sink(flaw: SinkFlaw) -> SinkSubject {
+    SinkSubject {
+        name: "web",
+        build: Arc::new(
+            move |config: &Value| -> Result<Box<dyn Sink>, PluginConfigError> {
+                Ok(Box::new(WebSink {
+                    url: config["url"].as_str().unwrap_or_default().to_owned(),
+                    client: reqwest::Client::new(),
+                    flaw,
+                }))
+            },
+        ),
+    }
+}
+
+/// Sends each batch in one request and classifies the answer.
+struct WebSink {
+    url: String,
+    client: reqwest::Client,
+    flaw: SinkFlaw,
+}
+
+#[async_trait]
+impl Sink for WebSink {
+    async fn open(&mut self) -> Result<(), ConnectorError> {
+        Ok(())
+    }
+
+    async fn write(&self, _topic: &TopicRef, messages: &[SinkMessage]) -> Result<(), SinkError> {
+        let keys: Vec<String> = messages.iter().filter_map(message_key).collect();
+        let sent = self
+            .client
+            .post(format!("{}/keys", self.url))
+            .json(&keys)
+            .send()
+            .await;
+        let answer = match sent {
+            Ok(answer) => answer,
+            Err(_) if self.flaw == SinkFlaw::OkWhenCut => return Ok(()),
+            Err(error) => return Err(SinkError::transient(error)),
+        };
+        let status = answer.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let retry_after = answer
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|value| value.to_str().ok()?.parse().ok())
+            .map(Duration::from_secs)
+            .filter(|_| self.flaw != SinkFlaw::DropsRetryAfter);
+        let error = format!("the store answered {status}");
+        if status.as_u16() == 429 || status.is_server_error() {
+            return Err(SinkError::transient_after(error, retry_after));
+        }
+        Err(SinkError::Fatal(error.into()))
     }
 
     async fn close(&mut self) -> Result<(), ConnectorError> {

@@ -3,7 +3,7 @@
 
 use libtest_mimic::{Failed, Trial};
 
-use crate::reference::{self, Queue, SinkFlaw, SourceFlaw, Store};
+use crate::reference::{self, Queue, SinkFlaw, SourceFlaw, Store, WebStore};
 use crate::{block_on, sink, source};
 
 /// The self-tests, named `self_tests::<what it proves>`.
@@ -34,9 +34,17 @@ async fn source_check(check: &str, flaw: SourceFlaw) -> crate::Outcome {
     source::run(check, &reference::source(flaw), &Queue::new()).await
 }
 
+/// The checks about a connection run against the reference sink reached
+/// over HTTP, the others against the in-memory one.
 async fn sink_check(check: &str, flaw: SinkFlaw) -> crate::Outcome {
+    if WIRE_CHECKS.contains(&check) {
+        let store = WebStore::start().await;
+        return sink::run(check, &reference::web_sink(flaw), &store).await;
+    }
     sink::run(check, &reference::sink(flaw), &Store::new()).await
 }
+
+const WIRE_CHECKS: [&str; 2] = ["connection_dropped_mid_batch", "retry_after_carried"];
 
 fn the_correct_reference_source_passes_every_source_check() -> Result<(), Failed> {
     block_on(async {
@@ -165,6 +173,16 @@ const FAILS: &[Fails] = &[
         name: "rejections_in_range_fails_on_a_sink_claiming_durable_what_it_did_not_store",
         check: "rejections_in_range",
         flaw: Flaw::Sink(SinkFlaw::ClaimsUnwrittenDurable),
+    },
+    Fails {
+        name: "connection_dropped_mid_batch_fails_on_a_sink_taking_a_cut_request_as_written",
+        check: "connection_dropped_mid_batch",
+        flaw: Flaw::Sink(SinkFlaw::OkWhenCut),
+    },
+    Fails {
+        name: "retry_after_carried_fails_on_a_sink_dropping_retry_after",
+        check: "retry_after_carried",
+        flaw: Flaw::Sink(SinkFlaw::DropsRetryAfter),
     },
     Fails {
         name: "open_while_down_is_retried_fails_on_a_source_whose_open_is_fatal_while_down",

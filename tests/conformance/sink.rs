@@ -3,13 +3,17 @@
 //! the file), never through the sink.
 
 use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
-use iggy_connect::connectors::{Flush, PluginConfigError, Registry, Sink, SinkError};
+use futures::future::BoxFuture;
+use iggy_connect::connectors::{Flush, Partial, PluginConfigError, Registry, Sink, SinkError};
 use iggy_connect::message::{Payload, SinkMessage, TopicRef};
 use serde_json::{Value, json};
 
+use crate::support::proxy::{HttpProxy, Proxy};
 use crate::{Outcome, ensure};
 
 /// A connector's backend for the sink checks: one per check, of its own.
@@ -34,6 +38,12 @@ pub trait SinkBackend: Send + Sync {
         false
     }
     async fn heal(&self) {}
+    /// Whether the backend's protocol asks clients to wait with
+    /// `Retry-After` (HTTP 429/503), so the sink must carry it to the engine;
+    /// a fixture saying no names why in a comment.
+    fn has_retry_after(&self) -> bool {
+        true
+    }
 }
 
 pub type BuildSink = Arc<dyn Fn(&Value) -> Result<Box<dyn Sink>, PluginConfigError> + Send + Sync>;
@@ -59,8 +69,12 @@ impl SinkSubject {
     }
 
     async fn open(&self, backend: &dyn SinkBackend) -> Result<Box<dyn Sink>, String> {
-        let mut sink = (self.build)(&backend.plugin_config())
-            .map_err(|error| format!("building {}: {error}", self.name))?;
+        self.open_with(&backend.plugin_config()).await
+    }
+
+    async fn open_with(&self, config: &Value) -> Result<Box<dyn Sink>, String> {
+        let mut sink =
+            (self.build)(config).map_err(|error| format!("building {}: {error}", self.name))?;
         sink.open()
             .await
             .map_err(|error| format!("open: {error}"))?;
@@ -69,12 +83,14 @@ impl SinkSubject {
 }
 
 /// Every sink check, by name.
-pub const CHECKS: [&str; 5] = [
+pub const CHECKS: [&str; 7] = [
     "ok_means_durable",
     "replayed_batch_not_duplicated",
     "rejections_in_range",
     "transient_error_retried",
     "open_while_down_is_retried",
+    "connection_dropped_mid_batch",
+    "retry_after_carried",
 ];
 
 /// Runs the sink check named `check`.
@@ -85,6 +101,8 @@ pub async fn run(check: &str, subject: &SinkSubject, backend: &dyn SinkBackend) 
         "rejections_in_range" => rejections_in_range(subject, backend).await,
         "transient_error_retried" => transient_error_retried(subject, backend).await,
         "open_while_down_is_retried" => open_while_down_is_retried(subject, backend).await,
+        "connection_dropped_mid_batch" => connection_dropped_mid_batch(subject, backend).await,
+        "retry_after_carried" => retry_after_carried(subject, backend).await,
         other => Err(format!("no sink check {other}")),
     }
 }
@@ -304,8 +322,193 @@ pub async fn open_while_down_is_retried(
     Ok(())
 }
 
-/// `config` with every local address (`127.0.0.1:PORT`, `localhost:PORT`)
-/// moved to a port nothing listens on; `None` when it names none.
+/// Rule O2: the connection a sink holds is cut in the middle of a batch (a
+/// relay in front of the backend drops it halfway through the bytes such a
+/// batch takes). As the engine does, what the answer calls durable leaves the
+/// batch, a lost connection is opened again and the rest written until `Ok`:
+/// then every message is stored, each once where the sink claims
+/// idempotence. A fixture whose config names no single local address (or
+/// a backend not reached over TCP) has nothing to cut, and passes.
+pub async fn connection_dropped_mid_batch(
+    subject: &SinkSubject,
+    backend: &dyn SinkBackend,
+) -> Outcome {
+    let config = backend.plugin_config();
+    let Some(target) = local_address(&config) else {
+        return Ok(());
+    };
+    let proxy = Proxy::start(target).await;
+    let relayed = with_port(&config, target.port(), proxy.addr.port());
+    let mut sink = subject.open_with(&relayed).await?;
+    let first = messages(0..10);
+    let before = proxy.sent();
+    let outcome = async {
+        write(sink.as_ref(), &first).await?;
+        let cost = proxy.sent() - before;
+        if cost < 2 {
+            // The batch did not go over this address (an in-memory backend).
+            return Ok(());
+        }
+        let second = messages(10..20);
+        proxy.cut_after(cost / 2);
+        let cut = bounded(write_durably(sink.as_ref(), &second)).await?;
+        eprintln!(
+            "{target}: cut after {} of the {cost} bytes a batch took; the sink answered {cut:?}",
+            cost / 2
+        );
+        proxy.set_down(false);
+        settle(subject, &relayed, &mut sink, second.clone(), cut).await?;
+        let written: Vec<SinkMessage> = first.iter().chain(&second).cloned().collect();
+        stored_once(backend, &written).await
+    }
+    .await;
+    close(sink.as_mut()).await?;
+    outcome
+}
+
+/// Writes what is not durable again as the engine does after `answer`
+/// (rules S2, O2, K6): durable messages leave the batch; a lost connection
+/// means a fresh instance, written the rest; a transient failure a short
+/// wait, then the rest written again, or, for a sink holding what it took
+/// (deferred), flushed again; until `Ok`.
+async fn settle(
+    subject: &SinkSubject,
+    config: &Value,
+    sink: &mut Box<dyn Sink>,
+    mut rest: Vec<SinkMessage>,
+    mut answer: Result<(), SinkError>,
+) -> Outcome {
+    let topic = topic();
+    let mut wait = Duration::from_millis(50);
+    for _ in 0..40 {
+        let reopen = match answer {
+            Ok(()) => return Ok(()),
+            Err(SinkError::Disconnected(_)) => true,
+            Err(SinkError::Transient { .. }) => false,
+            Err(SinkError::Partial(partial)) if partial.rejected.is_empty() => {
+                let Partial {
+                    durable,
+                    rest: failed,
+                    ..
+                } = *partial;
+                let mut index = 0;
+                rest.retain(|_| {
+                    index += 1;
+                    !durable.contains(&(index - 1))
+                });
+                match failed {
+                    SinkError::Disconnected(_) => true,
+                    error if error.is_transient() => false,
+                    error => {
+                        return Err(format!("after the cut the rest failed for good: {error}"));
+                    }
+                }
+            }
+            Err(error) => {
+                return Err(format!(
+                    "a connection lost mid-batch must be transient or Disconnected, got {error}"
+                ));
+            }
+        };
+        let retried = if reopen {
+            close(sink.as_mut()).await?;
+            *sink = subject.open_with(config).await?;
+            write_durably(sink.as_ref(), &rest)
+        } else {
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(1));
+            if sink.deferred().is_some() {
+                Box::pin(sink.flush(&topic, Flush::All))
+            } else {
+                write_durably(sink.as_ref(), &rest)
+            }
+        };
+        answer = bounded(retried).await?;
+    }
+    Err(format!(
+        "still failing after the connection came back: {}",
+        answer
+            .err()
+            .map(|error| error.to_string())
+            .unwrap_or_default()
+    ))
+}
+
+/// Rule S3: a backend answering `429 Too Many Requests` with `Retry-After`
+/// makes `write` fail transiently carrying that time, for the engine to wait
+/// (a relay in front of the backend answers for it); once it no longer
+/// throttles, the batch is written. Fixtures not speaking HTTP to a single
+/// local address pass.
+pub async fn retry_after_carried(subject: &SinkSubject, backend: &dyn SinkBackend) -> Outcome {
+    let config = backend.plugin_config();
+    let Some(target) = local_address(&config)
+        .filter(|target| backend.has_retry_after() && speaks_http(&config, *target))
+    else {
+        return Ok(());
+    };
+    let proxy = HttpProxy::start(target).await;
+    let relayed = with_port(&config, target.port(), proxy.addr.port());
+    let mut sink = subject.open_with(&relayed).await?;
+    let batch = messages(0..6);
+    let outcome = async {
+        const ASKED: Duration = Duration::from_secs(7);
+        proxy.throttle(Some(ASKED));
+        let throttled = bounded(write_durably(sink.as_ref(), &batch)).await?;
+        proxy.throttle(None);
+        let carried = match &throttled {
+            Err(SinkError::Transient { retry_after, .. }) => *retry_after,
+            Err(SinkError::Partial(partial)) => match &partial.rest {
+                SinkError::Transient { retry_after, .. } => *retry_after,
+                other => return Err(format!("a 429 answered as {other}")),
+            },
+            Ok(()) => return Err("write returned Ok while the backend answered 429".into()),
+            Err(other) => return Err(format!("a 429 answered as {other}, not transient")),
+        };
+        ensure!(
+            carried == Some(ASKED),
+            "the backend said Retry-After: 7; the sink told the engine {carried:?}"
+        );
+        write(sink.as_ref(), &batch).await?;
+        let missing = missing(&batch, &backend.stored().await?);
+        ensure!(
+            missing.is_empty(),
+            "after the throttling the backend lacks {missing:?}"
+        );
+        Ok(())
+    }
+    .await;
+    close(sink.as_mut()).await?;
+    outcome
+}
+
+/// Every message of `written` is stored; once each where the sink claims
+/// idempotence.
+async fn stored_once(backend: &dyn SinkBackend, written: &[SinkMessage]) -> Outcome {
+    let counts = counts(&backend.stored().await?);
+    for key in keys(written) {
+        let copies = counts.get(&key).copied().unwrap_or(0);
+        ensure!(copies >= 1, "{key} is lost");
+        ensure!(
+            copies == 1 || !backend.idempotent(),
+            "the sink claims idempotence, yet {key} is stored {copies} times"
+        );
+    }
+    Ok(())
+}
+
+/// A write that neither answers nor fails within a minute hangs: a sink
+/// must notice a dead connection.
+async fn bounded(
+    write: impl Future<Output = Result<(), SinkError>>,
+) -> Result<Result<(), SinkError>, String> {
+    tokio::time::timeout(Duration::from_secs(60), write)
+        .await
+        .map_err(|_| "write hung for a minute after its connection was cut".to_owned())
+}
+
+/// `config` with every local address (`127.0.0.1:PORT`, `localhost:PORT`,
+/// a `port` field) moved to a port nothing listens on; `None` when it names
+/// none.
 pub fn unreachable(config: &Value) -> Option<Value> {
     let closed = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
@@ -313,11 +516,50 @@ pub fn unreachable(config: &Value) -> Option<Value> {
         .ok()?;
     let mut config = config.clone();
     let mut moved = false;
-    move_ports(&mut config, closed, &mut moved);
+    map_ports(&mut config, &mut |_| {
+        moved = true;
+        Some(closed)
+    });
     moved.then_some(config)
 }
 
-fn move_ports(value: &mut Value, closed: u16, moved: &mut bool) {
+/// The one local address `config` names (`127.0.0.1:PORT`,
+/// `localhost:PORT`, or a `port` field); `None` for none or several.
+pub fn local_address(config: &Value) -> Option<SocketAddr> {
+    let mut ports = Vec::new();
+    map_ports(&mut config.clone(), &mut |port| {
+        ports.push(port);
+        None
+    });
+    ports.sort_unstable();
+    ports.dedup();
+    match ports[..] {
+        [port] => Some(SocketAddr::from(([127, 0, 0, 1], port))),
+        _ => None,
+    }
+}
+
+/// `config` with the local port `from` replaced by `to`.
+fn with_port(config: &Value, from: u16, to: u16) -> Value {
+    let mut config = config.clone();
+    map_ports(&mut config, &mut |port| (port == from).then_some(to));
+    config
+}
+
+/// Whether `config` reaches `target` by `http://` URL.
+fn speaks_http(config: &Value, target: SocketAddr) -> bool {
+    let urls = [
+        format!("http://127.0.0.1:{}", target.port()),
+        format!("http://localhost:{}", target.port()),
+    ];
+    let text = config.to_string();
+    urls.iter().any(|url| text.contains(url.as_str()))
+}
+
+/// Calls `map` with every local port `value` names (in a `127.0.0.1:PORT`
+/// or `localhost:PORT` string, or a `port` field) and puts back the port it
+/// returns.
+fn map_ports(value: &mut Value, map: &mut impl FnMut(u16) -> Option<u16>) {
     match value {
         Value::String(text) => {
             for host in ["127.0.0.1:", "localhost:"] {
@@ -328,18 +570,27 @@ fn move_ports(value: &mut Value, closed: u16, moved: &mut bool) {
                     .chars()
                     .take_while(char::is_ascii_digit)
                     .count();
-                if digits > 0 {
-                    text.replace_range(start..start + digits, &closed.to_string());
-                    *moved = true;
+                let Ok(port) = text[start..start + digits].parse() else {
+                    continue;
+                };
+                if let Some(new) = map(port) {
+                    text.replace_range(start..start + digits, &new.to_string());
                 }
             }
         }
-        Value::Array(items) => items
-            .iter_mut()
-            .for_each(|item| move_ports(item, closed, moved)),
-        Value::Object(fields) => fields
-            .values_mut()
-            .for_each(|field| move_ports(field, closed, moved)),
+        Value::Array(items) => items.iter_mut().for_each(|item| map_ports(item, map)),
+        Value::Object(fields) => {
+            for (name, field) in fields.iter_mut() {
+                match field.as_u64().and_then(|port| u16::try_from(port).ok()) {
+                    Some(port) if name == "port" => {
+                        if let Some(new) = map(port) {
+                            *field = Value::from(new);
+                        }
+                    }
+                    _ => map_ports(field, map),
+                }
+            }
+        }
         _ => {}
     }
 }
@@ -416,12 +667,17 @@ async fn write(sink: &dyn Sink, batch: &[SinkMessage]) -> Outcome {
 
 /// `write`, and for a sink that defers acknowledgement (rule K6) the flush
 /// of everything it holds that the engine would call: `Ok` means durable.
-async fn write_durably(sink: &dyn Sink, batch: &[SinkMessage]) -> Result<(), SinkError> {
-    sink.write(&topic(), batch).await?;
-    if sink.deferred().is_some() {
-        sink.flush(&topic(), Flush::All).await?;
-    }
-    Ok(())
+fn write_durably<'a>(
+    sink: &'a dyn Sink,
+    batch: &'a [SinkMessage],
+) -> BoxFuture<'a, Result<(), SinkError>> {
+    Box::pin(async move {
+        sink.write(&topic(), batch).await?;
+        if sink.deferred().is_some() {
+            sink.flush(&topic(), Flush::All).await?;
+        }
+        Ok(())
+    })
 }
 
 async fn close(sink: &mut dyn Sink) -> Outcome {

@@ -43,6 +43,17 @@ pub(super) fn classify(url: &url::Url, error: DeltaTableError) -> SinkError {
             SinkError::transient(message)
         }
         _ if source_of::<std::io::Error>(&error).is_some() => SinkError::transient(message),
+        // The log's listing loses the store's error to its text: a request
+        // that did not get through (connection refused or cut, a timeout, a
+        // 5xx) is worth retrying; a refusal is caught above or stays fatal.
+        DeltaTableError::Generic(text)
+            if text.contains("Error interacting with object store")
+                && ["error sending request", "timed out", "Server returned"]
+                    .iter()
+                    .any(|sign| text.contains(sign)) =>
+        {
+            SinkError::transient(message)
+        }
         _ => SinkError::fatal(message),
     }
 }
