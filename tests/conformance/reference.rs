@@ -36,6 +36,8 @@ pub enum SourceFlaw {
     AdvancesBeforeWaiting,
     /// `open` fails for good while the backend cannot be reached.
     FatalOpenWhileDown,
+    /// (Over HTTP) takes a request that failed on the way as fatal.
+    FatalWhenCut,
 }
 
 /// What a reference sink gets wrong.
@@ -136,6 +138,12 @@ fn queues() -> &'static Mutex<HashMap<String, Arc<Queue>>> {
 impl SourceBackend for Arc<Queue> {
     fn plugin_config(&self) -> Value {
         json!({"queue": self.id, "address": "127.0.0.1:7"})
+    }
+
+    /// Reached in memory: its address is make-believe, with no connection
+    /// to cut.
+    fn dials_out(&self) -> bool {
+        false
     }
 
     async fn feed(&self, count: usize) -> Vec<String> {
@@ -522,6 +530,146 @@ impl Sink for WebSink {
             return Err(SinkError::transient_after(error, retry_after));
         }
         Err(SinkError::Fatal(error.into()))
+    }
+
+    async fn close(&mut self) -> Result<(), ConnectorError> {
+        Ok(())
+    }
+}
+
+/// A reference source backend reached over HTTP on loopback:
+/// `GET /items?from=N` answers the keys from the `N`th on.
+pub struct WebQueue {
+    pub url: String,
+    keys: Arc<Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+#[derive(serde::Deserialize)]
+struct From {
+    from: usize,
+}
+
+impl WebQueue {
+    pub async fn start() -> Self {
+        let keys = Arc::new(Mutex::new(Vec::<String>::new()));
+        let held = keys.clone();
+        let app = axum::Router::new().route(
+            "/items",
+            axum::routing::get(
+                move |axum::extract::Query(From { from }): axum::extract::Query<From>| async move {
+                    let keys = held.lock().unwrap();
+                    axum::Json(keys.get(from..).unwrap_or_default().to_vec())
+                },
+            ),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.ok();
+        });
+        Self { url, keys, task }
+    }
+}
+
+impl Drop for WebQueue {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[async_trait]
+impl SourceBackend for WebQueue {
+    fn plugin_config(&self) -> Value {
+        json!({"url": self.url})
+    }
+
+    async fn feed(&self, count: usize) -> Vec<String> {
+        let mut keys = self.keys.lock().unwrap();
+        let fed: Vec<String> = (keys.len()..keys.len() + count)
+            .map(|n| format!("item-{n}"))
+            .collect();
+        keys.extend(fed.iter().cloned());
+        fed
+    }
+
+    fn key(&self, payload: &[u8]) -> String {
+        let value: Value = serde_json::from_slice(payload).unwrap_or_default();
+        value["key"].as_str().unwrap_or_default().to_owned()
+    }
+
+    /// Reading takes nothing away.
+    async fn untouched(&self, _fed: &[String]) -> Outcome {
+        Ok(())
+    }
+}
+
+pub fn web_source(flaw: SourceFlaw) -> SourceSubject {
+    SourceSubject {
+        name: "web",
+        build: Arc::new(
+            move |config: &Value| -> Result<Box<dyn Source>, PluginConfigError> {
+                Ok(Box::new(WebSource {
+                    url: config["url"].as_str().unwrap_or_default().to_owned(),
+                    client: reqwest::Client::new(),
+                    flaw,
+                    cursor: AtomicUsize::new(0),
+                    staged: Mutex::new(None),
+                }))
+            },
+        ),
+    }
+}
+
+/// Reads the queue from its committed position, one request per poll.
+struct WebSource {
+    url: String,
+    client: reqwest::Client,
+    flaw: SourceFlaw,
+    cursor: AtomicUsize,
+    staged: Mutex<Option<usize>>,
+}
+
+#[async_trait]
+impl Source for WebSource {
+    async fn open(&mut self, state: Option<&[u8]>) -> Result<(), ConnectorError> {
+        let start = state.map(decode_state).transpose()?.unwrap_or(0);
+        self.cursor.store(start, Ordering::SeqCst);
+        Ok(())
+    }
+
+    async fn poll(&self) -> Result<SourceBatch, ConnectorError> {
+        let start = self.cursor.load(Ordering::SeqCst);
+        let answer = self
+            .client
+            .get(format!("{}/items?from={start}", self.url))
+            .send()
+            .await
+            .and_then(reqwest::Response::error_for_status);
+        let keys: Vec<String> = match answer {
+            Ok(answer) => answer.json().await.map_err(ConnectorError::transient)?,
+            Err(error) if self.flaw == SourceFlaw::FatalWhenCut => {
+                return Err(ConnectorError::fatal(error.to_string()));
+            }
+            Err(error) => return Err(ConnectorError::transient(error.to_string())),
+        };
+        let end = start + keys.len();
+        *self.staged.lock().unwrap() = Some(end);
+        Ok(SourceBatch {
+            records: keys
+                .iter()
+                .map(|key| SourceRecord::new(Payload::Json(json!({"key": key}))))
+                .collect(),
+            state: Some(encode_state(&end)?),
+            finished: false,
+        })
+    }
+
+    async fn commit(&self) -> Result<(), ConnectorError> {
+        if let Some(end) = self.staged.lock().unwrap().take() {
+            self.cursor.store(end, Ordering::SeqCst);
+        }
+        Ok(())
     }
 
     async fn close(&mut self) -> Result<(), ConnectorError> {

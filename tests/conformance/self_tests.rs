@@ -3,7 +3,7 @@
 
 use libtest_mimic::{Failed, Trial};
 
-use crate::reference::{self, Queue, SinkFlaw, SourceFlaw, Store, WebStore};
+use crate::reference::{self, Queue, SinkFlaw, SourceFlaw, Store, WebQueue, WebStore};
 use crate::{block_on, sink, source};
 
 /// The self-tests, named `self_tests::<what it proves>`.
@@ -31,11 +31,15 @@ fn trial(name: &str, body: fn() -> Result<(), Failed>) -> Trial {
 }
 
 async fn source_check(check: &str, flaw: SourceFlaw) -> crate::Outcome {
+    if WIRE_CHECKS.contains(&check) {
+        let queue = WebQueue::start().await;
+        return source::run(check, &reference::web_source(flaw), &queue).await;
+    }
     source::run(check, &reference::source(flaw), &Queue::new()).await
 }
 
-/// The checks about a connection run against the reference sink reached
-/// over HTTP, the others against the in-memory one.
+/// The checks about a connection run against the reference connectors
+/// reached over HTTP, the others against the in-memory ones.
 async fn sink_check(check: &str, flaw: SinkFlaw) -> crate::Outcome {
     if WIRE_CHECKS.contains(&check) {
         let store = WebStore::start().await;
@@ -44,7 +48,11 @@ async fn sink_check(check: &str, flaw: SinkFlaw) -> crate::Outcome {
     sink::run(check, &reference::sink(flaw), &Store::new()).await
 }
 
-const WIRE_CHECKS: [&str; 2] = ["connection_dropped_mid_batch", "retry_after_carried"];
+const WIRE_CHECKS: [&str; 3] = [
+    "connection_dropped_mid_batch",
+    "retry_after_carried",
+    "connection_dropped_mid_run",
+];
 
 fn the_correct_reference_source_passes_every_source_check() -> Result<(), Failed> {
     block_on(async {
@@ -183,6 +191,11 @@ const FAILS: &[Fails] = &[
         name: "retry_after_carried_fails_on_a_sink_dropping_retry_after",
         check: "retry_after_carried",
         flaw: Flaw::Sink(SinkFlaw::DropsRetryAfter),
+    },
+    Fails {
+        name: "connection_dropped_mid_run_fails_on_a_source_taking_a_cut_connection_as_fatal",
+        check: "connection_dropped_mid_run",
+        flaw: Flaw::Source(SourceFlaw::FatalWhenCut),
     },
     Fails {
         name: "open_while_down_is_retried_fails_on_a_source_whose_open_is_fatal_while_down",

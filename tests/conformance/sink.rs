@@ -540,7 +540,7 @@ pub fn local_address(config: &Value) -> Option<SocketAddr> {
 }
 
 /// `config` with the local port `from` replaced by `to`.
-fn with_port(config: &Value, from: u16, to: u16) -> Value {
+pub fn with_port(config: &Value, from: u16, to: u16) -> Value {
     let mut config = config.clone();
     map_ports(&mut config, &mut |port| (port == from).then_some(to));
     config

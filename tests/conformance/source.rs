@@ -10,13 +10,16 @@ use std::time::Duration;
 use async_trait::async_trait;
 use iggy_connect::codec::Schema;
 use iggy_connect::config::{ConnectorConfig, KindConfig, SourceStream};
-use iggy_connect::connectors::{BuildError, ConnectorKind, PluginConfigError, Registry, Source};
+use iggy_connect::connectors::{
+    BuildError, ConnectorError, ConnectorKind, PluginConfigError, Registry, Source, SourceBatch,
+};
 use iggy_connect::engine::runtime::{ConnectorFactory, RuntimeOptions};
 use iggy_connect::engine::{Runtime, Status, StopReason};
 use iggy_connect::iggy::MemoryBus;
 use iggy_connect::state::{FileStateStore, StateStore, StoredState};
 use serde_json::Value;
 
+use crate::support::proxy::Proxy;
 use crate::support::wait::{Check, try_eventually};
 use crate::{Outcome, ensure, unique};
 
@@ -39,6 +42,17 @@ pub trait SourceBackend: Send + Sync {
     async fn feed(&self, count: usize) -> Vec<String>;
     /// The key of the input item a produced payload came from.
     fn key(&self, payload: &[u8]) -> String;
+    /// Whether the source connects to the backend (rather than being the
+    /// server its input connects to): only then is there a connection of
+    /// its own to cut.
+    fn dials_out(&self) -> bool {
+        true
+    }
+    /// Whether the backend keeps what is fed while the source is away (a
+    /// table, a queue, a log); pub/sub does not, by its protocol.
+    fn keeps_while_away(&self) -> bool {
+        true
+    }
     /// Called once the source that polled `fed` was closed without `commit`:
     /// fails if the input was consumed (rows deleted or marked, clients
     /// answered with 2xx).
@@ -73,8 +87,16 @@ impl SourceSubject {
         backend: &dyn SourceBackend,
         state: Option<&[u8]>,
     ) -> Result<Box<dyn Source>, String> {
-        let mut source = (self.build)(&backend.plugin_config())
-            .map_err(|error| format!("building {}: {error}", self.name))?;
+        self.open_with(&backend.plugin_config(), state).await
+    }
+
+    async fn open_with(
+        &self,
+        config: &Value,
+        state: Option<&[u8]>,
+    ) -> Result<Box<dyn Source>, String> {
+        let mut source =
+            (self.build)(config).map_err(|error| format!("building {}: {error}", self.name))?;
         source
             .open(state)
             .await
@@ -84,7 +106,7 @@ impl SourceSubject {
 }
 
 /// Every source check, by name.
-pub const CHECKS: [&str; 7] = [
+pub const CHECKS: [&str; 8] = [
     "fresh_start",
     "restore",
     "corrupt_state_refused",
@@ -92,6 +114,7 @@ pub const CHECKS: [&str; 7] = [
     "nothing_destructive_before_commit",
     "cancelled_poll_loses_nothing",
     "open_while_down_is_retried",
+    "connection_dropped_mid_run",
 ];
 
 /// Runs the source check named `check`.
@@ -106,6 +129,7 @@ pub async fn run(check: &str, subject: &SourceSubject, backend: &dyn SourceBacke
         }
         "cancelled_poll_loses_nothing" => cancelled_poll_loses_nothing(subject, backend).await,
         "open_while_down_is_retried" => open_while_down_is_retried(subject, backend).await,
+        "connection_dropped_mid_run" => connection_dropped_mid_run(subject, backend).await,
         other => Err(format!("no source check {other}")),
     }
 }
@@ -345,6 +369,21 @@ struct Delivered {
     state: Option<Vec<u8>>,
 }
 
+impl Delivered {
+    /// Adds what `batch` produced, and its state.
+    fn take(&mut self, batch: &SourceBatch, backend: &dyn SourceBackend) {
+        self.keys.extend(
+            batch
+                .records
+                .iter()
+                .map(|record| backend.key(&record.payload.to_bytes())),
+        );
+        if let Some(state) = &batch.state {
+            self.state = Some(state.clone());
+        }
+    }
+}
+
 /// Polls (committing each batch when `commit`) until every key of `wanted`
 /// was produced. Without `commit` it polls once: the engine never polls again
 /// before the batch in flight is committed.
@@ -546,4 +585,110 @@ pub async fn open_while_down_is_retried(
             "open while the backend was down was fatal: {error}"
         )),
     }
+}
+
+/// Rule O2: the connection a source holds to its backend is cut while it
+/// runs (a relay in front of the backend goes down, then comes back). As the
+/// engine does, a poll failing `Disconnected` means a fresh instance opened
+/// with the last committed state, a transient failure another poll: then
+/// everything fed meanwhile is produced. A fixture whose config names no
+/// single local address, or whose source is the server, has nothing to cut;
+/// one whose backend keeps nothing for an absent reader has nothing to check.
+pub async fn connection_dropped_mid_run(
+    subject: &SourceSubject,
+    backend: &dyn SourceBackend,
+) -> Outcome {
+    let config = backend.plugin_config();
+    let Some(target) = crate::sink::local_address(&config)
+        .filter(|_| backend.dials_out() && backend.keeps_while_away())
+    else {
+        return Ok(());
+    };
+    let proxy = Proxy::start(target).await;
+    let relayed = crate::sink::with_port(&config, target.port(), proxy.addr.port());
+    let mut source = subject.open_with(&relayed, None).await?;
+    let first = backend.feed(3).await;
+    let mut run = deliver(source.as_ref(), backend, &first, true).await?;
+    proxy.set_down(true);
+    let second = backend.feed(3).await;
+    // One poll while the connection is gone: it may fail (not for good),
+    // produce what it held, or wait (dropped, as the engine may).
+    let mut reopen = false;
+    if let Ok(polled) = tokio::time::timeout(Duration::from_secs(3), source.poll()).await {
+        match polled {
+            Ok(batch) => {
+                run.take(&batch, backend);
+                if !batch.records.is_empty() {
+                    source
+                        .commit()
+                        .await
+                        .map_err(|error| format!("commit: {error}"))?;
+                }
+            }
+            Err(ConnectorError::Disconnected(_)) => reopen = true,
+            Err(error) if error.is_transient() => {}
+            Err(error) => {
+                return Err(format!(
+                    "a poll after the connection was cut was fatal: {error}"
+                ));
+            }
+        }
+    }
+    proxy.set_down(false);
+    let outcome = resume(
+        subject,
+        &relayed,
+        &mut source,
+        backend,
+        &second,
+        run,
+        reopen,
+    )
+    .await;
+    close(source.as_mut()).await?;
+    outcome
+}
+
+/// Polls as the engine does after a cut connection until every key of
+/// `wanted` was produced: `Disconnected` reopens with the last committed
+/// state, a transient error polls again.
+async fn resume(
+    subject: &SourceSubject,
+    config: &Value,
+    source: &mut Box<dyn Source>,
+    backend: &dyn SourceBackend,
+    wanted: &[String],
+    mut run: Delivered,
+    mut reopen: bool,
+) -> Outcome {
+    let deadline = tokio::time::Instant::now() + DEADLINE * 2;
+    while !wanted.iter().all(|key| run.keys.contains(key)) {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "after the connection came back the source produced {:?}, not all of {wanted:?}",
+            run.keys
+        );
+        if reopen {
+            close(source.as_mut()).await?;
+            *source = subject.open_with(config, run.state.as_deref()).await?;
+            reopen = false;
+        }
+        match source.poll().await {
+            Ok(batch) => {
+                run.take(&batch, backend);
+                if !batch.records.is_empty() {
+                    source
+                        .commit()
+                        .await
+                        .map_err(|error| format!("commit: {error}"))?;
+                }
+            }
+            Err(ConnectorError::Disconnected(_)) => reopen = true,
+            Err(error) if error.is_transient() => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => return Err(format!("poll after the connection came back: {error}")),
+        }
+    }
+    Ok(())
 }
