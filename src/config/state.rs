@@ -33,8 +33,8 @@ pub struct StateConfig {
     /// The other keys of `[state]`: the fields of the store `kind` names,
     /// read by its backend ([`StateConfig::settings`]).
     pub settings: Table,
-    /// The key that named the store (`type`, or upstream's `storage`).
-    named_by: &'static str,
+    /// Whether upstream's `storage` named the store (else `type`).
+    named_by_storage: bool,
 }
 
 /// A state store a backend's folder adds. Registered with
@@ -128,7 +128,10 @@ impl StateConfig {
         if let Some(kind) = StateKind::named(&self.kind) {
             return (kind.check)(self, file);
         }
-        let field = format!("state.{}", self.named_by);
+        let field = match self.named_by_storage {
+            true => "state.storage",
+            false => "state.type",
+        };
         let built: Vec<&str> = std::iter::once(FILE)
             .chain(StateKind::all().into_iter().map(|kind| kind.name))
             .collect();
@@ -198,7 +201,7 @@ impl Default for StateConfig {
             kind: FILE.to_owned(),
             path: PathBuf::from("local_state"),
             settings: Table::new(),
-            named_by: "type",
+            named_by_storage: false,
         }
     }
 }
@@ -233,23 +236,23 @@ impl TryFrom<RawState> for StateConfig {
     type Error = String;
 
     fn try_from(raw: RawState) -> Result<Self, Self::Error> {
-        let (kind, named_by) = match (raw.kind, raw.storage) {
+        let (kind, named_by_storage) = match (raw.kind, raw.storage) {
             (Some(kind), Some(storage)) if !kind.eq_ignore_ascii_case(&storage) => {
                 return Err(format!(
                     "`type = \"{kind}\"` and `storage = \"{storage}\"` name different state stores; \
                      keep one (`storage` is upstream's name for `type`)"
                 ));
             }
-            (Some(kind), _) => (kind, "type"),
-            (None, Some(storage)) => (storage, "storage"),
-            (None, None) => (FILE.to_owned(), "type"),
+            (Some(kind), _) => (kind, false),
+            (None, Some(storage)) => (storage, true),
+            (None, None) => (FILE.to_owned(), false),
         };
         let defaults = Self::default();
         Ok(Self {
             kind: kind.to_ascii_lowercase(),
             path: raw.path.unwrap_or(defaults.path),
             settings: raw.settings,
-            named_by,
+            named_by_storage,
         })
     }
 }
@@ -275,7 +278,7 @@ mod tests {
     fn given_storage_or_type_when_parsed_should_name_the_store_and_keep_its_fields() {
         let state = parsed("storage = \"ACME\"\n[acme]\nurl = \"http://h/state\"\n").unwrap();
         assert_eq!(state.kind, "acme");
-        assert_eq!(state.named_by, "storage");
+        assert!(state.named_by_storage);
         assert_eq!(state.settings["acme"]["url"].as_str(), Some("http://h/state"));
         let state = parsed("type = \"file\"\nstorage = \"file\"\n").unwrap();
         assert_eq!(state.kind, FILE);
