@@ -611,7 +611,12 @@ pub(crate) fn config_failure(issues: &[ConfigIssue], format: LogFormat) -> ExitC
                     ("file", issue.file.display().to_string()),
                     ("field", issue.field.clone()),
                 ];
-                let line = crate::logging::json_line(level, "iggy_connect::config", &issue.message, fields);
+                let line = crate::logging::json_line(
+                    level,
+                    "iggy_connect::config",
+                    &issue.message,
+                    fields,
+                );
                 eprintln!("{line}");
             }
             eprintln!(
@@ -630,9 +635,16 @@ fn failure_format(path: &Path, vars: &EnvVars) -> LogFormat {
     let from_file = || {
         let text = std::fs::read_to_string(path).ok()?;
         let table: toml::Table = toml::from_str(&text).ok()?;
-        table.get("logging")?.get("format")?.as_str().map(str::to_owned)
+        table
+            .get("logging")?
+            .get("format")?
+            .as_str()
+            .map(str::to_owned)
     };
-    let format = vars.get("LOGGING_FORMAT").map(str::to_owned).or_else(from_file);
+    let format = vars
+        .get("LOGGING_FORMAT")
+        .map(str::to_owned)
+        .or_else(from_file);
     match format.as_deref().map(str::to_ascii_lowercase).as_deref() {
         Some("json") => LogFormat::Json,
         _ => LogFormat::Text,

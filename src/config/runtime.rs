@@ -10,8 +10,8 @@ use serde::Deserialize;
 use toml::Table;
 
 use crate::config::env::{self, EnvVars};
-pub use crate::config::state::StateConfig;
 use crate::config::state;
+pub use crate::config::state::StateConfig;
 use crate::config::{ConfigIssue, ConfigIssues, duration};
 
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -279,7 +279,10 @@ mod tests {
         let state = parsed("storage = \"ACME\"\n[acme]\nurl = \"http://h/state\"\n").unwrap();
         assert_eq!(state.kind, "acme");
         assert!(state.named_by_storage);
-        assert_eq!(state.settings["acme"]["url"].as_str(), Some("http://h/state"));
+        assert_eq!(
+            state.settings["acme"]["url"].as_str(),
+            Some("http://h/state")
+        );
         let state = parsed("type = \"file\"\nstorage = \"file\"\n").unwrap();
         assert_eq!(state.kind, FILE);
         let refused = parsed("type = \"one\"\nstorage = \"two\"\n").unwrap_err();

@@ -186,7 +186,9 @@ pub enum StateError {
         message: String,
     },
     /// What a shared store holds for a source does not decode.
-    #[error("state {location} is corrupt ({reason}); refusing to start from it (remove it to start fresh)")]
+    #[error(
+        "state {location} is corrupt ({reason}); refusing to start from it (remove it to start fresh)"
+    )]
     CorruptAt { location: String, reason: String },
     /// A change to the state of a source another instance runs.
     #[error("source \"{key}\" runs on instance {holder} (it holds the lease); stop it there first")]

@@ -740,7 +740,10 @@ fn a_refused_postgres_connection_names_the_cause_and_the_address() {
 fn assert_one_error_prefix(text: &str) {
     assert!(text.contains("error: "), "{text}");
     for line in text.lines() {
-        assert!(!line.contains("error: error:"), "prefix twice: {line}\n{text}");
+        assert!(
+            !line.contains("error: error:"),
+            "prefix twice: {line}\n{text}"
+        );
     }
 }
 
@@ -767,7 +770,13 @@ fn pipe_with_a_bad_connector_file_prints_each_problem_with_one_error_prefix() {
     assert!(message.contains("source.toml"), "{message}");
     assert_one_error_prefix(&message);
     // A file that is not there, and a sink file given as the source.
-    let output = iggy_connect(&["pipe", "--source-file", "/nonexistent.toml", "--sink", "stdout"]);
+    let output = iggy_connect(&[
+        "pipe",
+        "--source-file",
+        "/nonexistent.toml",
+        "--sink",
+        "stdout",
+    ]);
     assert_one_error_prefix(&stderr(&output));
 }
 
@@ -780,10 +789,7 @@ fn run_with_json_logging_prints_a_fatal_config_error_as_json_lines() {
         "[iggy]\naddress = \"not an address\"\n[connectors]\nconfig_type = \"local\"\nconfig_dir = \"nowhere\"\n",
     );
     let config = dir.path().join("config.toml");
-    for (env, file_format) in [
-        (Some("json"), ""),
-        (None, "[logging]\nformat = \"json\"\n"),
-    ] {
+    for (env, file_format) in [(Some("json"), ""), (None, "[logging]\nformat = \"json\"\n")] {
         let text = std::fs::read_to_string(&config).unwrap();
         std::fs::write(&config, format!("{text}{file_format}")).unwrap();
         let mut command = Command::new(env!("CARGO_BIN_EXE_iggy-connect"));
@@ -805,10 +811,17 @@ fn run_with_json_logging_prints_a_fatal_config_error_as_json_lines() {
         assert!(fields.contains(&"iggy.address"), "{message}");
         for line in &lines {
             assert_eq!(line["level"], "ERROR", "{line}");
-            assert!(line["message"].as_str().is_some_and(|text| !text.is_empty()), "{line}");
+            assert!(
+                line["message"]
+                    .as_str()
+                    .is_some_and(|text| !text.is_empty()),
+                "{line}"
+            );
         }
         assert!(
-            lines.iter().any(|line| line["file"].as_str() == Some(config.to_str().unwrap())),
+            lines
+                .iter()
+                .any(|line| line["file"].as_str() == Some(config.to_str().unwrap())),
             "{message}"
         );
     }

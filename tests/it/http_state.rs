@@ -49,13 +49,23 @@ async fn given_no_state_when_saving_should_create_it_then_replace_it_by_its_etag
     assert_eq!(writes[0].if_match, None);
     assert_eq!(writes[1].if_match.as_deref(), Some("\"v1\""));
     assert_eq!(writes[0].method, Method::PUT);
-    let keys: Vec<_> = writes.iter().map(|seen| seen.idempotency_key.clone()).collect();
+    let keys: Vec<_> = writes
+        .iter()
+        .map(|seen| seen.idempotency_key.clone())
+        .collect();
     assert!(keys.iter().all(Option::is_some), "{keys:?}");
     assert_ne!(keys[0], keys[1], "two saves, two idempotency keys");
     assert_eq!(writes[0].path, "/connectors/state/source_src");
     // Another runtime reads what this one saved.
-    assert_eq!(store(&server).load("src").await.unwrap(), Some(state(b"two")));
-    assert!(runtime.location("src").ends_with("/connectors/state/source_src"));
+    assert_eq!(
+        store(&server).load("src").await.unwrap(),
+        Some(state(b"two"))
+    );
+    assert!(
+        runtime
+            .location("src")
+            .ends_with("/connectors/state/source_src")
+    );
 }
 
 #[tokio::test]
@@ -77,14 +87,18 @@ async fn given_a_state_another_runtime_wrote_since_the_load_when_saving_should_r
     let writes = server.writes("source_src").len();
     assert!(second.save("src", &state(b"stale")).await.is_err());
     assert_eq!(server.writes("source_src").len(), writes);
-    assert_eq!(first.load("src").await.unwrap(), Some(state(b"first again")));
+    assert_eq!(
+        first.load("src").await.unwrap(),
+        Some(state(b"first again"))
+    );
     // A load reads the new version and lifts the latch.
     second.load("src").await.unwrap();
     second.save("src", &state(b"taken over")).await.unwrap();
 }
 
 #[tokio::test]
-async fn given_a_save_whose_answer_was_lost_when_saved_again_should_send_the_same_idempotency_key() {
+async fn given_a_save_whose_answer_was_lost_when_saved_again_should_send_the_same_idempotency_key()
+{
     let server = StateServer::start().await;
     let runtime = store(&server);
     runtime.load("src").await.unwrap();
@@ -104,8 +118,14 @@ async fn given_a_save_whose_answer_was_lost_when_saved_again_should_send_the_sam
     assert_eq!(writes[1].if_none_match.as_deref(), Some("*"));
     assert_eq!(server.stored("source_src").unwrap().0, 1);
     runtime.save("src", &state(b"two")).await.unwrap();
-    assert_eq!(server.writes("source_src")[2].if_match.as_deref(), Some("\"v1\""));
-    assert_eq!(store(&server).load("src").await.unwrap(), Some(state(b"two")));
+    assert_eq!(
+        server.writes("source_src")[2].if_match.as_deref(),
+        Some("\"v1\"")
+    );
+    assert_eq!(
+        store(&server).load("src").await.unwrap(),
+        Some(state(b"two"))
+    );
     // Lost again, and the next save carries a newer state (more batches
     // were acknowledged meanwhile): the write in doubt is sent again first.
     server.lose_answers(1);
@@ -115,7 +135,10 @@ async fn given_a_save_whose_answer_was_lost_when_saved_again_should_send_the_sam
     assert_eq!(writes.len(), 6, "{writes:?}");
     assert_eq!(writes[3].idempotency_key, writes[4].idempotency_key);
     assert_eq!(writes[5].if_match.as_deref(), Some("\"v3\""));
-    assert_eq!(store(&server).load("src").await.unwrap(), Some(state(b"four")));
+    assert_eq!(
+        store(&server).load("src").await.unwrap(),
+        Some(state(b"four"))
+    );
 }
 
 #[tokio::test]
@@ -131,7 +154,10 @@ async fn given_a_corrupt_or_foreign_state_on_the_server_when_loaded_should_refus
     let copied = server.stored("source_other").unwrap().1;
     server.put_directly("source_copy", &copied);
     let refused = runtime.load("copy").await.unwrap_err();
-    assert!(refused.to_string().contains("belongs to source \"other\""), "{refused}");
+    assert!(
+        refused.to_string().contains("belongs to source \"other\""),
+        "{refused}"
+    );
 }
 
 #[tokio::test]
@@ -139,7 +165,10 @@ async fn given_credentials_when_the_server_asks_for_them_should_send_them_and_re
     let server = StateServer::start().await;
     server.require_token("Bearer secret-token");
     let without = store(&server).load("src").await.unwrap_err();
-    assert!(without.is_permanent() && without.to_string().contains("401"), "{without}");
+    assert!(
+        without.is_permanent() && without.to_string().contains("401"),
+        "{without}"
+    );
     let with = HttpStateStore::open(&config(
         &server.url(),
         "[http.request_headers]\nauthorization = \"Bearer secret-token\"\n",
@@ -152,13 +181,19 @@ async fn given_credentials_when_the_server_asks_for_them_should_send_them_and_re
 #[tokio::test]
 async fn given_a_server_that_does_not_answer_when_loading_should_be_transient() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://user:pw@{}/state?token=q", closed.local_addr().unwrap());
+    let url = format!(
+        "http://user:pw@{}/state?token=q",
+        closed.local_addr().unwrap()
+    );
     drop(closed);
     let runtime = HttpStateStore::open(&config(&url, "")).unwrap();
     let failed = runtime.load("src").await.unwrap_err();
     assert!(failed.is_transient(), "{failed}");
     let shown = failed.to_string();
-    assert!(!shown.contains("pw") && !shown.contains("token=q"), "{shown}");
+    assert!(
+        !shown.contains("pw") && !shown.contains("token=q"),
+        "{shown}"
+    );
 }
 
 #[tokio::test]
@@ -167,7 +202,10 @@ async fn given_a_server_that_does_not_keep_the_protocol_when_loading_should_refu
     let server = ScriptedServer::start(Vec::new()).await;
     let runtime = HttpStateStore::open(&config(&server.url("/state"), "")).unwrap();
     let refused = runtime.load("src").await.unwrap_err();
-    assert!(refused.is_permanent() && refused.to_string().contains("ETag"), "{refused}");
+    assert!(
+        refused.is_permanent() && refused.to_string().contains("ETag"),
+        "{refused}"
+    );
 }
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -176,7 +214,10 @@ const WAIT: Duration = Duration::from_secs(60);
 fn runtime(iggy: &IggyTestServer, server: &StateServer, key: &str) -> Workspace {
     let workspace = Workspace::with_state(
         &iggy.address().to_string(),
-        &format!("storage = \"http\"\n[state.http]\nurl = \"{}\"\n", server.url()),
+        &format!(
+            "storage = \"http\"\n[state.http]\nurl = \"{}\"\n",
+            server.url()
+        ),
     );
     workspace.add_connector(
         "random.toml",
@@ -205,7 +246,10 @@ async fn two_runtimes_on_one_source_key_one_stops_on_the_412_and_the_other_keeps
     let key = format!("shared_{}", uuid::Uuid::new_v4().simple());
     let (first, second) = (runtime(&iggy, &server, &key), runtime(&iggy, &server, &key));
     let _first_running = first.run();
-    wait_for("the first runtime to save state", WAIT, || accepted(&server, &key) >= 3).await;
+    wait_for("the first runtime to save state", WAIT, || {
+        accepted(&server, &key) >= 3
+    })
+    .await;
     let _second_running = second.run();
     const REFUSED: &str = "state save refused";
     wait_for("one runtime to stop on a refused save", WAIT, || {
@@ -220,12 +264,21 @@ async fn two_runtimes_on_one_source_key_one_stops_on_the_412_and_the_other_keeps
     assert!(conflicts >= 1, "the refusal came from the server's 412");
     // The other one still runs, and its saves still go through.
     let saved = accepted(&server, &key);
-    wait_for("the other runtime to keep saving", WAIT, || accepted(&server, &key) >= saved + 3).await;
+    wait_for("the other runtime to keep saving", WAIT, || {
+        accepted(&server, &key) >= saved + 3
+    })
+    .await;
     let stopped = [first.stderr(), second.stderr()]
         .iter()
         .filter(|log| log.contains(REFUSED))
         .count();
-    assert_eq!(stopped, 1, "first:\n{}\nsecond:\n{}", first.stderr(), second.stderr());
+    assert_eq!(
+        stopped,
+        1,
+        "first:\n{}\nsecond:\n{}",
+        first.stderr(),
+        second.stderr()
+    );
 }
 
 #[tokio::test]
@@ -238,15 +291,31 @@ async fn a_runtime_whose_state_save_gets_a_503_saves_again_and_delivers_on() {
     wait_for("a first save", WAIT, || accepted(&server, &key) >= 1).await;
     server.lose_answers(2);
     let saved = accepted(&server, &key);
-    wait_for("saves after the 503s", WAIT, || accepted(&server, &key) >= saved + 3).await;
+    wait_for("saves after the 503s", WAIT, || {
+        accepted(&server, &key) >= saved + 3
+    })
+    .await;
     let writes = server.writes(&format!("source_{key}"));
-    let lost: Vec<usize> = (0..writes.len()).filter(|&index| writes[index].status == 503).collect();
+    let lost: Vec<usize> = (0..writes.len())
+        .filter(|&index| writes[index].status == 503)
+        .collect();
     assert_eq!(lost.len(), 2, "{writes:?}");
     for index in lost {
         // The engine saved again, with the same key: the server replayed its answer.
-        assert_eq!(writes[index + 1].idempotency_key, writes[index].idempotency_key);
+        assert_eq!(
+            writes[index + 1].idempotency_key,
+            writes[index].idempotency_key
+        );
         assert!(writes[index + 1].status < 300, "{writes:?}");
     }
-    assert!(!workspace.stderr().contains("state save refused"), "{}", workspace.stderr());
-    assert!(workspace.stderr().contains("state save failed"), "{}", workspace.stderr());
+    assert!(
+        !workspace.stderr().contains("state save refused"),
+        "{}",
+        workspace.stderr()
+    );
+    assert!(
+        workspace.stderr().contains("state save failed"),
+        "{}",
+        workspace.stderr()
+    );
 }

@@ -95,7 +95,10 @@ impl StateServer {
     /// Stores `body` under `name` as a new version, as another writer would.
     pub fn put_directly(&self, name: &str, body: &[u8]) {
         let mut inner = self.lock();
-        let version = inner.resources.get(name).map_or(1, |(version, _)| version + 1);
+        let version = inner
+            .resources
+            .get(name)
+            .map_or(1, |(version, _)| version + 1);
         inner
             .resources
             .insert(name.to_owned(), (version, Bytes::copy_from_slice(body)));
@@ -152,9 +155,7 @@ async fn answer(
     });
     let mut response = (StatusCode::from_u16(status).unwrap(), body).into_response();
     if let Some(etag) = etag {
-        response
-            .headers_mut()
-            .insert("etag", etag.parse().unwrap());
+        response.headers_mut().insert("etag", etag.parse().unwrap());
     }
     response
 }

@@ -25,7 +25,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use reqwest::header::{CONTENT_TYPE, ETAG, HeaderMap, HeaderName, HeaderValue, IF_MATCH, IF_NONE_MATCH};
+use reqwest::header::{
+    CONTENT_TYPE, ETAG, HeaderMap, HeaderName, HeaderValue, IF_MATCH, IF_NONE_MATCH,
+};
 use reqwest::{Method, StatusCode, Url};
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
@@ -234,7 +236,8 @@ fn base_url(url: &str) -> Result<Url, String> {
 
 /// One of `request_headers`; the value's error never quotes it.
 fn header(name: &str, value: &SecretString) -> Result<(HeaderName, HeaderValue), String> {
-    let name = HeaderName::from_str(name).map_err(|_| format!("\"{name}\" is not a header name"))?;
+    let name =
+        HeaderName::from_str(name).map_err(|_| format!("\"{name}\" is not a header name"))?;
     let mut value = HeaderValue::from_str(value.expose_secret())
         .map_err(|_| "the value is not a valid header value".to_owned())?;
     value.set_sensitive(true);
@@ -368,7 +371,10 @@ impl HttpStateStore {
         if is_transient(status) {
             return Answer::Transient(message);
         }
-        if matches!(status, StatusCode::PRECONDITION_FAILED | StatusCode::CONFLICT) {
+        if matches!(
+            status,
+            StatusCode::PRECONDITION_FAILED | StatusCode::CONFLICT
+        ) {
             message.push_str(&format!(
                 "; the state changed since this runtime read it (does another runtime {action} it?)"
             ));
@@ -398,7 +404,12 @@ impl HttpStateStore {
         Ok((Version::Tag(tag), Some(body.to_vec())))
     }
 
-    fn etag(&self, response: &reqwest::Response, action: &'static str, key: &str) -> Result<String, StateError> {
+    fn etag(
+        &self,
+        response: &reqwest::Response,
+        action: &'static str,
+        key: &str,
+    ) -> Result<String, StateError> {
         response
             .headers()
             .get(ETAG)
@@ -464,8 +475,9 @@ impl HttpStateStore {
         };
         self.lock().entry(key.to_owned()).or_default().pending = Some(write);
         let outcome = match self.send(request, "write").await {
-            Answer::Ok(response) if response.status() == StatusCode::NOT_FOUND => Err(self
-                .refused("save", key, "HTTP 404 Not Found on a write".into())),
+            Answer::Ok(response) if response.status() == StatusCode::NOT_FOUND => {
+                Err(self.refused("save", key, "HTTP 404 Not Found on a write".into()))
+            }
             Answer::Ok(response) => self.etag(&response, "save", key),
             Answer::Transient(message) => Err(self.unreachable("save to", key, message)),
             Answer::Refused(message) => Err(self.refused("save", key, message)),
@@ -490,8 +502,8 @@ impl StateStore for HttpStateStore {
             location: self.location(key),
             reason,
         };
-        let envelope: Envelope =
-            rmp_serde::from_slice(&body).map_err(|error| corrupt(format!("does not decode: {error}")))?;
+        let envelope: Envelope = rmp_serde::from_slice(&body)
+            .map_err(|error| corrupt(format!("does not decode: {error}")))?;
         if envelope.format != FORMAT_VERSION {
             return Err(corrupt(format!("unknown format {}", envelope.format)));
         }
@@ -541,10 +553,7 @@ impl StateStore for HttpStateStore {
         // A write whose answer was lost may have been stored: it is sent
         // again (same key, the server answers as it did) before a new one,
         // so its outcome is known and the new one is conditioned on it.
-        let in_doubt = self
-            .lock()
-            .get(key)
-            .and_then(|entry| entry.pending.clone());
+        let in_doubt = self.lock().get(key).and_then(|entry| entry.pending.clone());
         let write = match in_doubt {
             Some(pending) if pending.body == body => pending,
             Some(pending) => {
@@ -652,8 +661,14 @@ mod tests {
         };
         assert_eq!(fields("storage = \"http\""), ["state.http.url"]);
         assert_eq!(
-            fields("storage = \"http\"\n[http]\nurl = \"ftp://h/x\"\ntimeout = \"0s\"\n[http.request_headers]\n\"bad name\" = \"x\"\n"),
-            ["state.http.url", "state.http.timeout", "state.http.request_headers.bad name"]
+            fields(
+                "storage = \"http\"\n[http]\nurl = \"ftp://h/x\"\ntimeout = \"0s\"\n[http.request_headers]\n\"bad name\" = \"x\"\n"
+            ),
+            [
+                "state.http.url",
+                "state.http.timeout",
+                "state.http.request_headers.bad name"
+            ]
         );
         assert_eq!(
             fields("storage = \"http\"\n[http]\nurl = \"http://h\"\nsave_method = \"delete\"\n"),

@@ -578,9 +578,8 @@ mod tests {
                 "state.lease_duration"
             ]
         );
-        let (_dir, path) = runtime_file(
-            "[state]\ntype = \"postgres\"\nconnection_string = \"mysql://u@db/x\"\n",
-        );
+        let (_dir, path) =
+            runtime_file("[state]\ntype = \"postgres\"\nconnection_string = \"mysql://u@db/x\"\n");
         let issues = error_fields(&path, &EnvVars::default());
         assert_eq!(issues.len(), 1, "{issues:?}");
         assert_eq!(issues[0].field, "state.connection_string");
