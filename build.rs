@@ -8,8 +8,9 @@
 //! one module per backend folder, compiled in when any feature named
 //! `<backend>-*` is on, and `IN_TREE`, every connector of the tree whether
 //! compiled in or not (so a binary without one can say which feature brings
-//! it in). Each connector registers itself from its own module (see
-//! `connectors::entry`).
+//! it in), and `STATE_KINDS_IN_TREE`, every `<kind>-state` feature (a state
+//! store kept by a backend's folder). Each connector registers itself from
+//! its own module (see `connectors::entry`).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -29,10 +30,15 @@ fn main() {
     // backend -> the features that compile its folder in
     let mut backends: BTreeMap<String, Vec<&str>> = BTreeMap::new();
     let mut in_tree = String::new();
+    let mut state_kinds = String::new();
     for feature in &features {
         let Some((backend, kind)) = feature.rsplit_once('-') else {
             continue;
         };
+        if kind == "state" {
+            writeln!(state_kinds, "    ({backend:?}, {feature:?}),").unwrap();
+            continue;
+        }
         let kind = match kind {
             "source" => "Source",
             "sink" => "Sink",
@@ -84,6 +90,13 @@ fn main() {
         out,
         "\n/// Every connector of this source tree, compiled in or not.\n\
          pub(crate) const IN_TREE: &[InTree] = &[\n{in_tree}];"
+    )
+    .unwrap();
+    writeln!(
+        out,
+        "\n/// Every state store of this source tree (`[state] type`), compiled in or\n\
+         /// not, with the feature that compiles it in (`<kind>-state`).\n\
+         pub const STATE_KINDS_IN_TREE: &[(&str, &str)] = &[\n{state_kinds}];"
     )
     .unwrap();
     let out_dir = std::env::var("OUT_DIR").expect("cargo sets OUT_DIR");

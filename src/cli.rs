@@ -15,7 +15,7 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use crate::api::{self, ApiServer, ApiState};
 use crate::config::env::EnvVars;
 use crate::config::http_provider;
-use crate::config::runtime::{ConnectorsConfig, HttpProviderConfig};
+use crate::config::runtime::{ConnectorsConfig, HttpProviderConfig, LogFormat};
 use crate::config::{ConfigIssue, ConnectorConfig, RuntimeConfig, load_connector_dir};
 use crate::connectors::{self, ConnectorKind, Registry};
 use crate::engine::Runtime;
@@ -351,20 +351,30 @@ async fn run_config(path: &Path, watch: bool) -> anyhow::Result<ExitCode> {
     let vars = EnvVars::from_process();
     let (config, issues) = match RuntimeConfig::load(path, &vars) {
         Ok(loaded) => loaded,
-        Err(found) => return Ok(config_failure(&found.0)),
+        Err(found) => return Ok(config_failure(&found.0, failure_format(path, &vars))),
     };
+    let format = config.logging.format;
     let (telemetry, export) = match Telemetry::init(&config.telemetry) {
         Ok(installed) => installed.unzip(),
         Err(error) => {
-            return Ok(config_failure(&[ConfigIssue::error(
-                path,
-                error.field(),
-                error.to_string(),
-            )]));
+            return Ok(config_failure(
+                &[ConfigIssue::error(path, error.field(), error.to_string())],
+                format,
+            ));
         }
     };
-    crate::logging::init(config.logging.format, export);
-    let ended = run_logged(path, watch, config, issues, vars, &mut signals).await;
+    crate::logging::init(format, export);
+    let ended = match run_logged(path, watch, config, issues, vars, &mut signals).await {
+        // The logs are JSON lines: so is the error that ends the run.
+        Err(error) if format == LogFormat::Json => {
+            eprintln!(
+                "{}",
+                crate::logging::json_line("ERROR", "iggy_connect", &format!("{error:#}"), [])
+            );
+            Ok(ExitCode::FAILURE)
+        }
+        ended => ended,
+    };
     if let Some(telemetry) = telemetry {
         // Blocks until the last batches are exported.
         let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
@@ -388,7 +398,7 @@ async fn run_logged(
     let (connectors, dir_issues) = source.load().await.map_err(anyhow::Error::msg)?;
     issues.extend(dir_issues);
     if issues.iter().any(ConfigIssue::is_error) {
-        return Ok(config_failure(&issues));
+        return Ok(config_failure(&issues, config.logging.format));
     }
     for issue in &issues {
         tracing::warn!("{issue}");
@@ -396,11 +406,10 @@ async fn run_logged(
     let settings = match ConnectionSettings::from_config(&config.iggy) {
         Ok(settings) => settings,
         Err(error) => {
-            return Ok(config_failure(&[ConfigIssue::error(
-                path,
-                "",
-                error.to_string(),
-            )]));
+            return Ok(config_failure(
+                &[ConfigIssue::error(path, "", error.to_string())],
+                config.logging.format,
+            ));
         }
     };
     // Held until the runtime exits: one runtime per state directory, and
@@ -581,13 +590,65 @@ fn dir_fingerprint(dir: &Path) -> u64 {
     hasher.finish()
 }
 
-pub(crate) fn config_failure(issues: &[ConfigIssue]) -> ExitCode {
-    for issue in issues {
-        eprintln!("{issue}");
-    }
+pub(crate) fn config_failure(issues: &[ConfigIssue], format: LogFormat) -> ExitCode {
     let errors = issues.iter().filter(|issue| issue.is_error()).count();
-    eprintln!("{errors} configuration error(s); nothing started");
+    let summary = format!("{errors} configuration error(s); nothing started");
+    match format {
+        LogFormat::Text => {
+            for issue in issues {
+                eprintln!("{issue}");
+            }
+            eprintln!("{summary}");
+        }
+        // A log shipper reads stderr as JSON lines: every line is one.
+        LogFormat::Json => {
+            for issue in issues {
+                let level = match issue.is_error() {
+                    true => "ERROR",
+                    false => "WARN",
+                };
+                let fields = [
+                    ("file", issue.file.display().to_string()),
+                    ("field", issue.field.clone()),
+                ];
+                let line = crate::logging::json_line(
+                    level,
+                    "iggy_connect::config",
+                    &issue.message,
+                    fields,
+                );
+                eprintln!("{line}");
+            }
+            eprintln!(
+                "{}",
+                crate::logging::json_line("ERROR", "iggy_connect::config", &summary, [])
+            );
+        }
+    }
     ExitCode::from(EXIT_CONFIG)
+}
+
+/// The log format of a run whose config did not load: the environment's
+/// `IGGY_CONNECTORS_LOGGING_FORMAT`, else the file's `[logging] format` if
+/// the file is TOML that far, else text.
+fn failure_format(path: &Path, vars: &EnvVars) -> LogFormat {
+    let from_file = || {
+        let text = std::fs::read_to_string(path).ok()?;
+        let table: toml::Table = toml::from_str(&text).ok()?;
+        table
+            .get("logging")?
+            .get("format")?
+            .as_str()
+            .map(str::to_owned)
+    };
+    let format = vars
+        .get("LOGGING_FORMAT")
+        .map(str::to_owned)
+        .or_else(from_file);
+    match format.as_deref().map(str::to_ascii_lowercase).as_deref() {
+        Some("json") => LogFormat::Json,
+        _ => LogFormat::Text,
+    }
 }
 
 /// Ctrl-C (SIGINT) and SIGTERM, listened to from the moment this is created,

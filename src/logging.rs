@@ -67,6 +67,31 @@ pub fn init(format: LogFormat, export: Option<BoxedLayer>) {
     let _ = tracing_subscriber::registry().with(layers).try_init();
 }
 
+/// A line printed outside `tracing` (before it is set up, or after it ended)
+/// in the shape [`JsonLine`] gives events: `timestamp`, `level`, `target`,
+/// `message`, then `fields`.
+pub fn json_line<const N: usize>(
+    level: &str,
+    target: &str,
+    message: &str,
+    fields: [(&str, String); N],
+) -> String {
+    let mut object = Map::new();
+    object.insert(
+        "timestamp".into(),
+        humantime::format_rfc3339_micros(std::time::SystemTime::now())
+            .to_string()
+            .into(),
+    );
+    object.insert("level".into(), level.into());
+    object.insert("target".into(), target.into());
+    object.insert("message".into(), message.into());
+    for (name, value) in fields {
+        object.insert(name.into(), value.into());
+    }
+    Value::Object(object).to_string()
+}
+
 /// One JSON object per event: `timestamp`, `level`, `target`, `message`, the
 /// event's fields, then the fields of its spans (`connector_key`, ...) that the
 /// event did not set, every key once. A field that repeats a key already

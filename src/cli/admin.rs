@@ -11,7 +11,7 @@ use anyhow::{Context, bail};
 use clap::Subcommand;
 
 use crate::config::env::EnvVars;
-use crate::config::runtime::{StateConfig, StateKind};
+use crate::config::state::{FILE, StateConfig};
 use crate::config::{ConnectorConfig, RuntimeConfig, load_connector_dir};
 use crate::connectors::ConnectorKind;
 use crate::engine::offsets;
@@ -36,12 +36,12 @@ pub struct RuntimeLock {
 
 impl RuntimeLock {
     /// The lock a runtime with this `[state]` needs: the file store's
-    /// directory lock; none for the postgres store, whose leases let several
-    /// runtimes share it.
+    /// directory lock; none for a shared store, which keeps several runtimes
+    /// apart itself (leases, or conditional writes).
     pub fn for_state(state: &StateConfig) -> anyhow::Result<Option<Self>> {
-        match state.kind {
-            StateKind::File => Self::take(&state.path).map(Some),
-            StateKind::Postgres => Ok(None),
+        match state.kind == FILE {
+            true => Self::take(&state.path).map(Some),
+            false => Ok(None),
         }
     }
 

@@ -18,7 +18,7 @@ use crate::config::connector::{
 };
 use crate::config::env::EnvVars;
 use crate::config::runtime::LogFormat;
-use crate::config::{ConnectorConfig, KindConfig, OnError, SinkStream, SourceStream};
+use crate::config::{ConfigIssue, ConnectorConfig, KindConfig, OnError, SinkStream, SourceStream};
 use crate::connectors::{
     BatchPolicy, BuildError, ConnectorContext, ConnectorError, ConnectorKind, Source, SourceBatch,
 };
@@ -95,7 +95,10 @@ pub async fn pipe(args: PipeArgs) -> anyhow::Result<ExitCode> {
     let plan = match plan(&args) {
         Ok(plan) => plan,
         Err(message) => {
-            out.line("ERROR", &format!("error: {message}"), serde_json::json!({}));
+            // One line per problem, each with one `error:` prefix.
+            for line in message.lines() {
+                out.line("ERROR", &format!("error: {line}"), serde_json::json!({}));
+            }
             return Ok(ExitCode::from(EXIT_CONFIG));
         }
     };
@@ -450,7 +453,8 @@ fn connector_file(
         found
             .0
             .iter()
-            .map(ToString::to_string)
+            .filter(|issue| issue.is_error())
+            .map(ConfigIssue::located)
             .collect::<Vec<_>>()
             .join("\n")
     })?;

@@ -41,8 +41,9 @@ impl EnvVars {
     }
 }
 
+/// The type an override's text is read as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub enum Kind {
     Str,
     Bool,
     Int,
@@ -115,20 +116,10 @@ const RUNTIME_FIELDS: &[(&str, &[&str], Kind)] = &[
     ("IGGY_TLS_ENABLED", &["iggy", "tls", "enabled"], Kind::Bool),
     ("IGGY_TLS_CA_FILE", &["iggy", "tls", "ca_file"], Kind::Str),
     ("IGGY_TLS_DOMAIN", &["iggy", "tls", "domain"], Kind::Str),
+    // A state store's own fields come with its registration (`extra`).
     ("STATE_TYPE", &["state", "type"], Kind::Str),
+    ("STATE_STORAGE", &["state", "storage"], Kind::Str),
     ("STATE_PATH", &["state", "path"], Kind::Str),
-    (
-        "STATE_CONNECTION_STRING",
-        &["state", "connection_string"],
-        Kind::Str,
-    ),
-    ("STATE_TABLE", &["state", "table"], Kind::Str),
-    (
-        "STATE_LEASE_DURATION",
-        &["state", "lease_duration"],
-        Kind::Str,
-    ),
-    ("STATE_INSTANCE_ID", &["state", "instance_id"], Kind::Str),
     (
         "CONNECTORS_CONFIG_TYPE",
         &["connectors", "config_type"],
@@ -227,12 +218,14 @@ const RUNTIME_FIELDS: &[(&str, &[&str], Kind)] = &[
 /// Variables that are not runtime fields but are still ours.
 const NON_FIELD_VARS: &[&str] = &["CONFIG_PATH", "ENV_PATH"];
 
-/// Applies runtime overrides to the parsed runtime file. Returns the names of
-/// `IGGY_CONNECTORS_*` variables that match nothing (likely typos), and values
-/// that do not fit their field as `(name, message)`.
+/// Applies runtime overrides to the parsed runtime file: its own fields and
+/// `extra` ones (a state store's: name without the prefix, path, type).
+/// Returns the names of `IGGY_CONNECTORS_*` variables that match nothing
+/// (likely typos), and values that do not fit their field as `(name, message)`.
 pub fn apply_runtime_overrides(
     table: &mut Table,
     vars: &EnvVars,
+    extra: &[(String, Vec<&str>, Kind)],
 ) -> (Vec<String>, Vec<(String, String)>) {
     let mut unknown = Vec::new();
     let mut invalid = Vec::new();
@@ -243,12 +236,21 @@ pub fn apply_runtime_overrides(
         {
             continue;
         }
-        let Some((_, path, kind)) = RUNTIME_FIELDS.iter().find(|(field, _, _)| field == name)
-        else {
+        let field = RUNTIME_FIELDS
+            .iter()
+            .find(|(field, _, _)| field == name)
+            .map(|(_, path, kind)| (*path, *kind))
+            .or_else(|| {
+                extra
+                    .iter()
+                    .find(|(field, _, _)| field == name)
+                    .map(|(_, path, kind)| (path.as_slice(), *kind))
+            });
+        let Some((path, kind)) = field else {
             unknown.push(format!("{PREFIX}{name}"));
             continue;
         };
-        match typed(value, *kind) {
+        match typed(value, kind) {
             Ok(value) => set_path(table, path, value),
             Err(message) => invalid.push((format!("{PREFIX}{name}"), message)),
         }
@@ -414,8 +416,15 @@ mod tests {
                 ("IGGY_CONNECTORS_HTTP_ENABLD", "true"),
                 ("IGGY_CONNECTORS_CONFIG_PATH", "x.toml"),
                 ("IGGY_CONNECTORS_SOURCE_X_ENABLED", "true"),
+                ("IGGY_CONNECTORS_STATE_STORE_RETRIES", "7"),
             ]),
+            &[(
+                "STATE_STORE_RETRIES".to_owned(),
+                vec!["state", "store", "retries"],
+                Kind::Int,
+            )],
         );
+        assert_eq!(table["state"]["store"]["retries"], Value::Integer(7));
         assert_eq!(table["http"]["enabled"], Value::Boolean(false));
         assert_eq!(table["http"]["api_key"], Value::String("1234".into()));
         assert_eq!(

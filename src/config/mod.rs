@@ -11,6 +11,7 @@ pub mod env;
 pub mod http_provider;
 mod reader;
 pub mod runtime;
+pub mod state;
 mod streams;
 
 use std::fmt;
@@ -58,6 +59,20 @@ impl ConfigIssue {
     pub fn is_error(&self) -> bool {
         self.severity == Severity::Error
     }
+
+    /// The issue without its level: `file: field `x`: message`, for a
+    /// caller that prints its own prefix.
+    pub fn located(&self) -> String {
+        match self.field.is_empty() {
+            true => format!("{}: {}", self.file.display(), self.message),
+            false => format!(
+                "{}: field `{}`: {}",
+                self.file.display(),
+                self.field,
+                self.message
+            ),
+        }
+    }
 }
 
 impl fmt::Display for ConfigIssue {
@@ -66,17 +81,7 @@ impl fmt::Display for ConfigIssue {
             Severity::Error => "error",
             Severity::Warning => "warning",
         };
-        if self.field.is_empty() {
-            write!(f, "{level}: {}: {}", self.file.display(), self.message)
-        } else {
-            write!(
-                f,
-                "{level}: {}: field `{}`: {}",
-                self.file.display(),
-                self.field,
-                self.message
-            )
-        }
+        write!(f, "{level}: {}", self.located())
     }
 }
 

@@ -10,6 +10,8 @@ use serde::Deserialize;
 use toml::Table;
 
 use crate::config::env::{self, EnvVars};
+use crate::config::state;
+pub use crate::config::state::StateConfig;
 use crate::config::{ConfigIssue, ConfigIssues, duration};
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -148,132 +150,6 @@ pub struct IggyTlsConfig {
     pub enabled: bool,
     pub ca_file: Option<PathBuf>,
     pub domain: String,
-}
-
-/// `[state]`: where sources keep their committed state. Upstream has `path`
-/// only (the file store); `type = "postgres"` and its fields are ours.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default)]
-pub struct StateConfig {
-    #[serde(rename = "type")]
-    pub kind: StateKind,
-    /// The file store's directory.
-    pub path: PathBuf,
-    /// The postgres store's database.
-    pub connection_string: SecretString,
-    /// The postgres store's table; its leases live in `{table}_leases`.
-    pub table: String,
-    /// How long a source's lease lasts without renewal: a standby takes over
-    /// a dead instance's sources this long after its last renewal.
-    #[serde(with = "duration")]
-    pub lease_duration: Duration,
-    /// Names this instance in the leases it holds (with a random suffix per
-    /// start); the host name and process id when empty.
-    pub instance_id: String,
-}
-
-/// See [`StateConfig::kind`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum StateKind {
-    #[default]
-    File,
-    Postgres,
-}
-
-impl std::fmt::Display for StateKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            StateKind::File => "file",
-            StateKind::Postgres => "postgres",
-        })
-    }
-}
-
-impl Default for StateConfig {
-    fn default() -> Self {
-        Self {
-            kind: StateKind::File,
-            path: PathBuf::from("local_state"),
-            connection_string: SecretString::from(""),
-            table: "iggy_connect_state".into(),
-            lease_duration: Duration::from_secs(15),
-            instance_id: String::new(),
-        }
-    }
-}
-
-impl StateConfig {
-    fn check(&self, path: &Path) -> Vec<ConfigIssue> {
-        use secrecy::ExposeSecret;
-        let mut issues = Vec::new();
-        if self.kind != StateKind::Postgres {
-            return issues;
-        }
-        if !cfg!(feature = "postgres-state") {
-            issues.push(ConfigIssue::error(
-                path,
-                "state.type",
-                "\"postgres\" needs a build with the postgres-state feature \
-                 (cargo install --features postgres-state)",
-            ));
-        }
-        if self.connection_string.expose_secret().trim().is_empty() {
-            issues.push(ConfigIssue::error(
-                path,
-                "state.connection_string",
-                "missing, expected a postgres:// URL (type = \"postgres\" keeps source state in that database)",
-            ));
-        } else if !self
-            .connection_string
-            .expose_secret()
-            .starts_with("postgres://")
-            && !self
-                .connection_string
-                .expose_secret()
-                .starts_with("postgresql://")
-        {
-            // The rest of the URL is read when the store opens.
-            issues.push(ConfigIssue::error(
-                path,
-                "state.connection_string",
-                "expected a postgres:// or postgresql:// URL",
-            ));
-        }
-        if !is_table_name(&self.table) {
-            issues.push(ConfigIssue::error(
-                path,
-                "state.table",
-                format!(
-                    "\"{}\" is not a table name: expected letters, digits and underscores, optionally schema-qualified (schema.table)",
-                    self.table
-                ),
-            ));
-        }
-        if self.lease_duration < Duration::from_secs(2) {
-            issues.push(ConfigIssue::error(
-                path,
-                "state.lease_duration",
-                "expected at least 2s (a lease is renewed every third of it)",
-            ));
-        }
-        issues
-    }
-}
-
-/// `name` or `schema.name`, each part an unquoted SQL identifier.
-fn is_table_name(table: &str) -> bool {
-    let parts: Vec<&str> = table.split('.').collect();
-    parts.len() <= 2
-        && parts.iter().all(|part| {
-            part.len() <= 50
-                && part.starts_with(|character: char| {
-                    character.is_ascii_alphabetic() || character == '_'
-                })
-                && part
-                    .chars()
-                    .all(|character| character.is_ascii_alphanumeric() || character == '_')
-        })
 }
 
 /// Where connector configs come from. Upstream's internally tagged table.
@@ -485,7 +361,11 @@ impl RuntimeConfig {
             }
         };
         unknown_keys(path, &table, "", KNOWN_KEYS, &mut issues);
-        let (unknown, invalid) = env::apply_runtime_overrides(&mut table, vars);
+        if let Some(toml::Value::Table(state)) = table.get("state") {
+            unknown_state_keys(path, state, "", &state::known_keys(), &mut issues);
+        }
+        let (unknown, invalid) =
+            env::apply_runtime_overrides(&mut table, vars, &state::env_fields());
         for name in unknown {
             issues.push(ConfigIssue::warning(
                 path,
@@ -657,17 +537,8 @@ const FREE: Known = &[leaf("*")];
 const KNOWN_KEYS: Known = &[
     Key("http", HTTP),
     Key("iggy", IGGY),
-    Key(
-        "state",
-        &[
-            leaf("type"),
-            leaf("path"),
-            leaf("connection_string"),
-            leaf("table"),
-            leaf("lease_duration"),
-            leaf("instance_id"),
-        ],
-    ),
+    // The keys of the state stores compiled in: see `unknown_state_keys`.
+    Key("state", FREE),
     Key("connectors", CONNECTORS),
     Key("logging", &[leaf("format")]),
     Key("telemetry", TELEMETRY),
@@ -782,6 +653,52 @@ fn unknown_keys(
     }
 }
 
+/// An error for every key of `[state]` that is not one of `known` (dotted
+/// paths below `[state]`; `a.*` a table of free keys), with the nearest known
+/// name when one is close.
+fn unknown_state_keys(
+    file: &Path,
+    table: &Table,
+    prefix: &str,
+    known: &[&str],
+    issues: &mut Vec<ConfigIssue>,
+) {
+    if known.contains(&format!("{prefix}*").as_str()) {
+        return;
+    }
+    for (key, value) in table {
+        let path = format!("{prefix}{key}");
+        let nested = format!("{path}.");
+        match value {
+            toml::Value::Table(inner) if known.iter().any(|name| name.starts_with(&nested)) => {
+                unknown_state_keys(file, inner, &nested, known, issues);
+            }
+            _ if known.contains(&path.as_str()) => {}
+            _ => {
+                let names: Vec<&str> = known
+                    .iter()
+                    .filter_map(|name| name.strip_prefix(prefix))
+                    .map(|name| name.split('.').next().unwrap_or(name))
+                    .fold(Vec::new(), |mut names, name| {
+                        if !names.contains(&name) {
+                            names.push(name);
+                        }
+                        names
+                    });
+                let hint = match nearest(key, &names) {
+                    Some(name) => format!("; did you mean `{name}`?"),
+                    None => format!("; expected one of {}", names.join(", ")),
+                };
+                issues.push(ConfigIssue::error(
+                    file,
+                    format!("state.{path}"),
+                    format!("unknown key `{key}`{hint}"),
+                ));
+            }
+        }
+    }
+}
+
 /// The name closest to `key` by edit distance, when it is close enough to be
 /// a typo (at most a third of its length, and at least one edit allowed).
 fn nearest<'a>(key: &str, names: &[&'a str]) -> Option<&'a str> {
@@ -856,10 +773,7 @@ mod tests {
             ("iggy.pasword", "did you mean `password`?"),
             ("logging.formatt", "did you mean `format`?"),
             ("engine.shutdown_timout", "did you mean `shutdown_timeout`?"),
-            (
-                "state.bogus",
-                "expected one of type, path, connection_string",
-            ),
+            ("state.bogus", "expected one of type, storage, path"),
             (
                 "http.cors.allowed_orgins",
                 "did you mean `allowed_origins`?",
@@ -894,58 +808,6 @@ mod tests {
         );
         std::fs::write(&path, text).unwrap();
         assert_eq!(errors(&path), Vec::new());
-    }
-
-    #[test]
-    fn given_a_postgres_state_store_without_its_settings_when_loaded_should_name_each_field() {
-        let (dir, path) = file("");
-        let text = with_dir(
-            &dir,
-            "[state]\ntype = \"postgres\"\ntable = \"bad-name\"\nlease_duration = \"1s\"\n",
-        );
-        std::fs::write(&path, text).unwrap();
-        let fields: Vec<String> = errors(&path).into_iter().map(|issue| issue.field).collect();
-        assert_eq!(
-            fields,
-            [
-                "state.connection_string",
-                "state.table",
-                "state.lease_duration"
-            ],
-            "{fields:?}"
-        );
-        let text = with_dir(
-            &dir,
-            "[state]\ntype = \"postgres\"\nconnection_string = \"mysql://u@db/x\"\n",
-        );
-        std::fs::write(&path, text).unwrap();
-        let issues = errors(&path);
-        assert_eq!(issues.len(), 1, "{issues:?}");
-        assert_eq!(issues[0].field, "state.connection_string");
-        assert!(issues[0].message.contains("postgres://"), "{issues:?}");
-    }
-
-    #[test]
-    fn given_a_postgres_state_store_from_the_environment_when_loaded_should_take_it() {
-        let (dir, path) = file("");
-        std::fs::write(&path, with_dir(&dir, "")).unwrap();
-        let vars = EnvVars::from_pairs(
-            [
-                ("IGGY_CONNECTORS_STATE_TYPE", "postgres"),
-                (
-                    "IGGY_CONNECTORS_STATE_CONNECTION_STRING",
-                    "postgres://user:secret@db:5432/state",
-                ),
-                ("IGGY_CONNECTORS_STATE_LEASE_DURATION", "30s"),
-                ("IGGY_CONNECTORS_STATE_INSTANCE_ID", "pod-1"),
-            ]
-            .map(|(name, value)| (name.to_owned(), value.to_owned())),
-        );
-        let (config, _) = RuntimeConfig::load(&path, &vars).unwrap();
-        assert_eq!(config.state.kind, StateKind::Postgres);
-        assert_eq!(config.state.lease_duration, Duration::from_secs(30));
-        assert_eq!(config.state.instance_id, "pod-1");
-        assert_eq!(config.state.table, "iggy_connect_state");
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 
-use crate::config::runtime::{StateConfig, StateKind};
+use crate::config::state::{FILE, StateConfig};
 
 pub use file::FileStateStore;
 pub use memory::MemoryStateStore;
@@ -83,11 +83,12 @@ pub enum Acquired {
     },
 }
 
-/// A state store kept by a backend (`type = "postgres"`): its folder
-/// registers it with `inventory::submit!`, behind the feature
-/// `<kind>-state`.
+/// A state store kept by a backend's folder, behind the feature
+/// `<kind>-state`: registered there with `inventory::submit!`, beside the
+/// [`StateKind`](crate::config::state::StateKind) that declares its config.
 pub struct Backend {
-    pub kind: StateKind,
+    /// The name `[state] type` (or `storage`) gives it.
+    pub kind: &'static str,
     pub open: for<'a> fn(&'a StateConfig) -> Opening<'a>,
 }
 
@@ -98,7 +99,7 @@ inventory::collect!(Backend);
 
 /// The state store `[state]` asks for.
 pub async fn open(config: &StateConfig) -> Result<Arc<dyn StateStore>, StateError> {
-    if config.kind == StateKind::File {
+    if config.kind == FILE {
         return Ok(Arc::new(FileStateStore::new(&config.path)?));
     }
     match inventory::iter::<Backend>
@@ -106,8 +107,9 @@ pub async fn open(config: &StateConfig) -> Result<Arc<dyn StateStore>, StateErro
         .find(|backend| backend.kind == config.kind)
     {
         Some(backend) => (backend.open)(config).await,
+        // `validate` and `run` refuse such a config before this.
         None => Err(StateError::Unavailable(format!(
-            "[state] type = \"{0}\" needs a build with the {0}-state feature",
+            "[state] type = \"{0}\" is not a state store of this build",
             config.kind
         ))),
     }
@@ -166,7 +168,66 @@ pub enum StateError {
         "the lease of source \"{key}\" is no longer held by this instance (another instance may run it now); the save was refused"
     )]
     LeaseLost { key: String },
+    /// A shared store could not be reached, or failed for now: the save is
+    /// tried again (the batch is NACKed), a load at start too.
+    #[error("cannot {action} {location}: {message}")]
+    Unreachable {
+        action: &'static str,
+        location: String,
+        message: String,
+    },
+    /// A shared store refused the change for good (another writer changed the
+    /// state since it was read, or the store refuses the credentials): the
+    /// source stops rather than retry.
+    #[error("{location} refused to {action}: {message}")]
+    Refused {
+        action: &'static str,
+        location: String,
+        message: String,
+    },
+    /// What a shared store holds for a source does not decode.
+    #[error(
+        "state {location} is corrupt ({reason}); refusing to start from it (remove it to start fresh)"
+    )]
+    CorruptAt { location: String, reason: String },
     /// A change to the state of a source another instance runs.
     #[error("source \"{key}\" runs on instance {holder} (it holds the lease); stop it there first")]
     Leased { key: String, holder: String },
+}
+
+impl StateError {
+    /// Whether trying again cannot help: the source stops.
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, StateError::Refused { .. })
+    }
+
+    /// Whether the store could not be reached for now, so a load at start is
+    /// tried again like an `open` whose backend is down.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StateError::Unreachable { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::state::StateKind;
+
+    #[test]
+    fn given_the_registered_stores_when_listed_should_each_have_a_config_and_an_opener() {
+        let openers: Vec<&str> = inventory::iter::<Backend>
+            .into_iter()
+            .map(|backend| backend.kind)
+            .collect();
+        let configs: Vec<&str> = StateKind::all().iter().map(|kind| kind.name).collect();
+        for kind in &configs {
+            assert!(openers.contains(kind), "{kind} has a config but no opener");
+        }
+        for kind in &openers {
+            assert!(configs.contains(kind), "{kind} has an opener but no config");
+        }
+        for kind in StateKind::all() {
+            assert_eq!(kind.feature, format!("{}-state", kind.name));
+        }
+    }
 }

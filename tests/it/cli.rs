@@ -735,3 +735,94 @@ fn a_refused_postgres_connection_names_the_cause_and_the_address() {
         }
     }
 }
+
+/// Every line of `text` that says `error:`, and none twice.
+fn assert_one_error_prefix(text: &str) {
+    assert!(text.contains("error: "), "{text}");
+    for line in text.lines() {
+        assert!(
+            !line.contains("error: error:"),
+            "prefix twice: {line}\n{text}"
+        );
+    }
+}
+
+#[test]
+fn pipe_with_a_bad_connector_file_prints_each_problem_with_one_error_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        dir.path(),
+        "source.toml",
+        "type = \"source\"\nkey = \"rnd\"\nenabled = true\npath = \"random\"\n\
+         [[streams]]\nstream = \"s\"\ntopic = \"t\"\nschema = \"json\"\nbatch_length = \"many\"\n",
+    );
+    let file = dir.path().join("source.toml");
+    let output = iggy_connect(&[
+        "pipe",
+        "--source-file",
+        file.to_str().unwrap(),
+        "--sink",
+        "stdout",
+    ]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    let message = stderr(&output);
+    assert!(message.contains("batch_length"), "{message}");
+    assert!(message.contains("source.toml"), "{message}");
+    assert_one_error_prefix(&message);
+    // A file that is not there, and a sink file given as the source.
+    let output = iggy_connect(&[
+        "pipe",
+        "--source-file",
+        "/nonexistent.toml",
+        "--sink",
+        "stdout",
+    ]);
+    assert_one_error_prefix(&stderr(&output));
+}
+
+#[test]
+fn run_with_json_logging_prints_a_fatal_config_error_as_json_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        dir.path(),
+        "config.toml",
+        "[iggy]\naddress = \"not an address\"\n[connectors]\nconfig_type = \"local\"\nconfig_dir = \"nowhere\"\n",
+    );
+    let config = dir.path().join("config.toml");
+    for (env, file_format) in [(Some("json"), ""), (None, "[logging]\nformat = \"json\"\n")] {
+        let text = std::fs::read_to_string(&config).unwrap();
+        std::fs::write(&config, format!("{text}{file_format}")).unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_iggy-connect"));
+        command.args(["run", "--config", config.to_str().unwrap()]);
+        if let Some(format) = env {
+            command.env("IGGY_CONNECTORS_LOGGING_FORMAT", format);
+        }
+        let output = command.output().unwrap();
+        assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+        let message = stderr(&output);
+        let lines: Vec<serde_json::Value> = message
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap_or_else(|_| panic!("not JSON: {line}")))
+            .collect();
+        let fields: Vec<&str> = lines
+            .iter()
+            .filter_map(|line| line["field"].as_str())
+            .collect();
+        assert!(fields.contains(&"iggy.address"), "{message}");
+        for line in &lines {
+            assert_eq!(line["level"], "ERROR", "{line}");
+            assert!(
+                line["message"]
+                    .as_str()
+                    .is_some_and(|text| !text.is_empty()),
+                "{line}"
+            );
+        }
+        assert!(
+            lines
+                .iter()
+                .any(|line| line["file"].as_str() == Some(config.to_str().unwrap())),
+            "{message}"
+        );
+    }
+}

@@ -24,6 +24,7 @@ mod http_iggy;
 mod http_kit;
 mod http_sink;
 mod http_source;
+mod http_state;
 mod iceberg_sink;
 mod iggy_bus;
 mod iggy_source;

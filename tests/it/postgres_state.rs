@@ -6,24 +6,21 @@
 
 use std::time::Duration;
 
-use iggy_connect::config::runtime::{StateConfig, StateKind};
+use iggy_connect::config::state::StateConfig;
 use iggy_connect::connectors::postgres::state::PostgresStateStore;
 use iggy_connect::state::{Acquired, Leases, StateError, StateStore, StoredState};
-use secrecy::SecretString;
 
 use crate::support::postgres::{database_url, unique};
 
 const LEASE: Duration = Duration::from_secs(2);
 
 fn config(table: &str, url: &str) -> StateConfig {
-    StateConfig {
-        kind: StateKind::Postgres,
-        connection_string: SecretString::from(url.to_owned()),
-        table: table.to_owned(),
-        lease_duration: LEASE,
-        instance_id: "test".into(),
-        ..StateConfig::default()
-    }
+    toml::from_str(&format!(
+        "type = \"postgres\"\nconnection_string = \"{url}\"\ntable = \"{table}\"\n\
+         lease_duration = \"{}ms\"\ninstance_id = \"test\"\n",
+        LEASE.as_millis()
+    ))
+    .expect("a postgres [state]")
 }
 
 async fn instance(table: &str) -> PostgresStateStore {

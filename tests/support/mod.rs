@@ -35,5 +35,6 @@ pub mod redis;
 pub mod s3;
 pub mod schema_registry;
 pub mod sinks;
+pub mod state_server;
 pub mod surrealdb;
 pub mod wait;

@@ -14,21 +14,37 @@
 //! standby (their leases cannot be taken) and sinks run.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
 use sqlx::postgres::PgPool;
 use sqlx::{AssertSqlSafe, Row};
 use tokio::sync::OnceCell;
 
-use crate::config::runtime::StateConfig;
-use crate::config::runtime::StateKind;
+use crate::config::ConfigIssue;
+use crate::config::env::Kind;
+use crate::config::state::{StateConfig, StateField, StateKind};
 use crate::connectors::postgres::{describe, is_transient, lazy_pool, with_connect_cause};
 use crate::state::{Acquired, Backend, Leases, StateError, StateStore, StoredState};
 
+inventory::submit!(StateKind {
+    name: "postgres",
+    feature: "postgres-state",
+    fields: &[
+        StateField::new("connection_string", Kind::Str),
+        StateField::new("table", Kind::Str),
+        StateField::new("lease_duration", Kind::Str),
+        StateField::new("instance_id", Kind::Str),
+    ],
+    check,
+});
+
 inventory::submit!(Backend {
-    kind: StateKind::Postgres,
+    kind: "postgres",
     open: |config| {
         Box::pin(async move {
             let store: std::sync::Arc<dyn StateStore> =
@@ -37,6 +53,91 @@ inventory::submit!(Backend {
         })
     },
 });
+
+/// `[state]` with `type = "postgres"`: its fields sit beside `type`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct PostgresStateConfig {
+    /// The database: a `postgres://` or `postgresql://` URL.
+    pub connection_string: SecretString,
+    /// The state table; its leases live in `{table}_leases`.
+    pub table: String,
+    /// How long a source's lease lasts without renewal: a standby takes over
+    /// a dead instance's sources this long after its last renewal.
+    #[serde(with = "crate::config::duration")]
+    pub lease_duration: Duration,
+    /// Names this instance in the leases it holds (with a random suffix per
+    /// start); the host name and process id when empty.
+    pub instance_id: String,
+}
+
+impl Default for PostgresStateConfig {
+    fn default() -> Self {
+        Self {
+            connection_string: SecretString::from(""),
+            table: "iggy_connect_state".into(),
+            lease_duration: Duration::from_secs(15),
+            instance_id: String::new(),
+        }
+    }
+}
+
+/// Every field of the postgres store that is missing or malformed.
+fn check(state: &StateConfig, file: &Path) -> Vec<ConfigIssue> {
+    let config: PostgresStateConfig = match state.read(file) {
+        Ok(config) => config,
+        Err(issue) => return vec![issue],
+    };
+    let mut issues = Vec::new();
+    if config.connection_string.expose_secret().trim().is_empty() {
+        issues.push(ConfigIssue::error(
+            file,
+            "state.connection_string",
+            "missing, expected a postgres:// URL (type = \"postgres\" keeps source state in that database)",
+        ));
+    } else if let Err(error) =
+        crate::connectors::postgres::check_connection_string(&config.connection_string)
+    {
+        issues.push(ConfigIssue::error(
+            file,
+            "state.connection_string",
+            error.message,
+        ));
+    }
+    if !is_table_name(&config.table) {
+        issues.push(ConfigIssue::error(
+            file,
+            "state.table",
+            format!(
+                "\"{}\" is not a table name: expected letters, digits and underscores, optionally schema-qualified (schema.table)",
+                config.table
+            ),
+        ));
+    }
+    if config.lease_duration < Duration::from_secs(2) {
+        issues.push(ConfigIssue::error(
+            file,
+            "state.lease_duration",
+            "expected at least 2s (a lease is renewed every third of it)",
+        ));
+    }
+    issues
+}
+
+/// `name` or `schema.name`, each part an unquoted SQL identifier.
+fn is_table_name(table: &str) -> bool {
+    let parts: Vec<&str> = table.split('.').collect();
+    parts.len() <= 2
+        && parts.iter().all(|part| {
+            part.len() <= 50
+                && part.starts_with(|character: char| {
+                    character.is_ascii_alphabetic() || character == '_'
+                })
+                && part
+                    .chars()
+                    .all(|character| character.is_ascii_alphanumeric() || character == '_')
+        })
+}
 
 /// The holder an operator's change (the API or the CLI, no lease) is saved under.
 const OPERATOR: &str = "operator";
@@ -61,7 +162,10 @@ impl PostgresStateStore {
     /// Opens the pool (the connection string was checked with the config)
     /// and, if the database answers, creates the tables. Bad credentials or a missing database fail here; a database
     /// that does not answer does not (the first lease or load retries).
-    pub async fn open(config: &StateConfig) -> Result<Self, StateError> {
+    pub async fn open(state: &StateConfig) -> Result<Self, StateError> {
+        let config: PostgresStateConfig = state
+            .settings()
+            .map_err(|error| StateError::Unavailable(error.to_string()))?;
         let pool =
             lazy_pool(&config.connection_string, 4, Duration::from_secs(5)).map_err(|error| {
                 StateError::Database {
@@ -423,4 +527,107 @@ fn holder_name(instance_id: &str) -> String {
         given => given.to_owned(),
     };
     format!("{instance}/{:08x}", rand::random::<u32>())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::config::RuntimeConfig;
+    use crate::config::env::EnvVars;
+
+    /// `config.toml` holding `state` after a `[connectors]` table, in a new
+    /// directory with an empty `connectors` directory.
+    fn runtime_file(state: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("connectors")).unwrap();
+        let path = dir.path().join("config.toml");
+        let text = format!(
+            "[connectors]\nconfig_type = \"local\"\nconfig_dir = \"{}\"\n{state}",
+            dir.path().join("connectors").display()
+        );
+        std::fs::write(&path, text).unwrap();
+        (dir, path)
+    }
+
+    fn error_fields(path: &Path, vars: &EnvVars) -> Vec<ConfigIssue> {
+        match RuntimeConfig::load(path, vars) {
+            Ok((_, issues)) => issues,
+            Err(found) => found.0,
+        }
+        .into_iter()
+        .filter(ConfigIssue::is_error)
+        .collect()
+    }
+
+    #[test]
+    fn given_a_postgres_state_store_without_its_settings_when_loaded_should_name_each_field() {
+        let (_dir, path) = runtime_file(
+            "[state]\ntype = \"postgres\"\ntable = \"bad-name\"\nlease_duration = \"1s\"\n",
+        );
+        let fields: Vec<String> = error_fields(&path, &EnvVars::default())
+            .into_iter()
+            .map(|issue| issue.field)
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                "state.connection_string",
+                "state.table",
+                "state.lease_duration"
+            ]
+        );
+        let (_dir, path) =
+            runtime_file("[state]\ntype = \"postgres\"\nconnection_string = \"mysql://u@db/x\"\n");
+        let issues = error_fields(&path, &EnvVars::default());
+        assert_eq!(issues.len(), 1, "{issues:?}");
+        assert_eq!(issues[0].field, "state.connection_string");
+        assert!(issues[0].message.contains("postgres://"), "{issues:?}");
+        let (_dir, path) = runtime_file("[state]\ntype = \"postgres\"\nlease_duration = 5\n");
+        let issues = error_fields(&path, &EnvVars::default());
+        assert_eq!(issues[0].field, "state.lease_duration", "{issues:?}");
+    }
+
+    #[test]
+    fn given_a_postgres_state_store_from_the_environment_when_loaded_should_take_it() {
+        let (_dir, path) = runtime_file("");
+        let vars = EnvVars::from_pairs(
+            [
+                ("IGGY_CONNECTORS_STATE_TYPE", "postgres"),
+                (
+                    "IGGY_CONNECTORS_STATE_CONNECTION_STRING",
+                    "postgres://user:secret@db:5432/state",
+                ),
+                ("IGGY_CONNECTORS_STATE_LEASE_DURATION", "30s"),
+                ("IGGY_CONNECTORS_STATE_INSTANCE_ID", "pod-1"),
+            ]
+            .map(|(name, value)| (name.to_owned(), value.to_owned())),
+        );
+        let (config, issues) = RuntimeConfig::load(&path, &vars).unwrap();
+        assert!(issues.is_empty(), "{issues:?}");
+        assert_eq!(config.state.kind, "postgres");
+        let settings: PostgresStateConfig = config.state.settings().unwrap();
+        assert_eq!(settings.lease_duration, Duration::from_secs(30));
+        assert_eq!(settings.instance_id, "pod-1");
+        assert_eq!(settings.table, "iggy_connect_state");
+        assert_eq!(
+            settings.connection_string.expose_secret(),
+            "postgres://user:secret@db:5432/state"
+        );
+    }
+
+    #[test]
+    fn given_a_misspelt_postgres_field_when_loaded_should_name_the_nearest() {
+        let (_dir, path) = runtime_file(
+            "[state]\ntype = \"postgres\"\nconnection_string = \"postgres://h/db\"\nlease_duraton = \"5s\"\n",
+        );
+        let issues = error_fields(&path, &EnvVars::default());
+        assert_eq!(issues.len(), 1, "{issues:?}");
+        assert_eq!(issues[0].field, "state.lease_duraton");
+        assert!(
+            issues[0].message.contains("did you mean `lease_duration`?"),
+            "{issues:?}"
+        );
+    }
 }

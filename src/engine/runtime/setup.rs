@@ -96,7 +96,7 @@ impl Runtime {
         config: &ConnectorConfig,
         shutdown: &Shutdown,
     ) -> Result<Box<dyn Source>, SetupError> {
-        let stored = self.stored_state(config).await?;
+        let stored = self.stored_state(slot, config, shutdown).await?;
         let restoring_from = stored.as_ref().map(|_| self.state.location(&config.key));
         let state = stored.as_ref().map(|stored| stored.data.as_slice());
         let build = || {
@@ -170,11 +170,37 @@ impl Runtime {
     }
 
     /// The source's saved state, refused when another connector wrote it.
+    /// A store that cannot be reached for now is tried again, as an `open`
+    /// whose backend is down.
     async fn stored_state(
         &self,
+        slot: &Slot,
         config: &ConnectorConfig,
+        shutdown: &Shutdown,
     ) -> Result<Option<StoredState>, SetupError> {
-        let stored = self.state.load(&config.key).await?;
+        let mut attempts = 0;
+        let stored = loop {
+            let error = match self.state.load(&config.key).await {
+                Ok(stored) => break stored,
+                Err(error) if error.is_transient() => error,
+                Err(error) => return Err(error.into()),
+            };
+            attempts += 1;
+            if self
+                .options
+                .max_open_attempts
+                .is_some_and(|limit| attempts >= limit)
+            {
+                return Err(error.into());
+            }
+            let delay = slot_backoff(slot, &self.options).delay(attempts);
+            let message = format!("loading state failed: {error}");
+            warn!(connector_key = %slot.key, attempt = attempts, retry_in_ms = delay.as_millis() as u64, %message, "retrying the state load");
+            slot.status.record_open_failure(attempts, message);
+            if !shutdown.pause(delay).await {
+                return Err(SetupError::Shutdown);
+            }
+        };
         if let Some(stored) = &stored
             && stored.connector != config.connector
         {

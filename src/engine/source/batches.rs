@@ -380,11 +380,17 @@ impl SourcePipeline {
             self.state_store
                 .save(&self.key, state)
                 .await
-                .map_err(|error| {
-                    CommitFailure::Nack(Nack {
+                .map_err(|error| match error.is_permanent() {
+                    // Trying again cannot help (another writer took the
+                    // state over): stop before sending anything more.
+                    true => CommitFailure::End(Ended::Stopped(
+                        StopReason::Fatal,
+                        format!("state save refused: {error}"),
+                    )),
+                    false => CommitFailure::Nack(Nack {
                         stage: ErrorStage::StateSave,
                         message: format!("state save failed: {error}"),
-                    })
+                    }),
                 })?;
             let elapsed = started.elapsed();
             self.metrics.record_duration(Stage::StateSave, elapsed);
