@@ -148,7 +148,7 @@ fn parse_table(
     issues: &mut Vec<ConfigIssue>,
 ) -> Option<ConnectorConfig> {
     let mut reader = Reader::new(file, table, issues);
-    reader.warn_unknown(KNOWN_FIELDS);
+    reader.refuse_unknown(KNOWN_FIELDS);
     let kind: Option<ConnectorKind> = reader.required_parsed("type");
     let key = reader
         .required_string("key")
@@ -325,7 +325,7 @@ fn read_dead_letter(reader: &mut Reader) -> Option<DeadLetterTarget> {
     let mut nested = reader.nested("dead_letter".into(), table);
     let stream = nested.required_string("stream");
     let topic = nested.required_string("topic");
-    nested.warn_unknown(&["stream", "topic"]);
+    nested.refuse_unknown(&["stream", "topic"]);
     Some(DeadLetterTarget {
         stream: stream?,
         topic: topic?,
@@ -372,13 +372,17 @@ fn read_nack_limit(reader: &mut Reader) -> Option<u32> {
     }
 }
 
-/// Converts a TOML value to JSON (date-times become RFC 3339 strings).
+/// Converts a TOML value to JSON (date-times become RFC 3339 strings). JSON
+/// has no `nan` or `inf`: they stay the strings TOML spells them as, so a
+/// number field refuses them (as `null` an optional one took them for unset).
 pub fn toml_to_json(value: &Value) -> serde_json::Value {
     match value {
         Value::String(text) => serde_json::Value::String(text.clone()),
         Value::Integer(number) => serde_json::Value::from(*number),
-        Value::Float(number) => serde_json::Number::from_f64(*number)
-            .map_or(serde_json::Value::Null, serde_json::Value::Number),
+        Value::Float(number) => serde_json::Number::from_f64(*number).map_or_else(
+            || serde_json::Value::String(Value::Float(*number).to_string()),
+            serde_json::Value::Number,
+        ),
         Value::Boolean(flag) => serde_json::Value::Bool(*flag),
         Value::Datetime(datetime) => serde_json::Value::String(datetime.to_string()),
         Value::Array(items) => serde_json::Value::Array(items.iter().map(toml_to_json).collect()),

@@ -9,6 +9,18 @@ use toml::{Table, Value};
 
 use crate::config::{ConfigIssue, duration};
 
+/// The name closest to `key` by edit distance, when it is close enough to be
+/// a typo (at most a third of its length, and at least one edit allowed).
+pub fn nearest<'a>(key: &str, names: &[&'a str]) -> Option<&'a str> {
+    let limit = (key.chars().count() / 3).max(1);
+    names
+        .iter()
+        .map(|name| (strsim::levenshtein(key, name), *name))
+        .filter(|(distance, _)| *distance <= limit)
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, name)| name)
+}
+
 pub struct Reader<'a> {
     file: &'a Path,
     prefix: String,
@@ -60,8 +72,10 @@ impl<'a> Reader<'a> {
         self.table.get(field)
     }
 
-    /// Warns about keys this reader does not know, which are usually typos.
-    pub fn warn_unknown(&mut self, known: &[&str]) {
+    /// An error for every key this reader does not know (usually a typo
+    /// that would otherwise be ignored: `enabeld = false` running the
+    /// connector), with the nearest known name when one is close.
+    pub fn refuse_unknown(&mut self, known: &[&str]) {
         let unknown: Vec<String> = self
             .table
             .keys()
@@ -69,7 +83,11 @@ impl<'a> Reader<'a> {
             .cloned()
             .collect();
         for key in unknown {
-            self.warning(&key, "unknown field, ignored");
+            let hint = match nearest(&key, known) {
+                Some(name) => format!("; did you mean `{name}`?"),
+                None => format!("; expected one of {}", known.join(", ")),
+            };
+            self.error(&key, format!("unknown key `{key}`{hint}"));
         }
     }
 

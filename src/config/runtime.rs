@@ -639,7 +639,7 @@ fn unknown_keys(
             }
             None => {
                 let names: Vec<&str> = known.iter().map(|Key(name, _)| *name).collect();
-                let hint = match nearest(key, &names) {
+                let hint = match crate::config::reader::nearest(key, &names) {
                     Some(name) => format!("; did you mean `{name}`?"),
                     None => format!("; expected one of {}", names.join(", ")),
                 };
@@ -685,7 +685,7 @@ fn unknown_state_keys(
                         }
                         names
                     });
-                let hint = match nearest(key, &names) {
+                let hint = match crate::config::reader::nearest(key, &names) {
                     Some(name) => format!("; did you mean `{name}`?"),
                     None => format!("; expected one of {}", names.join(", ")),
                 };
@@ -697,32 +697,6 @@ fn unknown_state_keys(
             }
         }
     }
-}
-
-/// The name closest to `key` by edit distance, when it is close enough to be
-/// a typo (at most a third of its length, and at least one edit allowed).
-fn nearest<'a>(key: &str, names: &[&'a str]) -> Option<&'a str> {
-    let limit = (key.chars().count() / 3).max(1);
-    names
-        .iter()
-        .map(|name| (edit_distance(key, name), *name))
-        .filter(|(distance, _)| *distance <= limit)
-        .min_by_key(|(distance, _)| *distance)
-        .map(|(_, name)| name)
-}
-
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut previous: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut current = vec![i + 1];
-        for (j, cb) in b.iter().enumerate() {
-            let substitution = previous[j] + usize::from(ca != *cb);
-            current.push(substitution.min(previous[j + 1] + 1).min(current[j] + 1));
-        }
-        previous = current;
-    }
-    previous[b.len()]
 }
 
 #[cfg(test)]

@@ -68,7 +68,7 @@ pub(super) fn read_source_streams(reader: &mut Reader) -> Vec<SourceStream> {
     let mut streams = Vec::new();
     for (index, table) in stream_tables(reader).into_iter().enumerate() {
         let mut nested = reader.nested(format!("streams[{index}]"), table);
-        nested.warn_unknown(&stream_fields(&[
+        nested.refuse_unknown(&stream_fields(&[
             "stream",
             "topic",
             "schema",
@@ -100,7 +100,7 @@ pub(super) fn read_sink_streams(reader: &mut Reader, key: &str) -> Vec<SinkStrea
     let mut streams = Vec::new();
     for (index, table) in stream_tables(reader).into_iter().enumerate() {
         let mut nested = reader.nested(format!("streams[{index}]"), table);
-        nested.warn_unknown(&stream_fields(&[
+        nested.refuse_unknown(&stream_fields(&[
             "stream",
             "topics",
             "schema",

@@ -147,6 +147,48 @@ fn validate_reports_every_problem_with_file_and_field_and_exits_non_zero() {
     assert!(report.contains("3 error(s)"), "{report}");
 }
 
+/// A typo in a connector file is an error, not a warning: `enabeld = false`
+/// once passed `validate` and ran the connector. `nan` for an integer once
+/// read as unset (a random source without limit).
+#[test]
+fn validate_refuses_unknown_connector_keys_with_a_hint_and_non_finite_integers() {
+    let dir = tempfile::tempdir().unwrap();
+    let connectors = dir.path().join("connectors");
+    std::fs::create_dir(&connectors).unwrap();
+    write(
+        dir.path(),
+        "config.toml",
+        &format!(
+            "[connectors]\nconfig_type = \"local\"\nconfig_dir = \"{}\"\n",
+            connectors.display()
+        ),
+    );
+    write(
+        &connectors,
+        "typos.toml",
+        "type = \"source\"\nkey = \"a\"\nenabeld = false\nversion = 0\nname = \"a\"\npath = \"random\"\n\
+         [[streams]]\nstream = \"s\"\ntopic = \"t\"\nschema = \"json\"\nbatch_lenght = 10\n\
+         [plugin_config]\nmax_count = nan\n",
+    );
+    let config = dir.path().join("config.toml");
+    let output = iggy_connect(&["validate", "--config", config.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    let report = stderr(&output);
+    let line = |field: &str, says: &str| {
+        report.lines().any(|line| {
+            line.contains("typos.toml")
+                && line.contains(&format!("field `{field}`"))
+                && line.contains(says)
+        })
+    };
+    assert!(line("enabeld", "did you mean `enabled`?"), "{report}");
+    assert!(
+        line("streams[0].batch_lenght", "did you mean `batch_length`?"),
+        "{report}"
+    );
+    assert!(line("plugin_config.max_count", "nan"), "{report}");
+}
+
 #[test]
 fn validate_accepts_a_good_config_and_lists_its_connectors() {
     let dir = tempfile::tempdir().unwrap();
