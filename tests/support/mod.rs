@@ -14,6 +14,7 @@ pub mod elasticsearch;
 pub mod gunzip;
 pub mod harness;
 pub mod http_server;
+pub mod kafka;
 pub mod iceberg;
 pub mod iceberg_rest;
 pub mod iggy_server;
