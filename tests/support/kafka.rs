@@ -38,7 +38,10 @@ pub fn tansu() -> PathBuf {
         None => {
             let cache = std::env::var_os("IGGY_CONNECT_TANSU_DIR")
                 .map(PathBuf::from)
-                .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|dir| PathBuf::from(dir).join("iggy-connect/tansu")))
+                .or_else(|| {
+                    std::env::var_os("XDG_CACHE_HOME")
+                        .map(|dir| PathBuf::from(dir).join("iggy-connect/tansu"))
+                })
                 .unwrap_or_else(|| {
                     PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
                         .join(".cache/iggy-connect/tansu")
@@ -102,7 +105,11 @@ impl KafkaBroker {
         self.child = Some(command.spawn().expect("start tansu"));
         let deadline = Instant::now() + Duration::from_secs(30);
         while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(Instant::now() < deadline, "tansu did not listen on {}", self.port);
+            assert!(
+                Instant::now() < deadline,
+                "tansu did not listen on {}",
+                self.port
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -188,7 +195,12 @@ pub async fn produce(
         if let Some(partition) = partition {
             record = record.partition(partition);
         }
-        deliveries.push(producer.send_result(record).map_err(|(error, _)| error).unwrap());
+        deliveries.push(
+            producer
+                .send_result(record)
+                .map_err(|(error, _)| error)
+                .unwrap(),
+        );
     }
     for delivery in deliveries {
         delivery.await.unwrap().map_err(|(error, _)| error).unwrap();
@@ -216,7 +228,15 @@ pub async fn read_until_idle(
     partitions: i32,
     idle: Duration,
 ) -> Vec<Record> {
-    read(bootstrap, topic, partitions, usize::MAX, Duration::from_secs(60), Some(idle)).await
+    read(
+        bootstrap,
+        topic,
+        partitions,
+        usize::MAX,
+        Duration::from_secs(60),
+        Some(idle),
+    )
+    .await
 }
 
 async fn read(
@@ -234,8 +254,17 @@ async fn read(
             .set("enable.auto.commit", "false")
             .create()
             .unwrap();
+        // A topic the broker created itself may have more partitions.
+        let known = consumer
+            .fetch_metadata(Some(&topic), Duration::from_secs(10))
+            .ok()
+            .and_then(|metadata| {
+                let found = metadata.topics().first()?.partitions().len();
+                i32::try_from(found).ok()
+            })
+            .unwrap_or(0);
         let mut assignment = TopicPartitionList::new();
-        for partition in 0..partitions {
+        for partition in 0..partitions.max(known) {
             assignment
                 .add_partition_offset(&topic, partition, Offset::Beginning)
                 .unwrap();
@@ -258,7 +287,10 @@ async fn read(
                     headers
                         .iter()
                         .map(|header| {
-                            (header.key.to_owned(), header.value.unwrap_or_default().to_vec())
+                            (
+                                header.key.to_owned(),
+                                header.value.unwrap_or_default().to_vec(),
+                            )
                         })
                         .collect()
                 })

@@ -250,7 +250,10 @@ pub fn classify(context: &str, error: KafkaError) -> ConnectorError {
 /// Whether retrying cannot help: authentication and authorization failures,
 /// and librdkafka's own fatal errors.
 pub fn is_fatal(error: &KafkaError) -> bool {
-    if matches!(error, KafkaError::ClientConfig(..) | KafkaError::ClientCreation(_)) {
+    if matches!(
+        error,
+        KafkaError::ClientConfig(..) | KafkaError::ClientCreation(_)
+    ) {
         return true;
     }
     error.rdkafka_error_code().is_some_and(|code| {
@@ -360,7 +363,10 @@ mod tests {
         assert_eq!(sasl.config("k", &[]).unwrap_err().field, "sasl_username");
         let mut empty = fields(&options);
         empty.bootstrap_servers = " ";
-        assert_eq!(empty.config("k", &[]).unwrap_err().field, "bootstrap_servers");
+        assert_eq!(
+            empty.config("k", &[]).unwrap_err().field,
+            "bootstrap_servers"
+        );
     }
 
     #[test]

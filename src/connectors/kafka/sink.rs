@@ -11,7 +11,8 @@
 //! highest contiguous durable record. A record written again after a
 //! transient failure may reach Kafka twice (at-least-once); every record
 //! carries the Iggy message id in the `iggy_id` header so consumers can drop
-//! the copy.
+//! the copy. A producer librdkafka declares failed for good (fenced, say)
+//! answers `Disconnected`: the engine opens the sink again with a new one.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -187,7 +188,10 @@ impl KafkaSink {
         let settings = [
             ("enable.idempotence", "true".to_owned()),
             ("acks", "all".to_owned()),
-            ("compression.codec", self.config.compression.as_str().to_owned()),
+            (
+                "compression.codec",
+                self.config.compression.as_str().to_owned(),
+            ),
             ("linger.ms", millis(self.config.linger)),
             ("batch.size", self.config.batch_bytes.to_string()),
             ("message.timeout.ms", millis(self.config.delivery_timeout)),
@@ -331,6 +335,41 @@ fn failure(error: &KafkaError) -> Failure {
     }
 }
 
+/// A write's answer once the producer hit a fatal error: what is durable or
+/// refused stays so, the rest is `Disconnected` (the engine opens the sink
+/// again, with a new producer).
+fn disconnected(result: Result<(), SinkError>, reason: &str) -> Result<(), SinkError> {
+    let lost = || SinkError::disconnected(format!("the kafka producer failed for good: {reason}"));
+    match result {
+        Ok(()) => Ok(()),
+        Err(SinkError::Partial(partial)) => Err(SinkError::partial(
+            partial.durable,
+            partial.rejected,
+            match partial.rest {
+                rest @ SinkError::Rejected(_) => rest,
+                _ => lost(),
+            },
+        )),
+        Err(SinkError::Rejected(rejected)) => Err(SinkError::Rejected(rejected)),
+        Err(_) => Err(lost()),
+    }
+}
+
+/// Whether the broker no longer takes this producer's records (its id or
+/// epoch is stale): only a new producer can go on.
+fn producer_lost(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::ProducerFenced
+                | RDKafkaErrorCode::InvalidProducerEpoch
+                | RDKafkaErrorCode::UnknownProducerId
+                | RDKafkaErrorCode::OutOfOrderSequenceNumber
+                | RDKafkaErrorCode::InvalidProducerIdMapping
+        )
+    )
+}
+
 #[async_trait]
 impl Sink for KafkaSink {
     fn attach(&mut self, context: ConnectorContext) {
@@ -359,10 +398,16 @@ impl Sink for KafkaSink {
         let producer = self.producer()?;
         let mut outcome = Outcome::default();
         let pending = self.enqueue(producer, topic, messages, &mut outcome);
+        let mut lost = None;
         for (index, delivery) in pending {
             match delivery.await {
                 Ok(Ok(_)) => outcome.durable([index]),
-                Ok(Err((error, _))) => outcome.fail(failure(&error), [index]),
+                Ok(Err((error, _))) => {
+                    if producer_lost(&error) {
+                        lost.get_or_insert_with(|| error.to_string());
+                    }
+                    outcome.fail(failure(&error), [index]);
+                }
                 Err(_) => outcome.fail(
                     Failure::Transient {
                         reason: "the kafka producer dropped the record".into(),
@@ -372,7 +417,16 @@ impl Sink for KafkaSink {
                 ),
             }
         }
-        outcome.into_result()
+        let fatal = producer
+            .client()
+            .fatal_error()
+            .map(|(code, reason)| format!("{code}: {reason}"));
+        match fatal.or(lost) {
+            // The producer can send nothing more (fenced after its epoch
+            // bump, say): what is not durable waits for a fresh one.
+            Some(reason) => disconnected(outcome.into_result(), &reason),
+            None => outcome.into_result(),
+        }
     }
 
     fn accepts_json_bytes(&self) -> bool {
@@ -449,8 +503,10 @@ mod tests {
 
     #[test]
     fn given_a_topic_header_or_field_when_routed_should_win_over_the_template() {
-        let sink = build(json!({"bootstrap_servers": "b:9092", "topic": "iggy-{stream}-{topic}",
-            "topic_header": "to", "topic_field": "route"}))
+        let sink = build(
+            json!({"bootstrap_servers": "b:9092", "topic": "iggy-{stream}-{topic}",
+            "topic_header": "to", "topic_field": "route"}),
+        )
         .unwrap();
         let origin = TopicRef {
             stream: "s".into(),
@@ -467,8 +523,8 @@ mod tests {
     #[test]
     fn given_each_key_source_when_keyed_should_take_the_key_from_it() {
         let keyed = |key: &str| {
-            let sink = build(json!({"bootstrap_servers": "b:9092", "topic": "t", "key": key}))
-                .unwrap();
+            let sink =
+                build(json!({"bootstrap_servers": "b:9092", "topic": "t", "key": key})).unwrap();
             let message = message(vec![("k".into(), "from-header".into())], json!({"id": 7}));
             sink.record_key(&message)
                 .map(|bytes| String::from_utf8(bytes).unwrap())
@@ -483,10 +539,25 @@ mod tests {
     #[test]
     fn given_broker_answers_when_classified_should_refuse_only_what_a_retry_cannot_fix() {
         let code = |code| failure(&KafkaError::MessageProduction(code));
-        assert!(matches!(code(RDKafkaErrorCode::MessageSizeTooLarge), Failure::Refused(_)));
-        assert!(matches!(code(RDKafkaErrorCode::TopicAuthorizationFailed), Failure::Refused(_)));
-        assert!(matches!(code(RDKafkaErrorCode::QueueFull), Failure::Transient { .. }));
-        assert!(matches!(code(RDKafkaErrorCode::MessageTimedOut), Failure::Transient { .. }));
-        assert!(matches!(code(RDKafkaErrorCode::SaslAuthenticationFailed), Failure::Fatal(_)));
+        assert!(matches!(
+            code(RDKafkaErrorCode::MessageSizeTooLarge),
+            Failure::Refused(_)
+        ));
+        assert!(matches!(
+            code(RDKafkaErrorCode::TopicAuthorizationFailed),
+            Failure::Refused(_)
+        ));
+        assert!(matches!(
+            code(RDKafkaErrorCode::QueueFull),
+            Failure::Transient { .. }
+        ));
+        assert!(matches!(
+            code(RDKafkaErrorCode::MessageTimedOut),
+            Failure::Transient { .. }
+        ));
+        assert!(matches!(
+            code(RDKafkaErrorCode::SaslAuthenticationFailed),
+            Failure::Fatal(_)
+        ));
     }
 }

@@ -260,7 +260,10 @@ impl KafkaSource {
             _ => {}
         }
         if config.topics.iter().any(|topic| topic.is_empty()) {
-            return Err(PluginConfigError::new("topics", "expected no empty topic name"));
+            return Err(PluginConfigError::new(
+                "topics",
+                "expected no empty topic name",
+            ));
         }
         if config.batch_size == 0 {
             return Err(PluginConfigError::new("batch_size", "expected at least 1"));
@@ -378,8 +381,16 @@ impl KafkaSource {
         let topic = message.topic();
         let (partition, offset) = (message.partition(), message.offset());
         let mut headers = Headers::new();
-        push_header(&mut headers, "kafka_topic", HeaderValue::String(topic.to_owned()));
-        push_header(&mut headers, "kafka_partition", HeaderValue::Int(partition.into()));
+        push_header(
+            &mut headers,
+            "kafka_topic",
+            HeaderValue::String(topic.to_owned()),
+        );
+        push_header(
+            &mut headers,
+            "kafka_partition",
+            HeaderValue::Int(partition.into()),
+        );
         push_header(&mut headers, "kafka_offset", HeaderValue::Int(offset));
         let timestamp = message.timestamp().to_millis();
         if let Some(millis) = timestamp {
@@ -401,10 +412,16 @@ impl KafkaSource {
             Partitioning::Balanced => None,
         };
         let record = SourceRecord {
-            id: Some(hash_id(&[topic, &partition.to_string(), &offset.to_string()])),
+            id: Some(hash_id(&[
+                topic,
+                &partition.to_string(),
+                &offset.to_string(),
+            ])),
             stream_index: 0,
             headers,
-            payload: Payload::Raw(Bytes::copy_from_slice(message.payload().unwrap_or_default())),
+            payload: Payload::Raw(Bytes::copy_from_slice(
+                message.payload().unwrap_or_default(),
+            )),
             partition: iggy_partition,
             origin_timestamp: timestamp
                 .and_then(|millis| u64::try_from(millis).ok())
@@ -495,7 +512,10 @@ impl Source for KafkaSource {
             None
         } else {
             let mut positions = lock(&self.positions);
-            positions.extend(next.iter().map(|(partition, offset)| (partition.clone(), *offset)));
+            positions.extend(
+                next.iter()
+                    .map(|(partition, offset)| (partition.clone(), *offset)),
+            );
             let state = AssignmentState {
                 positions: positions
                     .iter()
@@ -538,7 +558,8 @@ impl Source for KafkaSource {
         let closed = blocking("closing the kafka consumer", move || {
             if grouped {
                 match consumer.commit_consumer_state(CommitMode::Sync) {
-                    Err(KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
+                    Err(KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {
+                    }
                     Err(error) => tracing::warn!(%error, "committing offsets at close"),
                     Ok(()) => {}
                 }
@@ -555,7 +576,9 @@ impl Source for KafkaSource {
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Text when it is UTF-8, bytes otherwise.
@@ -604,24 +627,33 @@ mod tests {
             "bootstrap_servers"
         );
         assert_eq!(
-            field(json!({"bootstrap_servers": "b:9092", "topics": ["t"], "group_id": "g",
-                "partitions": [{"topic": "t", "partition": 0}]})),
+            field(
+                json!({"bootstrap_servers": "b:9092", "topics": ["t"], "group_id": "g",
+                "partitions": [{"topic": "t", "partition": 0}]})
+            ),
             "partitions"
         );
         assert_eq!(
-            field(json!({"bootstrap_servers": "b:9092", "topics": ["t"], "group_id": "g",
-                "client_options": {"fetch.wait.max.ms": "never"}})),
+            field(
+                json!({"bootstrap_servers": "b:9092", "topics": ["t"], "group_id": "g",
+                "client_options": {"fetch.wait.max.ms": "never"}})
+            ),
             "client_options"
         );
-        assert!(build(json!({"bootstrap_servers": "b", "topics": ["t"], "group_id": "g", "nope": 1})).is_err());
+        assert!(
+            build(json!({"bootstrap_servers": "b", "topics": ["t"], "group_id": "g", "nope": 1}))
+                .is_err()
+        );
     }
 
     #[test]
     fn given_a_group_or_an_assignment_when_built_should_be_accepted() {
         build(json!({"bootstrap_servers": "b:9092", "topics": ["^orders-.*"], "group_id": "g"}))
             .unwrap();
-        build(json!({"bootstrap_servers": "b:9092", "partitions": [{"topic": "t", "partition": 1}]}))
-            .unwrap();
+        build(
+            json!({"bootstrap_servers": "b:9092", "partitions": [{"topic": "t", "partition": 1}]}),
+        )
+        .unwrap();
     }
 
     #[test]
@@ -652,7 +684,8 @@ mod tests {
     }
 
     #[test]
-    fn given_kafka_headers_when_copied_should_keep_the_connectors_own_and_drop_what_iggy_cannot_carry() {
+    fn given_kafka_headers_when_copied_should_keep_the_connectors_own_and_drop_what_iggy_cannot_carry()
+     {
         let mut headers = Headers::new();
         push_header(&mut headers, "kafka_topic", HeaderValue::String("t".into()));
         push_header(&mut headers, "kafka_topic", bytes_value(b"user's"));
@@ -663,7 +696,10 @@ mod tests {
             headers,
             vec![
                 ("kafka_topic".to_owned(), HeaderValue::String("t".into())),
-                ("binary".to_owned(), HeaderValue::Raw(Bytes::from_static(&[0xff, 0]))),
+                (
+                    "binary".to_owned(),
+                    HeaderValue::Raw(Bytes::from_static(&[0xff, 0]))
+                ),
             ]
         );
     }
