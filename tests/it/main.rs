@@ -32,6 +32,7 @@ mod iggy_test_server;
 mod iggy_tls;
 mod influxdb_sink;
 mod influxdb_source;
+mod kafka;
 mod layers;
 mod meilisearch_sink;
 mod mongodb_sink;

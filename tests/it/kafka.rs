@@ -1,0 +1,493 @@
+//! The kafka source and sink against a real Kafka-protocol broker (tansu
+//! 0.6.0, one per test on a free loopback port with memory storage, see
+//! `tests/support/kafka.rs`), with the engine producing to and consuming
+//! from the in-process Iggy test server over the real `iggy` client. The
+//! other side is always read or written by a raw rdkafka client, never by
+//! the connector under test. Record counts are small: the million-record
+//! runs belong to the bench.
+#![cfg(all(feature = "kafka-source", feature = "kafka-sink"))]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use iggy_connect::connectors::ConnectorKind;
+use iggy_connect::engine::Status;
+use serde_json::{Value, json};
+
+use crate::support;
+use crate::support::binary::Workspace;
+use crate::support::harness::{connector, iggy_client, produce_ns, runtime};
+use crate::support::iggy_server::{IggyTestServer, StoredMessage};
+use crate::support::kafka::{
+    KafkaBroker, Record, SESSION_TIMEOUT_MS, committed, create_topic, produce, read_all, unique,
+};
+use crate::support::proxy::Proxy;
+use crate::support::wait::{eventually, eventually_or, wait_for};
+
+const LONG: Duration = Duration::from_secs(90);
+
+fn bodies(range: std::ops::Range<u64>) -> Vec<(Option<String>, Vec<u8>)> {
+    range
+        .map(|n| {
+            (
+                Some(format!("k{}", n % 7)),
+                json!({ "n": n }).to_string().into_bytes(),
+            )
+        })
+        .collect()
+}
+
+fn source_config(key: &str, bootstrap: &str, topic: &str, group: &str, target: &str) -> String {
+    format!(
+        r#"
+        type = "source"
+        key = "{key}"
+        path = "kafka"
+        max_consecutive_nacks = 0
+        [[streams]]
+        stream = "orders"
+        topic = "{target}"
+        schema = "raw"
+        [plugin_config]
+        bootstrap_servers = "{bootstrap}"
+        topics = ["{topic}"]
+        group_id = "{group}"
+        batch_size = 50
+        commit_interval = "200ms"
+        open_timeout = "2s"
+        [plugin_config.client_options]
+        "session.timeout.ms" = "{SESSION_TIMEOUT_MS}"
+        "heartbeat.interval.ms" = "1000"
+        "#
+    )
+}
+
+fn sink_config(key: &str, bootstrap: &str, topic: &str, extra: &str, options: &str) -> String {
+    format!(
+        r#"
+        type = "sink"
+        key = "{key}"
+        path = "kafka"
+        {extra}
+        [[streams]]
+        stream = "shop"
+        topics = ["orders"]
+        schema = "json"
+        batch_length = 100
+        poll_interval = "5ms"
+        [plugin_config]
+        bootstrap_servers = "{bootstrap}"
+        topic = "{topic}"
+        open_timeout = "2s"
+        delivery_timeout = "3s"
+        [plugin_config.client_options]
+        {options}
+        "#
+    )
+}
+
+/// The `n` of each JSON payload, counted.
+fn counted<'a>(payloads: impl Iterator<Item = &'a [u8]>) -> BTreeMap<u64, usize> {
+    let mut seen = BTreeMap::new();
+    for payload in payloads {
+        let value: Value = serde_json::from_slice(payload).unwrap();
+        *seen.entry(value["n"].as_u64().unwrap()).or_insert(0) += 1;
+    }
+    seen
+}
+
+fn in_iggy(iggy: &IggyTestServer, topic: &str) -> BTreeMap<u64, usize> {
+    counted(
+        iggy.messages("orders", topic)
+            .iter()
+            .map(|message| message.payload.as_ref()),
+    )
+}
+
+fn in_kafka(records: &[Record]) -> BTreeMap<u64, usize> {
+    counted(records.iter().map(|record| record.payload.as_slice()))
+}
+
+fn covers(seen: &BTreeMap<u64, usize>, range: std::ops::Range<u64>) -> bool {
+    range.clone().all(|n| seen.contains_key(&n)) && seen.len() as u64 == range.end - range.start
+}
+
+fn duplicates(seen: &BTreeMap<u64, usize>) -> usize {
+    seen.values().map(|times| times - 1).sum()
+}
+
+fn header(message: &StoredMessage, name: &str) -> Option<String> {
+    message
+        .user_headers_map()
+        .into_iter()
+        .find(|(key, _)| key.as_str().ok() == Some(name))
+        .map(|(_, value)| value.to_string_value())
+}
+
+// -------------------------------------------------------------- the source
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_source_delivers_each_record_once_with_its_headers_and_commits_the_group_offsets() {
+    let (broker, iggy) = (KafkaBroker::start(), IggyTestServer::start());
+    let (topic, group) = (unique("in"), unique("group"));
+    create_topic(&broker.bootstrap(), &topic, 2).await;
+    produce(&broker.bootstrap(), &topic, None, bodies(0..200)).await;
+    let state = tempfile::tempdir().unwrap();
+    let runtime = runtime(&iggy, state.path());
+    let config = source_config("from-kafka", &broker.bootstrap(), &topic, &group, "created");
+    runtime.add(connector(&config)).unwrap();
+    runtime.start_enabled().await;
+    wait_for("every record in Iggy", LONG, || {
+        covers(&in_iggy(&iggy, "created"), 0..200)
+    })
+    .await;
+    eventually(
+        "the group's offsets to cover both partitions",
+        LONG,
+        async || {
+            let offsets = committed(&broker.bootstrap(), &group, &topic, 2).await;
+            offsets
+                .iter()
+                .map(|offset| offset.unwrap_or(0))
+                .sum::<i64>()
+                == 200
+        },
+    )
+    .await;
+    runtime.shutdown().await;
+    let messages = iggy.messages("orders", "created");
+    assert_eq!(duplicates(&in_iggy(&iggy, "created")), 0);
+    let first = messages
+        .iter()
+        .find(|message| serde_json::from_slice::<Value>(&message.payload).unwrap()["n"] == 0)
+        .unwrap();
+    assert_eq!(
+        header(first, "kafka_topic").as_deref(),
+        Some(topic.as_str())
+    );
+    assert_eq!(header(first, "kafka_key").as_deref(), Some("k0"));
+    assert_eq!(
+        header(first, "origin").as_deref(),
+        Some("test"),
+        "Kafka headers carried"
+    );
+    assert!(header(first, "kafka_partition").is_some());
+    assert!(header(first, "kafka_offset").is_some());
+    assert!(header(first, "kafka_timestamp").is_some());
+    let ids: std::collections::HashSet<u128> = messages.iter().map(|message| message.id).collect();
+    assert_eq!(ids.len(), 200, "one id per (topic, partition, offset)");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_iggy_refuses_sends_no_offset_is_committed_and_everything_arrives_after() {
+    let (broker, iggy) = (KafkaBroker::start(), IggyTestServer::start());
+    let (topic, group) = (unique("in"), unique("group"));
+    create_topic(&broker.bootstrap(), &topic, 1).await;
+    produce(&broker.bootstrap(), &topic, None, bodies(0..100)).await;
+    iggy.create_topic("orders", "created", 1);
+    iggy.faults().refuse_sends_until_cleared();
+    let state = tempfile::tempdir().unwrap();
+    let runtime = runtime(&iggy, state.path());
+    let config = source_config("from-kafka", &broker.bootstrap(), &topic, &group, "created");
+    runtime.add(connector(&config)).unwrap();
+    runtime.start_enabled().await;
+    eventually("the source to be refused", LONG, async || {
+        runtime
+            .view(ConnectorKind::Source, "from-kafka")
+            .is_ok_and(|view| view.status.last_error.is_some())
+    })
+    .await;
+    // Several commit intervals while refused: nothing may be committed.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        committed(&broker.bootstrap(), &group, &topic, 1).await,
+        vec![None],
+        "an offset was committed for records Iggy refused"
+    );
+    iggy.faults().clear();
+    wait_for("every record in Iggy", LONG, || {
+        covers(&in_iggy(&iggy, "created"), 0..100)
+    })
+    .await;
+    eventually("the offset committed", LONG, async || {
+        committed(&broker.bootstrap(), &group, &topic, 1).await == vec![Some(100)]
+    })
+    .await;
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_runtimes_sharing_a_group_split_the_partitions_and_together_deliver_everything() {
+    let (broker, iggy) = (KafkaBroker::start(), IggyTestServer::start());
+    let (topic, group) = (unique("in"), unique("group"));
+    create_topic(&broker.bootstrap(), &topic, 4).await;
+    produce(&broker.bootstrap(), &topic, None, bodies(0..400)).await;
+    let (state_a, state_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let first = runtime(&iggy, state_a.path());
+    let config = source_config("a", &broker.bootstrap(), &topic, &group, "by-a");
+    first.add(connector(&config)).unwrap();
+    first.start_enabled().await;
+    wait_for("the first instance to deliver", LONG, || {
+        iggy.message_count("orders", "by-a") >= 100
+    })
+    .await;
+    let second = runtime(&iggy, state_b.path());
+    let config = source_config("b", &broker.bootstrap(), &topic, &group, "by-b");
+    second.add(connector(&config)).unwrap();
+    second.start_enabled().await;
+    let both = || {
+        let mut seen = in_iggy(&iggy, "by-a");
+        for (n, times) in in_iggy(&iggy, "by-b") {
+            *seen.entry(n).or_insert(0) += times;
+        }
+        seen
+    };
+    // Records keep coming while the group rebalances, until the second
+    // instance delivers some of them.
+    let mut end = 400;
+    let deadline = std::time::Instant::now() + LONG;
+    while iggy.message_count("orders", "by-b") == 0 && std::time::Instant::now() < deadline {
+        produce(&broker.bootstrap(), &topic, None, bodies(end..end + 20)).await;
+        end += 20;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    produce(&broker.bootstrap(), &topic, None, bodies(end..end + 100)).await;
+    end += 100;
+    wait_for("everything across both", LONG, || covers(&both(), 0..end)).await;
+    first.shutdown().await;
+    second.shutdown().await;
+    let (by_a, by_b) = (in_iggy(&iggy, "by-a"), in_iggy(&iggy, "by-b"));
+    let late = |seen: &BTreeMap<u64, usize>| seen.keys().filter(|n| **n >= 400).count();
+    assert!(
+        late(&by_a) > 0 && late(&by_b) > 0,
+        "both instances took partitions: {} and {} of the records after the first 400",
+        late(&by_a),
+        late(&by_b)
+    );
+    let repeated = duplicates(&both());
+    eprintln!("rebalance: {repeated} record(s) delivered twice");
+    assert!(
+        repeated < end as usize / 2,
+        "only records around the rebalance repeat ({repeated} of {end})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_the_runtime_mid_stream_loses_nothing() {
+    let (broker, iggy) = (KafkaBroker::start(), IggyTestServer::start());
+    let (topic, group) = (unique("in"), unique("group"));
+    create_topic(&broker.bootstrap(), &topic, 2).await;
+    produce(&broker.bootstrap(), &topic, None, bodies(0..3000)).await;
+    let workspace = Workspace::new(&iggy.address().to_string(), "");
+    let config = source_config("from-kafka", &broker.bootstrap(), &topic, &group, "created");
+    workspace.add_connector("source.toml", &config);
+    let running = workspace.run();
+    wait_for("part of the topic in Iggy", LONG, || {
+        iggy.message_count("orders", "created") >= 200
+    })
+    .await;
+    running.kill();
+    let at_kill = iggy.message_count("orders", "created");
+    let running = workspace.run();
+    wait_for("everything in Iggy after the restart", LONG, || {
+        covers(&in_iggy(&iggy, "created"), 0..3000)
+    })
+    .await;
+    running.terminate();
+    running.wait_exit(LONG);
+    assert!(
+        at_kill < 3000,
+        "the kill must land mid-stream ({at_kill} delivered)"
+    );
+    eprintln!(
+        "kill -9: {at_kill} delivered before, {} delivered twice",
+        duplicates(&in_iggy(&iggy, "created"))
+    );
+}
+
+// ---------------------------------------------------------------- the sink
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sink_writes_each_iggy_message_once_with_its_id_as_key_and_header() {
+    let (broker, iggy) = (KafkaBroker::start(), IggyTestServer::start());
+    let topic = unique("out");
+    create_topic(&broker.bootstrap(), &topic, 1).await;
+    iggy.create_topic("shop", "orders", 1);
+    produce_ns(&iggy_client(&iggy).await, "shop", "orders", 1..301).await;
+    let state = tempfile::tempdir().unwrap();
+    let runtime = runtime(&iggy, state.path());
+    let config = sink_config("to-kafka", &broker.bootstrap(), &topic, "", "");
+    runtime.add(connector(&config)).unwrap();
+    runtime.start_enabled().await;
+    wait_for("the sink's offset to cover the topic", LONG, || {
+        iggy.stored_offset("shop", "orders", "iggy-connect-sink-to-kafka", 0) == Some(299)
+    })
+    .await;
+    runtime.shutdown().await;
+    let records = read_all(&broker.bootstrap(), &topic, 1, 300, LONG).await;
+    let ns: Vec<u64> = records
+        .iter()
+        .map(|record| {
+            serde_json::from_slice::<Value>(&record.payload).unwrap()["n"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(ns, (1..301).collect::<Vec<u64>>(), "each once, in order");
+    assert_eq!(records[0].key.as_deref(), Some(&b"1"[..]));
+    assert_eq!(
+        records[0].headers.get("iggy_id").map(Vec::as_slice),
+        Some(&b"1"[..])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_too_large_is_dead_lettered_with_the_reason_and_the_rest_written() {
+    let (broker, iggy) = (KafkaBroker::start(), IggyTestServer::start());
+    let topic = unique("out");
+    create_topic(&broker.bootstrap(), &topic, 1).await;
+    iggy.create_topic("shop", "orders", 1);
+    let client = iggy_client(&iggy).await;
+    support::harness::produce(&client, "shop", "orders", 1..11, |id| {
+        let padding = if id == 5 {
+            "x".repeat(4000)
+        } else {
+            String::new()
+        };
+        json!({ "n": id as u64, "padding": padding }).to_string()
+    })
+    .await;
+    let state = tempfile::tempdir().unwrap();
+    let runtime = runtime(&iggy, state.path());
+    let dead_letter = "on_error = \"dlq\"\n[dead_letter]\nstream = \"shop\"\ntopic = \"dead\"\n";
+    // The limit librdkafka enforces for the broker (tansu sets none itself).
+    let limit = "\"message.max.bytes\" = \"2000\"";
+    let config = sink_config("to-kafka", &broker.bootstrap(), &topic, dead_letter, limit);
+    runtime.add(connector(&config)).unwrap();
+    runtime.start_enabled().await;
+    wait_for("the sink's offset to cover the topic", LONG, || {
+        iggy.stored_offset("shop", "orders", "iggy-connect-sink-to-kafka", 0) == Some(9)
+    })
+    .await;
+    wait_for("the large record dead-lettered", LONG, || {
+        iggy.message_count("shop", "dead") == 1
+    })
+    .await;
+    runtime.shutdown().await;
+    let dead = &iggy.messages("shop", "dead")[0];
+    let reason = header(dead, "iggy_connect_error").unwrap_or_default();
+    assert!(reason.contains("MessageSizeTooLarge"), "{reason}");
+    let records = read_all(&broker.bootstrap(), &topic, 1, 9, LONG).await;
+    let seen = in_kafka(&records);
+    assert_eq!(
+        seen.keys().copied().collect::<Vec<_>>(),
+        [1, 2, 3, 4, 6, 7, 8, 9, 10]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_bootstrap_server_is_retried_at_open_until_the_broker_comes() {
+    let iggy = IggyTestServer::start();
+    let port = support::ports::free_port();
+    let bootstrap = format!("127.0.0.1:{port}");
+    let direct = support::sinks::build(
+        "kafka",
+        &json!({"bootstrap_servers": bootstrap, "topic": "t", "open_timeout": "1s"}),
+    );
+    let mut direct = direct;
+    let error = direct.open().await.expect_err("nothing listens");
+    assert!(error.is_transient(), "{error}");
+    iggy.create_topic("shop", "orders", 1);
+    produce_ns(&iggy_client(&iggy).await, "shop", "orders", 1..51).await;
+    let state = tempfile::tempdir().unwrap();
+    let runtime = runtime(&iggy, state.path());
+    runtime
+        .add(connector(&sink_config(
+            "to-kafka", &bootstrap, "late", "", "",
+        )))
+        .unwrap();
+    runtime.start_enabled().await;
+    eventually("a failed open", LONG, async || {
+        runtime
+            .view(ConnectorKind::Sink, "to-kafka")
+            .is_ok_and(|view| view.status.open_attempts >= 1)
+    })
+    .await;
+    let view = runtime.view(ConnectorKind::Sink, "to-kafka").unwrap();
+    assert_eq!(view.status.status, Status::Starting);
+    let broker = KafkaBroker::start_at(port, port);
+    wait_for("the sink's offset to cover the topic", LONG, || {
+        iggy.stored_offset("shop", "orders", "iggy-connect-sink-to-kafka", 0) == Some(49)
+    })
+    .await;
+    runtime.shutdown().await;
+    let records = read_all(&broker.bootstrap(), "late", 1, 50, LONG).await;
+    assert!(covers(&in_kafka(&records), 1..51));
+}
+
+// ------------------------------------------------------------ both, outage
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_outage_mid_stream_loses_nothing_on_either_side() {
+    // The broker's memory storage would not survive a restart: the outage
+    // is every connection to it cut (a relay it advertises goes down).
+    let port = support::ports::free_port();
+    let proxy = Proxy::start(([127, 0, 0, 1], port).into()).await;
+    let broker = KafkaBroker::start_at(port, proxy.addr.port());
+    let iggy = IggyTestServer::start();
+    let (input, output, group) = (unique("in"), unique("out"), unique("group"));
+    create_topic(&broker.bootstrap(), &input, 1).await;
+    create_topic(&broker.bootstrap(), &output, 1).await;
+    produce(&broker.bootstrap(), &input, None, bodies(0..1000)).await;
+    iggy.create_topic("shop", "orders", 1);
+    let client = iggy_client(&iggy).await;
+    produce_ns(&client, "shop", "orders", 1..301).await;
+    let state = tempfile::tempdir().unwrap();
+    let runtime = runtime(&iggy, state.path());
+    let source = source_config("from-kafka", &broker.bootstrap(), &input, &group, "created");
+    runtime.add(connector(&source)).unwrap();
+    let sink = sink_config("to-kafka", &broker.bootstrap(), &output, "", "");
+    runtime.add(connector(&sink)).unwrap();
+    runtime.start_enabled().await;
+    wait_for("part of the input in Iggy", LONG, || {
+        iggy.message_count("orders", "created") >= 100
+    })
+    .await;
+    proxy.set_down(true);
+    // Written to Iggy while the broker is unreachable: the sink's writes time
+    // out (delivery_timeout 3s) and are written again after.
+    produce_ns(&client, "shop", "orders", 301..601).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    proxy.set_down(false);
+    produce(&broker.bootstrap(), &input, None, bodies(1000..1200)).await;
+    wait_for("all input in Iggy", LONG, || {
+        covers(&in_iggy(&iggy, "created"), 0..1200)
+    })
+    .await;
+    eventually_or(
+        "the sink's offset to cover the topic",
+        LONG,
+        async || iggy.stored_offset("shop", "orders", "iggy-connect-sink-to-kafka", 0) == Some(599),
+        || {
+            format!(
+                "{:?}",
+                runtime
+                    .view(ConnectorKind::Sink, "to-kafka")
+                    .map(|view| view.status)
+            )
+        },
+    )
+    .await;
+    runtime.shutdown().await;
+    let records = read_all(&broker.bootstrap(), &output, 1, 600, LONG).await;
+    assert!(
+        covers(&in_kafka(&records), 1..601),
+        "{} read back",
+        records.len()
+    );
+    eprintln!(
+        "outage: source repeated {}, sink repeated {}",
+        duplicates(&in_iggy(&iggy, "created")),
+        duplicates(&in_kafka(&records))
+    );
+}

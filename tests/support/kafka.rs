@@ -1,0 +1,344 @@
+//! A real Kafka-protocol broker for the kafka connectors' tests and bench:
+//! tansu 0.6.0 (an independent Kafka-protocol broker in Rust, Apache-2.0),
+//! installed by `scripts/ensure-tansu`, one per test on a free loopback port
+//! with memory storage, stopped by its PID when dropped (and dying with the
+//! test process). A raw rdkafka producer and consumer read and write the
+//! other side, never the connector under test.
+#![cfg(any(feature = "kafka-source", feature = "kafka-sink"))]
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+/// librdkafka's default session timeout makes tansu's group join take
+/// about 23 s; with this one it takes about 3 s.
+pub const SESSION_TIMEOUT_MS: &str = "6000";
+
+pub struct KafkaBroker {
+    child: Option<Child>,
+    /// The port it listens on.
+    pub port: u16,
+    /// The port it tells clients to connect to (a proxy's, or its own).
+    pub advertised: u16,
+}
+
+/// The tansu binary `scripts/ensure-tansu` installs.
+pub fn tansu() -> PathBuf {
+    let path = match std::env::var_os("IGGY_CONNECT_TANSU") {
+        Some(path) => PathBuf::from(path),
+        None => {
+            let cache = std::env::var_os("IGGY_CONNECT_TANSU_DIR")
+                .map(PathBuf::from)
+                .or_else(|| {
+                    std::env::var_os("XDG_CACHE_HOME")
+                        .map(|dir| PathBuf::from(dir).join("iggy-connect/tansu"))
+                })
+                .unwrap_or_else(|| {
+                    PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                        .join(".cache/iggy-connect/tansu")
+                });
+            cache.join("0.6.0/tansu")
+        }
+    };
+    assert!(
+        path.is_file(),
+        "tansu is not installed at {}: run scripts/ensure-tansu (scripts/test does)",
+        path.display()
+    );
+    path
+}
+
+impl KafkaBroker {
+    /// A broker on a free port of its own.
+    pub fn start() -> Self {
+        let port = super::ports::free_port();
+        Self::start_at(port, port)
+    }
+
+    /// A broker listening on `port` that sends clients to `advertised`.
+    pub fn start_at(port: u16, advertised: u16) -> Self {
+        let mut broker = Self {
+            child: None,
+            port,
+            advertised,
+        };
+        broker.spawn();
+        broker
+    }
+
+    /// `host:port` for `bootstrap.servers`.
+    pub fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.advertised)
+    }
+
+    fn spawn(&mut self) {
+        let listen = format!("tcp://127.0.0.1:{}", self.port);
+        let advertised = format!("tcp://127.0.0.1:{}", self.advertised);
+        let mut command = Command::new(tansu());
+        command
+            .args(["broker", "--listener-url", &listen])
+            .args(["--advertised-listener-url", &advertised])
+            .args(["--storage-engine", "memory://tansu/"])
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: prctl is async-signal-safe and touches nothing of the parent.
+            unsafe {
+                command.pre_exec(|| {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    Ok(())
+                });
+            }
+        }
+        self.child = Some(command.spawn().expect("start tansu"));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "tansu did not listen on {}",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stops the broker (SIGKILL, by its PID).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for KafkaBroker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A name no other test of this run uses.
+pub fn unique(prefix: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn client_config(bootstrap: &str) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", bootstrap);
+    config
+}
+
+/// Creates `topic` with `partitions` partitions.
+pub async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> = client_config(bootstrap).create().unwrap();
+    let created = admin
+        .create_topics(
+            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .unwrap();
+    for result in created {
+        result.unwrap_or_else(|(topic, error)| panic!("creating {topic}: {error:?}"));
+    }
+}
+
+/// A record as produced or read back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    pub payload: Vec<u8>,
+    pub headers: BTreeMap<String, Vec<u8>>,
+}
+
+/// Produces `(key, payload)` records to `topic` (partition chosen by key,
+/// or `partition` when given), waiting for each delivery.
+pub async fn produce(
+    bootstrap: &str,
+    topic: &str,
+    partition: Option<i32>,
+    records: impl IntoIterator<Item = (Option<String>, Vec<u8>)>,
+) {
+    let producer: FutureProducer = client_config(bootstrap)
+        .set("linger.ms", "5")
+        .create()
+        .unwrap();
+    let mut deliveries = Vec::new();
+    for (key, payload) in records {
+        let headers = OwnedHeaders::new().insert(Header {
+            key: "origin",
+            value: Some("test"),
+        });
+        let mut record = FutureRecord::to(topic).payload(&payload).headers(headers);
+        if let Some(key) = &key {
+            record = record.key(key);
+        }
+        if let Some(partition) = partition {
+            record = record.partition(partition);
+        }
+        deliveries.push(
+            producer
+                .send_result(record)
+                .map_err(|(error, _)| error)
+                .unwrap(),
+        );
+    }
+    for delivery in deliveries {
+        delivery.await.unwrap().map_err(|(error, _)| error).unwrap();
+    }
+}
+
+/// Every record of `topic`'s `partitions` from the beginning, read without
+/// a group, until `count` were read or `timeout` passed.
+pub async fn read_all(
+    bootstrap: &str,
+    topic: &str,
+    partitions: i32,
+    count: usize,
+    timeout: Duration,
+) -> Vec<Record> {
+    read(bootstrap, topic, partitions, count, timeout, None).await
+}
+
+/// Every record of `topic`'s `partitions` from the beginning, read until
+/// none came for `idle` (tansu's high watermark is not to be trusted after a
+/// batch of several records, so the end is not asked for).
+pub async fn read_until_idle(
+    bootstrap: &str,
+    topic: &str,
+    partitions: i32,
+    idle: Duration,
+) -> Vec<Record> {
+    read(
+        bootstrap,
+        topic,
+        partitions,
+        usize::MAX,
+        Duration::from_secs(60),
+        Some(idle),
+    )
+    .await
+}
+
+async fn read(
+    bootstrap: &str,
+    topic: &str,
+    partitions: i32,
+    count: usize,
+    timeout: Duration,
+    idle: Option<Duration>,
+) -> Vec<Record> {
+    let (bootstrap, topic) = (bootstrap.to_owned(), topic.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = client_config(&bootstrap)
+            .set("group.id", unique("reader"))
+            .set("enable.auto.commit", "false")
+            .create()
+            .unwrap();
+        // A topic the broker created itself may have more partitions.
+        let known = consumer
+            .fetch_metadata(Some(&topic), Duration::from_secs(10))
+            .ok()
+            .and_then(|metadata| {
+                let found = metadata.topics().first()?.partitions().len();
+                i32::try_from(found).ok()
+            })
+            .unwrap_or(0);
+        let mut assignment = TopicPartitionList::new();
+        for partition in 0..partitions.max(known) {
+            assignment
+                .add_partition_offset(&topic, partition, Offset::Beginning)
+                .unwrap();
+        }
+        consumer.assign(&assignment).unwrap();
+        let deadline = Instant::now() + timeout;
+        let mut records = Vec::new();
+        let mut last = Instant::now();
+        while records.len() < count && Instant::now() < deadline {
+            let Some(Ok(message)) = consumer.poll(Duration::from_millis(100)) else {
+                if idle.is_some_and(|idle| last.elapsed() >= idle) {
+                    break;
+                }
+                continue;
+            };
+            last = Instant::now();
+            let headers = message
+                .headers()
+                .map(|headers| {
+                    headers
+                        .iter()
+                        .map(|header| {
+                            (
+                                header.key.to_owned(),
+                                header.value.unwrap_or_default().to_vec(),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            records.push(Record {
+                partition: message.partition(),
+                offset: message.offset(),
+                key: message.key().map(<[u8]>::to_vec),
+                payload: message.payload().unwrap_or_default().to_vec(),
+                headers,
+            });
+        }
+        records
+    })
+    .await
+    .unwrap()
+}
+
+/// The offsets `group` committed for `topic`'s `partitions` (`None` where
+/// it committed nothing).
+pub async fn committed(
+    bootstrap: &str,
+    group: &str,
+    topic: &str,
+    partitions: i32,
+) -> Vec<Option<i64>> {
+    let (bootstrap, group, topic) = (bootstrap.to_owned(), group.to_owned(), topic.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = client_config(&bootstrap)
+            .set("group.id", &group)
+            .create()
+            .unwrap();
+        let mut list = TopicPartitionList::new();
+        for partition in 0..partitions {
+            list.add_partition(&topic, partition);
+        }
+        let committed = consumer
+            .committed_offsets(list, Duration::from_secs(10))
+            .unwrap();
+        committed
+            .elements()
+            .iter()
+            .map(|element| match element.offset() {
+                Offset::Offset(offset) => Some(offset),
+                _ => None,
+            })
+            .collect()
+    })
+    .await
+    .unwrap()
+}
