@@ -22,7 +22,6 @@
 
 mod body;
 mod config;
-mod listener;
 mod server;
 
 use std::net::SocketAddr;
@@ -31,6 +30,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use axum_server::Handle;
+use serde_json::json;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
@@ -45,6 +45,7 @@ pub use config::{AckMode, EndpointConfig, HttpSourceConfig};
 pub use server::message_id;
 
 use crate::connectors::kit::inbox::{Inbox, Limits};
+use crate::connectors::kit::listener::ConnectionLimits;
 
 pub const ENTRY: SourceEntry = SourceEntry {
     name: "http",
@@ -120,24 +121,31 @@ impl Source for HttpSource {
         let listener = listener.into_std().map_err(|error| {
             ConnectorError::fatal(format!("cannot use the listener on {address}: {error}"))
         })?;
-        let acceptor = listener::LimitedAcceptor::new(
-            self.key.clone(),
-            self.config.max_connections,
-            self.config.effective_idle_timeout(),
-            self.config.retry_after_secs(),
+        let limits = ConnectionLimits {
+            max_connections: self.config.max_connections,
+            header_read_timeout: self.config.header_read_timeout,
+            idle_timeout: self.config.effective_idle_timeout(),
+            retry_after_secs: self.config.retry_after_secs(),
+        };
+        let refusal = json!({
+            "error": "too_many_connections",
+            "message": format!(
+                "this listener already has its {} connections (max_connections) open; retry later",
+                self.config.max_connections
+            ),
+        });
+        let refused = metrics::counter!(
+            "iggy_connector_http_connections_refused_total",
+            "connector_key" => self.key.clone()
         );
         let stop = Handle::new();
-        let mut server = axum_server::from_tcp(listener)
+        let server = axum_server::from_tcp(listener)
             .map_err(|error| {
                 ConnectorError::fatal(format!("cannot use the listener on {address}: {error}"))
             })?
-            .acceptor(acceptor)
-            .handle(stop.clone())
-            .first_request_timeout(self.config.header_read_timeout);
-        server
-            .http_builder()
-            .http1()
-            .header_read_timeout(self.config.header_read_timeout);
+            .acceptor(limits.acceptor(refusal.to_string(), refused))
+            .handle(stop.clone());
+        let server = limits.configure(server);
         let serve = server.serve(server::router(shared).into_make_service());
         let key = self.key.clone();
         let task = tokio::spawn(async move {
