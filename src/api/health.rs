@@ -12,19 +12,36 @@
 //! no offsets while messages wait, an open circuit breaker) keeps the answer
 //! 200, so an orchestrator does not restart what a restart cannot fix, but the
 //! status says `degraded` and names each with its reason.
+//!
+//! The path is public, but the connectors' details (error text can name
+//! files and internal URLs) are shown only to a request carrying the API key;
+//! without it the answer is the status alone, with the same HTTP status.
 
 use std::sync::Arc;
 
-use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::{Extension, Json};
 use serde_json::{Value, json};
 
+use crate::api::auth::Authorized;
 use crate::api::{ApiState, redact};
 use crate::engine::Status;
 use crate::engine::runtime::ConnectorView;
 
-pub async fn health(State(state): State<Arc<ApiState>>) -> (StatusCode, Json<Value>) {
+pub async fn health(
+    State(state): State<Arc<ApiState>>,
+    authorized: Option<Extension<Authorized>>,
+) -> (StatusCode, Json<Value>) {
+    let (status, Json(mut body)) = details(&state);
+    let authorized = authorized.is_some_and(|Extension(Authorized(authorized))| authorized);
+    if !authorized && let Some(fields) = body.as_object_mut() {
+        fields.retain(|name, _| name == "status");
+    }
+    (status, Json(body))
+}
+
+fn details(state: &ApiState) -> (StatusCode, Json<Value>) {
     let failing: Vec<Value> = state
         .runtime
         .views()

@@ -9,6 +9,7 @@ mod auth;
 mod configs;
 mod connectors;
 mod error;
+mod extract;
 mod health;
 pub mod metrics;
 pub mod provider;
