@@ -46,6 +46,7 @@ pub use server::message_id;
 
 use crate::connectors::kit::inbox::{Inbox, Limits};
 use crate::connectors::kit::listener::ConnectionLimits;
+use crate::connectors::record_check::RecordCheck;
 
 pub const ENTRY: SourceEntry = SourceEntry {
     name: "http",
@@ -66,6 +67,7 @@ pub struct HttpSource {
     config: Arc<HttpSourceConfig>,
     inbox: Arc<Inbox>,
     key: String,
+    record_check: RecordCheck,
     server: Option<Server>,
 }
 
@@ -88,6 +90,7 @@ impl HttpSource {
             config: Arc::new(config),
             inbox,
             key: String::new(),
+            record_check: RecordCheck::default(),
             server: None,
         })
     }
@@ -117,6 +120,7 @@ impl Source for HttpSource {
             self.config.clone(),
             self.inbox.clone(),
             self.key.clone(),
+            self.record_check.clone(),
         ));
         let listener = listener.into_std().map_err(|error| {
             ConnectorError::fatal(format!("cannot use the listener on {address}: {error}"))
@@ -195,6 +199,7 @@ impl Source for HttpSource {
 
     fn attach(&mut self, context: ConnectorContext) {
         self.key = context.key;
+        self.record_check = context.record_check;
     }
 
     async fn close(&mut self) -> Result<(), ConnectorError> {
