@@ -37,14 +37,25 @@ impl ApiKey {
     }
 }
 
+/// Whether the request carried the right key (or none is configured): set on
+/// requests for public paths, which show details only to those that did.
+#[derive(Debug, Clone, Copy)]
+pub struct Authorized(pub bool);
+
 /// Answers 401 with an empty body (upstream's answer) unless the request is
 /// for a public path or carries the right key.
-pub async fn require_api_key(State(key): State<ApiKey>, request: Request, next: Next) -> Response {
+pub async fn require_api_key(
+    State(key): State<ApiKey>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let offered = request.headers().get(HEADER).map(|value| value.as_bytes());
+    let authorized = key.accepts(offered);
     if PUBLIC_PATHS.contains(&request.uri().path()) {
+        request.extensions_mut().insert(Authorized(authorized));
         return next.run(request).await;
     }
-    let offered = request.headers().get(HEADER).map(|value| value.as_bytes());
-    if key.accepts(offered) {
+    if authorized {
         next.run(request).await
     } else {
         StatusCode::UNAUTHORIZED.into_response()

@@ -7,8 +7,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -18,6 +18,7 @@ use serde_json::Value;
 
 use crate::api::connectors::provider_error;
 use crate::api::error::ApiError;
+use crate::api::extract::{Path, Query};
 use crate::api::provider::{LocalProvider, ProviderError, StoredConfig};
 use crate::api::{ApiState, provider, render};
 use crate::connectors::ConnectorKind;

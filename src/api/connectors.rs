@@ -3,14 +3,15 @@
 
 use std::sync::Arc;
 
+use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use serde_json::{Value, json};
 
 use crate::api::error::ApiError;
+use crate::api::extract::Path;
 use crate::api::provider::ProviderError;
 use crate::api::{ApiState, redact, render};
 use crate::config::{ConfigIssue, ConnectorConfig};

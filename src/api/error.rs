@@ -48,6 +48,11 @@ pub enum ApiError {
     CannotConvert(String),
     #[error("{0}")]
     Internal(String),
+    /// Answered by the listener itself, before any request is read.
+    #[error(
+        "the API already has its {limit} connections ([http] max_connections) open; retry later"
+    )]
+    TooManyConnections { limit: usize },
 }
 
 #[derive(Serialize)]
@@ -81,6 +86,35 @@ impl ApiError {
             ApiError::NoEndpoint { .. } => (StatusCode::NOT_FOUND, "not_found".into()),
             ApiError::CannotConvert(_) => (StatusCode::BAD_REQUEST, "error".into()),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "error".into()),
+            ApiError::TooManyConnections { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too_many_connections".into(),
+            ),
+        }
+    }
+
+    /// The JSON body of the answer, for a listener that writes it itself.
+    pub(crate) fn json_text(&self) -> String {
+        serde_json::to_string(&self.body()).unwrap_or_default()
+    }
+
+    fn body(&self) -> Body {
+        let (_, code) = self.status_and_code();
+        let issues = match self {
+            ApiError::InvalidConfiguration { issues, .. } => issues
+                .iter()
+                .map(|issue| IssueBody {
+                    field: issue.field.clone(),
+                    message: issue.message.clone(),
+                    severity: if issue.is_error() { "error" } else { "warning" },
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        Body {
+            code,
+            reason: self.to_string(),
+            issues,
         }
     }
 }
@@ -96,23 +130,7 @@ impl From<JsonRejection> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let (status, code) = self.status_and_code();
-        let issues = match &self {
-            ApiError::InvalidConfiguration { issues, .. } => issues
-                .iter()
-                .map(|issue| IssueBody {
-                    field: issue.field.clone(),
-                    message: issue.message.clone(),
-                    severity: if issue.is_error() { "error" } else { "warning" },
-                })
-                .collect(),
-            _ => Vec::new(),
-        };
-        let body = Body {
-            code,
-            reason: self.to_string(),
-            issues,
-        };
-        (status, Json(body)).into_response()
+        let (status, _) = self.status_and_code();
+        (status, Json(self.body())).into_response()
     }
 }

@@ -9,6 +9,7 @@ mod auth;
 mod configs;
 mod connectors;
 mod error;
+mod extract;
 mod health;
 pub mod metrics;
 pub mod provider;
@@ -44,6 +45,8 @@ pub struct ApiState {
     provider: Option<LocalProvider>,
     prometheus: Option<PrometheusHandle>,
     started_at: u64,
+    /// When `/health` last pinged the broker, and why it did not answer.
+    broker_answer: tokio::sync::Mutex<Option<(std::time::Instant, Option<String>)>>,
 }
 
 impl ApiState {
@@ -54,6 +57,7 @@ impl ApiState {
             provider: None,
             prometheus: None,
             started_at: now_micros(),
+            broker_answer: tokio::sync::Mutex::new(None),
         }
     }
 

@@ -9,14 +9,15 @@ use std::time::Duration;
 
 use axum::http::{HeaderName, HeaderValue, Method};
 use axum_server::Handle;
-use axum_server::tls_rustls::RustlsConfig;
+use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::task::JoinHandle;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
-use crate::api::{ApiState, router};
+use crate::api::{ApiError, ApiState, router};
 use crate::config::runtime::{CorsConfig, HttpConfig, HttpTlsConfig};
+use crate::connectors::kit::listener::ConnectionLimits;
 
 /// How long a shutdown lets requests in flight finish.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -73,19 +74,25 @@ impl ApiServer {
         let listener = listener.into_std().map_err(bind_error)?;
         let handle = Handle::new();
         let service = app.into_make_service();
+        let limits = connection_limits(config);
+        let refusal = ApiError::TooManyConnections {
+            limit: config.max_connections,
+        }
+        .json_text();
+        let refused = metrics::counter!("iggy_connector_api_connections_refused_total");
+        let acceptor = limits.acceptor(refusal, refused);
+        let server = axum_server::from_tcp(listener)
+            .map_err(bind_error)?
+            .handle(handle.clone());
+        let server = limits.configure(server);
         let task = match tls {
             Some(tls) => {
-                let server = axum_server::from_tcp_rustls(listener, RustlsConfig::from_config(tls))
-                    .map_err(bind_error)?
-                    .handle(handle.clone());
-                tokio::spawn(server.serve(service))
+                let tls = RustlsAcceptor::new(RustlsConfig::from_config(tls))
+                    .handshake_timeout(config.header_read_timeout)
+                    .acceptor(acceptor);
+                tokio::spawn(server.acceptor(tls).serve(service))
             }
-            None => {
-                let server = axum_server::from_tcp(listener)
-                    .map_err(bind_error)?
-                    .handle(handle.clone());
-                tokio::spawn(server.serve(service))
-            }
+            None => tokio::spawn(server.acceptor(acceptor).serve(service)),
         };
         Ok(Self {
             address,
@@ -113,6 +120,17 @@ impl ApiServer {
             Ok(Err(error)) => tracing::warn!(%error, "the HTTP API stopped with an error"),
             Err(error) => tracing::warn!(%error, "the HTTP API task failed"),
         }
+    }
+}
+
+/// `[http]`'s limits. A refused client is told to retry after a second: the
+/// API's requests are short.
+fn connection_limits(config: &HttpConfig) -> ConnectionLimits {
+    ConnectionLimits {
+        max_connections: config.max_connections,
+        header_read_timeout: config.header_read_timeout,
+        idle_timeout: config.idle_timeout,
+        retry_after_secs: 1,
     }
 }
 

@@ -58,6 +58,17 @@ const RUNTIME_FIELDS: &[(&str, &[&str], Kind)] = &[
     ("HTTP_ADDRESS", &["http", "address"], Kind::Str),
     ("HTTP_API_KEY", &["http", "api_key"], Kind::Str),
     (
+        "HTTP_HEADER_READ_TIMEOUT",
+        &["http", "header_read_timeout"],
+        Kind::Str,
+    ),
+    ("HTTP_IDLE_TIMEOUT", &["http", "idle_timeout"], Kind::Str),
+    (
+        "HTTP_MAX_CONNECTIONS",
+        &["http", "max_connections"],
+        Kind::Int,
+    ),
+    (
         "HTTP_CORS_ENABLED",
         &["http", "cors", "enabled"],
         Kind::Bool,

@@ -36,6 +36,38 @@ pub struct HttpConfig {
     pub cors: CorsConfig,
     pub metrics: MetricsConfig,
     pub tls: HttpTlsConfig,
+    /// A client must send a request's complete headers within this time; an
+    /// idle keep-alive connection waits no longer for its next request.
+    #[serde(with = "duration")]
+    pub header_read_timeout: Duration,
+    /// A connection on which nothing was read or written for this long while
+    /// a request is under way is closed.
+    #[serde(with = "duration")]
+    pub idle_timeout: Duration,
+    /// Most open connections to the API; one more is answered 503
+    /// `too_many_connections` and closed, so a flood of connections cannot
+    /// take the file descriptors the connectors need.
+    pub max_connections: usize,
+}
+
+impl HttpConfig {
+    /// Zero would refuse every connection or close each at once.
+    fn check(&self, path: &Path) -> Vec<ConfigIssue> {
+        let zero = |field: &str| {
+            ConfigIssue::error(path, format!("http.{field}"), "must be greater than 0")
+        };
+        let mut issues = Vec::new();
+        if self.max_connections == 0 {
+            issues.push(zero("max_connections"));
+        }
+        if self.header_read_timeout.is_zero() {
+            issues.push(zero("header_read_timeout"));
+        }
+        if self.idle_timeout.is_zero() {
+            issues.push(zero("idle_timeout"));
+        }
+        issues
+    }
 }
 
 impl Default for HttpConfig {
@@ -47,6 +79,9 @@ impl Default for HttpConfig {
             cors: CorsConfig::default(),
             metrics: MetricsConfig::default(),
             tls: HttpTlsConfig::default(),
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 256,
         }
     }
 }
@@ -399,6 +434,7 @@ impl RuntimeConfig {
             }
         };
         issues.extend(config.check(path));
+        issues.extend(config.http.check(path));
         issues.extend(config.state.check(path));
         issues.extend(check_address(path, "http.address", &config.http.address));
         issues.extend(check_address(path, "iggy.address", &config.iggy.address));
@@ -555,6 +591,9 @@ const HTTP: Known = &[
     leaf("enabled"),
     leaf("address"),
     leaf("api_key"),
+    leaf("header_read_timeout"),
+    leaf("idle_timeout"),
+    leaf("max_connections"),
     Key(
         "cors",
         &[
@@ -796,6 +835,43 @@ mod tests {
         assert_eq!(
             fields,
             ["http.enabled", "iggy.username", "logging.format"],
+            "{fields:?}"
+        );
+    }
+
+    #[test]
+    fn given_the_api_connection_limits_when_loaded_should_read_them_and_refuse_zero() {
+        let (dir, path) = file("");
+        let text = with_dir(
+            &dir,
+            "[http]
+max_connections = 8
+header_read_timeout = \"2s\"
+idle_timeout = \"5s\"
+",
+        );
+        std::fs::write(&path, text).unwrap();
+        let (config, _) = RuntimeConfig::load(&path, &EnvVars::default()).unwrap();
+        assert_eq!(
+            (
+                config.http.max_connections,
+                config.http.header_read_timeout,
+                config.http.idle_timeout
+            ),
+            (8, Duration::from_secs(2), Duration::from_secs(5))
+        );
+        let text = with_dir(
+            &dir,
+            "[http]
+max_connections = 0
+header_read_timeout = \"0s\"
+",
+        );
+        std::fs::write(&path, text).unwrap();
+        let fields: Vec<String> = errors(&path).into_iter().map(|issue| issue.field).collect();
+        assert_eq!(
+            fields,
+            ["http.max_connections", "http.header_read_timeout"],
             "{fields:?}"
         );
     }

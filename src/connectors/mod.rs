@@ -5,6 +5,7 @@
 pub mod describe;
 pub mod entry;
 pub mod kit;
+pub mod record_check;
 pub mod registry;
 
 use entry::InTree;
@@ -209,6 +210,8 @@ pub struct ConnectorContext {
     /// A source's `[[streams]]` targets, in file order (a record's
     /// `stream_index` indexes them); empty for a sink.
     pub streams: Vec<TopicRef>,
+    /// Whether the engine will store a record (a source's only).
+    pub record_check: record_check::RecordCheck,
 }
 
 /// A connector's own report that it is running but degraded, with why. Shared by

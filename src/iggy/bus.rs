@@ -2,7 +2,10 @@
 //! consumer, so connectors never wait on each other's requests and a broken
 //! connection affects one pipeline only.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
+use iggy::prelude::{IggyClient, SystemClient};
 
 use crate::iggy::connection::ConnectionSettings;
 use crate::iggy::consumer::IggyBusConsumer;
@@ -13,16 +16,41 @@ use crate::iggy::{
 
 pub struct IggyBus {
     settings: ConnectionSettings,
+    /// The health check's own connection, opened on first use and again
+    /// after a failed ping.
+    health: tokio::sync::Mutex<Option<Arc<IggyClient>>>,
 }
 
 impl IggyBus {
     pub fn new(settings: ConnectionSettings) -> Self {
-        Self { settings }
+        Self {
+            settings,
+            health: tokio::sync::Mutex::new(None),
+        }
     }
 }
 
 #[async_trait]
 impl Bus for IggyBus {
+    async fn ping(&self) -> Result<(), BusError> {
+        let mut health = self.health.lock().await;
+        let client = match health.as_ref() {
+            Some(client) => client.clone(),
+            None => health.insert(self.settings.connect().await?).clone(),
+        };
+        let answer = tokio::time::timeout(self.settings.request_timeout, client.ping()).await;
+        let failure = match answer {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(error)) => format!("Iggy did not answer a ping: {error}"),
+            Err(_) => format!(
+                "Iggy did not answer a ping within {:?}",
+                self.settings.request_timeout
+            ),
+        };
+        health.take();
+        Err(BusError::Unavailable(failure))
+    }
+
     async fn producer(&self, target: &ProducerTarget) -> Result<Box<dyn Producer>, BusError> {
         let client = self.settings.connect().await?;
         let producer = IggyProducer::open(

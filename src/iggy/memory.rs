@@ -11,7 +11,7 @@
 // update is a single push, insert or drain.
 use crate::sync::lock;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -34,6 +34,8 @@ struct Shared {
     topics: Mutex<HashMap<(String, String), Arc<Topic>>>,
     refuse_sends: AtomicU32,
     refuse_commits: AtomicU32,
+    /// `ping` fails while set.
+    unreachable: AtomicBool,
     /// Every send waits this long (milliseconds) before it is stored.
     send_delay_ms: AtomicU64,
     sends: AtomicU64,
@@ -160,6 +162,11 @@ impl MemoryBus {
         self.inner.refuse_sends.store(count, Ordering::SeqCst);
     }
 
+    /// Makes `ping` fail (a broker that does not answer) or answer again.
+    pub fn set_unreachable(&self, unreachable: bool) {
+        self.inner.unreachable.store(unreachable, Ordering::SeqCst);
+    }
+
     /// The next `count` offset commits fail without storing anything.
     pub fn refuse_commits(&self, count: u32) {
         self.inner.refuse_commits.store(count, Ordering::SeqCst);
@@ -259,6 +266,15 @@ impl MemoryBus {
 
 #[async_trait]
 impl Bus for MemoryBus {
+    async fn ping(&self) -> Result<(), BusError> {
+        match self.inner.unreachable.load(Ordering::SeqCst) {
+            true => Err(BusError::Unavailable(
+                "the memory bus is set unreachable".into(),
+            )),
+            false => Ok(()),
+        }
+    }
+
     async fn producer(&self, target: &ProducerTarget) -> Result<Box<dyn Producer>, BusError> {
         let topic = self.ensure_topic(&target.stream, &target.topic, target.partitions);
         Ok(Box::new(MemoryProducer {

@@ -40,6 +40,12 @@ pub trait Bus: Send + Sync {
         spec: &ConsumerSpec,
         to: &OffsetReset,
     ) -> Result<Vec<OffsetMove>, BusError>;
+
+    /// Whether the broker answers now (`/health` asks; the caller bounds
+    /// the wait).
+    async fn ping(&self) -> Result<(), BusError> {
+        Ok(())
+    }
 }
 
 /// Where [`Bus::reset_offsets`] moves a group.

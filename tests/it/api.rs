@@ -826,6 +826,48 @@ async fn a_destructive_source_creating_a_topic_without_persisted_durability_is_w
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_is_degraded_while_iggy_is_down_and_healthy_again_after_while_live_stays_ok() {
+    let mut server = IggyTestServer::start();
+    let (source, topic) = (unique("src"), unique("t"));
+    let connect = start(
+        Options::for_server(&server),
+        &[random_source(&source, &topic, "", "")],
+    );
+    connect.wait_for_status("sources", &source, "running").await;
+    connect
+        .wait_for("a healthy runtime", async |connect| {
+            connect.get("/health").await.1["status"] == "healthy"
+        })
+        .await;
+
+    server.begin_outage();
+    connect
+        .wait_for(
+            "/health to say degraded during the outage",
+            async |connect| {
+                let (status, health) = connect.get("/health").await;
+                status == StatusCode::OK
+                    && health["status"] == "degraded"
+                    && health["broker"]["reachable"] == false
+            },
+        )
+        .await;
+    let (status, live) = connect.get("/health/live").await;
+    assert_eq!(
+        (status, live["status"].as_str()),
+        (StatusCode::OK, Some("alive"))
+    );
+
+    server.end_outage();
+    connect
+        .wait_for(
+            "/health to say healthy once Iggy answers",
+            async |connect| connect.get("/health").await.1["status"] == "healthy",
+        )
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(feature = "http-source"),
     ignore = "needs the http source: --features http-source"

@@ -44,22 +44,31 @@ impl Harness {
         let address = free_address();
         plugin_config["address"] = json!(address.to_string());
         let stream = format!("http-source-{name}");
+        let config = source_config(name, &stream, streams, plugin_config);
+        Self::start_config(address, &stream, config, shutdown_timeout).await
+    }
+
+    /// Starts `config` (listening on `address`, feeding `stream`).
+    async fn start_config(
+        address: SocketAddr,
+        stream: &str,
+        config: ConnectorConfig,
+        shutdown_timeout: Duration,
+    ) -> Self {
         let bus = MemoryBus::new();
         let runtime = Runtime::new(
             Arc::new(bus.clone()),
             Arc::new(MemoryStateStore::new()),
             shutdown_timeout,
         );
-        runtime
-            .add(source_config(name, &stream, streams, plugin_config))
-            .unwrap();
+        runtime.add(config).unwrap();
         runtime.start_enabled().await;
         let harness = Self {
             bus,
             runtime,
             base: format!("http://{address}"),
             client: reqwest::Client::new(),
-            stream,
+            stream: stream.to_owned(),
         };
         harness.wait_until_listening().await;
         harness
@@ -313,6 +322,67 @@ async fn during_a_broker_outage_clients_get_503_with_retry_after_and_nothing_ack
     assert_eq!(harness.payloads(0), vec![json!({"n": 1}), json!({"n": 3})]);
     let (status, health) = harness.health().await;
     assert_eq!(status, 200, "{health}");
+    harness.runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_message_the_stream_would_drop_gets_422_and_never_a_durable_ack() {
+    for ack in ["durable", "accepted"] {
+        let harness = Harness::start(
+            &format!("unstorable-{ack}"),
+            json!({"ack": ack, "endpoints": [{"path": "/m"}]}),
+            1,
+        )
+        .await;
+        // Raw bytes that are not JSON, for a `json` stream.
+        let response = harness
+            .post("/m")
+            .header("content-type", "application/octet-stream")
+            .body("not json at all")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 422, "ack = {ack}");
+        assert_eq!(error_code(response).await, "unstorable_message");
+        // The next request is stored, and nothing of the refused one was.
+        let stored = harness.post_json("/m", &json!({"n": 1})).await;
+        assert!(stored.status().is_success(), "ack = {ack}");
+        eventually("the valid message in the topic", DEADLINE, async || {
+            !harness.messages(0).is_empty()
+        })
+        .await;
+        assert_eq!(harness.payloads(0), vec![json!({"n": 1})], "ack = {ack}");
+        harness.runtime.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn with_a_dead_letter_topic_a_message_the_stream_refuses_is_stored_there_before_the_ack() {
+    let address = free_address();
+    let stream = "http-source-dead-letter".to_owned();
+    let mut config = source_config(
+        "dead-letter",
+        &stream,
+        1,
+        json!({"address": address.to_string(), "endpoints": [{"path": "/m"}]}),
+    );
+    config.dead_letter = Some(iggy_connect::config::DeadLetterTarget {
+        stream: stream.clone(),
+        topic: "dlq".into(),
+    });
+    let harness = Harness::start_config(address, &stream, config, Duration::from_secs(5)).await;
+    let response = harness
+        .post("/m")
+        .header("content-type", "application/octet-stream")
+        .body("not json at all")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let dead = harness.bus.messages(&stream, "dlq");
+    assert_eq!(dead.len(), 1, "dead-lettered before the 200");
+    assert_eq!(&dead[0].payload[..], b"not json at all");
+    assert!(harness.messages(0).is_empty());
     harness.runtime.shutdown().await;
 }
 

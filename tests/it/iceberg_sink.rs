@@ -83,8 +83,7 @@ async fn open_sink(key: &str, plugin_config: Value) -> Box<dyn Sink> {
     let mut sink = build(&plugin_config).unwrap();
     sink.attach(iggy_connect::connectors::ConnectorContext {
         key: key.to_owned(),
-        degraded: Default::default(),
-        streams: Vec::new(),
+        ..Default::default()
     });
     sink.open().await.unwrap();
     sink

@@ -22,6 +22,8 @@
 //! - `lake` (for lakehouse sinks): the columns of a
 //!   table they create, the flush triggers, JSON payloads into Arrow rows of
 //!   a table's schema with the misfits rejected by index;
+//! - [`listener`]: an HTTP server's connection limit and timeouts (the push
+//!   sources' listeners and the control API);
 //! - [`size`]: sizes in config files (`"8MiB"`), for the file-writing sinks;
 //! - `http` (with any HTTP-based connector): the HTTP client builder (TLS,
 //!   timeouts, proxy, auth, gzip), `Retry-After` parsing, status classification
@@ -40,6 +42,7 @@ pub mod http;
 pub mod inbox;
 #[cfg(feature = "kit-lake")]
 pub mod lake;
+pub mod listener;
 pub mod outcome;
 #[cfg(feature = "kit-row-id")]
 pub mod row_id;

@@ -13,6 +13,7 @@ use super::prepared::{Prepared, SetupError};
 use super::slot::Slot;
 use super::{Runtime, RuntimeOptions};
 use crate::config::{ConnectorConfig, KindConfig, SinkStream, SourceStream};
+use crate::connectors::record_check::RecordCheck;
 use crate::connectors::{ConnectorError, ConnectorKind, RetrySettings, Sink, Source};
 use crate::engine::backoff::Backoff;
 use crate::engine::retry::{Attempt, Until, retry};
@@ -53,7 +54,16 @@ impl Runtime {
             return Err(SetupError::WrongKind(ConnectorKind::Source));
         };
         let transforms = build_transforms(config)?;
-        let mut source = self.open_source(slot, config, shutdown).await?;
+        let record_check = match &config.dead_letter {
+            Some(_) => RecordCheck::default(),
+            None => RecordCheck::new(
+                transforms.clone(),
+                streams.iter().map(|stream| stream.schema.clone()).collect(),
+            ),
+        };
+        let mut source = self
+            .open_source(slot, config, record_check, shutdown)
+            .await?;
         let policy = config.batch_policy(source.batch_policy());
         let backoff = source
             .retry()
@@ -94,6 +104,7 @@ impl Runtime {
         &self,
         slot: &Slot,
         config: &ConnectorConfig,
+        record_check: RecordCheck,
         shutdown: &Shutdown,
     ) -> Result<Box<dyn Source>, SetupError> {
         let stored = self.stored_state(slot, config, shutdown).await?;
@@ -108,7 +119,9 @@ impl Runtime {
                         file: config.origin(),
                         error,
                     })?;
-            source.attach(slot.context());
+            let mut context = slot.context();
+            context.record_check = record_check.clone();
+            source.attach(context);
             Ok(SourceOpening { source, state })
         };
         Ok(self

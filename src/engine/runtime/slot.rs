@@ -197,6 +197,7 @@ impl Slot {
             key: self.key.clone(),
             degraded: self.degraded.clone(),
             streams,
+            record_check: Default::default(),
         }
     }
 }

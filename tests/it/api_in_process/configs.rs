@@ -326,3 +326,38 @@ async fn request_bodies_that_are_not_the_expected_json_get_code_and_reason() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_malformed_query_string_or_path_is_a_json_error_like_every_other() {
+    let key = unique("src");
+    let harness = harness(&[("first.toml", random_source(&key, &unique("t"), ""))]).await;
+    let requests = [
+        (
+            reqwest::Method::DELETE,
+            format!("/sources/{key}/configs?version=abc"),
+        ),
+        (
+            reqwest::Method::DELETE,
+            format!("/sinks/{key}/configs?version=-1"),
+        ),
+        // Not UTF-8 once percent-decoded.
+        (reqwest::Method::GET, "/sources/%FF%FE".to_owned()),
+    ];
+    for (method, path) in requests {
+        let response = harness.request(method, &path).send().await.unwrap();
+        let status = response.status();
+        let text = response.text().await.unwrap();
+        let body: Value =
+            serde_json::from_str(&text).unwrap_or_else(|_| panic!("{path}: not JSON: {text}"));
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("bad_request")),
+            "{path}: {body}"
+        );
+        assert!(
+            body["reason"]
+                .as_str()
+                .is_some_and(|reason| !reason.is_empty())
+        );
+    }
+}

@@ -582,3 +582,82 @@ async fn a_stopped_sinks_offsets_move_to_earliest_latest_a_time_or_given_offsets
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
+
+#[tokio::test]
+async fn public_health_shows_only_the_status_and_the_api_key_shows_the_details() {
+    let http = HttpConfig {
+        api_key: "letmein".to_owned().into(),
+        ..HttpConfig::default()
+    };
+    let key = unique("src");
+    let mut harness = harness_with(
+        &[(
+            "a.toml",
+            random_source(&key, &unique("t"), "max_consecutive_nacks = 2"),
+        )],
+        Vec::new(),
+        http,
+    )
+    .await;
+    harness.wait_for_status("sources", &key, "running").await;
+    harness.bus.refuse_sends(2);
+    harness.wait_for_status("sources", &key, "error").await;
+
+    let (status, details) = harness.get("/health").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(details["connectors"][0]["key"], key.as_str(), "{details}");
+    assert!(
+        details["connectors"][0]["last_error"]["message"].is_string(),
+        "{details}"
+    );
+
+    for offered in [None, Some("letmeout")] {
+        harness.api_key = offered.map(str::to_owned);
+        let (status, public) = harness.get("/health").await;
+        assert_eq!(
+            (status, public),
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({"status": "unhealthy"})
+            ),
+            "key offered: {offered:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn health_is_degraded_while_the_broker_does_not_answer_and_live_stays_ok() {
+    let key = unique("src");
+    let harness = harness(&[("a.toml", random_source(&key, &unique("t"), ""))]).await;
+    harness.wait_for_status("sources", &key, "running").await;
+    assert_eq!(harness.get("/health").await.1["status"], "healthy");
+
+    harness.bus.set_unreachable(true);
+    let started = Instant::now();
+    let (status, health) = loop {
+        let (status, health) = harness.get("/health").await;
+        if health["status"] != "healthy" {
+            break (status, health);
+        }
+        assert!(started.elapsed() < DEADLINE, "still healthy: {health}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status, StatusCode::OK, "{health}");
+    assert_eq!(health["status"], "degraded", "{health}");
+    assert_eq!(health["broker"]["reachable"], false, "{health}");
+    let (status, live) = harness.get("/health/live").await;
+    assert_eq!(
+        (status, live["status"].as_str()),
+        (StatusCode::OK, Some("alive"))
+    );
+
+    harness.bus.set_unreachable(false);
+    let started = Instant::now();
+    while harness.get("/health").await.1["status"] != "healthy" {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "still degraded once the broker answers"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -140,3 +140,100 @@ async fn a_taken_address_is_a_bind_error_naming_it() {
     assert!(matches!(error, ApiSetupError::Bind { .. }), "{error}");
     assert!(error.to_string().contains(&http.address), "{error}");
 }
+
+/// Waits until the server closes the connection (EOF or reset), at most `DEADLINE`.
+async fn closed_by_server(stream: &mut tokio::net::TcpStream) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buffer = [0u8; 1024];
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buffer)).await {
+            Err(_) => return false,
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            // A 408 or a 503 before closing.
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// Sends the start of a request, then one header byte every 100 ms until the
+/// server closes the connection (true) or `DEADLINE` passes (false).
+async fn slowloris(mut stream: tokio::net::TcpStream) -> bool {
+    use tokio::io::AsyncWriteExt;
+    if stream
+        .write_all(b"GET /health HTTP/1.1\r\nhost: x\r\nx-slow: ")
+        .await
+        .is_err()
+    {
+        return true;
+    }
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while tokio::time::Instant::now() < deadline {
+        if stream.write_all(b"a").await.is_err() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_idle_and_slow_connections_is_capped_and_closed_and_health_answers() {
+    const LIMIT: usize = 20;
+    let http = HttpConfig {
+        max_connections: LIMIT,
+        header_read_timeout: Duration::from_secs(2),
+        idle_timeout: Duration::from_secs(3),
+        ..HttpConfig::default()
+    };
+    let harness = harness_with(&[], Vec::new(), http).await;
+    let address = harness.server.address();
+    // More idle connections than the limit, plus slowloris clients.
+    let mut idle = Vec::with_capacity(LIMIT + 10);
+    for _ in 0..LIMIT + 10 {
+        idle.push(tokio::net::TcpStream::connect(address).await.unwrap());
+    }
+    let mut slow = tokio::task::JoinSet::new();
+    for _ in 0..3 {
+        let stream = tokio::net::TcpStream::connect(address).await.unwrap();
+        slow.spawn(slowloris(stream));
+    }
+    // Every probe gets an answer, not a hang: a 503 past the limit while the
+    // flood holds it, then 200 once the server has closed the flood.
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let url = format!("{}/health", harness.server.url());
+    let (mut refused, mut healthy) = (0, false);
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while !healthy && tokio::time::Instant::now() < deadline {
+        let response = client
+            .get(&url)
+            .send()
+            .await
+            .expect("/health answers during the flood");
+        match response.status() {
+            StatusCode::OK => healthy = true,
+            StatusCode::SERVICE_UNAVAILABLE => {
+                assert!(response.headers().contains_key("retry-after"));
+                let body: Value = response.json().await.unwrap();
+                assert_eq!(body["code"], "too_many_connections", "{body}");
+                refused += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => panic!("unexpected /health status {other}"),
+        }
+    }
+    assert!(refused > 0, "no connection past the limit was refused");
+    assert!(healthy, "/health never answered 200 after the flood");
+    let mut closed = 0;
+    for stream in &mut idle {
+        closed += usize::from(closed_by_server(stream).await);
+    }
+    while let Some(result) = slow.join_next().await {
+        closed += usize::from(result.unwrap());
+    }
+    assert_eq!(closed, LIMIT + 10 + 3, "connections the server left open");
+}

@@ -22,7 +22,6 @@
 
 mod body;
 mod config;
-mod listener;
 mod server;
 
 use std::net::SocketAddr;
@@ -31,6 +30,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use axum_server::Handle;
+use serde_json::json;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
@@ -45,6 +45,8 @@ pub use config::{AckMode, EndpointConfig, HttpSourceConfig};
 pub use server::message_id;
 
 use crate::connectors::kit::inbox::{Inbox, Limits};
+use crate::connectors::kit::listener::ConnectionLimits;
+use crate::connectors::record_check::RecordCheck;
 
 pub const ENTRY: SourceEntry = SourceEntry {
     name: "http",
@@ -65,6 +67,7 @@ pub struct HttpSource {
     config: Arc<HttpSourceConfig>,
     inbox: Arc<Inbox>,
     key: String,
+    record_check: RecordCheck,
     server: Option<Server>,
 }
 
@@ -87,6 +90,7 @@ impl HttpSource {
             config: Arc::new(config),
             inbox,
             key: String::new(),
+            record_check: RecordCheck::default(),
             server: None,
         })
     }
@@ -116,28 +120,36 @@ impl Source for HttpSource {
             self.config.clone(),
             self.inbox.clone(),
             self.key.clone(),
+            self.record_check.clone(),
         ));
         let listener = listener.into_std().map_err(|error| {
             ConnectorError::fatal(format!("cannot use the listener on {address}: {error}"))
         })?;
-        let acceptor = listener::LimitedAcceptor::new(
-            self.key.clone(),
-            self.config.max_connections,
-            self.config.effective_idle_timeout(),
-            self.config.retry_after_secs(),
+        let limits = ConnectionLimits {
+            max_connections: self.config.max_connections,
+            header_read_timeout: self.config.header_read_timeout,
+            idle_timeout: self.config.effective_idle_timeout(),
+            retry_after_secs: self.config.retry_after_secs(),
+        };
+        let refusal = json!({
+            "error": "too_many_connections",
+            "message": format!(
+                "this listener already has its {} connections (max_connections) open; retry later",
+                self.config.max_connections
+            ),
+        });
+        let refused = metrics::counter!(
+            "iggy_connector_http_connections_refused_total",
+            "connector_key" => self.key.clone()
         );
         let stop = Handle::new();
-        let mut server = axum_server::from_tcp(listener)
+        let server = axum_server::from_tcp(listener)
             .map_err(|error| {
                 ConnectorError::fatal(format!("cannot use the listener on {address}: {error}"))
             })?
-            .acceptor(acceptor)
-            .handle(stop.clone())
-            .first_request_timeout(self.config.header_read_timeout);
-        server
-            .http_builder()
-            .http1()
-            .header_read_timeout(self.config.header_read_timeout);
+            .acceptor(limits.acceptor(refusal.to_string(), refused))
+            .handle(stop.clone());
+        let server = limits.configure(server);
         let serve = server.serve(server::router(shared).into_make_service());
         let key = self.key.clone();
         let task = tokio::spawn(async move {
@@ -187,6 +199,7 @@ impl Source for HttpSource {
 
     fn attach(&mut self, context: ConnectorContext) {
         self.key = context.key;
+        self.record_check = context.record_check;
     }
 
     async fn close(&mut self) -> Result<(), ConnectorError> {

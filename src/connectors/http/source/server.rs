@@ -22,12 +22,16 @@ use tracing::debug;
 use super::body::{self, BodyFormat};
 use super::config::{AckMode, HttpSourceConfig};
 use crate::connectors::kit::inbox::{Delivery, Inbox, SubmitError};
+use crate::connectors::record_check::RecordCheck;
 use crate::message::{HeaderValue, Headers, SourceRecord};
 
 /// What every handler of one listener shares.
 pub struct Shared {
     pub inbox: Arc<Inbox>,
     pub key: String,
+    /// Whether the engine will store a message: one it would drop is refused
+    /// to the client, never acknowledged.
+    record_check: RecordCheck,
     config: Arc<HttpSourceConfig>,
     endpoints: Vec<Endpoint>,
     idempotency_header: HeaderName,
@@ -43,7 +47,12 @@ struct Endpoint {
 }
 
 impl Shared {
-    pub fn new(config: Arc<HttpSourceConfig>, inbox: Arc<Inbox>, key: String) -> Self {
+    pub fn new(
+        config: Arc<HttpSourceConfig>,
+        inbox: Arc<Inbox>,
+        key: String,
+        record_check: RecordCheck,
+    ) -> Self {
         let endpoints = config
             .endpoints
             .iter()
@@ -65,6 +74,7 @@ impl Shared {
         Self {
             inbox,
             key,
+            record_check,
             idempotency_header: header(&config.idempotency_header)
                 .unwrap_or(HeaderName::from_static("idempotency-key")),
             forward_headers,
@@ -171,6 +181,9 @@ async fn ingest(shared: &Shared, endpoint_index: usize, request: Request) -> Res
     if payloads.is_empty() {
         return accepted(StatusCode::OK, 0, true);
     }
+    if let Some(refusal) = unstorable(shared, endpoint.stream_index, &payloads) {
+        return refusal;
+    }
     let records = records(shared, endpoint.stream_index, &parts.headers, payloads);
     let count = records.len();
     match shared.config.ack {
@@ -180,6 +193,24 @@ async fn ingest(shared: &Shared, endpoint_index: usize, request: Request) -> Res
         },
         AckMode::Durable => wait_for_commit(shared, records).await,
     }
+}
+
+/// 422 `unstorable_message` when the engine would drop one of the messages
+/// (no dead-letter topic takes it): nothing of the request is queued.
+fn unstorable(
+    shared: &Shared,
+    stream_index: usize,
+    payloads: &[crate::message::Payload],
+) -> Option<Response> {
+    payloads.iter().enumerate().find_map(|(index, payload)| {
+        let reason = shared.record_check.check(stream_index, payload).err()?;
+        debug!(connector_key = %shared.key, index, %reason, "refusing a message the engine would drop");
+        Some(error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "unstorable_message",
+            &format!("message {index} would not be stored: {reason}; nothing of this request was accepted"),
+        ))
+    })
 }
 
 /// Queues the records and answers once their batch is committed, or 503 when

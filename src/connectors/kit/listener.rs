@@ -1,6 +1,7 @@
-//! The HTTP source's connections: a limit per listener and two timeouts, so
+//! An HTTP server's connections: a limit per listener and two timeouts, so
 //! clients that open connections and send nothing (or trickle bytes) cannot
-//! use up the process's file descriptors.
+//! use up the process's file descriptors. Used by the push sources'
+//! listeners and by the control API.
 //!
 //! - `header_read_timeout`: a request's headers must arrive within it, and an
 //!   idle keep-alive connection waits no longer for its next request (hyper's
@@ -9,16 +10,18 @@
 //! - `idle_timeout`: nothing read or written for this long closes the
 //!   connection (a stalled body). At least `request_timeout` plus a second, so
 //!   a durable request waiting for its commit is never cut.
-//! - `max_connections`: a connection past the limit is answered
-//!   `503 too_many_connections` with `Retry-After` and closed at once.
+//! - `max_connections`: a connection past the limit is answered 503 with
+//!   `Retry-After` and the listener's own JSON body, and closed at once.
 
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use axum_server::Server;
 use axum_server::accept::Accept;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
@@ -28,26 +31,49 @@ use tokio::time::{Instant, Sleep};
 /// How long a refused client gets to read its 503.
 const REFUSAL_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// One listener's connection limits.
+#[derive(Debug, Clone)]
+pub struct ConnectionLimits {
+    pub max_connections: usize,
+    pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub retry_after_secs: u64,
+}
+
+impl ConnectionLimits {
+    /// The acceptor counting connections against `max_connections`:
+    /// `refusal_body` is the JSON a connection past the limit is answered
+    /// with, `refused` counts those. Wrap it in a TLS acceptor for HTTPS (the
+    /// limit applies before the handshake).
+    pub fn acceptor(&self, refusal_body: String, refused: metrics::Counter) -> LimitedAcceptor {
+        LimitedAcceptor {
+            permits: Arc::new(Semaphore::new(self.max_connections)),
+            idle_timeout: self.idle_timeout,
+            retry_after_secs: self.retry_after_secs,
+            refusal_body: refusal_body.into(),
+            refused,
+        }
+    }
+
+    /// Sets the header-read timeouts of `server` (its acceptor is set apart).
+    pub fn configure<A>(&self, server: Server<SocketAddr, A>) -> Server<SocketAddr, A> {
+        let mut server = server.first_request_timeout(self.header_read_timeout);
+        server
+            .http_builder()
+            .http1()
+            .header_read_timeout(self.header_read_timeout);
+        server
+    }
+}
+
 /// Hands each accepted connection a permit, or refuses it.
 #[derive(Clone)]
 pub struct LimitedAcceptor {
     permits: Arc<Semaphore>,
-    limit: usize,
     idle_timeout: Duration,
     retry_after_secs: u64,
-    key: String,
-}
-
-impl LimitedAcceptor {
-    pub fn new(key: String, limit: usize, idle_timeout: Duration, retry_after_secs: u64) -> Self {
-        Self {
-            permits: Arc::new(Semaphore::new(limit)),
-            limit,
-            idle_timeout,
-            retry_after_secs,
-            key,
-        }
-    }
+    refusal_body: Arc<str>,
+    refused: metrics::Counter,
 }
 
 impl<S: Send + 'static> Accept<TcpStream, S> for LimitedAcceptor {
@@ -63,11 +89,7 @@ impl<S: Send + 'static> Accept<TcpStream, S> for LimitedAcceptor {
             match permit {
                 Ok(permit) => Ok((Guarded::new(stream, permit, acceptor.idle_timeout), service)),
                 Err(_) => {
-                    metrics::counter!(
-                        "iggy_connector_http_connections_refused_total",
-                        "connector_key" => acceptor.key.clone()
-                    )
-                    .increment(1);
+                    acceptor.refused.increment(1);
                     let _ = tokio::time::timeout(REFUSAL_TIMEOUT, acceptor.refuse(stream)).await;
                     Err(io::Error::other("connection limit reached"))
                 }
@@ -89,11 +111,7 @@ impl LimitedAcceptor {
                 Ok(read) => head.extend_from_slice(&chunk[..read]),
             }
         }
-        let body = format!(
-            "{{\"error\":\"too_many_connections\",\"message\":\"this listener already has its {} \
-             connections (max_connections) open; retry later\"}}",
-            self.limit
-        );
+        let body = &self.refusal_body;
         let response = format!(
             "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
              retry-after: {}\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
