@@ -90,7 +90,7 @@ impl Transform for Filter {
                 "the condition resolved to {}, not a boolean",
                 other.kind()
             ))),
-            Err(failure) => Err(error(failure.to_string())),
+            Err(failure) => Err(error(self.compiled.error_text(&failure))),
         }
     }
 }

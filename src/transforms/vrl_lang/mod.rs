@@ -18,11 +18,10 @@ use std::path::Path;
 
 use codespan_reporting::files::SimpleFile;
 use codespan_reporting::term::{self, termcolor::NoColor};
-use vrl::compiler::runtime::{Runtime, RuntimeResult};
+use vrl::compiler::runtime::{Runtime, RuntimeResult, Terminate};
 use vrl::compiler::{CompileConfig, Function, Program, TargetValue, TimeZone, state::ExternalEnv};
 use vrl::diagnostic::DiagnosticList;
 use vrl::path::{OwnedTargetPath, PathPrefix};
-use vrl::value::kind::Collection;
 use vrl::value::{Kind, ObjectMap, Secrets, Value};
 
 use crate::transforms::{FieldError, MessageMeta};
@@ -105,6 +104,9 @@ pub(crate) struct Compiled {
     pub uses_metadata: bool,
     /// The program assigns to `%`: headers and key are read back.
     pub writes_metadata: bool,
+    /// A condition whose errors are raised at run time by our wrapper, not
+    /// by the text as written (see [`compile`]).
+    pub deferred_errors: bool,
 }
 
 impl Compiled {
@@ -125,6 +127,18 @@ impl Compiled {
         // empty (and unallocated) until the program assigns one.
         let outcome = Runtime::default().resolve(&mut target, &self.program, &self.timezone);
         (target, outcome)
+    }
+}
+
+impl Compiled {
+    /// A runtime error as the user should read it: without the wrapper's
+    /// `function call error for "assert" at (..)` around a deferred one.
+    pub(crate) fn error_text(&self, error: &Terminate) -> String {
+        let text = error.to_string();
+        match text.split_once("): ") {
+            Some((_, message)) if self.deferred_errors => message.to_owned(),
+            _ => text,
+        }
     }
 }
 
@@ -160,30 +174,43 @@ pub(crate) fn compile(
         })?,
     };
     let functions = functions(options);
-    let mut config = CompileConfig::default();
-    match access {
-        Access::ReadOnly => config.set_read_only(),
-        Access::Remap => {
-            for field in target::READ_ONLY_METADATA {
-                config.set_read_only_path(
-                    OwnedTargetPath::metadata(vrl::owned_value_path!(*field)),
-                    true,
-                );
-            }
-        }
-    }
     // `.` is whatever the payload decodes to: an object, text, bytes, ...
-    let external = ExternalEnv::new_with_kind(Kind::any(), Kind::object(Collection::any()));
-    let result = vrl::compiler::compile_with_external(&text.text, &functions, &external, config)
-        .map_err(|diagnostics| {
-            FieldError::new(
-                text.field,
-                format!(
-                    "VRL program does not compile:\n{}",
-                    render(&text.name, &text.text, diagnostics)
-                ),
-            )
-        })?;
+    let external = ExternalEnv::new_with_kind(Kind::any(), target::metadata_kind());
+    let compile_text = |source: &str| {
+        vrl::compiler::compile_with_external(source, &functions, &external, config_for(access))
+    };
+    let mut deferred_errors = false;
+    let result = match compile_text(&text.text) {
+        Ok(result) => Ok(result),
+        // A condition that can fail (`.latency_ms > 500` on a field of any
+        // type) fails the message at run time, like any transform error,
+        // instead of refusing the program: its error is raised by `assert!`.
+        // The condition stays on the first line, so positions keep their
+        // meaning; any other problem is reported on the text as written.
+        Err(diagnostics)
+            if access == Access::ReadOnly
+                && diagnostics.iter().all(|diagnostic| diagnostic.code == 100) =>
+        {
+            let deferred = format!(
+                "_condition_ok, _condition_error = ({})\n\
+                 if _condition_error != null {{ assert!(false, message: string!(_condition_error)) }}\n\
+                 _condition_ok",
+                text.text
+            );
+            deferred_errors = true;
+            compile_text(&deferred).map_err(|_| diagnostics)
+        }
+        Err(diagnostics) => Err(diagnostics),
+    }
+    .map_err(|diagnostics| {
+        FieldError::new(
+            text.field,
+            format!(
+                "VRL program does not compile:\n{}",
+                render(&text.name, &text.text, diagnostics)
+            ),
+        )
+    })?;
     for warning in result.warnings.iter() {
         tracing::warn!(program = %text.name, warning = %warning.message, "VRL compile warning");
     }
@@ -196,7 +223,25 @@ pub(crate) fn compile(
         timezone,
         uses_metadata,
         writes_metadata,
+        deferred_errors,
     })
+}
+
+/// What a program may assign to, as the compiler checks it.
+fn config_for(access: Access) -> CompileConfig {
+    let mut config = CompileConfig::default();
+    match access {
+        Access::ReadOnly => config.set_read_only(),
+        Access::Remap => {
+            for field in target::READ_ONLY_METADATA {
+                config.set_read_only_path(
+                    OwnedTargetPath::metadata(vrl::owned_value_path!(*field)),
+                    true,
+                );
+            }
+        }
+    }
+    config
 }
 
 /// The stdlib, less the env and system functions the transform did not enable.

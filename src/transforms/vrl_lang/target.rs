@@ -8,10 +8,13 @@
 //! | `id` | the message id as a decimal string (`null` on a source until the bus mints one) |
 //! | `offset` | sink: the message's offset; source: `null` |
 //! | `timestamp`, `origin_timestamp` | timestamps (server's and producer's; `null` when unknown) |
-//! | `stream`, `topic`, `partition` | where the message goes (source) or came from (sink) |
+//! | `stream`, `topic`, `partition` | where the message goes (source) or came from (sink); `stream` and `topic` are always text |
 
 use chrono::{DateTime, Utc};
-use vrl::value::{KeyString, ObjectMap, Value};
+use std::collections::BTreeMap;
+
+use vrl::value::kind::{Collection, Field};
+use vrl::value::{KeyString, Kind, ObjectMap, Value};
 
 use crate::message::{HeaderValue, Headers, Payload};
 use crate::transforms::MessageMeta;
@@ -26,6 +29,26 @@ pub(crate) const READ_ONLY_METADATA: &[&str] = &[
     "topic",
     "partition",
 ];
+
+/// The type of `%` the compiler checks programs against: `%stream + "/" +
+/// %topic` needs no error handling, `%offset + 1` does (it may be `null`).
+pub(crate) fn metadata_kind() -> Kind {
+    let fields: BTreeMap<Field, Kind> = [
+        ("headers", Kind::object(Collection::any())),
+        ("key", Kind::bytes().or_null()),
+        ("id", Kind::bytes().or_null()),
+        ("offset", Kind::integer().or_bytes().or_null()),
+        ("timestamp", Kind::timestamp().or_null()),
+        ("origin_timestamp", Kind::timestamp().or_null()),
+        ("stream", Kind::bytes()),
+        ("topic", Kind::bytes()),
+        ("partition", Kind::integer().or_null()),
+    ]
+    .into_iter()
+    .map(|(name, kind)| (Field::from(name), kind))
+    .collect();
+    Kind::object(fields)
+}
 
 /// The shape a payload had before the program, kept when the program leaves
 /// its result in that shape.
@@ -85,15 +108,14 @@ pub(crate) fn metadata(meta: &MessageMeta<'_>) -> Value {
         "origin_timestamp",
         meta.origin_timestamp.map_or(Value::Null, timestamp),
     );
+    // Always text (empty when not known), as `metadata_kind` says.
     put(
         "stream",
-        meta.topic
-            .map_or(Value::Null, |topic| Value::from(topic.stream.as_str())),
+        Value::from(meta.topic.map_or("", |topic| topic.stream.as_str())),
     );
     put(
         "topic",
-        meta.topic
-            .map_or(Value::Null, |topic| Value::from(topic.topic.as_str())),
+        Value::from(meta.topic.map_or("", |topic| topic.topic.as_str())),
     );
     put(
         "partition",

@@ -32,7 +32,7 @@ fn given_a_remap_when_applied_should_rename_mask_parse_and_set_the_key_and_a_hea
         "remap",
         json!({"source": r#"
 .user_id = del(.uid)
-.email = redact(.email, filters: [r'^[^@]+'])
+.email = redact!(.email, filters: [r'^[^@]+'])
 .at = format_timestamp!(parse_timestamp!(.at, "%Y-%m-%d %H:%M:%S"), "%+")
 %key = .user_id
 %headers.origin = %stream + "/" + %topic
@@ -93,17 +93,20 @@ fn given_a_compile_error_when_built_should_show_vrl_diagnostic_with_line_column_
     assert_eq!(error.field, "source");
     let message = error.message;
     assert!(message.contains("error[E103]"), "{message}");
-    assert!(message.contains("┌─ source:2:1"), "{message}");
+    assert!(message.contains("┌─ source:2:6"), "{message}");
     assert!(message.contains("2 │ .b = parse_json(.c)"), "{message}");
     assert!(message.contains("^^^^"), "{message}");
-    assert!(message.contains("handle the error"), "{message}");
+    assert!(
+        message.contains("adding a `!`: `parse_json!(.c)`"),
+        "{message}"
+    );
 }
 
 #[test]
 fn given_a_program_file_when_built_should_run_it_and_name_the_file_in_errors() {
     let dir = tempfile::tempdir().unwrap();
     let good = dir.path().join("good.vrl");
-    std::fs::write(&good, ".n = .n + 1\n").unwrap();
+    std::fs::write(&good, ".n = to_int!(.n) + 1\n").unwrap();
     let chain = chain("remap", json!({"file": good.to_str().unwrap()}));
     assert_eq!(run(&chain, json!({"n": 1})), json!({"n": 2}));
 
@@ -294,11 +297,23 @@ fn given_a_filter_that_is_not_a_boolean_or_assigns_when_built_should_be_a_config
 
 #[test]
 fn given_a_filter_whose_condition_fails_when_applied_should_be_a_transform_error() {
-    let chain = chain("filter", json!({"condition": "to_int!(.n) > 1"}));
-    let error = chain
-        .apply(&mut Payload::Json(json!({"n": "x"})))
-        .unwrap_err();
-    assert_eq!(error.transform, "filter");
+    for condition in ["to_int!(.n) > 1", ".n > 1"] {
+        let chain = chain("filter", json!({"condition": condition}));
+        let error = chain
+            .apply(&mut Payload::Json(json!({"n": "x"})))
+            .unwrap_err();
+        assert_eq!(error.transform, "filter");
+        assert!(
+            error.message.contains("got integer") || error.message.contains("Invalid integer"),
+            "{condition}: {}",
+            error.message
+        );
+        assert!(
+            !error.message.contains("assert"),
+            "{condition}: {}",
+            error.message
+        );
+    }
 }
 
 #[test]
