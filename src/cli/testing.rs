@@ -138,7 +138,12 @@ pub fn test(files: &[PathBuf]) -> ExitCode {
                 }
             }
             Err(message) => {
-                eprintln!("error: {message}");
+                // Config issues come formatted ("error: FILE: field ..."), as `validate` prints them.
+                if message.starts_with("error") {
+                    eprintln!("{message}");
+                } else {
+                    eprintln!("error: {message}");
+                }
                 return ExitCode::from(EXIT_CONFIG);
             }
         }
@@ -507,7 +512,11 @@ fn check(produced: &Produced, expected: &Expected) -> Vec<String> {
     if let Some(wanted) = &expected.key
         && key.as_ref() != Some(wanted)
     {
-        failures.push(format!("key: expected {wanted:?}, found {key:?}"));
+        failures.push(format!(
+            "key: expected {wanted:?}, found {}",
+            key.as_ref()
+                .map_or_else(|| "no key".to_owned(), |key| format!("{key:?}"))
+        ));
     }
     if let Some(condition) = &expected.condition
         && let Some(failure) = check_condition(condition, payload, headers, key)
@@ -575,10 +584,12 @@ fn field<'a>(json: &'a Value, path: &str) -> Option<&'a Value> {
         })
 }
 
-/// Expected (`-`) against actual (`+`), line by line, both pretty-printed.
+/// Expected (`-`) against actual (`+`), line by line, both pretty-printed
+/// with their keys sorted (a remap's objects come out sorted; a test's keys
+/// are in the order written).
 fn diff(wanted: &Value, actual: &Value) -> String {
-    let wanted = serde_json::to_string_pretty(wanted).unwrap_or_default();
-    let actual = serde_json::to_string_pretty(actual).unwrap_or_default();
+    let pretty = |value: &Value| serde_json::to_string_pretty(&sorted(value)).unwrap_or_default();
+    let (wanted, actual) = (pretty(wanted), pretty(actual));
     let mut out = String::new();
     for change in similar::TextDiff::from_lines(&wanted, &actual).iter_all_changes() {
         let sign = match change.tag() {
@@ -591,7 +602,25 @@ fn diff(wanted: &Value, actual: &Value) -> String {
             out.push('\n');
         }
     }
+    out.truncate(out.trim_end().len());
     out
+}
+
+fn sorted(value: &Value) -> Value {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_by(|left, right| left.0.cmp(right.0));
+            Value::Object(
+                entries
+                    .into_iter()
+                    .map(|(key, value)| (key.clone(), sorted(value)))
+                    .collect(),
+            )
+        }
+        Value::Array(items) => Value::Array(items.iter().map(sorted).collect()),
+        other => other.clone(),
+    }
 }
 
 fn input_headers(headers: &Map<String, Value>) -> Headers {
