@@ -157,7 +157,7 @@ pub struct TransformConfigError {
 /// The configured transforms of one connector, in file order.
 #[derive(Debug, Default)]
 pub struct TransformChain {
-    steps: Vec<(String, Box<dyn Transform>)>,
+    steps: Vec<Step>,
 }
 
 impl TransformChain {
@@ -241,11 +241,11 @@ impl FieldError {
     }
 }
 
+/// A built transform and its type.
+type Step = (String, Box<dyn Transform>);
+
 /// One transform and its type; `None` when disabled.
-fn build_one(
-    name: &str,
-    config: &serde_json::Value,
-) -> Result<Option<(String, Box<dyn Transform>)>, TransformConfigError> {
+fn build_one(name: &str, config: &serde_json::Value) -> Result<Option<Step>, TransformConfigError> {
     let error = |field: FieldError| TransformConfigError {
         transform: name.to_owned(),
         field: field.field,

@@ -117,11 +117,7 @@ pub(crate) fn metadata(meta: &MessageMeta<'_>) -> Value {
         "topic",
         Value::from(meta.topic.map_or("", |topic| topic.topic.as_str())),
     );
-    put(
-        "partition",
-        meta.partition
-            .map_or(Value::Null, |partition| Value::from(partition)),
-    );
+    put("partition", meta.partition.map_or(Value::Null, Value::from));
     Value::Object(map)
 }
 
