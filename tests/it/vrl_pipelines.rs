@@ -18,6 +18,12 @@ use iggy_connect::message::HeaderValue;
 use iggy_connect::state::MemoryStateStore;
 use serde_json::Value;
 
+use crate::support::binary::Workspace;
+use crate::support::iggy_server::IggyTestServer;
+use crate::support::wait::wait_until;
+
+const LONG: Duration = Duration::from_secs(30);
+
 const EXAMPLE: &str = "examples/remap/users.toml";
 
 fn iggy_connect(args: &[&str]) -> Output {
@@ -257,4 +263,99 @@ fn runtime(bus: &MemoryBus) -> Arc<Runtime> {
         Arc::new(MemoryStateStore::new()),
         Duration::from_secs(5),
     )
+}
+
+#[test]
+fn describe_shows_the_format_of_a_files_tests_in_its_json_schema() {
+    let output = iggy_connect(&["describe", "source", "random", "--format", "json-schema"]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let schema: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let tests = &schema["properties"]["tests"]["items"]["properties"];
+    assert!(
+        tests["inputs"]["items"]["properties"]["json"].is_object(),
+        "{schema}"
+    );
+    for check in [
+        "json_equals",
+        "fields",
+        "headers",
+        "condition",
+        "error_contains",
+    ] {
+        assert!(
+            tests["outputs"]["items"]["properties"][check].is_object(),
+            "{check}: {schema}"
+        );
+    }
+}
+
+#[test]
+fn run_moves_records_through_a_remap_on_the_source_and_a_filter_and_remap_on_the_sink_through_iggy()
+{
+    let server = IggyTestServer::start();
+    let workspace = Workspace::new(&server.address().to_string(), "");
+    workspace.add_connector(
+        "users.toml",
+        r#"
+type = "source"
+key = "users"
+path = "random"
+[[streams]]
+stream = "vrl_stream"
+topic = "users"
+schema = "json"
+[plugin_config]
+interval = "5ms"
+max_count = 100
+[transforms.remap]
+source = '''
+.user = del(.name)
+%key = .user
+%headers.pipeline = "users"
+'''
+"#,
+    );
+    workspace.add_connector(
+        "print.toml",
+        r#"
+type = "sink"
+key = "print"
+path = "stdout"
+[[streams]]
+stream = "vrl_stream"
+topics = ["users"]
+schema = "json"
+consumer_group = "print"
+[plugin_config]
+print_payload = true
+[transforms.from_users]
+type = "filter"
+condition = '%headers.pipeline == "users" && mod(to_int!(.seq), 2) == 0'
+[transforms.stamp]
+type = "remap"
+source = '.offset = %offset; .topic = %stream + "/" + %topic'
+"#,
+    );
+    let running = workspace.run();
+    wait_until("100 records in the topic", LONG, || {
+        server.message_count("vrl_stream", "users") == 100
+    });
+    wait_until("50 lines on stdout", LONG, || {
+        workspace.stdout().matches('\n').count() == 50
+    });
+    running.terminate();
+    let status = running.wait_exit(LONG);
+    assert!(status.success(), "exit {status:?}\n{}", workspace.stderr());
+    let mut offsets = Vec::new();
+    for line in workspace.stdout().lines() {
+        let record: Value = serde_json::from_str(line).unwrap();
+        assert_eq!(record["user"], "World", "{record}");
+        assert!(record.get("name").is_none(), "{record}");
+        assert_eq!(record["seq"].as_u64().unwrap() % 2, 0, "{record}");
+        assert_eq!(record["topic"], "vrl_stream/users", "{record}");
+        offsets.push(record["offset"].as_u64().unwrap());
+    }
+    offsets.sort_unstable();
+    offsets.dedup();
+    assert_eq!(offsets.len(), 50);
 }
