@@ -256,7 +256,6 @@ fn tests_schema() -> Value {
                 }},
                 "outputs": {"type": "array", "description": "empty: nothing may come out", "items": {
                     "type": "object",
-                    "minProperties": 1,
                     "additionalProperties": false,
                     "properties": {
                         "json_equals": any, "json_contains": any,
