@@ -1,5 +1,6 @@
 //! The command line: `run` (long-running, upstream's config format), `pipe`
-//! (one-shot, in memory), `list`, `describe` and `validate`.
+//! (one-shot, in memory), `list`, `describe`, `validate` and `test` (a
+//! connector file's unit tests).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -10,6 +11,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod admin;
 mod pipe;
+mod testing;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::api::{self, ApiServer, ApiState};
@@ -85,6 +87,15 @@ pub enum Command {
             default_value = "config.toml"
         )]
         config: PathBuf,
+    },
+    /// Run the unit tests of connector files (`[[tests]]` in the file, or in
+    /// `NAME.test.toml` beside it) through the file's decode, transforms and
+    /// encode, with no Iggy server and no backend. Exits 1 when a test
+    /// fails, 2 when a file or a test cannot be read.
+    Test {
+        /// Connector files (or their `NAME.test.toml`).
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
     },
     /// Show, replace or clear a source's committed state, with the runtime
     /// stopped (while it runs: stop the connector, then the HTTP API's
@@ -180,6 +191,7 @@ pub fn run(cli: Cli) -> ExitCode {
             format,
         } => describe(kind, &name, example, format),
         Command::Validate { config } => validate(&config),
+        Command::Test { files } => testing::test(&files),
         Command::Run { config, watch } => with_runtime(|| run_config(&config, watch)),
         Command::Pipe(args) => with_runtime(|| pipe::pipe(args)),
         Command::State { config, command } => with_runtime(|| admin::state(&config, command)),

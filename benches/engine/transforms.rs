@@ -5,8 +5,8 @@
 use std::hint::black_box;
 
 use criterion::{BatchSize, Criterion, criterion_group};
-use iggy_connect::message::Payload;
-use iggy_connect::transforms::TransformChain;
+use iggy_connect::message::{Headers, Payload, TopicRef};
+use iggy_connect::transforms::{MessageMeta, Side, TransformChain};
 use serde_json::{Value, json};
 
 fn record() -> Value {
@@ -146,4 +146,73 @@ fn transforms(criterion: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, transforms);
+/// `remap` and `filter` (feature `vrl`) beside no transform and the built-in
+/// transforms doing the same work, through `apply_with` as a source runs
+/// them (with the message's metadata): a ~200 B and a ~1 KB JSON record.
+fn vrl_transforms(criterion: &mut Criterion) {
+    let mut group = criterion.benchmark_group("remap_per_message");
+    let small = json!({
+        "uid": "u-1842", "email": "ann.smith@example.com", "level": "info",
+        "at": "2026-01-02 03:04:05", "amount": 129.5, "items": [1, 2, 3],
+        "country": "PL", "session": "9f8e7d6c-5b4a-3210-fedc-ba9876543210",
+    });
+    let mut large = small.clone();
+    large["description"] = json!("x".repeat(650));
+    large["tags"] = json!(["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]);
+    large["address"] =
+        json!({"street": "Main St 1", "city": "Warsaw", "zip": "00-001", "country": "PL"});
+    let three_lines =
+        ".user_id = del(.uid)\n.at = parse_timestamp!(.at, \"%Y-%m-%d %H:%M:%S\")\n%key = .user_id";
+    let mut cases: Vec<(&str, Vec<(String, Value)>)> = vec![("none", vec![])];
+    if cfg!(feature = "vrl") {
+        cases.push((
+            "remap/no_op",
+            vec![("remap".into(), json!({"source": "."}))],
+        ));
+        cases.push((
+            "remap/rename+parse_timestamp+key",
+            vec![("remap".into(), json!({"source": three_lines}))],
+        ));
+        cases.push((
+            "filter/two_fields",
+            vec![(
+                "filter".into(),
+                json!({"condition": ".level == \"info\" && .amount > 100"}),
+            )],
+        ));
+    }
+    cases.push((
+        "builtin/update_fields_rename",
+        vec![
+            (
+                "add_fields".into(),
+                json!({"fields": [{"key": "user_id", "value": {"static": "u-1842"}}]}),
+            ),
+            ("delete_fields".into(), json!({"fields": ["uid"]})),
+        ],
+    ));
+    let topic = TopicRef {
+        stream: "bench".into(),
+        topic: "records".into(),
+    };
+    for (size, record) in [("200B", &small), ("1KB", &large)] {
+        let payload = Payload::Json(record.clone());
+        for (name, configs) in &cases {
+            let chain = TransformChain::build(configs).unwrap();
+            group.bench_function(format!("{name}/{size}"), |bench| {
+                bench.iter_batched_ref(
+                    || (payload.clone(), Headers::new()),
+                    |(payload, headers)| {
+                        let mut meta = MessageMeta::headers_only(Side::Source, headers);
+                        meta.topic = Some(&topic);
+                        chain.apply_with(black_box(payload), &mut meta).unwrap()
+                    },
+                    BatchSize::SmallInput,
+                )
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, transforms, vrl_transforms);

@@ -117,6 +117,8 @@ const KNOWN_FIELDS: &[&str] = &[
     "max_in_flight",
     "on_error",
     "dead_letter",
+    // `iggy-connect test` reads them; the runtime ignores them.
+    "tests",
 ];
 
 /// Parses one connector file's text. Every problem found is returned; the config
@@ -299,7 +301,15 @@ fn read_transforms(reader: &mut Reader) -> Vec<(String, serde_json::Value)> {
             Value::Table(_) => transforms.push((kind.clone(), toml_to_json(config))),
             other => reader.error(
                 &format!("transforms.{kind}"),
-                format!("expected a table, found {}", describe(other)),
+                format!(
+                    "expected a table, found {}{}",
+                    describe(other),
+                    if other.is_array() {
+                        "; to run one type several times, name each table and give its type: [transforms.NAME] type = \"...\""
+                    } else {
+                        ""
+                    }
+                ),
             ),
         }
     }

@@ -231,6 +231,45 @@ pub fn example_file(info: &ConnectorInfo) -> String {
     )
 }
 
+/// `[[tests]]`, read by `iggy-connect test` (src/cli/testing.rs) and
+/// ignored by the runtime.
+fn tests_schema() -> Value {
+    let any = json!({});
+    json!({
+        "type": "array",
+        "description": "unit tests run by `iggy-connect test`: inputs sent through the file's decode, transforms and encode, and the outputs expected, in order",
+        "items": {
+            "type": "object",
+            "required": ["name", "inputs", "outputs"],
+            "additionalProperties": false,
+            "properties": {
+                "name": {"type": "string"},
+                "inputs": {"type": "array", "minItems": 1, "items": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "properties": {
+                        "json": any, "text": {"type": "string"},
+                        "headers": {"type": "object"}, "key": {"type": "string"},
+                        "id": {"type": "integer"}, "partition": {"type": "integer"},
+                        "offset": {"type": "integer"}, "timestamp": {"type": "integer"},
+                    },
+                }},
+                "outputs": {"type": "array", "description": "empty: nothing may come out", "items": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "properties": {
+                        "json_equals": any, "json_contains": any,
+                        "text_equals": {"type": "string"}, "text_contains": {"type": "string"},
+                        "fields": {"type": "object"}, "headers": {"type": "object"},
+                        "key": {"type": "string"}, "condition": {"type": "string"},
+                        "error_contains": {"type": "string"},
+                    },
+                }},
+            },
+        },
+    })
+}
+
 /// A JSON Schema (2020-12) of a whole connector file for this connector.
 pub fn file_schema(info: &ConnectorInfo) -> Value {
     let mut plugin_config = (info.config_schema)().to_value();
@@ -302,8 +341,9 @@ pub fn file_schema(info: &ConnectorInfo) -> Value {
     properties.insert("plugin_config".into(), plugin_config);
     properties.insert(
         "transforms".into(),
-        json!({"type": "object", "additionalProperties": {"type": "object"}}),
+        json!({"type": "object", "additionalProperties": {"type": "object", "properties": {"type": {"type": "string", "description": "the transform's type when the table is named otherwise"}, "enabled": {"type": "boolean"}}}}),
     );
+    properties.insert("tests".into(), tests_schema());
     properties.insert(
         "dead_letter".into(),
         json!({"type": "object", "required": ["stream", "topic"], "properties": {"stream": {"type": "string"}, "topic": {"type": "string"}}}),

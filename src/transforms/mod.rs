@@ -8,6 +8,10 @@
 //!
 //! The field transforms act on a top-level JSON object; text, raw and non-object
 //! JSON payloads pass through them unchanged.
+//!
+//! A table is named after its type (`[transforms.add_fields]`), or has any name
+//! and says its type (`[transforms.mask] type = "remap"`): so one type can run
+//! several times, anywhere in the chain.
 
 mod add_fields;
 mod convert;
@@ -18,13 +22,15 @@ mod filter_messages;
 mod pattern;
 mod unwrap_envelope;
 mod update_fields;
+#[cfg(feature = "vrl")]
+mod vrl_lang;
 
 use std::fmt;
 
 use serde::de::DeserializeOwned;
 
 use crate::codec::SchemaName;
-use crate::message::Payload;
+use crate::message::{Headers, Payload, TopicRef};
 
 pub use add_fields::AddFields;
 pub use delete_fields::DeleteFields;
@@ -44,6 +50,10 @@ pub const TRANSFORM_TYPES: &[&str] = &[
     "avro_convert",
     "proto_convert",
     "flat_buffer_convert",
+    #[cfg(feature = "vrl")]
+    "remap",
+    #[cfg(feature = "vrl")]
+    "filter",
 ];
 
 /// One transform. Built once per connector from its config and shared read-only
@@ -51,6 +61,73 @@ pub const TRANSFORM_TYPES: &[&str] = &[
 pub trait Transform: Send + Sync + fmt::Debug {
     /// Changes the payload in place, or says the message should be dropped.
     fn apply(&self, payload: &mut Payload) -> Result<Verdict, TransformError>;
+
+    /// As [`Transform::apply`], for a transform that also reads or changes the
+    /// message's metadata (headers, key, offsets).
+    fn apply_with(
+        &self,
+        payload: &mut Payload,
+        _meta: &mut MessageMeta<'_>,
+    ) -> Result<Verdict, TransformError> {
+        self.apply(payload)
+    }
+}
+
+/// Which side of the bus a message is on when transformed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// A source's record, before it is encoded and sent.
+    Source,
+    /// A consumed message, decoded, before a sink writes it.
+    Sink,
+}
+
+/// What a transform sees of a message besides its payload. `headers` and
+/// (on a source) `key` may be changed; the rest is read-only.
+#[derive(Debug)]
+pub struct MessageMeta<'a> {
+    pub side: Side,
+    /// The source's target topic, or the topic a sink consumed from.
+    pub topic: Option<&'a TopicRef>,
+    pub partition: Option<u32>,
+    pub id: Option<u128>,
+    /// Sinks only.
+    pub offset: Option<u64>,
+    /// Server timestamp (sinks), microseconds since the epoch.
+    pub timestamp: Option<u64>,
+    /// Producer-side timestamp, microseconds since the epoch.
+    pub origin_timestamp: Option<u64>,
+    pub headers: &'a mut Headers,
+    /// A key set by a source's transform: records with the same key go to
+    /// the same partition.
+    pub key: Option<String>,
+}
+
+impl<'a> MessageMeta<'a> {
+    /// Metadata with nothing known but the headers.
+    pub fn headers_only(side: Side, headers: &'a mut Headers) -> Self {
+        Self {
+            side,
+            topic: None,
+            partition: None,
+            id: None,
+            offset: None,
+            timestamp: None,
+            origin_timestamp: None,
+            headers,
+            key: None,
+        }
+    }
+
+    /// The partition a source record goes to: its key's, when a transform set
+    /// one (a stable hash, so one key always lands on one partition), else
+    /// the record's own.
+    pub fn partition_for_source(&self) -> Option<u32> {
+        match &self.key {
+            Some(key) => Some(crc32fast::hash(key.as_bytes())),
+            None => self.partition,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,17 +157,18 @@ pub struct TransformConfigError {
 /// The configured transforms of one connector, in file order.
 #[derive(Debug, Default)]
 pub struct TransformChain {
-    steps: Vec<(String, Box<dyn Transform>)>,
+    steps: Vec<Step>,
 }
 
 impl TransformChain {
-    /// Builds the chain from `(type, table)` pairs in file order. A table with
+    /// Builds the chain from `(name, table)` pairs in file order, the name
+    /// being the type unless the table says its `type`. A table with
     /// `enabled = false` is skipped.
     pub fn build(configs: &[(String, serde_json::Value)]) -> Result<Self, TransformConfigError> {
         let mut steps = Vec::with_capacity(configs.len());
-        for (kind, config) in configs {
-            if let Some(transform) = build_one(kind, config)? {
-                steps.push((kind.clone(), transform));
+        for (name, config) in configs {
+            if let Some((kind, transform)) = build_one(name, config)? {
+                steps.push((kind, transform));
             }
         }
         Ok(Self { steps })
@@ -111,6 +189,20 @@ impl TransformChain {
 
     /// Runs every transform in order; stops at the first that drops the message.
     pub fn apply(&self, payload: &mut Payload) -> Result<Verdict, TransformError> {
+        let mut headers = Headers::new();
+        self.apply_with(
+            payload,
+            &mut MessageMeta::headers_only(Side::Sink, &mut headers),
+        )
+    }
+
+    /// As [`TransformChain::apply`], with the message's metadata, which
+    /// `remap` reads and may change.
+    pub fn apply_with(
+        &self,
+        payload: &mut Payload,
+        meta: &mut MessageMeta<'_>,
+    ) -> Result<Verdict, TransformError> {
         if self.steps.is_empty() {
             return Ok(Verdict::Keep);
         }
@@ -123,7 +215,7 @@ impl TransformChain {
             *payload = Payload::Json(value);
         }
         for (_, transform) in &self.steps {
-            if transform.apply(payload)? == Verdict::Drop {
+            if transform.apply_with(payload, meta)? == Verdict::Drop {
                 return Ok(Verdict::Drop);
             }
         }
@@ -149,17 +241,23 @@ impl FieldError {
     }
 }
 
-fn build_one(
-    kind: &str,
-    config: &serde_json::Value,
-) -> Result<Option<Box<dyn Transform>>, TransformConfigError> {
+/// A built transform and its type.
+type Step = (String, Box<dyn Transform>);
+
+/// One transform and its type; `None` when disabled.
+fn build_one(name: &str, config: &serde_json::Value) -> Result<Option<Step>, TransformConfigError> {
     let error = |field: FieldError| TransformConfigError {
-        transform: kind.to_owned(),
+        transform: name.to_owned(),
         field: field.field,
         message: field.message,
     };
     let serde_json::Value::Object(table) = config else {
         return Err(error(FieldError::new("", "expected a table")));
+    };
+    let kind = match table.get("type") {
+        None => name,
+        Some(serde_json::Value::String(kind)) => kind.as_str(),
+        Some(_) => return Err(error(FieldError::new("type", "expected a string"))),
     };
     match table.get("enabled") {
         // Upstream requires `enabled`; a missing flag is read as enabled here.
@@ -169,8 +267,9 @@ fn build_one(
     }
     let mut settings = table.clone();
     settings.shift_remove("enabled");
+    settings.shift_remove("type");
     build_kind(kind, &serde_json::Value::Object(settings))
-        .map(Some)
+        .map(|transform| Some((kind.to_owned(), transform)))
         .map_err(error)
 }
 
@@ -195,10 +294,21 @@ fn build_kind(kind: &str, settings: &serde_json::Value) -> Result<Box<dyn Transf
             parse(settings)?,
         )
         .map(boxed),
+        #[cfg(feature = "vrl")]
+        "remap" => vrl_lang::Remap::build(parse(settings)?).map(boxed),
+        #[cfg(feature = "vrl")]
+        "filter" => vrl_lang::Filter::build(parse(settings)?).map(boxed),
+        #[cfg(not(feature = "vrl"))]
+        "remap" | "filter" => Err(FieldError::new(
+            "",
+            format!(
+                "the {kind} transform needs the cargo feature `vrl`, not compiled into this binary"
+            ),
+        )),
         other => Err(FieldError::new(
             "",
             format!(
-                "unknown transform type \"{other}\"; expected one of {}",
+                "unknown transform type \"{other}\"; expected one of {} (or any table name with `type = \"<type>\"`)",
                 TRANSFORM_TYPES.join(", ")
             ),
         )),

@@ -63,3 +63,4 @@ mod surrealdb_sink;
 mod telemetry;
 mod transforms_pipeline;
 mod upstream_configs;
+mod vrl_pipelines;

@@ -260,6 +260,10 @@ impl Runtime {
                 producer,
                 schema: stream.schema.clone(),
                 target: format!("{}/{}", stream.stream, stream.topic),
+                topic: TopicRef {
+                    stream: stream.stream.clone(),
+                    topic: stream.topic.clone(),
+                },
             });
         }
         let dead_letter = self.dead_letter_producer(slot, config, shutdown).await?;

@@ -12,7 +12,7 @@ use crate::engine::metrics::{ErrorStage, Stage};
 use crate::iggy::ConsumedBatch;
 use crate::message::{ConsumedMessage, OutgoingMessage, Payload, SinkMessage, TopicRef};
 use crate::telemetry::BatchSpan;
-use crate::transforms::Verdict;
+use crate::transforms::{MessageMeta, Side, Verdict};
 
 use super::{Prepared, TopicLoop};
 
@@ -72,27 +72,39 @@ impl TopicLoop<'_> {
                 timestamp,
                 origin_timestamp,
                 checksum,
-                headers,
+                mut headers,
                 payload,
             } = message;
-            let decoded = match self.decode_and_transform(schema, &payload, keep_json_text) {
-                Ok(Some(decoded)) => decoded,
-                Ok(None) => {
-                    pipeline.metrics.filtered.add(1);
-                    continue;
-                }
-                Err((stage, error)) => {
-                    let origin = dead_letter::Origin {
-                        stream: &topic.stream,
-                        topic: &topic.topic,
-                        partition_id,
-                        offset,
-                    };
-                    self.drop_message(stage, &error, id, headers, payload, origin, dead);
-                    rejected += 1;
-                    continue;
-                }
+            let mut meta = MessageMeta {
+                side: Side::Sink,
+                topic: Some(topic),
+                partition: Some(partition_id),
+                id: Some(id),
+                offset: Some(offset),
+                timestamp: Some(timestamp),
+                origin_timestamp: Some(origin_timestamp),
+                headers: &mut headers,
+                key: None,
             };
+            let decoded =
+                match self.decode_and_transform(schema, &payload, keep_json_text, &mut meta) {
+                    Ok(Some(decoded)) => decoded,
+                    Ok(None) => {
+                        pipeline.metrics.filtered.add(1);
+                        continue;
+                    }
+                    Err((stage, error)) => {
+                        let origin = dead_letter::Origin {
+                            stream: &topic.stream,
+                            topic: &topic.topic,
+                            partition_id,
+                            offset,
+                        };
+                        self.drop_message(stage, &error, id, headers, payload, origin, dead);
+                        rejected += 1;
+                        continue;
+                    }
+                };
             messages.push(SinkMessage {
                 id,
                 offset,
@@ -114,6 +126,7 @@ impl TopicLoop<'_> {
         schema: &Schema,
         payload: &bytes::Bytes,
         keep_json_text: bool,
+        meta: &mut MessageMeta<'_>,
     ) -> Result<Option<Payload>, (ErrorStage, String)> {
         let decoded = if keep_json_text {
             schema.decode_keeping_json_text(payload.clone())
@@ -125,7 +138,7 @@ impl TopicLoop<'_> {
         if transforms.is_empty() {
             return Ok(Some(decoded));
         }
-        match transforms.apply(&mut decoded) {
+        match transforms.apply_with(&mut decoded, meta) {
             Ok(Verdict::Keep) => Ok(Some(decoded)),
             Ok(Verdict::Drop) => Ok(None),
             Err(error) => Err((ErrorStage::Transform, error.to_string())),

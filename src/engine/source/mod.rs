@@ -22,10 +22,10 @@ use crate::engine::retry::{Attempt, Failure, Until, retry};
 use crate::engine::status::{StatusCell, StopReason};
 use crate::engine::{BENCHMARK_TARGET, Shutdown, catch_panic, dead_letter};
 use crate::iggy::Producer;
-use crate::message::{OutgoingMessage, Payload, SourceRecord};
+use crate::message::{Headers, OutgoingMessage, Payload, SourceRecord, TopicRef};
 use crate::state::StateStore;
 use crate::telemetry::{self, BatchSpan};
-use crate::transforms::{TransformChain, Verdict};
+use crate::transforms::{MessageMeta, Side, TransformChain, Verdict};
 
 mod batches;
 
@@ -36,6 +36,8 @@ pub struct Route {
     pub schema: Schema,
     /// `stream/topic`, for logs.
     pub target: String,
+    /// The same, for transforms that read it.
+    pub topic: TopicRef,
 }
 
 /// Everything a running source needs; built by the runtime once the source is
@@ -251,13 +253,28 @@ impl SourcePipeline {
             let SourceRecord {
                 id,
                 stream_index,
-                headers,
+                mut headers,
                 mut payload,
-                partition,
+                mut partition,
                 origin_timestamp,
             } = record;
             let outcome = match self.routes.get(stream_index) {
-                Some(route) => self.transform_and_encode(route, &mut payload),
+                Some(route) => {
+                    let mut meta = MessageMeta {
+                        side: Side::Source,
+                        topic: Some(&route.topic),
+                        partition,
+                        id,
+                        offset: None,
+                        timestamp: None,
+                        origin_timestamp,
+                        headers: &mut headers,
+                        key: None,
+                    };
+                    let outcome = self.transform_and_encode(route, &mut payload, &mut meta);
+                    partition = meta.partition_for_source();
+                    outcome
+                }
                 None => Err((
                     ErrorStage::Encode,
                     format!(
@@ -307,9 +324,10 @@ impl SourcePipeline {
         &self,
         route: &Route,
         payload: &mut Payload,
+        meta: &mut MessageMeta<'_>,
     ) -> Result<Option<Bytes>, (ErrorStage, String)> {
         if !self.transforms.is_empty() {
-            match self.transforms.apply(payload) {
+            match self.transforms.apply_with(payload, meta) {
                 Ok(Verdict::Keep) => {}
                 Ok(Verdict::Drop) => return Ok(None),
                 Err(error) => return Err((ErrorStage::Transform, error.to_string())),
@@ -328,7 +346,7 @@ impl SourcePipeline {
         stage: ErrorStage,
         error: &str,
         id: Option<u128>,
-        headers: crate::message::Headers,
+        headers: Headers,
         payload: &Payload,
     ) {
         self.metrics.error(stage, 1);
