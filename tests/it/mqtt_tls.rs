@@ -101,13 +101,21 @@ async fn pipelines_over_tls(version: &str) {
     let expected: Vec<Bytes> = (1..201u64)
         .map(|n| Bytes::from(json!({ "n": n }).to_string()))
         .collect();
-    assert_eq!(collector.received(), expected, "each message once, in order");
+    assert_eq!(
+        collector.received(),
+        expected,
+        "each message once, in order"
+    );
     let mut seen = BTreeMap::new();
     for message in iggy.messages("sensors", "readings") {
         let value: Value = serde_json::from_slice(&message.payload).unwrap();
         *seen.entry(value["n"].as_u64().unwrap()).or_insert(0) += 1;
     }
-    assert_eq!(seen, (0..100u64).map(|n| (n, 1)).collect(), "each reading once");
+    assert_eq!(
+        seen,
+        (0..100u64).map(|n| (n, 1)).collect(),
+        "each reading once"
+    );
 }
 
 mod a_sink_and_a_source_over_mutual_tls_deliver_with_certificates_checked {

@@ -148,7 +148,8 @@ async fn open_errors(fields: Value) -> Vec<ConnectorError> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_wrong_ca_or_an_untrusted_client_certificate_is_fatal_at_open_naming_the_field() {
+async fn a_wrong_ca_an_untrusted_client_certificate_or_a_bad_login_over_tls_is_fatal_naming_the_field()
+ {
     let (tls_port, ca, other_ca, other_cert, other_key) = {
         let broker = shared();
         let pki = &broker.pki;
@@ -166,12 +167,23 @@ async fn a_wrong_ca_or_an_untrusted_client_certificate_is_fatal_at_open_naming_t
         assert!(text.contains("plugin_config.ca_file"), "{text}");
         assert!(text.contains("UnknownIssuer"), "{text}");
     }
-    let foreign = json!({"port": tls_port, "ca_file": ca, "cert_file": other_cert,
+    let foreign = json!({"port": tls_port, "ca_file": ca.clone(), "cert_file": other_cert,
         "key_file": other_key});
     for error in open_errors(foreign).await {
         assert!(!error.is_transient(), "{error}");
         assert!(
             error.to_string().contains("plugin_config.cert_file"),
+            "{error}"
+        );
+    }
+    // Over TLS a refused login still names the credentials, not the certificate.
+    let wrong_password = json!({"port": tls_port, "ca_file": ca, "password": "wrong"});
+    for error in open_errors(wrong_password).await {
+        assert!(!error.is_transient(), "{error}");
+        assert!(
+            error
+                .to_string()
+                .contains("plugin_config.username/password"),
             "{error}"
         );
     }

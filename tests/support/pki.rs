@@ -40,8 +40,7 @@ impl TestPki {
             vec!["localhost".into(), "127.0.0.1".into()],
             ExtendedKeyUsagePurpose::ServerAuth,
         );
-        let (client_cert, client_key) =
-            leaf(&ca, Vec::new(), ExtendedKeyUsagePurpose::ClientAuth);
+        let (client_cert, client_key) = leaf(&ca, Vec::new(), ExtendedKeyUsagePurpose::ClientAuth);
         let (other_client_cert, other_client_key) =
             leaf(&other, Vec::new(), ExtendedKeyUsagePurpose::ClientAuth);
         Self {

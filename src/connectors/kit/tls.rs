@@ -16,7 +16,9 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls::{
+    CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
+};
 
 use crate::connectors::{ConnectorError, PluginConfigError};
 
@@ -62,7 +64,10 @@ impl TlsOptions {
             ("cert_file", &self.cert_file),
             ("key_file", &self.key_file),
         ] {
-            if path.as_ref().is_some_and(|path| path.as_os_str().is_empty()) {
+            if path
+                .as_ref()
+                .is_some_and(|path| path.as_os_str().is_empty())
+            {
                 return Err(PluginConfigError::new(
                     field,
                     "expected a path to a PEM file, found \"\" (leave it out instead)",
@@ -93,11 +98,15 @@ impl TlsOptions {
         };
         let refused = Arc::new(Mutex::new(None));
         let verifier: Arc<dyn ServerCertVerifier> = if self.verify {
-            let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-                .build()
-                .map_err(|error| {
-                    PluginConfigError::new("ca_file", format!("no usable CA certificate: {error}"))
-                })?;
+            let inner =
+                WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                    .build()
+                    .map_err(|error| {
+                        PluginConfigError::new(
+                            "ca_file",
+                            format!("no usable CA certificate: {error}"),
+                        )
+                    })?;
             Arc::new(Recording {
                 inner,
                 refused: refused.clone(),
@@ -120,10 +129,7 @@ impl TlsOptions {
                     file_error("key_file", key_file, format!("no private key: {error}"))
                 })?;
                 builder.with_client_auth_cert(chain, key).map_err(|error| {
-                    PluginConfigError::new(
-                        "key_file",
-                        format!("does not fit cert_file: {error}"),
-                    )
+                    PluginConfigError::new("key_file", format!("does not fit cert_file: {error}"))
                 })?
             }
             _ => builder.with_no_client_auth(),
@@ -148,7 +154,9 @@ impl TlsClient {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .clone();
         if let Some(refused) = refused {
-            return Some(ConnectorError::fatal(self.describe(name_field, server, &refused)));
+            return Some(ConnectorError::fatal(
+                self.describe(name_field, server, &refused),
+            ));
         }
         let alert = error.split("received fatal alert: ").nth(1)?;
         let certificate_alert = [
@@ -382,7 +390,10 @@ mod tests {
             .client()
             .unwrap_err();
             assert_eq!(error.field, "ca_file");
-            assert!(error.to_string().contains(&path.display().to_string()), "{error}");
+            assert!(
+                error.to_string().contains(&path.display().to_string()),
+                "{error}"
+            );
         }
     }
 
@@ -390,10 +401,21 @@ mod tests {
     fn given_a_server_alert_about_certificates_when_judged_should_blame_cert_file() {
         let client = options().client().unwrap();
         let refused = client
-            .refusal("host", "broker", "io: received fatal alert: CertificateRequired")
+            .refusal(
+                "host",
+                "broker",
+                "io: received fatal alert: CertificateRequired",
+            )
             .unwrap();
         assert!(!refused.is_transient());
-        assert!(refused.to_string().contains("plugin_config.cert_file"), "{refused}");
-        assert!(client.refusal("host", "broker", "connection refused").is_none());
+        assert!(
+            refused.to_string().contains("plugin_config.cert_file"),
+            "{refused}"
+        );
+        assert!(
+            client
+                .refusal("host", "broker", "connection refused")
+                .is_none()
+        );
     }
 }

@@ -374,15 +374,59 @@ impl AmqpConnection {
         let tls = self
             .tls_client()
             .map_err(|error| ConnectorError::fatal(format!("plugin_config.{error}")))?;
-        self.connect(name, tls.as_ref()).await.map_err(|opening| {
-            let refused = match (&opening, &tls) {
-                (Opening::CutOff(text) | Opening::Failed(text), Some(tls)) => {
-                    tls.refusal(self.server_name_field(), &self.address(), text)
-                }
-                _ => None,
+        let opening = match self.connect(name, tls.as_ref()).await {
+            Ok(session) => return Ok(session),
+            Err(opening) => opening,
+        };
+        let Some(tls) = tls else {
+            return Err(opening.into_error(self));
+        };
+        let refused = match &opening {
+            Opening::CutOff(text) | Opening::Failed(text) => {
+                tls.refusal(self.server_name_field(), &self.address(), text)
+            }
+            Opening::Refused(_) => None,
+        };
+        if let Some(refused) = refused {
+            return Err(refused);
+        }
+        // A broker refusing our certificate (TLS 1.3 checks it after the
+        // handshake) resets the connection as one refusing the login does.
+        if matches!(opening, Opening::CutOff(_)) && !self.speaks_amqp_over(&tls).await {
+            let fix = match self.tls_files.cert_file {
+                Some(_) => "it does not trust cert_file; use a certificate its CA signed",
+                None => "it wants a client certificate; set cert_file and key_file",
             };
-            refused.unwrap_or_else(|| opening.into_error(self))
-        })
+            return Err(ConnectorError::fatal(format!(
+                "plugin_config.cert_file: RabbitMQ at {} closed the TLS connection before \
+                 speaking AMQP: {fix}",
+                self.address()
+            )));
+        }
+        Err(opening.into_error(self))
+    }
+
+    /// Whether the broker answers the AMQP protocol header over TLS with its
+    /// `connection.start` (a frame of type 1), before any login.
+    async fn speaks_amqp_over(&self, tls: &TlsClient) -> bool {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let name = self.tls_server_name.as_ref().unwrap_or(&self.host).clone();
+        let Ok(server_name) = ServerName::try_from(name) else {
+            return false;
+        };
+        let answer = async {
+            let stream = tokio::net::TcpStream::connect((self.host.as_str(), self.port())).await?;
+            let mut stream = tokio_rustls::TlsConnector::from(tls.config.clone())
+                .connect(server_name, stream)
+                .await?;
+            stream.write_all(b"AMQP\x00\x00\x09\x01").await?;
+            stream.flush().await?;
+            stream.read_u8().await
+        };
+        matches!(
+            tokio::time::timeout(self.connect_timeout, answer).await,
+            Ok(Ok(1))
+        )
     }
 
     async fn connect(&self, name: &str, tls: Option<&TlsClient>) -> Result<Session, Opening> {
@@ -451,9 +495,9 @@ impl Opening {
     fn into_error(self, connection: &AmqpConnection) -> ConnectorError {
         let address = connection.address();
         match self {
-            Opening::CutOff(_) => ConnectorError::fatal(format!(
+            Opening::CutOff(text) => ConnectorError::fatal(format!(
                 "plugin_config.username/password: RabbitMQ at {address} refused the login of \
-                 {:?}; fix the credentials (or the user's permissions)",
+                 {:?} ({text}); fix the credentials (or the user's permissions)",
                 connection.username
             )),
             Opening::Refused(text) if text.contains("ACCESS_REFUSED") => {
@@ -611,7 +655,14 @@ mod tests {
         };
         assert!(tls.uses_tls());
         assert_eq!(tls.port(), 5671);
-        assert_eq!(AmqpConnection { port: Some(5000), ..tls.clone() }.port(), 5000);
+        assert_eq!(
+            AmqpConnection {
+                port: Some(5000),
+                ..tls.clone()
+            }
+            .port(),
+            5000
+        );
         let mut by_file = connection();
         by_file.tls_files.ca_file = Some("/nonexistent/ca.pem".into());
         assert!(by_file.uses_tls());
