@@ -1,5 +1,5 @@
-//! TLS for a backend whose client crate takes a rustls client config (AMQP,
-//! MQTT): the config built from the connector's `ca_file`, `cert_file`,
+//! TLS for a backend whose client crate takes a rustls client config: the
+//! config built from the connector's `ca_file`, `cert_file`,
 //! `key_file` and `tls_verify` fields, and what a failed handshake means. A
 //! certificate the verifier refused, or a server refusing ours, is fatal and
 //! names the field to fix: retrying cannot change a certificate.
