@@ -26,6 +26,7 @@ pub mod mongodb;
 pub mod mosquitto;
 pub mod nats_server;
 pub mod otlp_receiver;
+pub mod pki;
 pub mod ports;
 pub mod postgres;
 pub mod prometheus;

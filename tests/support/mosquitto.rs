@@ -21,6 +21,8 @@ pub struct Mosquitto {
     child: Option<Child>,
     dir: tempfile::TempDir,
     pub port: u16,
+    /// The TLS listener of [`Mosquitto::with_tls`].
+    pub tls_port: Option<u16>,
 }
 
 const BINARY: &str = "/usr/sbin/mosquitto";
@@ -67,6 +69,29 @@ impl Mosquitto {
         Self::in_dir(dir, &config)
     }
 
+    /// Anyone may connect, on `port` as on `tls_port`, where the broker
+    /// serves `pki`'s server certificate and, with `require_certificate`,
+    /// wants a client certificate its CA signed.
+    pub fn with_tls(pki: &super::pki::TestPki, require_certificate: bool) -> Self {
+        let tls_port = super::ports::free_port();
+        let listener = format!(
+            "allow_anonymous true\nlistener {tls_port} 127.0.0.1\ncafile {}\ncertfile {}\n\
+             keyfile {}\nrequire_certificate {require_certificate}\n",
+            pki.ca.display(),
+            pki.server_cert.display(),
+            pki.server_key.display()
+        );
+        let mut broker = Self::with_config(&listener);
+        broker.tls_port = Some(tls_port);
+        broker
+    }
+
+    /// The TLS listener's URL, `mqtts://host:port`, by name.
+    pub fn tls_url(&self) -> String {
+        let port = self.tls_port.expect("a broker started with_tls");
+        format!("mqtts://localhost:{port}")
+    }
+
     fn with_config(auth: &str) -> Self {
         Self::in_dir(tempfile::tempdir().unwrap(), auth)
     }
@@ -95,6 +120,7 @@ impl Mosquitto {
             child: None,
             dir,
             port,
+            tls_port: None,
         };
         broker.spawn();
         broker

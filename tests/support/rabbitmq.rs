@@ -6,7 +6,9 @@
 //! data (mnesia), logs, config and Erlang cookie (`HOME`), a free loopback
 //! AMQP port, a free distribution port, and an `epmd` of its own on a free
 //! port (so nothing collides with another broker or test process). No plugin
-//! is enabled (no management). Both processes are children of a thread that
+//! is enabled (no management). An AMQPS listener on `tls_port` serves a
+//! certificate of a test PKI generated at start (`pki`), asking for a client
+//! certificate and verifying one that is sent, but not requiring it. Both processes are children of a thread that
 //! lives as long as the binary and die with it (`PR_SET_PDEATHSIG`); `kill`
 //! stops the broker by its PID with SIGKILL, `restart` starts it again on the
 //! same port and data directory.
@@ -34,6 +36,9 @@ pub struct RabbitServer {
     dir: tempfile::TempDir,
     node: String,
     pub port: u16,
+    /// The AMQPS listener.
+    pub tls_port: u16,
+    pub pki: super::pki::TestPki,
     dist_port: u16,
     epmd_port: u16,
 }
@@ -116,9 +121,20 @@ impl RabbitServer {
             std::fs::create_dir(dir.path().join(sub)).unwrap();
         }
         std::fs::write(dir.path().join("enabled_plugins"), "[].\n").unwrap();
+        let pki = super::pki::TestPki::generate();
+        let tls_port = super::ports::free_port();
         std::fs::write(
             dir.path().join("rabbitmq.conf"),
-            "disk_free_limit.absolute = 1MB\nlog.console = false\nlog.file.level = warning\n",
+            format!(
+                "disk_free_limit.absolute = 1MB\nlog.console = false\nlog.file.level = warning\n\
+                 listeners.ssl.1 = 127.0.0.1:{tls_port}\n\
+                 ssl_options.cacertfile = {}\nssl_options.certfile = {}\n\
+                 ssl_options.keyfile = {}\nssl_options.verify = verify_peer\n\
+                 ssl_options.fail_if_no_peer_cert = false\n",
+                pki.ca.display(),
+                pki.server_cert.display(),
+                pki.server_key.display()
+            ),
         )
         .unwrap();
         let mut server = Self {
@@ -127,6 +143,8 @@ impl RabbitServer {
             node: format!("{}@localhost", unique("rabbit").replace('-', "_")),
             dir,
             port: super::ports::free_port(),
+            tls_port,
+            pki,
             dist_port: super::ports::free_port(),
             epmd_port: super::ports::free_port(),
         };

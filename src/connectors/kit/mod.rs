@@ -28,7 +28,10 @@
 //! - `http` (with any HTTP-based connector): the HTTP client builder (TLS,
 //!   timeouts, proxy, auth, gzip), `Retry-After` parsing, status classification
 //!   and `exchange`, one request sent and its answer read (`exchange_whole`
-//!   for an answer that must be read to its end).
+//!   for an answer that must be read to its end);
+//! - `tls` (for clients taking a rustls config): the config from `ca_file`,
+//!   `cert_file`, `key_file` and `tls_verify`, and which refused certificate
+//!   a failed handshake means.
 
 pub mod backoff;
 pub mod batch;
@@ -51,3 +54,5 @@ pub mod size;
 pub mod sql;
 #[cfg(feature = "kit-sql-poll")]
 pub mod sql_poll;
+#[cfg(feature = "kit-tls")]
+pub mod tls;

@@ -5,7 +5,7 @@
 //! it and the engine opens fresh ones.
 //!
 //! MQTT 3.1.1 (`rumqttc`'s v4 API) or MQTT 5 (its `v5` API), chosen by
-//! `protocol_version`, over plain TCP (no TLS in this build). Both connectors
+//! `protocol_version`, over TCP or TLS (rustls, `mqtts://`). Both connectors
 //! talk to [`Client`] and [`EventLoop`], enums over the two clients, and see
 //! one [`Event`] type: the delivery contract, the acking bookkeeping and the
 //! payload / topic mapping are written once.
@@ -22,10 +22,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::FutureExt;
 use rumqttc::v5::mqttbytes::v5 as packet5;
-use rumqttc::{ConnectReturnCode, MqttOptions, Outgoing, Packet, QoS, SubscribeFilter, v5};
+use rumqttc::{
+    ConnectReturnCode, MqttOptions, Outgoing, Packet, QoS, SubscribeFilter, TlsConfiguration,
+    Transport, v5,
+};
 use secrecy::{ExposeSecret, SecretString};
 use tokio::task::JoinHandle;
 
+use crate::connectors::kit::tls::{TlsClient, TlsOptions};
 use crate::connectors::{ConnectorError, PluginConfigError};
 
 /// The MQTT protocol version a connector speaks.
@@ -71,6 +75,10 @@ pub struct MqttConnection {
     pub keep_alive: Duration,
     pub connect_timeout: Duration,
     pub max_packet_size: usize,
+    pub tls_files: TlsOptions,
+    /// The TLS config of the last [`client`](Self::client), to tell a
+    /// refused certificate from a broker that is down.
+    pub tls: Option<TlsClient>,
 }
 
 /// Declares the connection fields inside a connector's config struct.
@@ -78,7 +86,8 @@ macro_rules! connection_fields {
     ($(#[$meta:meta])* $vis:vis struct $name:ident { $($body:tt)* }) => {
         $(#[$meta])*
         $vis struct $name {
-            /// The broker, `mqtt://host:port` (or `tcp://`; port 1883 when left out).
+            /// The broker, `mqtt://host:port` (or `tcp://`; port 1883 when left
+            /// out), or over TLS `mqtts://host:port` (or `ssl://`; port 8883).
             #[serde(default = "crate::connectors::mqtt::default_url")]
             pub url: String,
             /// The MQTT version spoken: `"3.1.1"` (the default) or `"5"`.
@@ -114,6 +123,19 @@ macro_rules! connection_fields {
             /// topic and payload plus a few bytes).
             #[serde(default = "crate::connectors::mqtt::default_max_packet_size")]
             pub max_packet_size: usize,
+            /// PEM file of the CA certificates to trust with `mqtts://`
+            /// (default: the system's).
+            #[serde(default)]
+            pub ca_file: Option<std::path::PathBuf>,
+            /// PEM file of the client certificate, for mutual TLS.
+            #[serde(default)]
+            pub cert_file: Option<std::path::PathBuf>,
+            /// PEM file of the client certificate's private key.
+            #[serde(default)]
+            pub key_file: Option<std::path::PathBuf>,
+            /// Verify the broker's certificate and name (on by default).
+            #[serde(default = "crate::connectors::mqtt::default_true")]
+            pub tls_verify: bool,
             $($body)*
         }
 
@@ -128,6 +150,13 @@ macro_rules! connection_fields {
                     keep_alive: self.keep_alive,
                     connect_timeout: self.connect_timeout,
                     max_packet_size: self.max_packet_size,
+                    tls_files: crate::connectors::kit::tls::TlsOptions {
+                        ca_file: self.ca_file.clone(),
+                        cert_file: self.cert_file.clone(),
+                        key_file: self.key_file.clone(),
+                        verify: self.tls_verify,
+                    },
+                    tls: None,
                 }
             }
         }
@@ -137,6 +166,10 @@ pub(crate) use connection_fields;
 
 pub fn default_protocol_version() -> String {
     "3.1.1".into()
+}
+
+pub fn default_true() -> bool {
+    true
 }
 
 pub fn default_url() -> String {
@@ -184,9 +217,17 @@ pub struct Session {
     pub inflight: Option<u16>,
 }
 
+/// Where the broker is, from `url`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub host: String,
+    pub port: u16,
+    pub tls: bool,
+}
+
 impl MqttConnection {
-    /// Checks what can be checked without a broker; returns host and port.
-    pub fn check(&self) -> Result<(String, u16), PluginConfigError> {
+    /// Checks what can be checked without a broker (reading the TLS files).
+    pub fn check(&self) -> Result<Endpoint, PluginConfigError> {
         self.protocol()?;
         if self.username.is_none() && self.password.is_some() {
             return Err(PluginConfigError::new(
@@ -212,7 +253,21 @@ impl MqttConnection {
                 "expected at least 64 bytes and at most 4294967295",
             ));
         }
-        parse_url(&self.url)
+        let endpoint = parse_url(&self.url)?;
+        if !endpoint.tls && self.tls_files.any_file() {
+            return Err(PluginConfigError::new(
+                "url",
+                format!(
+                    "{:?} is plain TCP, but ca_file, cert_file or key_file is set; use \
+                     mqtts://host:port",
+                    self.url
+                ),
+            ));
+        }
+        if endpoint.tls {
+            self.tls_files.client()?;
+        }
+        Ok(endpoint)
     }
 
     pub fn protocol(&self) -> Result<Protocol, PluginConfigError> {
@@ -221,14 +276,23 @@ impl MqttConnection {
 
     /// The client and its event loop, not connected yet.
     pub fn client(
-        &self,
+        &mut self,
         client_id: &str,
         session: Session,
         capacity: usize,
     ) -> Result<(Client, EventLoop), ConnectorError> {
         let invalid =
             |error: PluginConfigError| ConnectorError::fatal(format!("plugin_config.{error}"));
-        let (host, port) = self.check().map_err(invalid)?;
+        let Endpoint { host, port, tls } = self.check().map_err(invalid)?;
+        self.tls = if tls {
+            Some(self.tls_files.client().map_err(invalid)?)
+        } else {
+            None
+        };
+        let transport = match &self.tls {
+            Some(tls) => Transport::Tls(TlsConfiguration::Rustls(tls.config.clone())),
+            None => Transport::Tcp,
+        };
         let login = self.username.as_ref().map(|username| {
             let password = self
                 .password
@@ -245,7 +309,8 @@ impl MqttConnection {
                     .set_keep_alive(self.keep_alive)
                     .set_max_packet_size(self.max_packet_size, self.max_packet_size)
                     .set_clean_session(session.clean)
-                    .set_manual_acks(session.manual_acks);
+                    .set_manual_acks(session.manual_acks)
+                    .set_transport(transport);
                 if let Some(inflight) = session.inflight {
                     options.set_inflight(inflight);
                 }
@@ -265,7 +330,8 @@ impl MqttConnection {
                     .set_manual_acks(session.manual_acks)
                     .set_session_expiry_interval(session.expiry)
                     .set_receive_maximum(session.receive_maximum)
-                    .set_connection_timeout(timeout);
+                    .set_connection_timeout(timeout)
+                    .set_transport(transport);
                 if let Some(inflight) = session.inflight {
                     options.set_outgoing_inflight_upper_limit(inflight);
                 }
@@ -301,6 +367,11 @@ impl MqttConnection {
     /// else (the broker down, a connection lost) is transient.
     pub fn classify(&self, error: &ConnectionError) -> ConnectorError {
         use v5::mqttbytes::v5::ConnectReturnCode as Code5;
+        if let Some(tls) = &self.tls
+            && let Some(refused) = tls.refusal("url", &self.url, &error.to_string())
+        {
+            return refused;
+        }
         let refused = match error {
             ConnectionError::V4(rumqttc::ConnectionError::ConnectionRefused(code)) => match code {
                 ConnectReturnCode::BadUserNamePassword | ConnectReturnCode::NotAuthorized => {
@@ -792,14 +863,15 @@ impl Drop for Driven {
 }
 
 /// `mqtt://host[:port]` or `tcp://host[:port]` into host and port.
-fn parse_url(url: &str) -> Result<(String, u16), PluginConfigError> {
-    let expected = "expected mqtt://host:port";
-    let rest = match url.trim().split_once("://") {
-        Some(("mqtt" | "tcp", rest)) => rest,
-        Some(("mqtts" | "ssl" | "tls" | "ws" | "wss", _)) => {
+fn parse_url(url: &str) -> Result<Endpoint, PluginConfigError> {
+    let expected = "expected mqtt://host:port or mqtts://host:port";
+    let (rest, tls) = match url.trim().split_once("://") {
+        Some(("mqtt" | "tcp", rest)) => (rest, false),
+        Some(("mqtts" | "ssl" | "tls", rest)) => (rest, true),
+        Some(("ws" | "wss", _)) => {
             return Err(PluginConfigError::new(
                 "url",
-                format!("{url:?}: this build speaks plain TCP only; {expected}"),
+                format!("{url:?}: MQTT over WebSocket is not in this build; {expected}"),
             ));
         }
         _ => {
@@ -831,6 +903,7 @@ fn parse_url(url: &str) -> Result<(String, u16), PluginConfigError> {
     };
     let port = match port {
         Some(port) => port.parse::<u16>().map_err(|_| bad_port())?,
+        None if tls => 8883,
         None => 1883,
     };
     if host.is_empty() {
@@ -839,7 +912,11 @@ fn parse_url(url: &str) -> Result<(String, u16), PluginConfigError> {
             format!("{url:?}: no host; {expected}"),
         ));
     }
-    Ok((host.to_owned(), port))
+    Ok(Endpoint {
+        host: host.to_owned(),
+        port,
+        tls,
+    })
 }
 
 /// A valid MQTT topic to publish to: not empty, no wildcards, no NUL, at most
@@ -871,6 +948,21 @@ mod tests {
             keep_alive: default_keep_alive(),
             connect_timeout: default_connect_timeout(),
             max_packet_size: default_max_packet_size(),
+            tls_files: TlsOptions {
+                ca_file: None,
+                cert_file: None,
+                key_file: None,
+                verify: true,
+            },
+            tls: None,
+        }
+    }
+
+    fn endpoint(host: &str, port: u16, tls: bool) -> Endpoint {
+        Endpoint {
+            host: host.into(),
+            port,
+            tls,
         }
     }
 
@@ -878,25 +970,33 @@ mod tests {
     fn given_urls_when_checked_should_split_host_and_port_or_name_the_field() {
         assert_eq!(
             connection("mqtt://127.0.0.1:1884").check().unwrap(),
-            ("127.0.0.1".into(), 1884)
+            endpoint("127.0.0.1", 1884, false)
         );
         assert_eq!(
             connection("tcp://broker").check().unwrap(),
-            ("broker".into(), 1883)
+            endpoint("broker", 1883, false)
         );
         assert_eq!(
             connection("mqtt://[::1]:1885").check().unwrap(),
-            ("::1".into(), 1885)
+            endpoint("::1", 1885, false)
         );
         assert_eq!(
             connection("mqtt://[::1]").check().unwrap(),
-            ("::1".into(), 1883)
+            endpoint("::1", 1883, false)
+        );
+        assert_eq!(
+            connection("mqtts://broker").check().unwrap(),
+            endpoint("broker", 8883, true)
+        );
+        assert_eq!(
+            connection("ssl://broker:18883").check().unwrap(),
+            endpoint("broker", 18883, true)
         );
         for bad in [
             "",
             "broker:1883",
             "http://x",
-            "mqtts://x:8883",
+            "ws://x:8080/mqtt",
             "mqtt://u:p@x",
             "mqtt://x:port",
         ] {
@@ -907,6 +1007,18 @@ mod tests {
             ..connection("mqtt://x")
         };
         assert_eq!(half.check().unwrap_err().field, "username");
+    }
+
+    #[test]
+    fn given_tls_files_when_checked_should_need_mqtts_and_readable_files() {
+        let mut plain = connection("mqtt://x");
+        plain.tls_files.ca_file = Some("ca.pem".into());
+        assert_eq!(plain.check().unwrap_err().field, "url");
+        let mut missing = connection("mqtts://x");
+        missing.tls_files.ca_file = Some("/nonexistent/ca.pem".into());
+        let error = missing.check().unwrap_err();
+        assert_eq!(error.field, "ca_file");
+        assert!(error.message.contains("/nonexistent/ca.pem"), "{error}");
     }
 
     #[test]

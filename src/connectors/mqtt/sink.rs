@@ -419,7 +419,7 @@ impl Sink for MqttSink {
     }
 
     async fn open(&mut self) -> Result<(), ConnectorError> {
-        let connection = self.config.connection();
+        let mut connection = self.config.connection();
         let client_id = self
             .config
             .client_id

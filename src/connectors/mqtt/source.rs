@@ -458,7 +458,7 @@ impl Source for MqttSource {
         {
             *self.lock_committed() = decode_state(state)?;
         }
-        let connection = self.config.connection();
+        let mut connection = self.config.connection();
         let persistent = self.qos != QoS::AtMostOnce;
         let session = Session {
             clean: !persistent,
@@ -595,7 +595,7 @@ mod tests {
             "batch_size"
         );
         assert_eq!(
-            build(json!({"topics": ["a"], "url": "mqtts://x"}))
+            build(json!({"topics": ["a"], "url": "wss://x/mqtt"}))
                 .err()
                 .unwrap()
                 .field,

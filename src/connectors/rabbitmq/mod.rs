@@ -1,5 +1,5 @@
 //! What the rabbitmq source and sink share: where the broker is, how to log
-//! in, one connection with one channel whose broker-side events (publisher
+//! in, TLS (AMQPS, with rustls), one connection with one channel whose broker-side events (publisher
 //! confirms, returns, a close with its reason) are collected, and how AMQP
 //! reply codes map onto the delivery contract.
 
@@ -14,11 +14,14 @@ use std::time::Duration;
 use amqprs::callbacks::{ChannelCallback, ConnectionCallback};
 use amqprs::channel::Channel;
 use amqprs::connection::{Connection, OpenConnectionArguments};
+use amqprs::tls::TlsAdaptor;
 use amqprs::{Ack, BasicProperties, Cancel, Close, CloseChannel, Nack, Return};
 use async_trait::async_trait;
+use rustls::pki_types::ServerName;
 use secrecy::{ExposeSecret, SecretString};
 use tokio::sync::mpsc;
 
+use crate::connectors::kit::tls::{TlsClient, TlsOptions};
 use crate::connectors::{ConnectorError, PluginConfigError};
 
 type AmqpResult<T> = Result<T, amqprs::error::Error>;
@@ -27,12 +30,15 @@ type AmqpResult<T> = Result<T, amqprs::error::Error>;
 #[derive(Debug, Clone)]
 pub struct AmqpConnection {
     pub host: String,
-    pub port: u16,
+    pub port: Option<u16>,
     pub virtual_host: String,
     pub username: String,
     pub password: SecretString,
     pub connect_timeout: Duration,
     pub heartbeat: Duration,
+    pub tls: bool,
+    pub tls_files: TlsOptions,
+    pub tls_server_name: Option<String>,
 }
 
 /// Declares the connection fields inside a connector's config struct (each
@@ -44,9 +50,9 @@ macro_rules! connection_fields {
             /// The broker's host name or address.
             #[serde(default = "crate::connectors::rabbitmq::default_host")]
             pub host: String,
-            /// The broker's AMQP port.
-            #[serde(default = "crate::connectors::rabbitmq::default_port")]
-            pub port: u16,
+            /// The broker's AMQP port (default 5672, or 5671 with TLS).
+            #[serde(default)]
+            pub port: Option<u16>,
             /// The virtual host to open.
             #[serde(default = "crate::connectors::rabbitmq::default_virtual_host")]
             pub virtual_host: String,
@@ -73,6 +79,25 @@ macro_rules! connection_fields {
             )]
             #[schemars(with = "crate::config::duration::Text")]
             pub heartbeat: std::time::Duration,
+            /// Speak TLS (AMQPS) to the broker; on by itself when `ca_file`
+            /// or `cert_file` is set.
+            #[serde(default)]
+            pub tls: bool,
+            /// PEM file of the CA certificates to trust (default: the system's).
+            #[serde(default)]
+            pub ca_file: Option<std::path::PathBuf>,
+            /// PEM file of the client certificate, for mutual TLS.
+            #[serde(default)]
+            pub cert_file: Option<std::path::PathBuf>,
+            /// PEM file of the client certificate's private key.
+            #[serde(default)]
+            pub key_file: Option<std::path::PathBuf>,
+            /// Verify the broker's certificate and name (on by default).
+            #[serde(default = "crate::connectors::rabbitmq::default_true")]
+            pub tls_verify: bool,
+            /// The name the broker's certificate must hold (default: `host`).
+            #[serde(default)]
+            pub tls_server_name: Option<String>,
             $($body)*
         }
 
@@ -86,6 +111,14 @@ macro_rules! connection_fields {
                     password: self.password.clone(),
                     connect_timeout: self.connect_timeout,
                     heartbeat: self.heartbeat,
+                    tls: self.tls,
+                    tls_files: crate::connectors::kit::tls::TlsOptions {
+                        ca_file: self.ca_file.clone(),
+                        cert_file: self.cert_file.clone(),
+                        key_file: self.key_file.clone(),
+                        verify: self.tls_verify,
+                    },
+                    tls_server_name: self.tls_server_name.clone(),
                 }
             }
         }
@@ -99,6 +132,15 @@ pub fn default_host() -> String {
 
 pub fn default_port() -> u16 {
     5672
+}
+
+/// The AMQPS port.
+pub fn default_tls_port() -> u16 {
+    5671
+}
+
+pub fn default_true() -> bool {
+    true
 }
 
 pub fn default_virtual_host() -> String {
@@ -251,7 +293,7 @@ impl AmqpConnection {
                 "expected the broker's host, such as 127.0.0.1",
             ));
         }
-        if self.port == 0 {
+        if self.port == Some(0) {
             return Err(PluginConfigError::new(
                 "port",
                 "expected a port, such as 5672",
@@ -267,13 +309,56 @@ impl AmqpConnection {
                 "expected at most 65535 seconds",
             ));
         }
+        if let Some(name) = &self.tls_server_name
+            && ServerName::try_from(name.as_str()).is_err()
+        {
+            return Err(PluginConfigError::new(
+                "tls_server_name",
+                format!("{name:?} is not a host name or address"),
+            ));
+        }
+        // Reads the files, so a missing or wrong one is a config error.
+        self.tls_client()?;
         Ok(())
     }
 
+    /// Whether the connection speaks TLS.
+    pub fn uses_tls(&self) -> bool {
+        self.tls || self.tls_files.any_file()
+    }
+
+    /// The port connected to.
+    pub fn port(&self) -> u16 {
+        match self.port {
+            Some(port) => port,
+            None if self.uses_tls() => default_tls_port(),
+            None => default_port(),
+        }
+    }
+
+    /// The TLS config, `None` without TLS.
+    fn tls_client(&self) -> Result<Option<TlsClient>, PluginConfigError> {
+        if !self.uses_tls() {
+            return Ok(None);
+        }
+        self.tls_files.client().map(Some)
+    }
+
+    /// The field naming the host the broker's certificate must be valid for.
+    fn server_name_field(&self) -> &'static str {
+        match self.tls_server_name {
+            Some(_) => "tls_server_name",
+            None => "host",
+        }
+    }
+
     fn address(&self) -> String {
+        let scheme = if self.uses_tls() { "amqps" } else { "amqp" };
         format!(
-            "{}:{} (virtual host {:?})",
-            self.host, self.port, self.virtual_host
+            "{scheme}://{}:{} (virtual host {:?})",
+            self.host,
+            self.port(),
+            self.virtual_host
         )
     }
 
@@ -286,15 +371,68 @@ impl AmqpConnection {
     /// taken as refused credentials, which is fatal, while a broker that is
     /// down or starting refuses the TCP connection, which is transient.
     pub async fn open(&self, name: &str) -> Result<Session, ConnectorError> {
-        self.connect(name)
-            .await
-            .map_err(|opening| opening.into_error(self))
+        let tls = self
+            .tls_client()
+            .map_err(|error| ConnectorError::fatal(format!("plugin_config.{error}")))?;
+        let opening = match self.connect(name, tls.as_ref()).await {
+            Ok(session) => return Ok(session),
+            Err(opening) => opening,
+        };
+        let Some(tls) = tls else {
+            return Err(opening.into_error(self));
+        };
+        let refused = match &opening {
+            Opening::CutOff(text) | Opening::Failed(text) => {
+                tls.refusal(self.server_name_field(), &self.address(), text)
+            }
+            Opening::Refused(_) => None,
+        };
+        if let Some(refused) = refused {
+            return Err(refused);
+        }
+        // A broker refusing our certificate (TLS 1.3 checks it after the
+        // handshake) resets the connection as one refusing the login does.
+        if matches!(opening, Opening::CutOff(_)) && !self.speaks_amqp_over(&tls).await {
+            let fix = match self.tls_files.cert_file {
+                Some(_) => "it does not trust cert_file; use a certificate its CA signed",
+                None => "it wants a client certificate; set cert_file and key_file",
+            };
+            return Err(ConnectorError::fatal(format!(
+                "plugin_config.cert_file: RabbitMQ at {} closed the TLS connection before \
+                 speaking AMQP: {fix}",
+                self.address()
+            )));
+        }
+        Err(opening.into_error(self))
     }
 
-    async fn connect(&self, name: &str) -> Result<Session, Opening> {
+    /// Whether the broker answers the AMQP protocol header over TLS with its
+    /// `connection.start` (a frame of type 1), before any login.
+    async fn speaks_amqp_over(&self, tls: &TlsClient) -> bool {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let name = self.tls_server_name.as_ref().unwrap_or(&self.host).clone();
+        let Ok(server_name) = ServerName::try_from(name) else {
+            return false;
+        };
+        let answer = async {
+            let stream = tokio::net::TcpStream::connect((self.host.as_str(), self.port())).await?;
+            let mut stream = tokio_rustls::TlsConnector::from(tls.config.clone())
+                .connect(server_name, stream)
+                .await?;
+            stream.write_all(b"AMQP\x00\x00\x09\x01").await?;
+            stream.flush().await?;
+            stream.read_u8().await
+        };
+        matches!(
+            tokio::time::timeout(self.connect_timeout, answer).await,
+            Ok(Ok(1))
+        )
+    }
+
+    async fn connect(&self, name: &str, tls: Option<&TlsClient>) -> Result<Session, Opening> {
         let mut arguments = OpenConnectionArguments::new(
             &self.host,
-            self.port,
+            self.port(),
             &self.username,
             self.password.expose_secret(),
         );
@@ -302,6 +440,11 @@ impl AmqpConnection {
             .virtual_host(&self.virtual_host)
             .connection_name(name)
             .heartbeat(u16::try_from(self.heartbeat.as_secs()).unwrap_or(u16::MAX));
+        if let Some(tls) = tls {
+            let domain = self.tls_server_name.as_ref().unwrap_or(&self.host).clone();
+            let connector = tokio_rustls::TlsConnector::from(tls.config.clone());
+            arguments.tls_adaptor(TlsAdaptor::new(connector, domain));
+        }
         let connection = tokio::time::timeout(self.connect_timeout, Connection::open(&arguments))
             .await
             .map_err(|_| Opening::Failed(format!("no answer within {:?}", self.connect_timeout)))?
@@ -309,7 +452,7 @@ impl AmqpConnection {
                 amqprs::error::Error::NetworkError(text)
                     if text.contains("peer shutdown") || text.contains("reset by peer") =>
                 {
-                    Opening::CutOff
+                    Opening::CutOff(text)
                 }
                 amqprs::error::Error::ConnectionOpenError(text) => Opening::Refused(text),
                 other => Opening::Failed(other.to_string()),
@@ -342,7 +485,7 @@ impl AmqpConnection {
 /// Why opening a connection failed.
 enum Opening {
     /// The broker closed the socket during the login.
-    CutOff,
+    CutOff(String),
     /// The broker refused the connection with a reason (`connection.close`).
     Refused(String),
     Failed(String),
@@ -352,9 +495,9 @@ impl Opening {
     fn into_error(self, connection: &AmqpConnection) -> ConnectorError {
         let address = connection.address();
         match self {
-            Opening::CutOff => ConnectorError::fatal(format!(
+            Opening::CutOff(text) => ConnectorError::fatal(format!(
                 "plugin_config.username/password: RabbitMQ at {address} refused the login of \
-                 {:?}; fix the credentials (or the user's permissions)",
+                 {:?} ({text}); fix the credentials (or the user's permissions)",
                 connection.username
             )),
             Opening::Refused(text) if text.contains("ACCESS_REFUSED") => {
@@ -441,12 +584,20 @@ mod tests {
     fn connection() -> AmqpConnection {
         AmqpConnection {
             host: default_host(),
-            port: default_port(),
+            port: None,
             virtual_host: default_virtual_host(),
             username: default_username(),
             password: default_password(),
             connect_timeout: default_connect_timeout(),
             heartbeat: default_heartbeat(),
+            tls: false,
+            tls_files: TlsOptions {
+                ca_file: None,
+                cert_file: None,
+                key_file: None,
+                verify: true,
+            },
+            tls_server_name: None,
         }
     }
 
@@ -463,7 +614,7 @@ mod tests {
             ),
             (
                 AmqpConnection {
-                    port: 0,
+                    port: Some(0),
                     ..connection()
                 },
                 "port",
@@ -493,6 +644,36 @@ mod tests {
         for (bad, field) in cases {
             assert_eq!(bad.check().unwrap_err().field, field);
         }
+    }
+
+    #[test]
+    fn given_tls_settings_when_checked_should_pick_the_port_and_name_bad_fields() {
+        assert_eq!(connection().port(), 5672);
+        let tls = AmqpConnection {
+            tls: true,
+            ..connection()
+        };
+        assert!(tls.uses_tls());
+        assert_eq!(tls.port(), 5671);
+        assert_eq!(
+            AmqpConnection {
+                port: Some(5000),
+                ..tls.clone()
+            }
+            .port(),
+            5000
+        );
+        let mut by_file = connection();
+        by_file.tls_files.ca_file = Some("/nonexistent/ca.pem".into());
+        assert!(by_file.uses_tls());
+        let error = by_file.check().unwrap_err();
+        assert_eq!(error.field, "ca_file");
+        assert!(error.message.contains("/nonexistent/ca.pem"), "{error}");
+        let named = AmqpConnection {
+            tls_server_name: Some("not a host!".into()),
+            ..tls
+        };
+        assert_eq!(named.check().unwrap_err().field, "tls_server_name");
     }
 
     #[test]
