@@ -250,7 +250,7 @@ async fn write_rejecting(
 
 /// While the backend fails transiently, `write` returns `Transient` (so the
 /// engine commits nothing and writes the batch again); once it heals, the
-/// retried batch is stored whole.
+/// batch written again as the engine does is stored whole.
 pub async fn transient_error_retried(subject: &SinkSubject, backend: &dyn SinkBackend) -> Outcome {
     let mut sink = subject.open(backend).await?;
     if !backend.fault().await {
@@ -260,19 +260,17 @@ pub async fn transient_error_retried(subject: &SinkSubject, backend: &dyn SinkBa
     let batch = messages(0..8);
     let failed = write_durably(sink.as_ref(), &batch).await;
     backend.heal().await;
-    if let Err(SinkError::Disconnected(_)) = &failed {
-        // As the engine does (rule O2): a fresh instance writes again.
-        close(sink.as_mut()).await?;
-        sink = subject.open(backend).await?;
-    }
     let outcome = async {
-        match failed {
+        match &failed {
             Err(SinkError::Transient { .. } | SinkError::Disconnected(_)) => {}
             Err(SinkError::Partial(partial)) if partial.rest.is_transient() => {}
             Ok(()) => return Err("write returned Ok while the backend was down".into()),
             Err(error) => return Err(format!("expected a transient error, got {error}")),
         }
-        write(sink.as_ref(), &batch).await?;
+        // As the engine does: what is not durable is written again (a lost
+        // connection by a fresh instance) until `Ok`.
+        let config = backend.plugin_config();
+        settle(subject, &config, &mut sink, batch.clone(), failed).await?;
         let stored = backend.stored().await?;
         let missing = missing(&batch, &stored);
         ensure!(
@@ -400,13 +398,13 @@ async fn settle(
                     SinkError::Disconnected(_) => true,
                     error if error.is_transient() => false,
                     error => {
-                        return Err(format!("after the cut the rest failed for good: {error}"));
+                        return Err(format!("the rest failed for good: {error}"));
                     }
                 }
             }
             Err(error) => {
                 return Err(format!(
-                    "a connection lost mid-batch must be transient or Disconnected, got {error}"
+                    "a lost connection or an outage must be answered transient or Disconnected, got {error}"
                 ));
             }
         };
@@ -426,7 +424,7 @@ async fn settle(
         answer = bounded(retried).await?;
     }
     Err(format!(
-        "still failing after the connection came back: {}",
+        "still failing after the backend came back: {}",
         answer
             .err()
             .map(|error| error.to_string())
