@@ -286,7 +286,11 @@ fn check_connector(
             reader.warning(field, format!("{error} (the connector is disabled)"));
         }
         Err(BuildError::Registry(error)) => reader.error(field, error.to_string()),
-        Err(BuildError::PluginConfig(error)) => reader.error(&error.path(), error.message),
+        Err(BuildError::PluginConfig(error)) => {
+            for error in error.all() {
+                reader.error(&error.path(), error.message.clone());
+            }
+        }
         Ok(()) => {}
     }
 }

@@ -480,6 +480,9 @@ pub struct PluginConfigError {
     /// table as a whole).
     pub field: String,
     pub message: String,
+    /// The other fields that do not fit, found in the same pass (so
+    /// `validate` reports them all at once).
+    pub more: Vec<PluginConfigError>,
 }
 
 impl fmt::Display for PluginConfigError {
@@ -499,25 +502,80 @@ impl PluginConfigError {
         Self {
             field: field.into(),
             message: message.into(),
+            more: Vec::new(),
         }
+    }
+
+    /// This error and the others found with it.
+    pub fn all(&self) -> impl Iterator<Item = &PluginConfigError> {
+        std::iter::once(self).chain(&self.more)
     }
 }
 
-/// Parses a connector's `plugin_config` into its typed config, naming the field
-/// that does not fit.
+/// Parses a connector's `plugin_config` into its typed config, naming every
+/// field that does not fit: serde stops at the first, so each offending field
+/// is taken out and the rest parsed again (up to 20 fields).
 pub fn parse_plugin_config<T: DeserializeOwned>(
     config: &serde_json::Value,
 ) -> Result<T, PluginConfigError> {
-    serde_path_to_error::deserialize(config).map_err(|error| {
+    let mut error = match serde_path_to_error::deserialize(config) {
+        Ok(parsed) => return Ok(parsed),
+        Err(error) => error,
+    };
+    let mut rest = config.clone();
+    let mut found = Vec::new();
+    loop {
+        let taken_out = remove_at(&mut rest, error.path());
         let field = match error.path().to_string() {
             path if path == "." => String::new(),
             path => path,
         };
-        PluginConfigError {
+        found.push(PluginConfigError::new(
             field,
-            message: error.into_inner().to_string(),
+            error.into_inner().to_string(),
+        ));
+        if !taken_out || found.len() == 20 {
+            break;
         }
-    })
+        match serde_path_to_error::deserialize::<_, T>(&rest) {
+            // A required field taken out is now missing: nothing new.
+            Err(next) if !next.inner().to_string().starts_with("missing field") => error = next,
+            _ => break,
+        }
+    }
+    let mut found = found.into_iter();
+    let mut first = found.next().expect("one error at least");
+    first.more = found.collect();
+    Err(first)
+}
+
+/// Takes the value at `path` out of `value`; `false` when there is none.
+fn remove_at(value: &mut serde_json::Value, path: &serde_path_to_error::Path) -> bool {
+    use serde_path_to_error::Segment;
+    let segments: Vec<&Segment> = path.iter().collect();
+    let Some((last, parents)) = segments.split_last() else {
+        return false;
+    };
+    let mut parent = value;
+    for segment in parents {
+        let next = match segment {
+            Segment::Map { key } => parent.get_mut(key.as_str()),
+            Segment::Seq { index } => parent.get_mut(*index),
+            _ => None,
+        };
+        let Some(next) = next else {
+            return false;
+        };
+        parent = next;
+    }
+    match (last, parent) {
+        (Segment::Map { key }, serde_json::Value::Object(fields)) => fields.remove(key).is_some(),
+        (Segment::Seq { index }, serde_json::Value::Array(items)) if *index < items.len() => {
+            items.remove(*index);
+            true
+        }
+        _ => false,
+    }
 }
 
 /// Serializes a source's state with field names, so tools and the API can decode

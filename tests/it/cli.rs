@@ -149,7 +149,8 @@ fn validate_reports_every_problem_with_file_and_field_and_exits_non_zero() {
 
 /// A typo in a connector file is an error, not a warning: `enabeld = false`
 /// once passed `validate` and ran the connector. `nan` for an integer once
-/// read as unset (a random source without limit).
+/// read as unset (a random source without limit). Every bad field of
+/// `plugin_config` is reported, not only the first.
 #[test]
 fn validate_refuses_unknown_connector_keys_with_a_hint_and_non_finite_integers() {
     let dir = tempfile::tempdir().unwrap();
@@ -168,7 +169,7 @@ fn validate_refuses_unknown_connector_keys_with_a_hint_and_non_finite_integers()
         "typos.toml",
         "type = \"source\"\nkey = \"a\"\nenabeld = false\nversion = 0\nname = \"a\"\npath = \"random\"\n\
          [[streams]]\nstream = \"s\"\ntopic = \"t\"\nschema = \"json\"\nbatch_lenght = 10\n\
-         [plugin_config]\nmax_count = nan\n",
+         [plugin_config]\nmax_count = nan\npayload_size = \"big\"\nmessage_range = [1, 2]\n",
     );
     let config = dir.path().join("config.toml");
     let output = iggy_connect(&["validate", "--config", config.to_str().unwrap()]);
@@ -187,6 +188,12 @@ fn validate_refuses_unknown_connector_keys_with_a_hint_and_non_finite_integers()
         "{report}"
     );
     assert!(line("plugin_config.max_count", "nan"), "{report}");
+    // Every field of plugin_config that does not fit, in one pass.
+    assert!(line("plugin_config.payload_size", "big"), "{report}");
+    assert!(
+        line("plugin_config.message_range", "unknown field"),
+        "{report}"
+    );
 }
 
 #[test]
