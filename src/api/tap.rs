@@ -2,8 +2,8 @@
 //! Server-Sent Events.
 //!
 //! Each `message` event is one JSON frame; `notice` events say when the
-//! subscription started, when an interval's `limit` was reached and how many
-//! messages an interval dropped (over the limit, skipped in large batches, or
+//! subscription started, when an interval first dropped a message over its
+//! `limit`, and how many messages an interval dropped (over the limit, skipped in large batches, or
 //! lost because this client fell behind). The pipeline never waits for a
 //! client: see [`crate::engine::tap`].
 
@@ -144,6 +144,8 @@ struct Sampler {
     interval_ends: Instant,
     sent: usize,
     dropped: u64,
+    /// Whether this interval's `limit` notice was sent.
+    limit_noticed: bool,
     pending: VecDeque<Event>,
 }
 
@@ -165,6 +167,7 @@ impl Sampler {
             subscription,
             sent: 0,
             dropped: 0,
+            limit_noticed: false,
             pending: VecDeque::from([subscribed]),
         }
     }
@@ -196,19 +199,19 @@ impl Sampler {
         match received {
             Ok(TapEvent::Message(frame)) if self.sent < self.request.limit => {
                 self.sent += 1;
-                if self.sent == self.request.limit {
+                Some(self.message(&frame))
+            }
+            // The first message over the limit in an interval is announced.
+            Ok(TapEvent::Message(_)) => {
+                self.dropped += 1;
+                (!std::mem::replace(&mut self.limit_noticed, true)).then(|| {
                     let message = format!(
                         "limit of {} reached; the rest of this {} ms interval is dropped",
                         self.request.limit,
                         self.request.interval.as_millis()
                     );
-                    self.pending.push_back(notice("limit", message, None));
-                }
-                Some(self.message(&frame))
-            }
-            Ok(TapEvent::Message(_)) => {
-                self.dropped += 1;
-                None
+                    notice("limit", message, None)
+                })
             }
             Ok(TapEvent::Skipped(count)) | Err(RecvError::Lagged(count)) => {
                 self.dropped += count;
@@ -232,6 +235,7 @@ impl Sampler {
         }
         self.sent = 0;
         self.dropped = 0;
+        self.limit_noticed = false;
         self.interval_ends = Instant::now() + self.request.interval;
     }
 
