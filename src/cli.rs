@@ -11,6 +11,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod admin;
 mod pipe;
+mod tap;
 mod testing;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
@@ -134,6 +135,10 @@ pub enum Command {
         #[arg(long, requires = "stream")]
         topic: Option<String>,
     },
+    /// Show a running connector's live messages, sampled, from the control
+    /// API (`GET /{sources|sinks}/{key}/tap`): messages on stdout, notices
+    /// such as "N dropped" on stderr.
+    Tap(tap::TapArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
     Completions {
         #[arg(value_enum)]
@@ -205,6 +210,7 @@ pub fn run(cli: Cli) -> ExitCode {
             let only = stream.as_deref().zip(topic.as_deref());
             admin::offsets(&config, &key, &to, only).await
         }),
+        Command::Tap(args) => with_runtime(|| tap::tap(args)),
         Command::Completions { shell } => {
             // Generated into memory first: clap_complete panics on a write
             // error, and a reader that stops early (`| head`) is not one.

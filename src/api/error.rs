@@ -53,6 +53,8 @@ pub enum ApiError {
         "the API already has its {limit} connections ([http] max_connections) open; retry later"
     )]
     TooManyConnections { limit: usize },
+    #[error("the tap is turned off ([http] tap = false)")]
+    TapDisabled,
 }
 
 #[derive(Serialize)]
@@ -86,6 +88,7 @@ impl ApiError {
             ApiError::NoEndpoint { .. } => (StatusCode::NOT_FOUND, "not_found".into()),
             ApiError::CannotConvert(_) => (StatusCode::BAD_REQUEST, "error".into()),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "error".into()),
+            ApiError::TapDisabled => (StatusCode::FORBIDDEN, "tap_disabled".into()),
             ApiError::TooManyConnections { .. } => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "too_many_connections".into(),

@@ -17,6 +17,7 @@ pub mod redact;
 mod render;
 mod server;
 mod stats;
+mod tap;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -89,11 +90,15 @@ pub fn router(config: &HttpConfig, state: Arc<ApiState>) -> Result<Router, ApiSe
         .route("/stats", get(stats::stats))
         .nest(
             "/sources",
-            connectors::routes(ConnectorKind::Source).merge(configs::routes(ConnectorKind::Source)),
+            connectors::routes(ConnectorKind::Source)
+                .merge(configs::routes(ConnectorKind::Source))
+                .merge(tap::routes(ConnectorKind::Source, config)),
         )
         .nest(
             "/sinks",
-            connectors::routes(ConnectorKind::Sink).merge(configs::routes(ConnectorKind::Sink)),
+            connectors::routes(ConnectorKind::Sink)
+                .merge(configs::routes(ConnectorKind::Sink))
+                .merge(tap::routes(ConnectorKind::Sink, config)),
         );
     if config.metrics.enabled && state.prometheus.is_some() {
         check_metrics_endpoint(&config.metrics.endpoint)?;

@@ -68,6 +68,12 @@ const RUNTIME_FIELDS: &[(&str, &[&str], Kind)] = &[
         &["http", "max_connections"],
         Kind::Int,
     ),
+    ("HTTP_TAP", &["http", "tap"], Kind::Bool),
+    (
+        "HTTP_TAP_REDACT_HEADERS",
+        &["http", "tap_redact_headers"],
+        Kind::List,
+    ),
     (
         "HTTP_CORS_ENABLED",
         &["http", "cors", "enabled"],

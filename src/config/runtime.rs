@@ -48,6 +48,10 @@ pub struct HttpConfig {
     /// `too_many_connections` and closed, so a flood of connections cannot
     /// take the file descriptors the connectors need.
     pub max_connections: usize,
+    /// Serve `GET /{sources|sinks}/{key}/tap`, live samples of messages.
+    pub tap: bool,
+    /// Header names (any case) whose values a tap shows as `[REDACTED]`.
+    pub tap_redact_headers: Vec<String>,
 }
 
 impl HttpConfig {
@@ -82,6 +86,16 @@ impl Default for HttpConfig {
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             max_connections: 256,
+            tap: true,
+            tap_redact_headers: [
+                "authorization",
+                "cookie",
+                "set-cookie",
+                "api-key",
+                "x-api-key",
+            ]
+            .map(String::from)
+            .to_vec(),
         }
     }
 }
@@ -594,6 +608,8 @@ const HTTP: Known = &[
     leaf("header_read_timeout"),
     leaf("idle_timeout"),
     leaf("max_connections"),
+    leaf("tap"),
+    leaf("tap_redact_headers"),
     Key(
         "cors",
         &[

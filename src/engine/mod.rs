@@ -19,6 +19,7 @@ pub mod runtime;
 pub mod sink;
 pub mod source;
 pub mod status;
+pub mod tap;
 
 use std::any::Any;
 use std::future::Future;

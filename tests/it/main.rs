@@ -62,6 +62,7 @@ mod run;
 mod s3_sink;
 mod schemas;
 mod surrealdb_sink;
+mod tap_cli;
 mod telemetry;
 mod transforms_pipeline;
 mod upstream_configs;

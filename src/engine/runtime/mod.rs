@@ -153,6 +153,7 @@ impl Runtime {
             key: config.key.clone(),
             status: Arc::new(StatusCell::new(config.kind)),
             metrics: Arc::new(ConnectorMetrics::new(&config.key, config.kind)),
+            tap: Arc::default(),
             degraded: Degraded::default(),
             reload_refusal: Mutex::new(None),
             config: RwLock::new(Arc::new(config)),

@@ -17,6 +17,7 @@ use crate::engine::Shutdown;
 use crate::engine::metrics::ConnectorMetrics;
 use crate::engine::source::Ended;
 use crate::engine::status::{StatusCell, StatusSnapshot, StopReason};
+use crate::engine::tap::Tap;
 use crate::message::TopicRef;
 
 /// One configured connector, running or not.
@@ -26,6 +27,8 @@ pub(super) struct Slot {
     pub(super) config: RwLock<Arc<ConnectorConfig>>,
     pub(super) status: Arc<StatusCell>,
     pub(super) metrics: Arc<ConnectorMetrics>,
+    /// Live samples of its messages for the API's tap.
+    pub(super) tap: Arc<Tap>,
     /// Set by the running connector while it cannot make progress.
     pub(super) degraded: Degraded,
     /// Why the last reload kept this connector at its running version.
@@ -44,6 +47,7 @@ pub struct ConnectorView {
     pub config: Arc<ConnectorConfig>,
     pub status: StatusSnapshot,
     pub metrics: Arc<ConnectorMetrics>,
+    pub tap: Arc<Tap>,
     /// Why the running connector says it is degraded, if it does.
     pub degraded: Option<String>,
 }
@@ -154,6 +158,7 @@ impl Slot {
             config: self.config(),
             status: self.status.snapshot(),
             metrics: self.metrics.clone(),
+            tap: self.tap.clone(),
             degraded: self.degraded.reason().or_else(|| self.reload_refusal()),
         }
     }

@@ -32,6 +32,7 @@ use crate::engine::backoff::Backoff;
 use crate::engine::metrics::ConnectorMetrics;
 use crate::engine::source::Ended;
 use crate::engine::status::StatusCell;
+use crate::engine::tap::Tap;
 use crate::engine::{Shutdown, catch_panic};
 use crate::iggy::{Consumer, Producer};
 use crate::message::{OutgoingMessage, SinkMessage, TopicRef};
@@ -60,6 +61,7 @@ pub struct SinkContext {
     pub transforms: Arc<TransformChain>,
     pub status: Arc<StatusCell>,
     pub metrics: Arc<ConnectorMetrics>,
+    pub tap: Arc<Tap>,
     pub backoff: Backoff,
     /// The longest wait a backend's `Retry-After` is honoured for.
     pub max_retry_after: Duration,

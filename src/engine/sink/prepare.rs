@@ -9,6 +9,7 @@ use crate::codec::Schema;
 use crate::delivery::OnError;
 use crate::engine::dead_letter;
 use crate::engine::metrics::{ErrorStage, Stage};
+use crate::engine::tap::TapStage;
 use crate::iggy::ConsumedBatch;
 use crate::message::{ConsumedMessage, OutgoingMessage, Payload, SinkMessage, TopicRef};
 use crate::telemetry::BatchSpan;
@@ -30,6 +31,7 @@ impl TopicLoop<'_> {
         self.pipeline.metrics.consumed.add(consumed as u64);
         let mut dead = Vec::new();
         let (messages, rejected) = self.prepare(topic, schema, batch.messages, &mut dead);
+        (self.pipeline.tap).sink_messages(TapStage::In, topic, messages.iter());
         let decoded = started.elapsed();
         self.pipeline
             .metrics

@@ -12,6 +12,7 @@ use crate::engine::metrics::{ConnectorMetrics, ErrorStage, Stage};
 use crate::engine::retry::{Attempt, Until, retry, retry_with};
 use crate::engine::source::Ended;
 use crate::engine::status::StopReason;
+use crate::engine::tap::TapStage;
 use crate::engine::{catch_panic, dead_letter};
 use crate::message::{OutgoingMessage, SinkMessage, TopicRef};
 use crate::telemetry::{BatchSpan, Outcome};
@@ -77,6 +78,13 @@ impl Writing {
         }
         for rejection in rejected {
             fates[rejection.index] = Fate::Refused(rejection.reason);
+        }
+        let tap = &topic_loop.pipeline.tap;
+        if tap.is_tapped(TapStage::Out) {
+            let stored = self.messages.iter().zip(&fates);
+            let stored = stored.filter(|(_, fate)| matches!(fate, Fate::Stored));
+            let stored: Vec<&SinkMessage> = stored.map(|(message, _)| message).collect();
+            tap.sink_messages(TapStage::Out, topic, stored.into_iter());
         }
         let mut stored = 0;
         for (message, fate) in std::mem::take(&mut self.messages).into_iter().zip(fates) {
@@ -308,6 +316,7 @@ impl TopicLoop<'_> {
                 pipeline
                     .metrics
                     .record_duration(Stage::Write, started.elapsed());
+                (pipeline.tap).sink_messages(TapStage::Out, topic, writing.messages.iter());
                 writing.all_durable(&pipeline.metrics);
                 return Attempt::Done(());
             }
@@ -448,6 +457,7 @@ impl TopicLoop<'_> {
         .await
         .map_err(|gave_up| gave_up.or(|| self.abandon()))?;
         pipeline.metrics.dead_lettered.add(dead.len() as u64);
+        pipeline.tap.outgoing(TapStage::Dlq, None, dead);
         Ok(())
     }
 }

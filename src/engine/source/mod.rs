@@ -20,6 +20,7 @@ use crate::engine::backoff::Backoff;
 use crate::engine::metrics::{ConnectorMetrics, ErrorStage, Stage};
 use crate::engine::retry::{Attempt, Failure, Until, retry};
 use crate::engine::status::{StatusCell, StopReason};
+use crate::engine::tap::{Tap, TapStage};
 use crate::engine::{BENCHMARK_TARGET, Shutdown, catch_panic, dead_letter};
 use crate::iggy::Producer;
 use crate::message::{Headers, OutgoingMessage, Payload, SourceRecord, TopicRef};
@@ -54,6 +55,7 @@ pub struct SourcePipeline {
     pub policy: BatchPolicy,
     pub status: Arc<StatusCell>,
     pub metrics: Arc<ConnectorMetrics>,
+    pub tap: Arc<Tap>,
     pub shutdown: Shutdown,
     pub backoff: Backoff,
     /// Batches polled and not yet committed, at most.
@@ -243,6 +245,10 @@ impl SourcePipeline {
     /// records failed. A record that fails is counted and dead-lettered (when
     /// configured), never failing the batch.
     fn prepare(&self, records: Vec<SourceRecord>) -> (Vec<Vec<OutgoingMessage>>, usize) {
+        if self.tap.is_tapped(TapStage::In) {
+            let topics: Vec<&TopicRef> = self.routes.iter().map(|route| &route.topic).collect();
+            self.tap.source_records(&topics, &records);
+        }
         let mut rejected = 0;
         let mut groups: Vec<Vec<OutgoingMessage>> =
             (0..=self.routes.len()).map(|_| Vec::new()).collect();
@@ -406,8 +412,11 @@ impl SourcePipeline {
             sent[index] = true;
             if stage == ErrorStage::Send {
                 self.metrics.sent.add(messages.len() as u64);
+                let topic = self.routes.get(index).map(|route| &route.topic);
+                self.tap.outgoing(TapStage::Out, topic, messages);
             } else {
                 self.metrics.dead_lettered.add(messages.len() as u64);
+                self.tap.outgoing(TapStage::Dlq, None, messages);
             }
         }
         Ok(())

@@ -7,6 +7,7 @@ mod pipelined;
 mod prefetch;
 mod retries;
 mod scripted;
+mod tap;
 #[path = "../../../tests/support/wait.rs"]
 #[allow(dead_code)]
 mod wait;

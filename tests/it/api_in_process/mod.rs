@@ -10,6 +10,7 @@ mod connectors;
 mod prometheus_metrics;
 mod redaction;
 mod server;
+mod tap;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
