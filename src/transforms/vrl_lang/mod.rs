@@ -97,9 +97,10 @@ impl ProgramText {
     }
 }
 
-/// Impure functions that change nothing in `.` or `%`: `log` writes to the
-/// log, the asserts fail the program.
-const IMPURE_BUT_NOT_CHANGING: &[&str] = &["log", "assert", "assert_eq"];
+/// Impure functions whose effect on `.` is known from the program's queries:
+/// `log` writes to the log, the asserts fail the program, and `del` deletes
+/// the path it is given, a query.
+const IMPURE_KNOWN: &[&str] = &["log", "assert", "assert_eq", "del"];
 
 /// A compiled program and what it needs at run time.
 #[derive(Debug)]
@@ -233,9 +234,9 @@ pub(crate) fn compile(
     let on_metadata = |path: &OwnedTargetPath| path.prefix == PathPrefix::Metadata;
     let uses_metadata = info.target_assignments.iter().any(on_metadata)
         || info.target_queries.iter().any(on_metadata);
-    // `del(.x)` changes `.` without being an assignment: the program text is
-    // compiled again without the impure functions to learn whether it calls
-    // one. Only at load; a program that compiles without them calls none.
+    // The program text is compiled again without some impure functions to
+    // learn whether it calls them (at load only): a program that compiles
+    // without them calls none.
     let compiles_without = |drop: &dyn Fn(&dyn Function) -> bool| {
         let kept: Vec<Box<dyn Function>> = self::functions(options)
             .into_iter()
@@ -245,17 +246,22 @@ pub(crate) fn compile(
             .is_ok()
     };
     let calls_no_impure = compiles_without(&|function| !function.pure());
-    let changes_nothing_by_call = calls_no_impure
+    let calls_only_known = calls_no_impure
         || compiles_without(&|function| {
-            !function.pure() && !IMPURE_BUT_NOT_CHANGING.contains(&function.identifier())
+            !function.pure() && !IMPURE_KNOWN.contains(&function.identifier())
         });
-    let on_payload = |path: &OwnedTargetPath| path.prefix == PathPrefix::Event;
-    let changes_payload =
-        !changes_nothing_by_call || info.target_assignments.iter().any(on_payload);
-    let view = if changes_payload {
-        View::Whole
+    // What the program reads and writes of `.`: `del(.x)` is not an
+    // assignment, but its path is a query.
+    let on_payload = |path: &&OwnedTargetPath| path.prefix == PathPrefix::Event;
+    let view = if calls_only_known {
+        fields_read(
+            info.target_queries
+                .iter()
+                .chain(&info.target_assignments)
+                .filter(on_payload),
+        )
     } else {
-        fields_read(info.target_queries.iter().filter(|path| on_payload(path)))
+        View::Whole
     };
     let inert =
         info.target_assignments.is_empty() && calls_no_impure && !info.fallible && !info.abortable;
@@ -269,12 +275,12 @@ pub(crate) fn compile(
     })
 }
 
-/// The top-level fields of `.` that `queries` read, or the whole payload
-/// when one reads `.` itself or starts with an index.
-fn fields_read<'a>(queries: impl Iterator<Item = &'a OwnedTargetPath>) -> View {
+/// The top-level fields of `.` that `paths` read or write, or the whole
+/// payload when one is `.` itself or starts with an index.
+fn fields_read<'a>(paths: impl Iterator<Item = &'a OwnedTargetPath>) -> View {
     let mut fields: Vec<KeyString> = Vec::new();
-    for query in queries {
-        match query.path.segments.first() {
+    for path in paths {
+        match path.path.segments.first() {
             Some(OwnedSegment::Field(field)) => {
                 if !fields.contains(field) {
                     fields.push(field.clone());

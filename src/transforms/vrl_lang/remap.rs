@@ -18,7 +18,9 @@ use serde::Deserialize;
 use vrl::compiler::runtime::Terminate;
 
 use crate::message::{Headers, Payload};
-use crate::transforms::vrl_lang::target::{self, Shape, Tracked, View, into_payload};
+use crate::transforms::vrl_lang::target::{
+    self, FieldChanges, Shape, Tracked, View, apply_field_changes, field_changes, into_payload,
+};
 use crate::transforms::vrl_lang::{Access, Compiled, ProgramOptions, ProgramText, compile};
 use crate::transforms::{FieldError, MessageMeta, Side, Transform, TransformError, Verdict};
 
@@ -76,21 +78,25 @@ impl Remap {
         payload: &mut Payload,
         meta: &mut MessageMeta<'_>,
     ) -> Result<(), String> {
-        let changed = if target.value_changed {
-            if self.compiled.view != View::Whole {
-                // `compile` gives a partial view only to programs that
-                // cannot change `.`; never write a part back as the whole.
-                return Err("the program changed `.`, which it was given only in part".into());
+        enum Change {
+            None,
+            Whole(Payload),
+            Fields(FieldChanges),
+        }
+        let change = match (target.value_changed, shape, &self.compiled.view) {
+            (false, _, _) => Change::None,
+            (true, Shape::Fields, View::Fields(fields)) => {
+                Change::Fields(field_changes(target.value, &target.changed_fields, fields)?)
             }
-            Some(into_payload(target.value, shape)?)
-        } else {
-            None
+            (true, shape, _) => Change::Whole(into_payload(target.value, shape)?),
         };
         if target.metadata_changed {
             target::write_back(target.metadata, meta)?;
         }
-        if let Some(changed) = changed {
-            *payload = changed;
+        match change {
+            Change::None => {}
+            Change::Whole(changed) => *payload = changed,
+            Change::Fields(changes) => apply_field_changes(payload, changes),
         }
         Ok(())
     }

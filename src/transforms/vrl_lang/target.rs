@@ -14,7 +14,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use std::collections::BTreeMap;
 
 use vrl::compiler::{SecretTarget, Target};
-use vrl::path::{OwnedTargetPath, PathPrefix};
+use vrl::path::{OwnedSegment, OwnedTargetPath, PathPrefix};
 use vrl::value::kind::{Collection, Field};
 use vrl::value::{KeyString, Kind, ObjectMap, Secrets, Value};
 
@@ -57,6 +57,8 @@ pub(crate) fn metadata_kind() -> Kind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Shape {
     Json,
+    /// A JSON object of which `.` holds only some fields (see [`View`]).
+    Fields,
     Text,
     Raw,
 }
@@ -66,12 +68,14 @@ pub(crate) enum Shape {
 pub(crate) enum View {
     /// The whole payload.
     Whole,
-    /// Only these top-level fields: the program reads nothing else of `.`
-    /// and changes nothing in it, so the rest is never converted.
+    /// Only these top-level fields of an object: the program reads, writes
+    /// and deletes nothing else of `.`, so the rest is never converted, and
+    /// what it changed is written back into the payload field by field.
     Fields(Vec<KeyString>),
 }
 
-/// The payload as a VRL value (the part `view` asks for), and its shape.
+/// The payload as a VRL value (the part `view` asks for), and its shape:
+/// [`Shape::Fields`] when it holds only the fields of the view.
 pub(crate) fn payload_value(payload: &Payload, view: &View) -> Result<(Value, Shape), String> {
     Ok(match payload {
         Payload::Json(json) => match (view, json) {
@@ -85,7 +89,7 @@ pub(crate) fn payload_value(payload: &Payload, view: &View) -> Result<(Value, Sh
                         })
                         .collect(),
                 ),
-                Shape::Json,
+                Shape::Fields,
             ),
             _ => (json_to_vrl(json), Shape::Json),
         },
@@ -119,6 +123,63 @@ pub(crate) fn json_to_vrl(json: &serde_json::Value) -> Value {
                 .map(|(key, value)| (KeyString::from(key.as_str()), json_to_vrl(value)))
                 .collect(),
         ),
+    }
+}
+
+/// The fields of a [`Shape::Fields`] payload as the program left them, as
+/// JSON: `None` for a field it deleted (or never had).
+pub(crate) type FieldChanges = Vec<(String, Option<serde_json::Value>)>;
+
+/// What the program changed in the `fields` it was given of a JSON object
+/// (those of `changed_fields`, or all when it changed `.` itself).
+pub(crate) fn field_changes(
+    value: Value,
+    changed_fields: &[KeyString],
+    fields: &[KeyString],
+) -> Result<FieldChanges, String> {
+    let Value::Object(mut object) = value else {
+        return Err("the program replaced `.`, which it was given only in part".into());
+    };
+    let changed = if changed_fields.is_empty() {
+        fields
+    } else {
+        changed_fields
+    };
+    let changes = changed
+        .iter()
+        .map(|field| {
+            let value = object.remove(field.as_str()).map(vrl_to_json);
+            (field.to_string(), value)
+        })
+        .collect();
+    let unknown = |field: &KeyString| !fields.contains(field);
+    if let Some(field) = object
+        .keys()
+        .find(|field| unknown(field))
+        .or(changed.iter().find(|field| unknown(field)))
+    {
+        // `compile` lists every field the program writes; never drop one.
+        return Err(format!(
+            "the program wrote `.{field}`, which it was not given"
+        ));
+    }
+    Ok(changes)
+}
+
+/// Writes [`field_changes`] into the payload's object, keeping the order of
+/// its other fields; new fields go last.
+pub(crate) fn apply_field_changes(payload: &mut Payload, changes: FieldChanges) {
+    if let Payload::Json(serde_json::Value::Object(object)) = payload {
+        for (field, value) in changes {
+            match value {
+                Some(value) => {
+                    object.insert(field, value);
+                }
+                None => {
+                    object.shift_remove(&field);
+                }
+            }
+        }
     }
 }
 
@@ -182,6 +243,9 @@ pub(crate) struct Tracked {
     pub value_changed: bool,
     /// As `value_changed`, for `%`.
     pub metadata_changed: bool,
+    /// The top-level fields of `.` the program changed (all may have, when
+    /// `value_changed` with none listed: it changed `.` itself).
+    pub changed_fields: Vec<KeyString>,
 }
 
 impl Tracked {
@@ -192,12 +256,22 @@ impl Tracked {
             secrets: Secrets::default(),
             value_changed: false,
             metadata_changed: false,
+            changed_fields: Vec::new(),
         }
     }
 
-    fn changing(&mut self, prefix: PathPrefix) -> &mut Value {
-        match prefix {
+    fn changing(&mut self, path: &OwnedTargetPath) -> &mut Value {
+        match path.prefix {
             PathPrefix::Event => {
+                match path.path.segments.first() {
+                    Some(OwnedSegment::Field(field)) if self.value_changed => {
+                        if !self.changed_fields.is_empty() && !self.changed_fields.contains(field) {
+                            self.changed_fields.push(field.clone());
+                        }
+                    }
+                    Some(OwnedSegment::Field(field)) => self.changed_fields.push(field.clone()),
+                    _ => self.changed_fields.clear(),
+                }
                 self.value_changed = true;
                 &mut self.value
             }
@@ -211,7 +285,7 @@ impl Tracked {
 
 impl Target for Tracked {
     fn target_insert(&mut self, path: &OwnedTargetPath, value: Value) -> Result<(), String> {
-        self.changing(path.prefix).insert(&path.path, value);
+        self.changing(path).insert(&path.path, value);
         Ok(())
     }
 
@@ -223,7 +297,7 @@ impl Target for Tracked {
     }
 
     fn target_get_mut(&mut self, path: &OwnedTargetPath) -> Result<Option<&mut Value>, String> {
-        Ok(self.changing(path.prefix).get_mut(&path.path))
+        Ok(self.changing(path).get_mut(&path.path))
     }
 
     fn target_remove(
@@ -231,7 +305,7 @@ impl Target for Tracked {
         path: &OwnedTargetPath,
         compact: bool,
     ) -> Result<Option<Value>, String> {
-        Ok(self.changing(path.prefix).remove(&path.path, compact))
+        Ok(self.changing(path).remove(&path.path, compact))
     }
 }
 

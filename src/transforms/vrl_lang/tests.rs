@@ -424,7 +424,7 @@ fn given_a_changed_payload_when_converted_back_should_write_timestamps_regexes_a
  {
     let remap = chain(
         "remap",
-        json!({"source": ".t = t'2026-01-02T03:04:05Z'\n.r = r'ab+'\n.f = float!(.f) * 2"}),
+        json!({"source": ".t = t'2026-01-02T03:04:05Z'\n.r = r'ab+'\n.f = float!(.f) * 2\n.copy = .big"}),
     );
     assert_eq!(
         run(
@@ -432,7 +432,7 @@ fn given_a_changed_payload_when_converted_back_should_write_timestamps_regexes_a
             json!({"big": 18_446_744_073_709_551_615_u64, "f": 1.25, "s": "x", "arr": [1, null, {"k": false}]})
         ),
         json!({
-            "big": "18446744073709551615", "f": 2.5, "s": "x", "arr": [1, null, {"k": false}],
+            "big": 18_446_744_073_709_551_615_u64, "copy": "18446744073709551615", "f": 2.5, "s": "x", "arr": [1, null, {"k": false}],
             "t": "2026-01-02T03:04:05Z", "r": "ab+",
         })
     );
@@ -476,17 +476,41 @@ fn given_programs_when_compiled_should_know_what_of_the_payload_they_need_and_wh
     ] {
         assert!(!compiled(program).inert, "{program}");
     }
+    let fields =
+        |names: &[&str]| View::Fields(names.iter().map(|name| KeyString::from(*name)).collect());
     assert_eq!(
         compiled("%key = .a.b\n%headers.x = .c[0]\nlog(.a)").view,
-        View::Fields(vec![KeyString::from("a"), KeyString::from("c")])
+        fields(&["a", "c"])
+    );
+    assert_eq!(compiled("del(.a)").view, fields(&["a"]));
+    assert_eq!(compiled(".b.c = 1").view, fields(&["b"]));
+    assert_eq!(
+        compiled(".user_id = del(.uid)").view,
+        fields(&["uid", "user_id"])
     );
     for program in [
-        "del(.a)",
-        ".b = 1",
+        ". = {\"a\": 1}",
+        ".a = 1\n. = merge(., {\"b\": 2})",
         "%key = encode_json(.)",
         "%key = .[0]",
         "%key = get!(., [\"a\"])",
     ] {
         assert_eq!(compiled(program).view, View::Whole, "{program}");
     }
+}
+
+#[test]
+fn given_a_program_changing_some_fields_when_applied_should_keep_the_others_in_their_order() {
+    let remap = chain(
+        "remap",
+        json!({"source": ".user_id = del(.uid)\n.m.y = 2\ndel(.gone)"}),
+    );
+    let output = run(
+        &remap,
+        json!({"z": 1, "uid": "u-1", "m": {"x": 1}, "gone": true, "a": 18_446_744_073_709_551_615_u64}),
+    );
+    assert_eq!(
+        output.to_string(),
+        r#"{"z":1,"m":{"x":1,"y":2},"a":18446744073709551615,"user_id":"u-1"}"#
+    );
 }
