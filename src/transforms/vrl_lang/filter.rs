@@ -14,7 +14,6 @@ use vrl::compiler::runtime::Terminate;
 use vrl::value::Value;
 
 use crate::message::{Headers, Payload};
-use crate::transforms::vrl_lang::target::payload_value;
 use crate::transforms::vrl_lang::{Access, Compiled, ProgramOptions, ProgramText, compile};
 use crate::transforms::{FieldError, MessageMeta, Side, Transform, TransformError, Verdict};
 
@@ -82,8 +81,7 @@ impl Transform for Filter {
             transform: "filter".into(),
             message,
         };
-        let (value, _) = payload_value(payload).map_err(error)?;
-        match self.compiled.run(value, meta).1 {
+        match self.compiled.run(payload, meta).map_err(error)?.2 {
             Ok(Value::Boolean(true)) => Ok(Verdict::Keep),
             Ok(Value::Boolean(false)) | Err(Terminate::Abort(_)) => Ok(Verdict::Drop),
             Ok(other) => Err(error(format!(

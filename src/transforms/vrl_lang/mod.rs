@@ -19,12 +19,14 @@ use std::path::Path;
 use codespan_reporting::files::SimpleFile;
 use codespan_reporting::term::{self, termcolor::NoColor};
 use vrl::compiler::runtime::{Runtime, RuntimeResult, Terminate};
-use vrl::compiler::{CompileConfig, Function, Program, TargetValue, TimeZone, state::ExternalEnv};
+use vrl::compiler::{CompileConfig, Function, Program, TimeZone, state::ExternalEnv};
 use vrl::diagnostic::DiagnosticList;
-use vrl::path::{OwnedTargetPath, PathPrefix};
-use vrl::value::{Kind, ObjectMap, Secrets, Value};
+use vrl::path::{OwnedSegment, OwnedTargetPath, PathPrefix};
+use vrl::value::{KeyString, Kind, ObjectMap, Value};
 
+use crate::message::Payload;
 use crate::transforms::{FieldError, MessageMeta};
+use target::{Shape, Tracked, View, payload_value};
 
 pub use filter::Filter;
 pub use remap::Remap;
@@ -95,6 +97,11 @@ impl ProgramText {
     }
 }
 
+/// Impure functions whose effect on `.` is known from the program's queries:
+/// `log` writes to the log, the asserts fail the program, and `del` deletes
+/// the path it is given, a query.
+const IMPURE_KNOWN: &[&str] = &["log", "assert", "assert_eq", "del"];
+
 /// A compiled program and what it needs at run time.
 #[derive(Debug)]
 pub(crate) struct Compiled {
@@ -102,31 +109,37 @@ pub(crate) struct Compiled {
     pub timezone: TimeZone,
     /// The program reads or writes `%`: metadata is built for it.
     pub uses_metadata: bool,
-    /// The program assigns to `%`: headers and key are read back.
-    pub writes_metadata: bool,
+    /// What the program needs of the payload as `.`.
+    pub view: View,
+    /// Running the program can change nothing, fail or abort, nor do
+    /// anything else seen outside it (`log`): a `remap` of it is skipped.
+    pub inert: bool,
     /// A condition whose errors are raised at run time by our wrapper, not
     /// by the text as written (see [`compile`]).
     pub deferred_errors: bool,
 }
 
 impl Compiled {
-    /// Runs the program on `value` (the payload) and, when it uses them,
-    /// the message's metadata. Returns the target as the program left it.
-    pub(crate) fn run(&self, value: Value, meta: &MessageMeta<'_>) -> (TargetValue, RuntimeResult) {
+    /// Runs the program on the payload (the part of it the program reads)
+    /// and, when it uses them, the message's metadata. Returns the target as
+    /// the program left it and the payload's shape; an error when the payload
+    /// cannot be read (JSON bytes that are not JSON).
+    pub(crate) fn run(
+        &self,
+        payload: &Payload,
+        meta: &MessageMeta<'_>,
+    ) -> Result<(Tracked, Shape, RuntimeResult), String> {
+        let (value, shape) = payload_value(payload, &self.view)?;
         let metadata = if self.uses_metadata {
             target::metadata(meta)
         } else {
             Value::Object(ObjectMap::new())
         };
-        let mut target = TargetValue {
-            value,
-            metadata,
-            secrets: Secrets::default(),
-        };
+        let mut target = Tracked::new(value, metadata);
         // A runtime per message: its state is the program's local variables,
         // empty (and unallocated) until the program assigns one.
         let outcome = Runtime::default().resolve(&mut target, &self.program, &self.timezone);
-        (target, outcome)
+        Ok((target, shape, outcome))
     }
 }
 
@@ -180,6 +193,7 @@ pub(crate) fn compile(
         vrl::compiler::compile_with_external(source, &functions, &external, config_for(access))
     };
     let mut deferred_errors = false;
+    let mut compiled_text = std::borrow::Cow::Borrowed(text.text.as_str());
     let result = match compile_text(&text.text) {
         Ok(result) => Ok(result),
         // A condition that can fail (`.latency_ms > 500` on a field of any
@@ -198,7 +212,9 @@ pub(crate) fn compile(
                 text.text
             );
             deferred_errors = true;
-            compile_text(&deferred).map_err(|_| diagnostics)
+            let result = compile_text(&deferred).map_err(|_| diagnostics);
+            compiled_text = std::borrow::Cow::Owned(deferred);
+            result
         }
         Err(diagnostics) => Err(diagnostics),
     }
@@ -216,15 +232,64 @@ pub(crate) fn compile(
     }
     let info = result.program.info();
     let on_metadata = |path: &OwnedTargetPath| path.prefix == PathPrefix::Metadata;
-    let writes_metadata = info.target_assignments.iter().any(on_metadata);
-    let uses_metadata = writes_metadata || info.target_queries.iter().any(on_metadata);
+    let uses_metadata = info.target_assignments.iter().any(on_metadata)
+        || info.target_queries.iter().any(on_metadata);
+    // The program text is compiled again without some impure functions to
+    // learn whether it calls them (at load only): a program that compiles
+    // without them calls none.
+    let compiles_without = |drop: &dyn Fn(&dyn Function) -> bool| {
+        let kept: Vec<Box<dyn Function>> = self::functions(options)
+            .into_iter()
+            .filter(|function| !drop(function.as_ref()))
+            .collect();
+        vrl::compiler::compile_with_external(&compiled_text, &kept, &external, config_for(access))
+            .is_ok()
+    };
+    let calls_no_impure = compiles_without(&|function| !function.pure());
+    let calls_only_known = calls_no_impure
+        || compiles_without(&|function| {
+            !function.pure() && !IMPURE_KNOWN.contains(&function.identifier())
+        });
+    // What the program reads and writes of `.`: `del(.x)` is not an
+    // assignment, but its path is a query.
+    let on_payload = |path: &&OwnedTargetPath| path.prefix == PathPrefix::Event;
+    let view = if calls_only_known {
+        fields_read(
+            info.target_queries
+                .iter()
+                .chain(&info.target_assignments)
+                .filter(on_payload),
+        )
+    } else {
+        View::Whole
+    };
+    let inert =
+        info.target_assignments.is_empty() && calls_no_impure && !info.fallible && !info.abortable;
     Ok(Compiled {
         program: result.program,
         timezone,
         uses_metadata,
-        writes_metadata,
+        view,
+        inert,
         deferred_errors,
     })
+}
+
+/// The top-level fields of `.` that `paths` read or write, or the whole
+/// payload when one is `.` itself or starts with an index.
+fn fields_read<'a>(paths: impl Iterator<Item = &'a OwnedTargetPath>) -> View {
+    let mut fields: Vec<KeyString> = Vec::new();
+    for path in paths {
+        match path.path.segments.first() {
+            Some(OwnedSegment::Field(field)) => {
+                if !fields.contains(field) {
+                    fields.push(field.clone());
+                }
+            }
+            _ => return View::Whole,
+        }
+    }
+    View::Fields(fields)
 }
 
 /// What a program may assign to, as the compiler checks it.

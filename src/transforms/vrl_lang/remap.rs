@@ -15,11 +15,12 @@
 //! ```
 
 use serde::Deserialize;
-use vrl::compiler::TargetValue;
 use vrl::compiler::runtime::Terminate;
 
 use crate::message::{Headers, Payload};
-use crate::transforms::vrl_lang::target::{self, into_payload, payload_value};
+use crate::transforms::vrl_lang::target::{
+    self, FieldChanges, Shape, Tracked, View, apply_field_changes, field_changes, into_payload,
+};
 use crate::transforms::vrl_lang::{Access, Compiled, ProgramOptions, ProgramText, compile};
 use crate::transforms::{FieldError, MessageMeta, Side, Transform, TransformError, Verdict};
 
@@ -68,23 +69,35 @@ impl Remap {
         })
     }
 
-    /// The program's result written into the message; nothing is changed
-    /// when the result does not fit it.
+    /// The program's result written into the message: the payload and the
+    /// metadata it changed. Nothing is changed when the result does not fit.
     fn commit(
         &self,
-        target: TargetValue,
-        shape: target::Shape,
+        target: Tracked,
+        shape: Shape,
         payload: &mut Payload,
         meta: &mut MessageMeta<'_>,
     ) -> Result<(), String> {
-        let TargetValue {
-            value, metadata, ..
-        } = target;
-        let changed = into_payload(value, shape)?;
-        if self.compiled.writes_metadata {
-            target::write_back(metadata, meta)?;
+        enum Change {
+            None,
+            Whole(Payload),
+            Fields(FieldChanges),
         }
-        *payload = changed;
+        let change = match (target.value_changed, shape, &self.compiled.view) {
+            (false, _, _) => Change::None,
+            (true, Shape::Fields, View::Fields(fields)) => {
+                Change::Fields(field_changes(target.value, &target.changed_fields, fields)?)
+            }
+            (true, shape, _) => Change::Whole(into_payload(target.value, shape)?),
+        };
+        if target.metadata_changed {
+            target::write_back(target.metadata, meta)?;
+        }
+        match change {
+            Change::None => {}
+            Change::Whole(changed) => *payload = changed,
+            Change::Fields(changes) => apply_field_changes(payload, changes),
+        }
         Ok(())
     }
 
@@ -114,18 +127,18 @@ impl Transform for Remap {
         payload: &mut Payload,
         meta: &mut MessageMeta<'_>,
     ) -> Result<Verdict, TransformError> {
-        let (value, shape) = match payload_value(payload) {
-            Ok(converted) => converted,
-            Err(message) => return self.failed(message),
-        };
-        match self.compiled.run(value, meta) {
-            (target, Ok(_)) => match self.commit(target, shape, payload, meta) {
+        if self.compiled.inert {
+            return Ok(Verdict::Keep);
+        }
+        match self.compiled.run(payload, meta) {
+            Err(message) => self.failed(message),
+            Ok((target, shape, Ok(_))) => match self.commit(target, shape, payload, meta) {
                 Ok(()) => Ok(Verdict::Keep),
                 Err(message) => self.failed(message),
             },
-            (_, Err(Terminate::Abort(_))) if self.drop_on_abort => Ok(Verdict::Drop),
-            (_, Err(Terminate::Abort(_))) => Ok(Verdict::Keep),
-            (_, Err(error)) => self.failed(error.to_string()),
+            Ok((_, _, Err(Terminate::Abort(_)))) if self.drop_on_abort => Ok(Verdict::Drop),
+            Ok((_, _, Err(Terminate::Abort(_)))) => Ok(Verdict::Keep),
+            Ok((_, _, Err(error))) => self.failed(error.to_string()),
         }
     }
 }

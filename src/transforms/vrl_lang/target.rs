@@ -10,11 +10,13 @@
 //! | `timestamp`, `origin_timestamp` | timestamps (server's and producer's; `null` when unknown) |
 //! | `stream`, `topic`, `partition` | where the message goes (source) or came from (sink); `stream` and `topic` are always text |
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, SecondsFormat, Utc};
 use std::collections::BTreeMap;
 
+use vrl::compiler::{SecretTarget, Target};
+use vrl::path::{OwnedSegment, OwnedTargetPath, PathPrefix};
 use vrl::value::kind::{Collection, Field};
-use vrl::value::{KeyString, Kind, ObjectMap, Value};
+use vrl::value::{KeyString, Kind, ObjectMap, Secrets, Value};
 
 use crate::message::{HeaderValue, Headers, Payload};
 use crate::transforms::MessageMeta;
@@ -55,14 +57,42 @@ pub(crate) fn metadata_kind() -> Kind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Shape {
     Json,
+    /// A JSON object of which `.` holds only some fields (see [`View`]).
+    Fields,
     Text,
     Raw,
 }
 
-/// The payload as a VRL value, and its shape.
-pub(crate) fn payload_value(payload: &Payload) -> Result<(Value, Shape), String> {
+/// Which part of a JSON object payload a program needs as `.`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum View {
+    /// The whole payload.
+    Whole,
+    /// Only these top-level fields of an object: the program reads, writes
+    /// and deletes nothing else of `.`, so the rest is never converted, and
+    /// what it changed is written back into the payload field by field.
+    Fields(Vec<KeyString>),
+}
+
+/// The payload as a VRL value (the part `view` asks for), and its shape:
+/// [`Shape::Fields`] when it holds only the fields of the view.
+pub(crate) fn payload_value(payload: &Payload, view: &View) -> Result<(Value, Shape), String> {
     Ok(match payload {
-        Payload::Json(json) => (Value::from(json), Shape::Json),
+        Payload::Json(json) => match (view, json) {
+            (View::Fields(fields), serde_json::Value::Object(object)) => (
+                Value::Object(
+                    fields
+                        .iter()
+                        .filter_map(|field| {
+                            let value = object.get(field.as_str())?;
+                            Some((field.clone(), json_to_vrl(value)))
+                        })
+                        .collect(),
+                ),
+                Shape::Fields,
+            ),
+            _ => (json_to_vrl(json), Shape::Json),
+        },
         Payload::JsonBytes(bytes) => (
             serde_json::from_slice::<Value>(bytes)
                 .map_err(|error| format!("payload is not valid JSON: {error}"))?,
@@ -71,6 +101,86 @@ pub(crate) fn payload_value(payload: &Payload) -> Result<(Value, Shape), String>
         Payload::Text(text) => (Value::from(text.as_str()), Shape::Text),
         Payload::Raw(bytes) => (Value::Bytes(bytes.clone()), Shape::Raw),
     })
+}
+
+/// A JSON value as a VRL value, read from the reference: strings and keys
+/// are copied once, with no intermediate clone of the JSON tree. Numbers as
+/// vrl's own `From<serde_json::Value>`: integers past `i64::MAX` become text.
+pub(crate) fn json_to_vrl(json: &serde_json::Value) -> Value {
+    match json {
+        serde_json::Value::Null => Value::Null,
+        serde_json::Value::Bool(flag) => Value::Boolean(*flag),
+        serde_json::Value::Number(number) => match (number.as_i64(), number.as_f64()) {
+            (Some(integer), _) => Value::Integer(integer),
+            (None, Some(float)) if number.is_f64() => Value::from_f64_or_zero(float),
+            _ => Value::from(number.to_string()),
+        },
+        serde_json::Value::String(text) => Value::from(text.as_str()),
+        serde_json::Value::Array(items) => Value::Array(items.iter().map(json_to_vrl).collect()),
+        serde_json::Value::Object(object) => Value::Object(
+            object
+                .iter()
+                .map(|(key, value)| (KeyString::from(key.as_str()), json_to_vrl(value)))
+                .collect(),
+        ),
+    }
+}
+
+/// The fields of a [`Shape::Fields`] payload as the program left them, as
+/// JSON: `None` for a field it deleted (or never had).
+pub(crate) type FieldChanges = Vec<(String, Option<serde_json::Value>)>;
+
+/// What the program changed in the `fields` it was given of a JSON object
+/// (those of `changed_fields`, or all when it changed `.` itself).
+pub(crate) fn field_changes(
+    value: Value,
+    changed_fields: &[KeyString],
+    fields: &[KeyString],
+) -> Result<FieldChanges, String> {
+    let Value::Object(mut object) = value else {
+        return Err("the program replaced `.`, which it was given only in part".into());
+    };
+    let changed = if changed_fields.is_empty() {
+        fields
+    } else {
+        changed_fields
+    };
+    let changes = changed
+        .iter()
+        .map(|field| {
+            let value = object.remove(field.as_str()).map(vrl_to_json);
+            (field.to_string(), value)
+        })
+        .collect();
+    let unknown = |field: &KeyString| !fields.contains(field);
+    if let Some(field) = object
+        .keys()
+        .find(|field| unknown(field))
+        .or(changed.iter().find(|field| unknown(field)))
+    {
+        // `compile` lists every field the program writes; never drop one.
+        return Err(format!(
+            "the program wrote `.{field}`, which it was not given"
+        ));
+    }
+    Ok(changes)
+}
+
+/// Writes [`field_changes`] into the payload's object, keeping the order of
+/// its other fields; new fields go last.
+pub(crate) fn apply_field_changes(payload: &mut Payload, changes: FieldChanges) {
+    if let Payload::Json(serde_json::Value::Object(object)) = payload {
+        for (field, value) in changes {
+            match value {
+                Some(value) => {
+                    object.insert(field, value);
+                }
+                None => {
+                    object.shift_remove(&field);
+                }
+            }
+        }
+    }
 }
 
 /// The program's `.` back as a payload: text stays text and bytes stay raw
@@ -82,10 +192,134 @@ pub(crate) fn into_payload(value: Value, shape: Shape) -> Result<Payload, String
             Ok(text) => Payload::Text(text),
             Err(_) => Payload::Raw(bytes.clone()),
         }),
-        _ => value
-            .try_into()
-            .map(Payload::Json)
-            .map_err(|error| format!("the program's result is not JSON: {error}")),
+        (_, Some(bytes)) => match std::str::from_utf8(bytes) {
+            Ok(text) => Ok(Payload::Json(serde_json::Value::from(text))),
+            Err(error) => Err(format!("the program's result is not JSON: {error}")),
+        },
+        _ => Ok(Payload::Json(vrl_to_json(value))),
+    }
+}
+
+/// A VRL value as JSON, moving what it can, without going through serde's
+/// serializer. As vrl's `Serialize`: text that is not UTF-8 is read lossily,
+/// timestamps are RFC 3339 text, regexes their pattern, and a float JSON
+/// cannot hold (infinite) is `null`.
+fn vrl_to_json(value: Value) -> serde_json::Value {
+    match value {
+        Value::Null => serde_json::Value::Null,
+        Value::Boolean(flag) => serde_json::Value::Bool(flag),
+        Value::Integer(number) => serde_json::Value::from(number),
+        Value::Float(number) => serde_json::Value::from(number.into_inner()),
+        Value::Bytes(_) | Value::String(_) => serde_json::Value::String(
+            value
+                .to_str_lossy()
+                .map(std::borrow::Cow::into_owned)
+                .unwrap_or_default(),
+        ),
+        Value::Timestamp(time) => {
+            serde_json::Value::String(time.to_rfc3339_opts(SecondsFormat::AutoSi, true))
+        }
+        Value::Regex(regex) => serde_json::Value::String(regex.as_str().to_owned()),
+        Value::Array(items) => {
+            serde_json::Value::Array(items.into_iter().map(vrl_to_json).collect())
+        }
+        Value::Object(object) => serde_json::Value::Object(
+            object
+                .into_iter()
+                .map(|(key, value)| (String::from(key), vrl_to_json(value)))
+                .collect(),
+        ),
+    }
+}
+
+/// What a program runs on: `.` and `%`, noting whether the program changed
+/// either, so an unchanged payload or metadata is not converted back.
+#[derive(Debug)]
+pub(crate) struct Tracked {
+    pub value: Value,
+    pub metadata: Value,
+    secrets: Secrets,
+    /// The program assigned to, deleted from or borrowed mutably a part of `.`.
+    pub value_changed: bool,
+    /// As `value_changed`, for `%`.
+    pub metadata_changed: bool,
+    /// The top-level fields of `.` the program changed (all may have, when
+    /// `value_changed` with none listed: it changed `.` itself).
+    pub changed_fields: Vec<KeyString>,
+}
+
+impl Tracked {
+    pub(crate) fn new(value: Value, metadata: Value) -> Self {
+        Self {
+            value,
+            metadata,
+            secrets: Secrets::default(),
+            value_changed: false,
+            metadata_changed: false,
+            changed_fields: Vec::new(),
+        }
+    }
+
+    fn changing(&mut self, path: &OwnedTargetPath) -> &mut Value {
+        match path.prefix {
+            PathPrefix::Event => {
+                match path.path.segments.first() {
+                    Some(OwnedSegment::Field(field)) if self.value_changed => {
+                        if !self.changed_fields.is_empty() && !self.changed_fields.contains(field) {
+                            self.changed_fields.push(field.clone());
+                        }
+                    }
+                    Some(OwnedSegment::Field(field)) => self.changed_fields.push(field.clone()),
+                    _ => self.changed_fields.clear(),
+                }
+                self.value_changed = true;
+                &mut self.value
+            }
+            PathPrefix::Metadata => {
+                self.metadata_changed = true;
+                &mut self.metadata
+            }
+        }
+    }
+}
+
+impl Target for Tracked {
+    fn target_insert(&mut self, path: &OwnedTargetPath, value: Value) -> Result<(), String> {
+        self.changing(path).insert(&path.path, value);
+        Ok(())
+    }
+
+    fn target_get(&self, path: &OwnedTargetPath) -> Result<Option<&Value>, String> {
+        Ok(match path.prefix {
+            PathPrefix::Event => self.value.get(&path.path),
+            PathPrefix::Metadata => self.metadata.get(&path.path),
+        })
+    }
+
+    fn target_get_mut(&mut self, path: &OwnedTargetPath) -> Result<Option<&mut Value>, String> {
+        Ok(self.changing(path).get_mut(&path.path))
+    }
+
+    fn target_remove(
+        &mut self,
+        path: &OwnedTargetPath,
+        compact: bool,
+    ) -> Result<Option<Value>, String> {
+        Ok(self.changing(path).remove(&path.path, compact))
+    }
+}
+
+impl SecretTarget for Tracked {
+    fn get_secret(&self, key: &str) -> Option<&str> {
+        self.secrets.get_secret(key)
+    }
+
+    fn insert_secret(&mut self, key: &str, value: &str) {
+        self.secrets.insert_secret(key, value);
+    }
+
+    fn remove_secret(&mut self, key: &str) {
+        self.secrets.remove_secret(key);
     }
 }
 

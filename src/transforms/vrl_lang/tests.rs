@@ -353,3 +353,164 @@ fn given_named_tables_with_a_type_when_built_should_run_several_remaps_in_file_o
     assert_eq!(error.transform, "mask");
     assert_eq!(error.field, "source");
 }
+
+#[test]
+fn given_a_program_that_changes_nothing_in_the_payload_when_applied_should_leave_it_as_it_was() {
+    // Key order and an integer past i64::MAX survive: the payload is not
+    // converted to VRL and back when the program does not change it.
+    let input = json!({"z": 1, "a": 18_446_744_073_709_551_615_u64, "m": {"y": true, "b": 1.5}});
+    for (program, key) in [
+        (".", None),
+        ("x = .z", None),
+        ("log(.z, level: \"debug\")", None),
+        ("assert!(.z == 1)", None),
+        ("%key = .z", Some("1")),
+        ("%key = .m.b", Some("1.5")),
+        ("if .a == null { %key = \"none\" }", None),
+    ] {
+        let remap = chain("remap", json!({"source": program}));
+        let topic = topic();
+        let mut headers = Headers::new();
+        let mut meta = source_meta(&topic, &mut headers);
+        let mut payload = Payload::Json(input.clone());
+        assert_eq!(
+            remap.apply_with(&mut payload, &mut meta).unwrap(),
+            Verdict::Keep,
+            "{program}"
+        );
+        let Payload::Json(output) = payload else {
+            panic!("{program}: expected JSON, found {payload:?}");
+        };
+        assert_eq!(output.to_string(), input.to_string(), "{program}");
+        assert_eq!(meta.key.as_deref(), key, "{program}");
+    }
+}
+
+#[test]
+fn given_a_read_only_program_that_fails_when_applied_should_still_fail_the_message() {
+    let remap = chain("remap", json!({"source": r#"assert!(.level == "info")"#}));
+    assert_eq!(
+        run(&remap, json!({"level": "info"})),
+        json!({"level": "info"})
+    );
+    let mut payload = Payload::Json(json!({"level": "debug"}));
+    let error = remap.apply(&mut payload).unwrap_err();
+    assert_eq!(error.transform, "remap");
+    assert_eq!(payload, Payload::Json(json!({"level": "debug"})));
+}
+
+#[test]
+fn given_del_without_an_assignment_when_applied_should_change_the_payload() {
+    let remap = chain("remap", json!({"source": "del(.a)\ndel(.m.y)"}));
+    assert_eq!(
+        run(&remap, json!({"a": 1, "m": {"y": true, "b": 2}, "z": 3})),
+        json!({"m": {"b": 2}, "z": 3})
+    );
+}
+
+#[test]
+fn given_a_program_reading_the_whole_payload_when_applied_should_see_every_field() {
+    let remap = chain("remap", json!({"source": "%key = encode_json(.)"}));
+    let topic = topic();
+    let mut headers = Headers::new();
+    let mut meta = source_meta(&topic, &mut headers);
+    let mut payload = Payload::Json(json!({"b": 1, "a": {"c": [2, null]}}));
+    remap.apply_with(&mut payload, &mut meta).unwrap();
+    assert_eq!(meta.key.as_deref(), Some(r#"{"a":{"c":[2,null]},"b":1}"#));
+}
+
+#[test]
+fn given_a_changed_payload_when_converted_back_should_write_timestamps_regexes_and_big_integers_as_text()
+ {
+    let remap = chain(
+        "remap",
+        json!({"source": ".t = t'2026-01-02T03:04:05Z'\n.r = r'ab+'\n.f = float!(.f) * 2\n.copy = .big"}),
+    );
+    assert_eq!(
+        run(
+            &remap,
+            json!({"big": 18_446_744_073_709_551_615_u64, "f": 1.25, "s": "x", "arr": [1, null, {"k": false}]})
+        ),
+        json!({
+            "big": 18_446_744_073_709_551_615_u64, "copy": "18446744073709551615", "f": 2.5, "s": "x", "arr": [1, null, {"k": false}],
+            "t": "2026-01-02T03:04:05Z", "r": "ab+",
+        })
+    );
+}
+
+#[test]
+fn given_a_filter_on_nested_and_missing_fields_when_applied_should_read_them() {
+    let filter = chain(
+        "filter",
+        json!({"condition": ".a.b == 1 && !exists(.missing) && .list[1] == \"y\""}),
+    );
+    let keep = json!({"a": {"b": 1}, "list": ["x", "y"], "other": "z"});
+    assert_eq!(run(&filter, keep.clone()), keep);
+    let mut payload = Payload::Json(json!({"a": {"b": 1}, "list": ["x"], "missing": 0}));
+    assert_eq!(filter.apply(&mut payload).unwrap(), Verdict::Drop);
+}
+
+#[test]
+fn given_programs_when_compiled_should_know_what_of_the_payload_they_need_and_which_do_nothing() {
+    use super::target::View;
+    use super::{Access, ProgramOptions, ProgramText, compile};
+    use vrl::value::KeyString;
+    let compiled = |source: &str| {
+        let text = ProgramText {
+            text: source.into(),
+            name: "source".into(),
+            field: "source",
+        };
+        compile(&text, &ProgramOptions::default(), Access::Remap).unwrap()
+    };
+    for program in [".", "x = .a", "%key == null", "true"] {
+        assert!(compiled(program).inert, "{program}");
+    }
+    for program in [
+        "log(.a)",
+        "assert!(.a == 1)",
+        "%key = .a",
+        "if .a == 1 { abort }",
+        "del(.a)",
+        ".a = 1",
+    ] {
+        assert!(!compiled(program).inert, "{program}");
+    }
+    let fields =
+        |names: &[&str]| View::Fields(names.iter().map(|name| KeyString::from(*name)).collect());
+    assert_eq!(
+        compiled("%key = .a.b\n%headers.x = .c[0]\nlog(.a)").view,
+        fields(&["a", "c"])
+    );
+    assert_eq!(compiled("del(.a)").view, fields(&["a"]));
+    assert_eq!(compiled(".b.c = 1").view, fields(&["b"]));
+    assert_eq!(
+        compiled(".user_id = del(.uid)").view,
+        fields(&["uid", "user_id"])
+    );
+    for program in [
+        ". = {\"a\": 1}",
+        ".a = 1\n. = merge(., {\"b\": 2})",
+        "%key = encode_json(.)",
+        "%key = .[0]",
+        "%key = get!(., [\"a\"])",
+    ] {
+        assert_eq!(compiled(program).view, View::Whole, "{program}");
+    }
+}
+
+#[test]
+fn given_a_program_changing_some_fields_when_applied_should_keep_the_others_in_their_order() {
+    let remap = chain(
+        "remap",
+        json!({"source": ".user_id = del(.uid)\n.m.y = 2\ndel(.gone)"}),
+    );
+    let output = run(
+        &remap,
+        json!({"z": 1, "uid": "u-1", "m": {"x": 1}, "gone": true, "a": 18_446_744_073_709_551_615_u64}),
+    );
+    assert_eq!(
+        output.to_string(),
+        r#"{"z":1,"m":{"x":1,"y":2},"a":18446744073709551615,"user_id":"u-1"}"#
+    );
+}
