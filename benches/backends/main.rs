@@ -22,6 +22,7 @@ mod delta;
 mod elasticsearch;
 mod http;
 mod iceberg;
+mod kafka;
 mod mongodb;
 mod mqtt;
 mod mysql;

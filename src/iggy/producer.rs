@@ -169,11 +169,18 @@ impl IggyProducer {
 impl Producer for IggyProducer {
     async fn send(&self, messages: &[OutgoingMessage]) -> Result<(), BusError> {
         // Messages that keep their origin's partition go, a run of one
-        // partition at a time, to the partition it maps to; the rest are
-        // balanced.
-        for run in messages.chunk_by(|a, b| a.partition == b.partition) {
-            let partitioning = match run.first().and_then(|message| message.partition) {
-                Some(partition) => Partitioning::partition_id(partition % self.partitions),
+        // target partition at a time, to the partition it maps to; the rest
+        // are balanced. Runs are cut where the target partition changes, not
+        // the origin's value: a key hash is a different value per key, and a
+        // request per message made a keyed source 40 times slower.
+        let target = |message: &OutgoingMessage| {
+            message
+                .partition
+                .map(|partition| partition % self.partitions)
+        };
+        for run in messages.chunk_by(|a, b| target(a) == target(b)) {
+            let partitioning = match run.first().and_then(target) {
+                Some(partition) => Partitioning::partition_id(partition),
                 None => Partitioning::balanced(),
             };
             self.send_to(&partitioning, run).await?;
