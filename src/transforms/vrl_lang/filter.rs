@@ -13,9 +13,11 @@ use serde::Deserialize;
 use vrl::compiler::runtime::Terminate;
 use vrl::value::Value;
 
-use crate::message::{Headers, Payload};
-use crate::transforms::vrl_lang::{Access, Compiled, ProgramOptions, ProgramText, compile};
-use crate::transforms::{FieldError, MessageMeta, Side, Transform, TransformError, Verdict};
+use crate::message::Payload;
+use crate::transforms::vrl_lang::{
+    Access, Compiled, ProgramOptions, ProgramText, apply_without_meta, compile,
+};
+use crate::transforms::{FieldError, MessageMeta, Transform, TransformError, Verdict};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -65,11 +67,7 @@ impl Filter {
 
 impl Transform for Filter {
     fn apply(&self, payload: &mut Payload) -> Result<Verdict, TransformError> {
-        let mut headers = Headers::new();
-        self.apply_with(
-            payload,
-            &mut MessageMeta::headers_only(Side::Sink, &mut headers),
-        )
+        apply_without_meta(self, payload)
     }
 
     fn apply_with(

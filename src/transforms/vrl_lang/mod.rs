@@ -275,6 +275,19 @@ pub(crate) fn compile(
     })
 }
 
+/// `apply` of a VRL transform, for callers without the message's metadata:
+/// the program runs with empty headers, as on a sink.
+fn apply_without_meta(
+    transform: &impl crate::transforms::Transform,
+    payload: &mut Payload,
+) -> Result<crate::transforms::Verdict, crate::transforms::TransformError> {
+    let mut headers = crate::message::Headers::new();
+    transform.apply_with(
+        payload,
+        &mut MessageMeta::headers_only(crate::transforms::Side::Sink, &mut headers),
+    )
+}
+
 /// The top-level fields of `.` that `paths` read or write, or the whole
 /// payload when one is `.` itself or starts with an index.
 fn fields_read<'a>(paths: impl Iterator<Item = &'a OwnedTargetPath>) -> View {

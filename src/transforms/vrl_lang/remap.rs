@@ -17,12 +17,14 @@
 use serde::Deserialize;
 use vrl::compiler::runtime::Terminate;
 
-use crate::message::{Headers, Payload};
+use crate::message::Payload;
 use crate::transforms::vrl_lang::target::{
     self, FieldChanges, Shape, Tracked, View, apply_field_changes, field_changes, into_payload,
 };
-use crate::transforms::vrl_lang::{Access, Compiled, ProgramOptions, ProgramText, compile};
-use crate::transforms::{FieldError, MessageMeta, Side, Transform, TransformError, Verdict};
+use crate::transforms::vrl_lang::{
+    Access, Compiled, ProgramOptions, ProgramText, apply_without_meta, compile,
+};
+use crate::transforms::{FieldError, MessageMeta, Transform, TransformError, Verdict};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -115,11 +117,7 @@ impl Remap {
 
 impl Transform for Remap {
     fn apply(&self, payload: &mut Payload) -> Result<Verdict, TransformError> {
-        let mut headers = Headers::new();
-        self.apply_with(
-            payload,
-            &mut MessageMeta::headers_only(Side::Sink, &mut headers),
-        )
+        apply_without_meta(self, payload)
     }
 
     fn apply_with(
