@@ -24,6 +24,12 @@
 //! rebuilds the group: reads its stored offsets, deletes and recreates it,
 //! joins and stores them again. Live members join the new group on their next
 //! request; a stored offset that could not be restored only causes redelivery.
+//!
+//! A member that had to join again (its session is gone: the broker
+//! restarted) does not wait the stall timeout for that: if, a few seconds
+//! after it joined again, its polls come back empty while messages wait and
+//! the group stored no offset meanwhile, the partitions are held by ghosts
+//! (a live member would have stored one), and it rebuilds the group then.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,6 +49,12 @@ use crate::connectors::Degraded;
 use crate::iggy::headers;
 use crate::iggy::{BusError, ConsumedBatch, Consumer, ConsumerSpec, OffsetMove, OffsetReset};
 use crate::message::ConsumedMessage;
+
+/// How long after joining again the group's stored offsets may stand still
+/// while messages wait and this member's polls come back empty, before the
+/// members holding those partitions count as ghosts (at most the stall
+/// timeout).
+const REJOIN_SETTLE: Duration = Duration::from_secs(3);
 
 /// The shortest wait after an empty poll, so an idle consumer with
 /// `poll_interval = 0` does not spin.
@@ -65,6 +77,9 @@ pub struct IggyBusConsumer {
     progress: Arc<Progress>,
     stall_timeout: Duration,
     last_rebuild: Option<Instant>,
+    /// When this member joined again after losing its membership, and the
+    /// group's stored offsets then.
+    rejoined: Option<(Instant, Vec<(u32, u64)>)>,
     watcher: JoinHandle<()>,
 }
 
@@ -148,6 +163,7 @@ impl IggyBusConsumer {
             progress,
             stall_timeout,
             last_rebuild: None,
+            rejoined: None,
             watcher: tokio::spawn(watcher.run()),
         };
         consumer.join().await?;
@@ -185,15 +201,15 @@ impl IggyBusConsumer {
     /// Deletes and recreates the group, keeping its stored offsets, so members
     /// that hold partitions without ever committing (ghosts of sessions a
     /// broker restart ended) are gone. See the module documentation.
-    async fn rebuild(&mut self) -> Result<(), BusError> {
+    async fn rebuild(&mut self, why: &str) -> Result<(), BusError> {
         self.last_rebuild = Some(Instant::now());
         let offsets = self.stored_offsets().await?;
         warn!(
             consumer_group = %self.name,
             stall_timeout = ?self.stall_timeout,
             "messages wait past the group's stored offsets on partitions this member does not \
-             hold, and nothing was stored for the stall timeout; rebuilding the consumer group \
-             with its offsets (a broker restart leaves members behind that never commit)"
+             hold, and {why}; rebuilding the consumer group with its offsets (a broker restart \
+             leaves members behind that never commit)"
         );
         match self
             .timed(
@@ -226,16 +242,51 @@ impl IggyBusConsumer {
         Ok(())
     }
 
-    /// After an empty poll: rebuild the group when the watcher saw a stall
-    /// (at most once per stall timeout).
+    /// After an empty poll: rebuild the group when ghosts hold its
+    /// partitions since this member joined again, or when the watcher saw a
+    /// stall (at most once per stall timeout).
     async fn recover_if_stalled(&mut self) -> Result<(), BusError> {
+        let settle = REJOIN_SETTLE.min(self.stall_timeout);
+        if let Some((_, before)) = self.rejoined.take_if(|(at, _)| at.elapsed() >= settle)
+            && self.stored_offsets().await? == before
+            && self.messages_wait(&before).await?
+        {
+            let why = format!(
+                "the group stored no offset in the {settle:?} since this member joined again"
+            );
+            return self.rebuild(&why).await;
+        }
         let due = self
             .last_rebuild
             .is_none_or(|at| at.elapsed() >= self.stall_timeout);
         if due && self.progress.stalled.load(Ordering::Relaxed) {
-            self.rebuild().await?;
+            self.rebuild("nothing was stored for the stall timeout")
+                .await?;
         }
         Ok(())
+    }
+
+    /// Whether a partition has messages past `stored` (the group's stored
+    /// offsets; a partition without one waits from its start).
+    async fn messages_wait(&self, stored: &[(u32, u64)]) -> Result<bool, BusError> {
+        let partitions = partitions(
+            &self.client,
+            &self.stream,
+            &self.topic,
+            self.request_timeout,
+        )
+        .await?;
+        Ok(partitions.iter().any(|&(partition_id, end)| {
+            let stored = stored
+                .iter()
+                .find(|(id, _)| *id == partition_id)
+                .map(|(_, offset)| *offset);
+            match (end, stored) {
+                (None, _) => false,
+                (Some(_), None) => true,
+                (Some(current), Some(stored)) => current > stored,
+            }
+        }))
     }
 
     /// Creates the group when missing and joins it. A missing stream or topic is
@@ -450,6 +501,8 @@ impl Consumer for IggyBusConsumer {
                 ) => {
                     warn!(consumer_group = %self.name, "no longer a member of the consumer group; joining again");
                     self.joined = false;
+                    let stored = self.stored_offsets().await.unwrap_or_default();
+                    self.rejoined = Some((Instant::now(), stored));
                     continue;
                 }
                 Err(error) => {
