@@ -25,6 +25,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
+use tokio_util::sync::CancellationToken;
 
 use crate::clock::now_micros;
 use crate::config::env::EnvVars;
@@ -48,6 +49,9 @@ pub struct ApiState {
     started_at: u64,
     /// When `/health` last pinged the broker, and why it did not answer.
     broker_answer: tokio::sync::Mutex<Option<(std::time::Instant, Option<String>)>>,
+    /// Cancelled when the API shuts down: long-lived answers (a tap's event
+    /// stream) end on it instead of holding the graceful shutdown to its grace.
+    closing: CancellationToken,
 }
 
 impl ApiState {
@@ -59,6 +63,7 @@ impl ApiState {
             prometheus: None,
             started_at: now_micros(),
             broker_answer: tokio::sync::Mutex::new(None),
+            closing: CancellationToken::new(),
         }
     }
 

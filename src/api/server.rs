@@ -13,6 +13,7 @@ use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use crate::api::{ApiError, ApiState, router};
@@ -51,6 +52,7 @@ pub struct ApiServer {
     tls: bool,
     handle: Handle<SocketAddr>,
     task: JoinHandle<io::Result<()>>,
+    closing: CancellationToken,
 }
 
 impl ApiServer {
@@ -58,6 +60,7 @@ impl ApiServer {
     /// bad certificate or a bad CORS setting is an error here, before anything
     /// is served.
     pub async fn start(config: &HttpConfig, state: ApiState) -> Result<Self, ApiSetupError> {
+        let closing = state.closing.clone();
         let app = router(config, Arc::new(state))?;
         let tls = match config.tls.enabled {
             true => Some(tls_config(&config.tls)?),
@@ -99,6 +102,7 @@ impl ApiServer {
             tls: config.tls.enabled,
             handle,
             task,
+            closing,
         })
     }
 
@@ -113,7 +117,9 @@ impl ApiServer {
     }
 
     /// Stops accepting, lets requests in flight finish (bounded), and waits.
+    /// Event streams (taps) end at once rather than when the grace runs out.
     pub async fn shutdown(self) {
+        self.closing.cancel();
         self.handle.graceful_shutdown(Some(SHUTDOWN_GRACE));
         match self.task.await {
             Ok(Ok(())) => {}

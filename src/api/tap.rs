@@ -17,7 +17,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::routing::get;
 use axum::{Extension, Router};
 use base64::Engine;
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use tokio::sync::broadcast::error::RecvError;
@@ -101,10 +101,12 @@ async fn tap(
     let request = Request::checked(key, query)?;
     let subscription = view.tap.subscribe(request.stage);
     let keep_alive = KeepAlive::new().interval(settings.keep_alive);
-    Ok(
-        Sse::new(Sampler::new(request, settings, subscription).into_stream())
-            .keep_alive(keep_alive),
+    Ok(Sse::new(
+        Sampler::new(request, settings, subscription)
+            .into_stream()
+            .take_until(state.closing.clone().cancelled_owned()),
     )
+    .keep_alive(keep_alive))
 }
 
 impl Request {

@@ -273,3 +273,25 @@ async fn a_tap_redacts_the_configured_header_names() {
     assert_eq!(frame["headers"]["x-trace"], json!("visible"));
     assert!(!frame.to_string().contains(CANARY), "{frame}");
 }
+
+#[tokio::test]
+async fn a_shutdown_ends_an_open_tap_cleanly_instead_of_cutting_it_at_the_grace() {
+    let (source, topic) = (unique("src"), unique("t"));
+    let harness = harness(&[("a.toml", random_source(&source, &topic, ""))]).await;
+    harness.wait_for_status("sources", &source, "running").await;
+    let mut tap = harness.tap(&format!("/sources/{source}/tap")).await;
+    tap.next_message().await;
+
+    harness.server.shutdown().await;
+    // The event stream ended: the rest of the body reads to its end. Cut at
+    // the grace, the chunked body would end in an error instead.
+    let rest = tokio::time::timeout(DEADLINE, async {
+        while let Some(chunk) = tap.response.chunk().await? {
+            drop(chunk);
+        }
+        Ok::<_, reqwest::Error>(())
+    })
+    .await
+    .expect("the body ends");
+    assert!(rest.is_ok(), "the tap's body ended in an error: {rest:?}");
+}
