@@ -39,6 +39,74 @@ pub use filter_messages::FilterMessages;
 pub use unwrap_envelope::UnwrapEnvelope;
 pub use update_fields::UpdateFields;
 
+/// A transform type whether or not this build has it: for `features.md`.
+pub struct TransformInfo {
+    /// As written in `[transforms.<type>]` or `type = "<type>"`.
+    pub name: &'static str,
+    /// The cargo feature the transform needs, if any.
+    pub feature: Option<&'static str>,
+    pub description: &'static str,
+}
+
+/// Every transform type there is, in the order of [`TRANSFORM_TYPES`].
+pub const CATALOG: &[TransformInfo] = &[
+    TransformInfo {
+        name: "add_fields",
+        feature: None,
+        description: "writes static or computed values (uuid, time) into top-level fields",
+    },
+    TransformInfo {
+        name: "delete_fields",
+        feature: None,
+        description: "removes top-level fields",
+    },
+    TransformInfo {
+        name: "update_fields",
+        feature: None,
+        description: "sets top-level fields always, only when present or only when absent",
+    },
+    TransformInfo {
+        name: "filter_fields",
+        feature: None,
+        description: "keeps or removes top-level fields by key and value patterns",
+    },
+    TransformInfo {
+        name: "filter_messages",
+        feature: None,
+        description: "keeps or drops whole messages by key and value patterns (ours)",
+    },
+    TransformInfo {
+        name: "unwrap_envelope",
+        feature: None,
+        description: "replaces a JSON object with one of its top-level fields (an envelope's data)",
+    },
+    TransformInfo {
+        name: "avro_convert",
+        feature: Some("schema-avro"),
+        description: "converts the payload between JSON and Avro by a schema",
+    },
+    TransformInfo {
+        name: "proto_convert",
+        feature: Some("schema-proto"),
+        description: "converts the payload between JSON and Protocol Buffers by a .proto file",
+    },
+    TransformInfo {
+        name: "flat_buffer_convert",
+        feature: Some("schema-flatbuffer"),
+        description: "converts the payload between JSON and FlatBuffers by a schema",
+    },
+    TransformInfo {
+        name: "remap",
+        feature: Some("vrl"),
+        description: "runs a Vector Remap Language program on the payload, key and headers",
+    },
+    TransformInfo {
+        name: "filter",
+        feature: Some("vrl"),
+        description: "keeps the messages for which a VRL condition is true",
+    },
+];
+
 /// Every transform type this build knows, as written in `[transforms.<type>]`.
 pub const TRANSFORM_TYPES: &[&str] = &[
     "add_fields",

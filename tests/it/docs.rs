@@ -5,6 +5,8 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use clap::CommandFactory;
+use iggy_connect::cli::Cli;
 use iggy_connect::connectors::Registry;
 use iggy_connect::connectors::describe::pages::{
     self, Catalog, FEATURES_PATH, INDEX_PATH, PAGES_DIR, REGENERATE,
@@ -16,6 +18,20 @@ fn repo() -> &'static Path {
 
 fn bless() -> bool {
     std::env::var_os("BLESS").is_some()
+}
+
+/// Each subcommand with the first line of its help, as `iggy-connect help` lists them.
+fn commands() -> Vec<(String, String)> {
+    Cli::command()
+        .get_subcommands()
+        .map(|command| {
+            let about = command
+                .get_about()
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            (command.get_name().to_owned(), about)
+        })
+        .collect()
 }
 
 #[test]
@@ -42,7 +58,7 @@ fn generated_docs_match_the_registry_the_features_and_each_doc_md() {
         }
     }
     generated.push((INDEX_PATH.to_owned(), catalog.index()));
-    generated.push((FEATURES_PATH.to_owned(), catalog.features_md()));
+    generated.push((FEATURES_PATH.to_owned(), catalog.features_md(&commands())));
     let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
     match catalog.readme(&readme) {
         Some(text) => generated.push(("README.md".to_owned(), text)),

@@ -11,6 +11,7 @@ use crate::config::connector::{DEFAULT_MAX_IN_FLIGHT, MAX_IN_FLIGHT};
 use crate::connectors::ConnectorKind;
 use crate::connectors::describe::{example_file, fields};
 use crate::connectors::registry::ConnectorInfo;
+use crate::transforms;
 
 /// The command that rewrites every generated file.
 pub const REGENERATE: &str =
@@ -115,8 +116,10 @@ impl<'a> Catalog<'a> {
     }
 
     /// `features.md`: every connector feature with its bundles, the bundles,
-    /// and the other features.
-    pub fn features_md(&self) -> String {
+    /// the transforms with the feature each needs, the other features, and
+    /// the commands (`commands`: each subcommand and the first line of its
+    /// help, as clap has them).
+    pub fn features_md(&self, commands: &[(String, String)]) -> String {
         let mut out = format!(
             "{}\n# Cargo features\n\nEvery connector is an in-tree module behind its own cargo feature: a binary \
              contains exactly the connectors it was built with, and asking it for another one fails naming the \
@@ -143,6 +146,21 @@ impl<'a> Catalog<'a> {
                 .collect();
             out.push_str(&format!("| `{bundle}` | {} |\n", members.join(", ")));
         }
+        out.push_str(
+            "\n## Transforms\n\nIn every build unless a feature is named; see \
+             [docs/schemas-and-transforms.md](docs/schemas-and-transforms.md).\n\n\
+             | transform | feature | what it does |\n| --- | --- | --- |\n",
+        );
+        for transform in transforms::CATALOG {
+            out.push_str(&format!(
+                "| `{}` | {} | {} |\n",
+                transform.name,
+                transform
+                    .feature
+                    .map_or_else(|| "-".to_owned(), |feature| format!("`{feature}`")),
+                cell(transform.description),
+            ));
+        }
         let others: Vec<String> = self
             .features
             .keys()
@@ -153,6 +171,13 @@ impl<'a> Catalog<'a> {
             "\n## Other features\n\n{}: what each adds is in [docs/building.md](docs/building.md#cargo-features).\n",
             others.join(", ")
         ));
+        out.push_str(
+            "\n## Commands\n\nIn every build; `iggy-connect help COMMAND` has the options.\n\n\
+             | command | what it does |\n| --- | --- |\n",
+        );
+        for (name, about) in commands {
+            out.push_str(&format!("| `{name}` | {} |\n", cell(about)));
+        }
         out
     }
 
