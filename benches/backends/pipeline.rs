@@ -18,6 +18,10 @@
 //! - `random_to_iggy_polls_of_10000`: the same, 10 sends per state save;
 //! - `random_to_iggy_in_flight_N`: `random_to_iggy` with `max_in_flight = N`
 //!   (the default is chosen from these);
+//! - `random_to_iggy_remap`: `random_to_iggy` through a 3-line `remap` (feature
+//!   `vrl`: rename a field, parse a timestamp, set the message key);
+//! - `random_to_iggy_builtins`: `random_to_iggy` through `add_fields` +
+//!   `delete_fields` (the built-ins' nearest work, without the key);
 //! - `iggy_to_stdout`: the stdout sink draining a filled topic;
 //! - `random_iggy_stdout`: both connectors in one runtime, measured at the sink.
 //!
@@ -52,6 +56,9 @@ const CASES: &[&str] = &[
     "random_to_iggy_in_flight_16",
     "random_to_iggy_in_flight_32",
     "random_to_iggy_in_flight_64",
+    #[cfg(feature = "vrl")]
+    "random_to_iggy_remap",
+    "random_to_iggy_builtins",
     "iggy_to_stdout",
     "random_iggy_stdout",
 ];
@@ -59,6 +66,26 @@ const BATCH: u64 = 1000;
 /// The random source's `text` length that makes its records about 200 bytes.
 const TEXT_LENGTH: usize = 100;
 const TOPIC: &str = "events";
+/// The transforms of `random_to_iggy_remap`, as written in a connector file.
+const REMAP: &str = r#"
+        [transforms.remap]
+        source = '''
+        .who = del(.name)
+        .at = parse_timestamp!("2026-01-02 03:04:05", "%Y-%m-%d %H:%M:%S")
+        %key = .id
+        '''
+"#;
+/// The transforms of `random_to_iggy_builtins`.
+const BUILTINS: &str = r#"
+        [transforms.add_fields]
+        enabled = true
+        [[transforms.add_fields.fields]]
+        key = "who"
+        value.static = "World"
+        [transforms.delete_fields]
+        enabled = true
+        fields = ["name"]
+"#;
 
 inventory::submit! {
     crate::Bench {
@@ -76,16 +103,22 @@ async fn run(case: String) {
     match case {
         "raw_send" => raw_send(case, &iggy, &stream, messages).await,
         "raw_consume" => raw_consume(case, &iggy, &stream, messages).await,
-        "random_to_iggy" => random_to_iggy(case, &iggy, &stream, messages, BATCH, None).await,
+        "random_to_iggy" => random_to_iggy(case, &iggy, &stream, messages, BATCH, None, "").await,
         "random_to_iggy_polls_of_10000" => {
-            random_to_iggy(case, &iggy, &stream, messages, 10 * BATCH, None).await
+            random_to_iggy(case, &iggy, &stream, messages, 10 * BATCH, None, "").await
+        }
+        "random_to_iggy_remap" => {
+            random_to_iggy(case, &iggy, &stream, messages, BATCH, None, REMAP).await
+        }
+        "random_to_iggy_builtins" => {
+            random_to_iggy(case, &iggy, &stream, messages, BATCH, None, BUILTINS).await
         }
         in_flight if in_flight.starts_with("random_to_iggy_in_flight_") => {
             let count = in_flight
                 .trim_start_matches("random_to_iggy_in_flight_")
                 .parse()
                 .expect("in-flight count");
-            random_to_iggy(case, &iggy, &stream, messages, BATCH, Some(count)).await
+            random_to_iggy(case, &iggy, &stream, messages, BATCH, Some(count), "").await
         }
         "iggy_to_stdout" => iggy_to_stdout(case, &iggy, &stream, messages).await,
         "random_iggy_stdout" => random_iggy_stdout(case, &iggy, &stream, messages).await,
@@ -150,12 +183,19 @@ async fn random_to_iggy(
     messages: u64,
     per_poll: u64,
     max_in_flight: Option<u32>,
+    transforms: &str,
 ) {
     let stages = Stages::install();
     let state = tempfile::tempdir().expect("state dir");
     let runtime = runtime(iggy, state.path());
     runtime
-        .add(random_source(stream, messages, per_poll, max_in_flight))
+        .add(random_source(
+            stream,
+            messages,
+            per_poll,
+            max_in_flight,
+            transforms,
+        ))
         .expect("add source");
     let started = Instant::now();
     runtime.start_enabled().await;
@@ -226,7 +266,7 @@ async fn random_iggy_stdout(case: &str, iggy: &Iggy, stream: &str, messages: u64
     let state = tempfile::tempdir().expect("state dir");
     let runtime = runtime(iggy, state.path());
     runtime
-        .add(random_source(stream, messages, BATCH, None))
+        .add(random_source(stream, messages, BATCH, None, ""))
         .expect("add source");
     runtime.add(stdout_sink(stream)).expect("add sink");
     let started = Instant::now();
@@ -266,6 +306,7 @@ fn random_source(
     messages: u64,
     per_poll: u64,
     max_in_flight: Option<u32>,
+    transforms: &str,
 ) -> ConnectorConfig {
     let in_flight = max_in_flight.map_or(String::new(), |count| format!("max_in_flight = {count}"));
     connector(&format!(
@@ -285,6 +326,7 @@ fn random_source(
         max_count = {messages}
         messages_range = [{per_poll}, {per_poll}]
         payload_size = {TEXT_LENGTH}
+        {transforms}
         "#
     ))
 }

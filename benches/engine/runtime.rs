@@ -313,6 +313,7 @@ fn source_config() -> ConnectorConfig {
             }],
             max_consecutive_nacks: None,
             max_in_flight: None,
+            max_in_flight_bytes: None,
         },
     )
 }

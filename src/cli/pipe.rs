@@ -348,6 +348,7 @@ fn plan(args: &PipeArgs) -> Result<Plan, String> {
                 streams: source_streams.clone(),
                 max_consecutive_nacks: None,
                 max_in_flight: None,
+                max_in_flight_bytes: None,
             },
         ),
     };

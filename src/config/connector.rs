@@ -14,6 +14,7 @@ use crate::config::{ConfigIssue, ConfigIssues, env};
 pub use crate::config::streams::{
     DEFAULT_BATCH_LENGTH, DEFAULT_LINGER_TIME, DEFAULT_POLL_INTERVAL,
 };
+use crate::connectors::kit::size::parse_size;
 use crate::connectors::registry::{BuildError, Registry, RegistryError, connector_name_from_path};
 use crate::connectors::{BatchPolicy, ConnectorKind};
 pub use crate::delivery::OnError;
@@ -54,6 +55,9 @@ pub enum KindConfig {
         max_consecutive_nacks: Option<u32>,
         /// Batches in flight (`1..=MAX_IN_FLIGHT`); `None` keeps the default.
         max_in_flight: Option<u32>,
+        /// Bytes of payload in flight, at most (one batch always may be);
+        /// `None` keeps [`DEFAULT_MAX_IN_FLIGHT_BYTES`].
+        max_in_flight_bytes: Option<u64>,
     },
     Sink {
         streams: Vec<SinkStream>,
@@ -91,6 +95,18 @@ impl ConnectorConfig {
         (chosen as usize).min(capability).max(1)
     }
 
+    /// How many payload bytes a source's batches in flight may hold before
+    /// it polls another (a batch alone may hold more).
+    pub fn max_in_flight_bytes(&self) -> u64 {
+        match &self.kind_config {
+            KindConfig::Source {
+                max_in_flight_bytes,
+                ..
+            } => max_in_flight_bytes.unwrap_or(DEFAULT_MAX_IN_FLIGHT_BYTES),
+            KindConfig::Sink { .. } => u64::MAX,
+        }
+    }
+
     /// Where this config came from, for messages.
     pub fn origin(&self) -> PathBuf {
         self.file
@@ -115,6 +131,7 @@ const KNOWN_FIELDS: &[&str] = &[
     "streams",
     "max_consecutive_nacks",
     "max_in_flight",
+    "max_in_flight_bytes",
     "on_error",
     "dead_letter",
     // `iggy-connect test` reads them; the runtime ignores them.
@@ -187,6 +204,7 @@ fn parse_table(
             let streams = read_source_streams(&mut reader);
             let max_consecutive_nacks = read_nack_limit(&mut reader);
             let max_in_flight = read_max_in_flight(&mut reader);
+            let max_in_flight_bytes = read_max_in_flight_bytes(&mut reader);
             if reader.get("on_error").is_some() {
                 reader.warning("on_error", "only sinks have an on_error policy; ignored");
             }
@@ -194,6 +212,7 @@ fn parse_table(
                 streams,
                 max_consecutive_nacks,
                 max_in_flight,
+                max_in_flight_bytes,
             }
         }
         ConnectorKind::Sink => {
@@ -208,6 +227,12 @@ fn parse_table(
             if reader.get("max_in_flight").is_some() {
                 reader.warning(
                     "max_in_flight",
+                    "only sources have batches in flight; ignored",
+                );
+            }
+            if reader.get("max_in_flight_bytes").is_some() {
+                reader.warning(
+                    "max_in_flight_bytes",
                     "only sources have batches in flight; ignored",
                 );
             }
@@ -354,6 +379,29 @@ pub const MAX_IN_FLIGHT: u32 = 64;
 /// pipeline random_to_iggy_in_flight`, BENCHMARKS.md): on a disk where a state save
 /// takes several ms, 16 covered three times the batches per save of 4.
 pub const DEFAULT_MAX_IN_FLIGHT: u32 = 16;
+
+/// Payload bytes a source's batches in flight hold before it waits for a
+/// commit: 16 batches of 1000 records of 1 KB, so small records keep the full
+/// window and large ones cannot hold 16 large batches at once.
+pub const DEFAULT_MAX_IN_FLIGHT_BYTES: u64 = 16 << 20;
+
+/// `max_in_flight_bytes`: a size (`"16MiB"`, `"500KB"`) or a number of bytes.
+fn read_max_in_flight_bytes(reader: &mut Reader) -> Option<u64> {
+    let expected = "expected a size such as \"16MiB\" or a number of bytes, at least 1";
+    let bytes = match reader.get("max_in_flight_bytes")? {
+        Value::Integer(bytes) => u64::try_from(*bytes).ok(),
+        Value::String(text) => parse_size(text).ok(),
+        _ => None,
+    };
+    match bytes {
+        Some(bytes) if bytes > 0 => Some(bytes),
+        _ => {
+            let found = describe(reader.get("max_in_flight_bytes")?);
+            reader.error("max_in_flight_bytes", format!("{expected}, found {found}"));
+            None
+        }
+    }
+}
 
 fn read_max_in_flight(reader: &mut Reader) -> Option<u32> {
     match reader.get("max_in_flight")? {

@@ -194,7 +194,8 @@ pub fn fields_table(info: &ConnectorInfo) -> String {
         out.push_str(&format!(
             "\nTop level of the file: `max_in_flight` (1-{MAX_IN_FLIGHT}, default {DEFAULT_MAX_IN_FLIGHT}), \
              the batches polled and not yet committed, capped by what the source supports; \
-             after a crash at most that many batches are sent again.\n"
+             after a crash at most that many batches are sent again. `max_in_flight_bytes` \
+             (a size, default 16MiB): no further poll while those batches hold that much payload.\n"
         ));
     }
     out.push_str(&format!(
@@ -358,6 +359,14 @@ pub fn file_schema(info: &ConnectorInfo) -> Value {
                     "maximum": MAX_IN_FLIGHT,
                     "default": DEFAULT_MAX_IN_FLIGHT,
                     "description": "batches polled and not yet committed, at most (capped by what the source supports); after a crash at most this many batches are sent again",
+                }),
+            );
+            properties.insert(
+                "max_in_flight_bytes".into(),
+                json!({
+                    "anyOf": [{"type": "integer", "minimum": 1}, {"type": "string"}],
+                    "default": "16MiB",
+                    "description": "payload bytes of the batches in flight before the next poll waits (\"16MiB\", \"500KB\" or bytes); one batch may always be in flight",
                 }),
             );
             properties.insert(

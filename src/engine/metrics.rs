@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use metrics::{Counter, Histogram, Label};
+use metrics::{Counter, Gauge, Histogram, Label};
 
 use crate::connectors::ConnectorKind;
 
@@ -148,6 +148,8 @@ pub struct ConnectorMetrics {
     pub open_retries: DualCounter,
     /// Times the connector's connection was lost and it was opened again.
     pub reopens: DualCounter,
+    /// Source: payload bytes of the batches polled and not yet committed.
+    pub in_flight_bytes: Gauge,
     errors_by_stage: Vec<Counter>,
     stage_durations: Vec<Histogram>,
 }
@@ -176,6 +178,7 @@ impl ConnectorMetrics {
             skipped: DualCounter::new("iggy_connector_messages_skipped_total", &labels),
             open_retries: DualCounter::new("iggy_connector_open_retries_total", &labels),
             reopens: DualCounter::new("iggy_connector_reopens_total", &labels),
+            in_flight_bytes: metrics::gauge!("iggy_connector_in_flight_bytes", labels.iter()),
             errors_by_stage: ErrorStage::ALL
                 .iter()
                 .map(|stage| {

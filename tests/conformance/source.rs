@@ -510,6 +510,7 @@ fn source_config(connector: &str, key: &str, plugin_config: Value) -> ConnectorC
             }],
             max_consecutive_nacks: Some(0),
             max_in_flight: None,
+            max_in_flight_bytes: None,
         },
         file: None,
     }

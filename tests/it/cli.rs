@@ -150,7 +150,7 @@ fn validate_reports_every_problem_with_file_and_field_and_exits_non_zero() {
 /// A typo in a connector file is an error, not a warning: `enabeld = false`
 /// once passed `validate` and ran the connector. `nan` for an integer once
 /// read as unset (a random source without limit). Every bad field of
-/// `plugin_config` is reported, not only the first.
+/// `plugin_config` is reported, not only the first. A size that is none.
 #[test]
 fn validate_refuses_unknown_connector_keys_with_a_hint_and_non_finite_integers() {
     let dir = tempfile::tempdir().unwrap();
@@ -168,6 +168,7 @@ fn validate_refuses_unknown_connector_keys_with_a_hint_and_non_finite_integers()
         &connectors,
         "typos.toml",
         "type = \"source\"\nkey = \"a\"\nenabeld = false\nversion = 0\nname = \"a\"\npath = \"random\"\n\
+         max_in_flight_bytes = \"lots\"\n\
          [[streams]]\nstream = \"s\"\ntopic = \"t\"\nschema = \"json\"\nbatch_lenght = 10\n\
          [plugin_config]\nmax_count = nan\npayload_size = \"big\"\nmessage_range = [1, 2]\n",
     );
@@ -185,6 +186,10 @@ fn validate_refuses_unknown_connector_keys_with_a_hint_and_non_finite_integers()
     assert!(line("enabeld", "did you mean `enabled`?"), "{report}");
     assert!(
         line("streams[0].batch_lenght", "did you mean `batch_length`?"),
+        "{report}"
+    );
+    assert!(
+        line("max_in_flight_bytes", "expected a size such as \"16MiB\""),
         "{report}"
     );
     assert!(line("plugin_config.max_count", "nan"), "{report}");
@@ -213,7 +218,7 @@ fn validate_accepts_a_good_config_and_lists_its_connectors() {
         &connectors,
         "random.toml",
         "type = \"source\"\nkey = \"rnd\"\nenabled = true\nversion = 1\nname = \"r\"\npath = \"random\"\n\
-         [[streams]]\nstream = \"s\"\ntopic = \"t\"\nschema = \"json\"\n[plugin_config]\nmax_count = 5\n",
+         max_in_flight_bytes = \"8MiB\"\n[[streams]]\nstream = \"s\"\ntopic = \"t\"\nschema = \"json\"\n[plugin_config]\nmax_count = 5\n",
     );
     let config = dir.path().join("config.toml");
     let output = iggy_connect(&["validate", "--config", config.to_str().unwrap()]);

@@ -144,6 +144,7 @@ fn source_config(key: &str, stream: &str, streams: usize, plugin_config: Value) 
             max_consecutive_nacks: None,
             // These tests follow one batch through an outage.
             max_in_flight: Some(1),
+            max_in_flight_bytes: None,
         },
         file: None,
     }

@@ -149,6 +149,7 @@ fn source_config(key: &str, stream: &str, schema: Schema, plugin_config: Value) 
                 .collect(),
             max_consecutive_nacks: None,
             max_in_flight: Some(1),
+            max_in_flight_bytes: None,
         },
         file: None,
     }

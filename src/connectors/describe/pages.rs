@@ -318,7 +318,8 @@ fn configuration_section(info: &ConnectorInfo) -> String {
     if info.kind == ConnectorKind::Source {
         out.push_str(&format!(
             "\nAt the top level of the file, `max_in_flight` (1-{MAX_IN_FLIGHT}, default {DEFAULT_MAX_IN_FLIGHT}) \
-             bounds the batches polled and not yet committed, capped by what this source supports.\n"
+             bounds the batches polled and not yet committed, capped by what this source supports, \
+             and `max_in_flight_bytes` (default 16MiB) the payload they hold.\n"
         ));
     }
     out.push_str(&format!(

@@ -69,6 +69,8 @@ impl Runtime {
             .retry()
             .map_or(self.options.source_backoff, |retry| retry.backoff);
         let max_in_flight = config.max_in_flight(source.max_in_flight());
+        let max_in_flight_bytes =
+            usize::try_from(config.max_in_flight_bytes()).unwrap_or(usize::MAX);
         let producers = self
             .routes(slot, config, streams, source.destructive(), shutdown)
             .await;
@@ -94,6 +96,7 @@ impl Runtime {
             shutdown: shutdown.clone(),
             backoff,
             max_in_flight,
+            max_in_flight_bytes,
             verbose: config.verbose,
             benchmark: config.benchmark,
         })

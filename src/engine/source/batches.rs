@@ -3,7 +3,8 @@
 //!
 //! Three stages run at once, each on at most one batch: the next `poll`
 //! (with its transform and encode) while fewer than `max_in_flight` batches
-//! are uncommitted, the send of the oldest batch not yet sent, and the
+//! are uncommitted and they hold less than `max_in_flight_bytes` of payload
+//! (one batch may always be in flight, however large), the send of the oldest batch not yet sent, and the
 //! commit of the batches Iggy has acknowledged. Sends go one batch at a time
 //! in poll order, so the topic keeps the source's order. The commit of
 //! several acknowledged batches is one group: one state save of the newest
@@ -37,6 +38,8 @@ struct InFlight {
     sent: Vec<bool>,
     state: Option<StoredState>,
     count: usize,
+    /// Payload bytes of `groups`.
+    bytes: usize,
     finished: bool,
     phase: Phase,
     started: Instant,
@@ -80,6 +83,8 @@ enum CommitFailure {
 /// side, and the NACK count and its backoff.
 struct Window<'a> {
     pending: VecDeque<InFlight>,
+    /// Payload bytes of `pending`.
+    bytes: usize,
     polling: Option<BoxFuture<'a, Result<InFlight, Ended>>>,
     sending: Option<BoxFuture<'a, Sent>>,
     committing: Option<BoxFuture<'a, Result<GroupCommit, CommitFailure>>>,
@@ -106,6 +111,7 @@ impl SourcePipeline {
     pub(super) async fn run_batches(&self) -> Ended {
         let mut window = Window {
             pending: VecDeque::with_capacity(self.max_in_flight),
+            bytes: 0,
             polling: None,
             sending: None,
             committing: None,
@@ -152,6 +158,7 @@ impl SourcePipeline {
         } else if window.polling.is_none()
             && !window.last_polled
             && window.pending.len() < self.max_in_flight
+            && (window.pending.is_empty() || window.bytes < self.max_in_flight_bytes)
         {
             window.polling = Some(Box::pin(self.poll_in_flight()));
         }
@@ -203,6 +210,8 @@ impl SourcePipeline {
                 match polled {
                     Ok(batch) => {
                         window.last_polled = batch.finished;
+                        window.bytes += batch.bytes;
+                        self.metrics.in_flight_bytes.set(window.bytes as f64);
                         window.pending.push_back(batch);
                         Ok(())
                     }
@@ -221,7 +230,9 @@ impl SourcePipeline {
                     Ok(group) => {
                         window.nacks = 0;
                         let count = window.committing_count;
-                        if self.finish_group(&mut window.pending, count, &group) {
+                        let finished = self.finish_group(window, count, &group);
+                        self.metrics.in_flight_bytes.set(window.bytes as f64);
+                        if finished {
                             return Err(Ended::Stopped(
                                 StopReason::Completed,
                                 "the source has nothing more to produce".into(),
@@ -319,6 +330,11 @@ impl SourcePipeline {
         }
         self.metrics.produced.add(count as u64);
         let (groups, rejected) = self.prepare(records);
+        let bytes = groups
+            .iter()
+            .flatten()
+            .map(|message| message.payload.len())
+            .sum();
         let prepared = started.elapsed();
         self.metrics.record_duration(Stage::Prepare, prepared);
         trace.stage("transform", started, started + prepared, None);
@@ -335,6 +351,7 @@ impl SourcePipeline {
                 data,
             }),
             count,
+            bytes,
             finished,
             phase,
             started,
@@ -412,17 +429,13 @@ impl SourcePipeline {
     /// Takes the `count` committed batches off the front. Returns whether one
     /// of them was the source's last. Each batch span gets the group's state
     /// save (it covers every batch of the group) and commits.
-    fn finish_group(
-        &self,
-        pending: &mut VecDeque<InFlight>,
-        count: usize,
-        group: &GroupCommit,
-    ) -> bool {
+    fn finish_group(&self, window: &mut Window<'_>, count: usize, group: &GroupCommit) -> bool {
         let mut finished = false;
         for index in 0..count {
-            let Some(mut batch) = pending.pop_front() else {
+            let Some(mut batch) = window.pending.pop_front() else {
                 break;
             };
+            window.bytes -= batch.bytes;
             if index + 1 == count {
                 batch.timings.state_save = group.state_save.map(|(_, elapsed)| elapsed);
             }

@@ -60,6 +60,9 @@ pub struct SourcePipeline {
     pub backoff: Backoff,
     /// Batches polled and not yet committed, at most.
     pub max_in_flight: usize,
+    /// Payload bytes of those batches before another poll waits (a batch
+    /// alone may hold more).
+    pub max_in_flight_bytes: usize,
     pub verbose: bool,
     /// Emit upstream's per-batch `benchmark` event.
     pub benchmark: bool,

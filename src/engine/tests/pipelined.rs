@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use super::scripted::{STREAM, ScriptedSource, Step, TOPIC};
+use super::scripted::{self, STREAM, ScriptedSource, Step, TOPIC};
 use super::{Harness, state_bytes, wait_for};
+use crate::config::KindConfig;
 use crate::connectors::{BatchPolicy, ConnectorKind};
 use crate::iggy::MemoryBus;
 use crate::state::{MemoryStateStore, StateError, StateStore, StoredState};
@@ -100,6 +101,48 @@ async fn given_a_send_nack_with_later_batches_polled_when_retried_should_send_th
     let view = harness.runtime.view(ConnectorKind::Source, "src").unwrap();
     assert_eq!(view.metrics.nacks.get(), 1);
     harness.runtime.shutdown().await;
+}
+
+/// `max_in_flight_bytes` stops polling once the batches in flight hold that
+/// many payload bytes, below `max_in_flight`; one batch may always be in
+/// flight however large. Sends are slow, so without the byte bound the
+/// source polls four batches before the first commit (the test above).
+#[tokio::test]
+async fn given_a_byte_bound_when_batches_fill_it_should_poll_no_further_until_a_commit() {
+    // A batch of three `{"n":k}` is 21 payload bytes: 1 byte holds one
+    // batch in flight, 30 bytes two.
+    for (bytes, polls_at_first_commit) in [(1, "polls=1"), (30, "polls=2")] {
+        let harness = Harness::new(Duration::from_secs(5));
+        harness.bus.delay_sends(Duration::from_millis(200));
+        let (source, log) = ScriptedSource::new(four_batches(), BatchPolicy::default());
+        let polls = log.clone();
+        *log.probe.lock().unwrap() = Some(Box::new(move || {
+            format!("polls={}", polls.polls.load(Ordering::SeqCst))
+        }));
+        harness.factory.source_once("src", source.in_flight(4));
+        let mut config = scripted::source_config("src", None);
+        if let KindConfig::Source {
+            max_in_flight_bytes,
+            ..
+        } = &mut config.kind_config
+        {
+            *max_in_flight_bytes = Some(bytes);
+        }
+        harness.runtime.add(config).unwrap();
+        harness.runtime.start_enabled().await;
+
+        wait_for("every batch to commit", || {
+            log.commits.load(Ordering::SeqCst) == 4
+        })
+        .await;
+        let at_commit = log.at_commit.lock().unwrap().clone();
+        assert_eq!(
+            at_commit[0], polls_at_first_commit,
+            "{bytes} bytes: {at_commit:?}"
+        );
+        assert_eq!(harness.numbers_in_topic(TOPIC), (0..12).collect::<Vec<_>>());
+        harness.runtime.shutdown().await;
+    }
 }
 
 /// S1, S3: a failed state save while later batches are already in Iggy

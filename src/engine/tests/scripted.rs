@@ -503,6 +503,7 @@ pub fn source_config(key: &str, max_consecutive_nacks: Option<u32>) -> Connector
             }],
             max_consecutive_nacks,
             max_in_flight: None,
+            max_in_flight_bytes: None,
         },
     )
 }

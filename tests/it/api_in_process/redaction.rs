@@ -41,6 +41,7 @@ fn config_for(kind: ConnectorKind, name: &str, key: &str, plugin_config: Value) 
             }],
             max_consecutive_nacks: None,
             max_in_flight: None,
+            max_in_flight_bytes: None,
         },
         ConnectorKind::Sink => KindConfig::Sink {
             streams: vec![SinkStream {
