@@ -5,14 +5,15 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use iggy::prelude::{IggyClient, SystemClient};
+use iggy::prelude::{Client, IggyClient, SystemClient};
 
 use crate::iggy::connection::ConnectionSettings;
-use crate::iggy::consumer::IggyBusConsumer;
+use crate::iggy::consumer::{self, IggyBusConsumer};
 use crate::iggy::producer::IggyProducer;
 use crate::iggy::{
     Bus, BusError, Consumer, ConsumerSpec, OffsetMove, OffsetReset, Producer, ProducerTarget,
 };
+use crate::message::ConsumedMessage;
 
 pub struct IggyBus {
     settings: ConnectionSettings,
@@ -73,6 +74,28 @@ impl Bus for IggyBus {
         )
         .await?;
         Ok(Box::new(consumer))
+    }
+
+    async fn read(
+        &self,
+        stream: &str,
+        topic: &str,
+        partition_id: u32,
+        from: u64,
+        count: u32,
+    ) -> Result<Vec<ConsumedMessage>, BusError> {
+        let client = self.settings.connect().await?;
+        let read = consumer::read(
+            &client,
+            (stream, topic),
+            partition_id,
+            from,
+            count,
+            self.settings.request_timeout,
+        )
+        .await;
+        let _ = client.disconnect().await;
+        read
     }
 
     /// Joins the group (a member may store its offsets), moves them, leaves.
