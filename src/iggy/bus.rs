@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use iggy::prelude::{Client, IggyClient, SystemClient};
+use iggy::prelude::{IggyClient, SystemClient};
 
 use crate::iggy::connection::ConnectionSettings;
 use crate::iggy::consumer::{self, IggyBusConsumer};
@@ -20,6 +20,8 @@ pub struct IggyBus {
     /// The health check's own connection, opened on first use and again
     /// after a failed ping.
     health: tokio::sync::Mutex<Option<Arc<IggyClient>>>,
+    /// The dead-letter reader's connection, likewise kept between reads.
+    reader: tokio::sync::Mutex<Option<Arc<IggyClient>>>,
 }
 
 impl IggyBus {
@@ -27,6 +29,7 @@ impl IggyBus {
         Self {
             settings,
             health: tokio::sync::Mutex::new(None),
+            reader: tokio::sync::Mutex::new(None),
         }
     }
 }
@@ -84,7 +87,11 @@ impl Bus for IggyBus {
         from: u64,
         count: u32,
     ) -> Result<Vec<ConsumedMessage>, BusError> {
-        let client = self.settings.connect().await?;
+        let mut reader = self.reader.lock().await;
+        let client = match reader.as_ref() {
+            Some(client) => client.clone(),
+            None => reader.insert(self.settings.connect().await?).clone(),
+        };
         let read = consumer::read(
             &client,
             (stream, topic),
@@ -94,7 +101,10 @@ impl Bus for IggyBus {
             self.settings.request_timeout,
         )
         .await;
-        let _ = client.disconnect().await;
+        if read.is_err() {
+            // Connected afresh at the next read.
+            reader.take();
+        }
         read
     }
 

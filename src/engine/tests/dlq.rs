@@ -155,3 +155,73 @@ async fn given_target_origin_when_replayed_should_append_to_the_origin_topic_for
     );
     harness.runtime.shutdown().await;
 }
+
+#[tokio::test]
+async fn given_a_source_dead_letter_when_replayed_should_go_to_the_topic_it_was_meant_for() {
+    let harness = Harness::new(Duration::from_secs(5));
+    let records = vec![
+        SourceRecord::new(Payload::Json(serde_json::json!({ "n": 1 }))),
+        SourceRecord::new(Payload::Raw(Bytes::from_static(b"{not json"))),
+    ];
+    let (source, log) = ScriptedSource::new(
+        vec![Step::Batch {
+            records,
+            state: None,
+        }],
+        BatchPolicy::default(),
+    );
+    harness.factory.source_once("src", source);
+    let mut config = scripted::source_config("src", None);
+    config.dead_letter = Some(DeadLetterTarget {
+        stream: STREAM.into(),
+        topic: "dlq".into(),
+    });
+    harness.runtime.add(config).unwrap();
+    harness.runtime.start_enabled().await;
+    wait_for("the batch to commit", || {
+        log.commits.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    let page = harness
+        .runtime
+        .dead_letters(ConnectorKind::Source, "src", 0, 0, 10)
+        .await
+        .unwrap();
+    let context = &page.dead_letters[0].context;
+    assert_eq!(
+        (context.class.as_deref(), context.stage.as_deref()),
+        (Some("encode"), Some("encode"))
+    );
+
+    let refused = harness
+        .runtime
+        .replay_dead_letters(
+            ConnectorKind::Source,
+            "src",
+            &Selection::default(),
+            ReplayTarget::Sink,
+            TIMEOUT,
+        )
+        .await;
+    assert!(refused.is_err());
+    let report = harness
+        .runtime
+        .replay_dead_letters(
+            ConnectorKind::Source,
+            "src",
+            &Selection::default(),
+            ReplayTarget::Origin,
+            TIMEOUT,
+        )
+        .await
+        .unwrap();
+    assert_eq!(report.offsets, vec![0]);
+    let payloads: Vec<Bytes> = harness
+        .bus
+        .messages(STREAM, TOPIC)
+        .into_iter()
+        .map(|message| message.payload)
+        .collect();
+    assert_eq!(payloads.last(), Some(&Bytes::from_static(b"{not json")));
+    harness.runtime.shutdown().await;
+}
