@@ -8,8 +8,9 @@ use async_trait::async_trait;
 use iggy::prelude::{IggyClient, SystemClient};
 
 use crate::iggy::connection::ConnectionSettings;
-use crate::iggy::consumer::{self, IggyBusConsumer};
+use crate::iggy::consumer::IggyBusConsumer;
 use crate::iggy::producer::IggyProducer;
+use crate::iggy::reader;
 use crate::iggy::{
     Bus, BusError, Consumer, ConsumerSpec, OffsetMove, OffsetReset, Producer, ProducerTarget,
 };
@@ -87,12 +88,12 @@ impl Bus for IggyBus {
         from: u64,
         count: u32,
     ) -> Result<Vec<ConsumedMessage>, BusError> {
-        let mut reader = self.reader.lock().await;
-        let client = match reader.as_ref() {
+        let mut connection = self.reader.lock().await;
+        let client = match connection.as_ref() {
             Some(client) => client.clone(),
-            None => reader.insert(self.settings.connect().await?).clone(),
+            None => connection.insert(self.settings.connect().await?).clone(),
         };
-        let read = consumer::read(
+        let read = reader::read(
             &client,
             (stream, topic),
             partition_id,
@@ -103,7 +104,7 @@ impl Bus for IggyBus {
         .await;
         if read.is_err() {
             // Connected afresh at the next read.
-            reader.take();
+            connection.take();
         }
         read
     }

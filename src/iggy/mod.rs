@@ -7,6 +7,7 @@ mod consumer;
 mod headers;
 pub mod memory;
 mod producer;
+mod reader;
 pub mod settings;
 mod tls;
 

@@ -2,34 +2,27 @@
 //! replayed, to the sink (a fresh instance of it, through the engine's own
 //! decode, transform, write and `on_error`) or to the topic each came from.
 //!
-//! What a replay delivered is recorded in the runtime's state store (see
-//! [`super::replay_log`]), so a second replay skips it unless asked `again`.
+//! `replay.rs` delivers them. What a replay delivered is recorded in the
+//! runtime's state store (see [`super::replay_log`]), so a second replay
+//! skips it unless asked `again`.
 //! A dead letter counts as replayed once it is durable again: written by
 //! the sink (its "offset" committed by the engine) or acknowledged by the bus.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::{Arc, Mutex, RwLock};
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use bytes::Bytes;
-use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::info;
 
 use super::Runtime;
 use super::prepared::SetupError;
 use super::replay_log::ReplayLog;
-use super::setup::build_transforms;
-use super::slot::Slot;
 use crate::config::{ConnectorConfig, KindConfig};
-use crate::connectors::{ConnectorKind, Degraded};
-use crate::engine::Shutdown;
+use crate::connectors::ConnectorKind;
 use crate::engine::dead_letter::{self, Context};
-use crate::engine::sink::{SinkPipeline, TopicReader};
-use crate::engine::source::Ended;
-use crate::engine::status::StatusCell;
-use crate::iggy::{BusError, ConsumedBatch, Consumer, ProducerTarget};
-use crate::message::{ConsumedMessage, Headers, OutgoingMessage, TopicRef};
+use crate::iggy::BusError;
+use crate::message::{ConsumedMessage, Headers, TopicRef};
 use crate::state::StateError;
 
 /// Messages read from the dead-letter topic per request to the bus.
@@ -49,9 +42,9 @@ pub struct DeadLetter {
     pub context: Context,
     /// A replay delivered it already.
     pub replayed: bool,
-    id: u128,
-    origin_timestamp: u64,
-    checksum: u64,
+    pub(super) id: u128,
+    pub(super) origin_timestamp: u64,
+    pub(super) checksum: u64,
 }
 
 /// A page of a connector's dead letters.
@@ -169,7 +162,7 @@ impl Runtime {
         let log = ReplayLog::new(self.state.clone(), &config, &topic, partition_id);
         let record = log.load().await?;
         let (dead_letters, next) = self
-            .scan(&config, &topic, partition_id, from, limit, |_| true)
+            .scan(&config, &topic, partition_id, (from, None), limit, |_| true)
             .await?;
         let dead_letters = dead_letters
             .into_iter()
@@ -214,15 +207,15 @@ impl Runtime {
         let mut record = log.load().await?;
         let limit = selection.count.unwrap_or(SCAN_LIMIT).min(SCAN_LIMIT);
         let mut skipped_replayed = 0;
-        let (mut chosen, next) = self
+        let (mut chosen, mut next) = self
             .scan(
                 &config,
                 &topic,
                 selection.partition_id,
-                selection.from,
+                (selection.from, selection.to),
                 limit,
                 |dead| {
-                    if selection.to.is_some_and(|to| dead.offset > to) || !selection.matches(dead) {
+                    if !selection.matches(dead) {
                         return false;
                     }
                     let replayed = record.contains(dead.offset);
@@ -231,7 +224,6 @@ impl Runtime {
                 },
             )
             .await?;
-        let mut next = next.filter(|offset| selection.to.is_none_or(|to| *offset <= to));
         let selected = chosen.len();
         let (positions, unroutable) = routable(&config, target, &mut chosen);
         if target == ReplayTarget::Sink
@@ -246,6 +238,12 @@ impl Runtime {
         };
         record.add(&outcome.delivered);
         log.save(&record).await?;
+        metrics::counter!(
+            "iggy_connector_dead_letters_replayed_total",
+            "connector_key" => key.to_owned(),
+            "connector_type" => kind.to_string(),
+        )
+        .increment(outcome.delivered.len() as u64);
         info!(connector_key = %key, replayed = outcome.delivered.len(), selected, "dead letters replayed");
         Ok(ReplayReport {
             target: match target {
@@ -271,15 +269,15 @@ impl Runtime {
             })
     }
 
-    /// The connector's dead letters from `from` on that `keep` takes, at
-    /// most `limit`, and the offset to go on from when the scan stopped
-    /// before the topic's end.
+    /// The connector's dead letters from `from` on (to `until`, inclusive)
+    /// that `keep` takes, at most `limit`, and the offset to go on from when
+    /// the scan stopped before the end.
     async fn scan(
         &self,
         config: &ConnectorConfig,
         topic: &TopicRef,
         partition_id: u32,
-        from: u64,
+        (from, until): (u64, Option<u64>),
         limit: usize,
         mut keep: impl FnMut(&DeadLetter) -> bool,
     ) -> Result<(Vec<DeadLetter>, Option<u64>), DlqError> {
@@ -299,6 +297,9 @@ impl Runtime {
                 .await?;
             let at_end = chunk.len() < READ_CHUNK as usize;
             for message in chunk {
+                if until.is_some_and(|until| message.offset > until) {
+                    return Ok((found, None));
+                }
                 scanned += 1;
                 position = message.offset + 1;
                 let dead = DeadLetter::from(message);
@@ -320,155 +321,6 @@ impl Runtime {
             }
         }
         Ok((found, Some(position)))
-    }
-
-    /// Delivers dead letters to a fresh instance of the sink, one reader per
-    /// origin topic, and returns the dead-letter offsets it delivered.
-    async fn replay_to_sink(
-        &self,
-        config: &Arc<ConnectorConfig>,
-        chosen: Vec<DeadLetter>,
-        timeout: Duration,
-    ) -> Result<Delivery, DlqError> {
-        if chosen.is_empty() {
-            return Ok(Delivery::default());
-        }
-        let KindConfig::Sink { streams, on_error } = &config.kind_config else {
-            return Err(DlqError::Refused("not a sink".into()));
-        };
-        let slot = replay_slot(self, config)?;
-        let shutdown = Shutdown::new(CancellationToken::new(), self.options.shutdown_timeout);
-        let deadline = {
-            let shutdown = shutdown.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(timeout).await;
-                shutdown.request();
-            })
-        };
-        let progress = Arc::new(Progress::new(chosen.len(), shutdown.clone()));
-        let mut by_topic: BTreeMap<(String, String), Vec<DeadLetter>> = BTreeMap::new();
-        for dead in chosen {
-            let Some(origin) = dead.context.origin.clone() else {
-                continue;
-            };
-            by_topic
-                .entry((origin.stream, origin.topic))
-                .or_default()
-                .push(dead);
-        }
-        let mut readers = Vec::new();
-        for ((stream, topic), dead) in by_topic {
-            let Some(entry) = streams
-                .iter()
-                .find(|entry| entry.stream == stream && entry.topics.contains(&topic))
-            else {
-                continue;
-            };
-            readers.push(TopicReader {
-                topic: TopicRef { stream, topic },
-                schema: entry.schema.clone(),
-                consumer: Box::new(ReplayConsumer::new(
-                    dead,
-                    entry.batch_length.max(1) as usize,
-                    progress.clone(),
-                )),
-            });
-        }
-        let opened = async {
-            let transforms = build_transforms(config)?;
-            let sink = self.open_sink(&slot, config, &shutdown).await?;
-            let dead_letter = self.dead_letter_producer(&slot, config, &shutdown).await?;
-            Ok::<_, SetupError>(self.sink_context(
-                &slot,
-                config,
-                *on_error,
-                transforms,
-                sink,
-                dead_letter,
-            ))
-        }
-        .await;
-        let context = match opened {
-            Ok(context) => context,
-            Err(SetupError::Shutdown) => {
-                deadline.abort();
-                return Ok(Delivery {
-                    delivered: Vec::new(),
-                    stopped: Some(format!("the sink did not open within {timeout:?}")),
-                });
-            }
-            Err(error) => {
-                deadline.abort();
-                return Err(error.into());
-            }
-        };
-        let ended = SinkPipeline {
-            readers,
-            shutdown,
-            context,
-        }
-        .run()
-        .await;
-        deadline.abort();
-        let delivered = progress.delivered();
-        let stopped = match ended {
-            _ if delivered.len() == progress.total => None,
-            Ended::Shutdown => Some(format!("not all delivered within {timeout:?}")),
-            Ended::Disconnected(reason) | Ended::Stopped(_, reason) => Some(reason),
-        };
-        Ok(Delivery { delivered, stopped })
-    }
-
-    /// Sends dead letters back to the topics they came from, one send per
-    /// topic; what the bus acknowledged counts as delivered.
-    async fn replay_to_origin(&self, chosen: Vec<DeadLetter>) -> Delivery {
-        let mut by_topic: BTreeMap<(String, String), Vec<DeadLetter>> = BTreeMap::new();
-        for dead in chosen {
-            let Some(origin) = dead.context.origin.clone() else {
-                continue;
-            };
-            by_topic
-                .entry((origin.stream, origin.topic))
-                .or_default()
-                .push(dead);
-        }
-        let mut delivery = Delivery::default();
-        for ((stream, topic), dead) in by_topic {
-            let target = ProducerTarget {
-                stream: stream.clone(),
-                topic: topic.clone(),
-                partitions: 1,
-                batch_length: crate::config::connector::DEFAULT_BATCH_LENGTH,
-                linger_time: Duration::ZERO,
-            };
-            let messages: Vec<OutgoingMessage> = dead
-                .iter()
-                .map(|dead| OutgoingMessage {
-                    id: Some(dead.id),
-                    headers: dead_letter::replay_headers(&dead.headers),
-                    payload: dead.payload.clone(),
-                    partition: dead.context.partition_id,
-                    origin_timestamp: Some(dead.origin_timestamp),
-                })
-                .collect();
-            let sent = match self.bus.producer(&target).await {
-                Ok(producer) => producer.send(&messages).await,
-                Err(error) => Err(error),
-            };
-            match sent {
-                Ok(()) => delivery
-                    .delivered
-                    .extend(dead.iter().map(|dead| dead.offset)),
-                Err(error) => {
-                    warn!(%stream, %topic, %error, "replay to the origin topic failed");
-                    delivery
-                        .stopped
-                        .get_or_insert(format!("send to {stream}/{topic} failed: {error}"));
-                }
-            }
-        }
-        delivery.delivered.sort_unstable();
-        delivery
     }
 }
 
@@ -498,14 +350,6 @@ impl From<ConsumedMessage> for DeadLetter {
             checksum: message.checksum,
         }
     }
-}
-
-/// What a replay delivered (dead-letter offsets, ascending) and why it
-/// stopped short.
-#[derive(Debug, Default)]
-struct Delivery {
-    delivered: Vec<u64>,
-    stopped: Option<String>,
 }
 
 fn dead_letter_topic(config: &ConnectorConfig) -> Result<TopicRef, DlqError> {
@@ -572,167 +416,6 @@ fn first_out_of_order(positions: &[(u32, u64, TopicRef)]) -> Option<usize> {
             None => false,
         }
     })
-}
-
-/// A slot of its own for a replay: the connector's config, metrics and tap,
-/// but its own status, so the replay's start and end do not show as the
-/// connector's.
-fn replay_slot(runtime: &Runtime, config: &Arc<ConnectorConfig>) -> Result<Slot, DlqError> {
-    let real = runtime
-        .slot(config.kind, &config.key)
-        .map_err(|_| DlqError::NotFound {
-            kind: config.kind,
-            key: config.key.clone(),
-        })?;
-    Ok(Slot {
-        kind: config.kind,
-        key: config.key.clone(),
-        config: RwLock::new(config.clone()),
-        status: Arc::new(StatusCell::new(config.kind)),
-        metrics: real.metrics.clone(),
-        tap: real.tap.clone(),
-        degraded: Degraded::default(),
-        reload_refusal: Mutex::new(None),
-        task: tokio::sync::Mutex::new(None),
-    })
-}
-
-/// The replay's progress across its readers: which dead letters are
-/// durable again; once all are, the replay pipeline is stopped.
-struct Progress {
-    total: usize,
-    delivered: Mutex<Vec<u64>>,
-    shutdown: Shutdown,
-}
-
-impl Progress {
-    fn new(total: usize, shutdown: Shutdown) -> Self {
-        Self {
-            total,
-            delivered: Mutex::new(Vec::with_capacity(total)),
-            shutdown,
-        }
-    }
-
-    fn committed(&self, offsets: &[u64]) {
-        let mut delivered = self
-            .delivered
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        delivered.extend_from_slice(offsets);
-        if delivered.len() >= self.total {
-            self.shutdown.request();
-        }
-    }
-
-    fn delivered(&self) -> Vec<u64> {
-        let mut delivered = self
-            .delivered
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone();
-        delivered.sort_unstable();
-        delivered
-    }
-}
-
-/// A batch handed to the engine: its origin partition, last origin offset
-/// and the dead-letter offsets it holds.
-struct Handed {
-    partition_id: u32,
-    last_offset: u64,
-    dead_offsets: Vec<u64>,
-}
-
-/// Feeds the engine's topic loop with dead letters as if read from their
-/// origin partition and offset; the loop's commits say which are durable.
-struct ReplayConsumer {
-    batches: VecDeque<(ConsumedBatch, Vec<u64>)>,
-    handed: VecDeque<Handed>,
-    progress: Arc<Progress>,
-}
-
-impl ReplayConsumer {
-    /// `dead` in dead-letter order, each origin partition in rising offsets.
-    fn new(dead: Vec<DeadLetter>, batch_length: usize, progress: Arc<Progress>) -> Self {
-        let mut batches: VecDeque<(ConsumedBatch, Vec<u64>)> = VecDeque::new();
-        for dead in dead {
-            let partition_id = dead.context.partition_id.unwrap_or(0);
-            let message = ConsumedMessage {
-                id: dead.id,
-                offset: dead.context.offset.unwrap_or(0),
-                partition_id,
-                timestamp: dead.timestamp,
-                origin_timestamp: dead.origin_timestamp,
-                checksum: dead.checksum,
-                headers: dead_letter::replay_headers(&dead.headers),
-                payload: dead.payload,
-            };
-            match batches.back_mut() {
-                Some((batch, offsets))
-                    if batch.partition_id == partition_id
-                        && batch.messages.len() < batch_length =>
-                {
-                    batch.messages.push(message);
-                    offsets.push(dead.offset);
-                }
-                _ => batches.push_back((
-                    ConsumedBatch {
-                        partition_id,
-                        messages: vec![message],
-                    },
-                    vec![dead.offset],
-                )),
-            }
-        }
-        Self {
-            batches,
-            handed: VecDeque::new(),
-            progress,
-        }
-    }
-
-    fn hand(&mut self) -> Option<ConsumedBatch> {
-        let (batch, dead_offsets) = self.batches.pop_front()?;
-        self.handed.push_back(Handed {
-            partition_id: batch.partition_id,
-            last_offset: batch.last_offset().unwrap_or(0),
-            dead_offsets,
-        });
-        Some(batch)
-    }
-}
-
-#[async_trait]
-impl Consumer for ReplayConsumer {
-    async fn poll(&mut self) -> Result<ConsumedBatch, BusError> {
-        match self.hand() {
-            Some(batch) => Ok(batch),
-            // Everything is handed out: the replay ends when it is durable.
-            None => std::future::pending().await,
-        }
-    }
-
-    async fn poll_available(&mut self) -> Result<Option<ConsumedBatch>, BusError> {
-        Ok(self.hand())
-    }
-
-    async fn commit(&mut self, partition_id: u32, offset: u64) -> Result<(), BusError> {
-        let mut durable = Vec::new();
-        self.handed.retain(|handed| {
-            let covered = handed.partition_id == partition_id && handed.last_offset <= offset;
-            if covered {
-                durable.extend_from_slice(&handed.dead_offsets);
-            }
-            !covered
-        });
-        self.progress.committed(&durable);
-        Ok(())
-    }
-
-    async fn close(&mut self) -> Result<(), BusError> {
-        Ok(())
-    }
 }
 
 #[cfg(test)]

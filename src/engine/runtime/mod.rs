@@ -25,6 +25,7 @@ mod factory;
 mod lease;
 mod prepared;
 mod reload;
+mod replay;
 mod replay_log;
 mod setup;
 mod slot;
