@@ -165,16 +165,18 @@ async fn replay(
         stage: body.filter.stage,
         again: body.again,
     };
-    let report = state
-        .runtime
-        .replay_dead_letters(
-            kind,
-            &key,
-            &selection,
-            target,
-            Duration::from_millis(timeout_ms),
-        )
+    // In a task of its own: a client that goes away (or a connection closed
+    // by `idle_timeout`) does not cut the replay short before it records
+    // what it delivered.
+    let runtime = state.runtime.clone();
+    let replaying = key.clone();
+    let replay = tokio::spawn(async move {
+        let timeout = Duration::from_millis(timeout_ms);
+        (runtime.replay_dead_letters(kind, &replaying, &selection, target, timeout)).await
+    });
+    let report = replay
         .await
+        .map_err(|error| ApiError::Internal(format!("the replay failed: {error}")))?
         .map_err(ApiError::from)?;
     let mut answer =
         serde_json::to_value(&report).map_err(|error| ApiError::Internal(error.to_string()))?;

@@ -80,8 +80,9 @@ impl Runtime {
         }
         let opened = async {
             let transforms = build_transforms(config)?;
-            let sink = self.open_sink(&slot, config, &shutdown).await?;
+            // The producer first: a sink opened is closed by its pipeline.
             let dead_letter = self.dead_letter_producer(&slot, config, &shutdown).await?;
+            let sink = self.open_sink(&slot, config, &shutdown).await?;
             Ok::<_, SetupError>(self.sink_context(
                 &slot,
                 config,
