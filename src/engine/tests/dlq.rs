@@ -225,3 +225,39 @@ async fn given_a_source_dead_letter_when_replayed_should_go_to_the_topic_it_was_
     assert_eq!(payloads.last(), Some(&Bytes::from_static(b"{not json")));
     harness.runtime.shutdown().await;
 }
+
+#[tokio::test]
+async fn given_a_backend_failing_until_the_timeout_when_replayed_should_record_nothing_and_deliver_later()
+ {
+    let harness = Harness::new(Duration::from_millis(200));
+    let control = dead_lettering_sink(&harness).await;
+    control.reject_bad.store(false, Ordering::SeqCst);
+    control.transient_failures.store(u32::MAX, Ordering::SeqCst);
+    let report = harness
+        .runtime
+        .replay_dead_letters(
+            ConnectorKind::Sink,
+            "snk",
+            &Selection::default(),
+            ReplayTarget::Sink,
+            Duration::from_millis(300),
+        )
+        .await
+        .unwrap();
+    assert!(report.offsets.is_empty(), "{report:?}");
+    assert!(report.stopped.is_some(), "{report:?}");
+    let page = harness
+        .runtime
+        .dead_letters(ConnectorKind::Sink, "snk", 0, 0, 10)
+        .await
+        .unwrap();
+    assert!(!page.dead_letters[0].replayed);
+
+    control.transient_failures.store(0, Ordering::SeqCst);
+    assert_eq!(
+        replay(&harness, &Selection::default(), ReplayTarget::Sink).await,
+        vec![0]
+    );
+    assert_eq!(control.written_numbers(), vec![0, 2, 1]);
+    harness.runtime.shutdown().await;
+}
