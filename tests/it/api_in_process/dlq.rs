@@ -186,6 +186,18 @@ async fn the_dead_letter_endpoints_need_the_api_key_and_check_what_they_are_aske
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
 
+    // One replay at a time, and none while the connector's lifecycle changes.
+    let lock = harness.runtime.lifecycle_lock(ConnectorKind::Sink, &sink);
+    let held = lock.lock().await;
+    let (status, body) = harness
+        .post(&format!("/sinks/{sink}/dlq/replay"), None)
+        .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::CONFLICT, Some("conflict"))
+    );
+    drop(held);
+
     harness.api_key = None;
     let (status, _) = harness
         .text(reqwest::Method::GET, &format!("/sinks/{sink}/dlq"))
