@@ -10,6 +10,7 @@ use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod admin;
+mod dlq;
 mod pipe;
 mod tap;
 mod testing;
@@ -139,6 +140,11 @@ pub enum Command {
     /// API (`GET /{sources|sinks}/{key}/tap`): messages on stdout, notices
     /// such as "N dropped" on stderr.
     Tap(tap::TapArgs),
+    /// A running connector's dead letters, from the control API: `list`
+    /// shows where each came from and why; `replay` delivers a range of
+    /// them again (`GET /{sources|sinks}/{key}/dlq`, `POST .../dlq/replay`).
+    #[command(subcommand)]
+    Dlq(dlq::DlqCommand),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
     Completions {
         #[arg(value_enum)]
@@ -211,6 +217,7 @@ pub fn run(cli: Cli) -> ExitCode {
             admin::offsets(&config, &key, &to, only).await
         }),
         Command::Tap(args) => with_runtime(|| tap::tap(args)),
+        Command::Dlq(command) => with_runtime(|| dlq::dlq(command)),
         Command::Completions { shell } => {
             // Generated into memory first: clap_complete panics on a write
             // error, and a reader that stops early (`| head`) is not one.

@@ -55,6 +55,12 @@ pub enum ApiError {
     TooManyConnections { limit: usize },
     #[error("the tap is turned off ([http] tap = false)")]
     TapDisabled,
+    /// The request clashes with one in progress.
+    #[error("{0}")]
+    Conflict(String),
+    /// The bus (Iggy) did not answer.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 #[derive(Serialize)]
@@ -89,6 +95,8 @@ impl ApiError {
             ApiError::CannotConvert(_) => (StatusCode::BAD_REQUEST, "error".into()),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "error".into()),
             ApiError::TapDisabled => (StatusCode::FORBIDDEN, "tap_disabled".into()),
+            ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict".into()),
+            ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "bus_unavailable".into()),
             ApiError::TooManyConnections { .. } => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "too_many_connections".into(),

@@ -8,6 +8,7 @@
 mod auth;
 mod configs;
 mod connectors;
+mod dlq;
 mod error;
 mod extract;
 mod health;
@@ -97,13 +98,15 @@ pub fn router(config: &HttpConfig, state: Arc<ApiState>) -> Result<Router, ApiSe
             "/sources",
             connectors::routes(ConnectorKind::Source)
                 .merge(configs::routes(ConnectorKind::Source))
-                .merge(tap::routes(ConnectorKind::Source, config)),
+                .merge(tap::routes(ConnectorKind::Source, config))
+                .merge(dlq::routes(ConnectorKind::Source, config)),
         )
         .nest(
             "/sinks",
             connectors::routes(ConnectorKind::Sink)
                 .merge(configs::routes(ConnectorKind::Sink))
-                .merge(tap::routes(ConnectorKind::Sink, config)),
+                .merge(tap::routes(ConnectorKind::Sink, config))
+                .merge(dlq::routes(ConnectorKind::Sink, config)),
         );
     if config.metrics.enabled && state.prometheus.is_some() {
         check_metrics_endpoint(&config.metrics.endpoint)?;

@@ -290,7 +290,7 @@ fn render_frame(request: &Request, redacted: &[String], frame: &TapFrame) -> Val
 
 /// The first `max_bytes` of a payload as text when they are UTF-8 (a
 /// character cut at the end is left out), else as base64.
-fn excerpt(payload: &[u8], max_bytes: usize) -> (String, &'static str) {
+pub(super) fn excerpt(payload: &[u8], max_bytes: usize) -> (String, &'static str) {
     let cut = &payload[..payload.len().min(max_bytes)];
     let text = match std::str::from_utf8(cut) {
         Ok(text) => Some(text),

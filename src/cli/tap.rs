@@ -183,7 +183,7 @@ fn frame_text(frame: &Value) -> String {
     )
 }
 
-fn refusal(status: reqwest::StatusCode, body: &str) -> String {
+pub(super) fn refusal(status: reqwest::StatusCode, body: &str) -> String {
     let reason = serde_json::from_str::<Value>(body)
         .ok()
         .and_then(|value| value["reason"].as_str().map(str::to_owned));

@@ -13,6 +13,7 @@ use bytes::Bytes;
 use tokio::sync::broadcast;
 
 use crate::clock::now_micros;
+use crate::engine::dead_letter;
 use crate::message::{Headers, OutgoingMessage, SinkMessage, SourceRecord, TopicRef};
 
 /// Frames a subscriber may lag behind before it loses the oldest ones.
@@ -145,7 +146,8 @@ impl Tap {
     }
 
     /// Messages sent to the bus (`Out`, `topic` their target) or to the
-    /// dead-letter topic (`Dlq`).
+    /// dead-letter topic (`Dlq`: each frame names the message's origin, read
+    /// from its dead-letter headers).
     pub fn outgoing(
         &self,
         stage: TapStage,
@@ -156,6 +158,16 @@ impl Tap {
             return;
         }
         self.publish(stage, messages.len(), messages.iter(), |message| {
+            if stage == TapStage::Dlq {
+                let context = dead_letter::Context::of(&message.headers);
+                return frame(
+                    context.origin.as_ref().or(topic),
+                    context.partition_id.or(message.partition),
+                    context.offset,
+                    &message.headers,
+                    message.payload.clone(),
+                );
+            }
             frame(
                 topic,
                 message.partition,

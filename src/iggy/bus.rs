@@ -10,15 +10,19 @@ use iggy::prelude::{IggyClient, SystemClient};
 use crate::iggy::connection::ConnectionSettings;
 use crate::iggy::consumer::IggyBusConsumer;
 use crate::iggy::producer::IggyProducer;
+use crate::iggy::reader;
 use crate::iggy::{
     Bus, BusError, Consumer, ConsumerSpec, OffsetMove, OffsetReset, Producer, ProducerTarget,
 };
+use crate::message::ConsumedMessage;
 
 pub struct IggyBus {
     settings: ConnectionSettings,
     /// The health check's own connection, opened on first use and again
     /// after a failed ping.
     health: tokio::sync::Mutex<Option<Arc<IggyClient>>>,
+    /// The dead-letter reader's connection, likewise kept between reads.
+    reader: tokio::sync::Mutex<Option<Arc<IggyClient>>>,
 }
 
 impl IggyBus {
@@ -26,6 +30,7 @@ impl IggyBus {
         Self {
             settings,
             health: tokio::sync::Mutex::new(None),
+            reader: tokio::sync::Mutex::new(None),
         }
     }
 }
@@ -73,6 +78,35 @@ impl Bus for IggyBus {
         )
         .await?;
         Ok(Box::new(consumer))
+    }
+
+    async fn read(
+        &self,
+        stream: &str,
+        topic: &str,
+        partition_id: u32,
+        from: u64,
+        count: u32,
+    ) -> Result<Vec<ConsumedMessage>, BusError> {
+        let mut connection = self.reader.lock().await;
+        let client = match connection.as_ref() {
+            Some(client) => client.clone(),
+            None => connection.insert(self.settings.connect().await?).clone(),
+        };
+        let read = reader::read(
+            &client,
+            (stream, topic),
+            partition_id,
+            from,
+            count,
+            self.settings.request_timeout,
+        )
+        .await;
+        if read.is_err() {
+            // Connected afresh at the next read.
+            connection.take();
+        }
+        read
     }
 
     /// Joins the group (a member may store its offsets), moves them, leaves.

@@ -283,6 +283,31 @@ impl Bus for MemoryBus {
         }))
     }
 
+    async fn read(
+        &self,
+        stream: &str,
+        topic: &str,
+        partition_id: u32,
+        from: u64,
+        count: u32,
+    ) -> Result<Vec<ConsumedMessage>, BusError> {
+        let Some(topic) = self.topic(stream, topic) else {
+            return Ok(Vec::new());
+        };
+        let state = lock(&topic.state);
+        let Some(partition) = state.partitions.get(partition_id as usize) else {
+            return Ok(Vec::new());
+        };
+        let skip = from.saturating_sub(partition.base) as usize;
+        Ok(partition
+            .messages
+            .iter()
+            .skip(skip)
+            .take(count as usize)
+            .cloned()
+            .collect())
+    }
+
     async fn consumer(&self, spec: &ConsumerSpec) -> Result<Box<dyn Consumer>, BusError> {
         let topic = self.ensure_topic(&spec.stream, &spec.topic, 1);
         let (positions, appended) = {

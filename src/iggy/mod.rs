@@ -7,6 +7,7 @@ mod consumer;
 mod headers;
 pub mod memory;
 mod producer;
+mod reader;
 pub mod settings;
 mod tls;
 
@@ -40,6 +41,18 @@ pub trait Bus: Send + Sync {
         spec: &ConsumerSpec,
         to: &OffsetReset,
     ) -> Result<Vec<OffsetMove>, BusError>;
+
+    /// Up to `count` messages of one partition, from offset `from` on, read
+    /// without a consumer group and storing nothing (the dead-letter list
+    /// and replay). A topic or partition that does not exist reads as empty.
+    async fn read(
+        &self,
+        stream: &str,
+        topic: &str,
+        partition_id: u32,
+        from: u64,
+        count: u32,
+    ) -> Result<Vec<ConsumedMessage>, BusError>;
 
     /// Whether the broker answers now (`/health` asks; the caller bounds
     /// the wait).

@@ -15,6 +15,7 @@ mod api_in_process;
 mod cli;
 mod clickhouse_sink;
 mod delta_sink;
+mod dlq_cli;
 mod docs;
 mod doris_sink;
 mod elasticsearch_sink;

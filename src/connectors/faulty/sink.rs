@@ -10,6 +10,8 @@
 //!   is lost, so the engine closes the sink and opens it again.
 //! - `reject_containing`: a message whose payload contains this text is refused
 //!   for good (the engine then applies the sink's `on_error`).
+//! - `reject_while_exists`: with `reject_containing`, refuse only while this
+//!   path exists (the backend fixed once it is gone: a dead-letter replay).
 //! - `write_delay`: every write takes at least this long (a slow backend), so a
 //!   crash is likely to land in the middle of one.
 //! - `buffer_messages`: defer acknowledgement (rule K6): hold each partition's
@@ -60,6 +62,9 @@ pub struct FaultyConfig {
     /// A message whose payload contains this text is refused for good.
     #[serde(default)]
     pub reject_containing: Option<String>,
+    /// With `reject_containing`: refuse only while this path exists.
+    #[serde(default)]
+    pub reject_while_exists: Option<PathBuf>,
     /// Every write takes at least this long (a slow backend).
     #[serde(default, with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
@@ -112,6 +117,14 @@ impl FaultySink {
             )));
         }
         Ok(())
+    }
+
+    /// Whether `reject_containing` applies now.
+    fn refusing(&self) -> bool {
+        self.config
+            .reject_while_exists
+            .as_ref()
+            .is_none_or(|marker| marker.exists())
     }
 
     /// The backend is down while the `down_while_exists` marker exists.
@@ -174,6 +187,7 @@ impl Sink for FaultySink {
         for (index, message) in messages.iter().enumerate() {
             let payload = message.payload.to_bytes();
             if let Some(needle) = &self.config.reject_containing
+                && self.refusing()
                 && contains(&payload, needle.as_bytes())
             {
                 rejected.push(Rejection {

@@ -4,7 +4,8 @@
 //! `slot.rs` runs one connector's task, `setup.rs` builds its pipeline (the
 //! connector, its state, `open`, its producers or consumers), `factory.rs`
 //! turns a config into a connector, `lease.rs` runs a source only while this
-//! instance holds its lease (a state store shared by several instances).
+//! instance holds its lease (a state store shared by several instances),
+//! `dlq.rs` lists and replays a connector's dead letters.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -19,13 +20,17 @@ use crate::engine::status::StatusCell;
 use crate::iggy::Bus;
 use crate::state::StateStore;
 
+mod dlq;
 mod factory;
 mod lease;
 mod prepared;
 mod reload;
+mod replay;
+mod replay_log;
 mod setup;
 mod slot;
 
+pub use dlq::{DeadLetter, DeadLetterPage, DlqError, ReplayReport, ReplayTarget, Selection};
 pub use factory::{ConnectorFactory, RegistryFactory};
 pub use slot::ConnectorView;
 use slot::Slot;

@@ -15,6 +15,7 @@ use super::{Runtime, RuntimeOptions};
 use crate::config::{ConnectorConfig, KindConfig, SinkStream, SourceStream};
 use crate::connectors::record_check::RecordCheck;
 use crate::connectors::{ConnectorError, ConnectorKind, RetrySettings, Sink, Source};
+use crate::delivery::OnError;
 use crate::engine::backoff::Backoff;
 use crate::engine::retry::{Attempt, Until, retry};
 use crate::engine::sink::{SinkContext, SinkPipeline, TopicReader};
@@ -144,6 +145,58 @@ impl Runtime {
             return Err(SetupError::WrongKind(ConnectorKind::Sink));
         };
         let transforms = build_transforms(config)?;
+        let sink = self.open_sink(slot, config, shutdown).await?;
+        let (readers, dead_letter) = match self.readers(slot, config, streams, shutdown).await {
+            Ok(consumers) => consumers,
+            Err(error) => {
+                let mut sink = sink;
+                let _ = catch_panic(sink.close()).await;
+                return Err(error);
+            }
+        };
+        Ok(SinkPipeline {
+            readers,
+            shutdown: shutdown.clone(),
+            context: self.sink_context(slot, config, *on_error, transforms, sink, dead_letter),
+        })
+    }
+
+    /// What every topic loop of an opened sink shares.
+    pub(super) fn sink_context(
+        &self,
+        slot: &Slot,
+        config: &ConnectorConfig,
+        on_error: OnError,
+        transforms: Arc<TransformChain>,
+        sink: Box<dyn Sink>,
+        dead_letter: Option<Box<dyn Producer>>,
+    ) -> SinkContext {
+        let retry = sink.retry();
+        SinkContext {
+            key: config.key.clone(),
+            sink,
+            dead_letter,
+            on_error,
+            transforms,
+            status: slot.status.clone(),
+            metrics: slot.metrics.clone(),
+            tap: slot.tap.clone(),
+            backoff: retry.map_or(self.options.sink_backoff, |retry| retry.backoff),
+            max_retry_after: self.options.max_retry_after,
+            degraded: slot.degraded.clone(),
+            degraded_after: retry.and_then(|retry| retry.degraded_after),
+            verbose: config.verbose,
+            benchmark: config.benchmark,
+        }
+    }
+
+    /// Builds the sink of `config` and opens it (retried as at a start).
+    pub(super) async fn open_sink(
+        &self,
+        slot: &Slot,
+        config: &ConnectorConfig,
+        shutdown: &Shutdown,
+    ) -> Result<Box<dyn Sink>, SetupError> {
         let build = || {
             let mut sink =
                 self.options
@@ -156,35 +209,7 @@ impl Runtime {
             sink.attach(slot.context());
             Ok(sink)
         };
-        let mut sink = self.open(slot, shutdown, None, build).await?;
-        let retry = sink.retry();
-        let (readers, dead_letter) = match self.readers(slot, config, streams, shutdown).await {
-            Ok(consumers) => consumers,
-            Err(error) => {
-                let _ = catch_panic(sink.close()).await;
-                return Err(error);
-            }
-        };
-        Ok(SinkPipeline {
-            readers,
-            shutdown: shutdown.clone(),
-            context: SinkContext {
-                key: config.key.clone(),
-                sink,
-                dead_letter,
-                on_error: *on_error,
-                transforms,
-                status: slot.status.clone(),
-                metrics: slot.metrics.clone(),
-                tap: slot.tap.clone(),
-                backoff: retry.map_or(self.options.sink_backoff, |retry| retry.backoff),
-                max_retry_after: self.options.max_retry_after,
-                degraded: slot.degraded.clone(),
-                degraded_after: retry.and_then(|retry| retry.degraded_after),
-                verbose: config.verbose,
-                benchmark: config.benchmark,
-            },
-        })
+        self.open(slot, shutdown, None, build).await
     }
 
     /// The source's saved state, refused when another connector wrote it.
@@ -366,7 +391,7 @@ impl Runtime {
         }
     }
 
-    async fn dead_letter_producer(
+    pub(super) async fn dead_letter_producer(
         &self,
         slot: &Slot,
         config: &ConnectorConfig,
@@ -486,7 +511,9 @@ fn open_failed(restoring_from: Option<String>, reason: String) -> SetupError {
     }
 }
 
-fn build_transforms(config: &ConnectorConfig) -> Result<Arc<TransformChain>, SetupError> {
+pub(super) fn build_transforms(
+    config: &ConnectorConfig,
+) -> Result<Arc<TransformChain>, SetupError> {
     TransformChain::build(&config.transforms)
         .map(Arc::new)
         .map_err(|error| SetupError::Transforms {

@@ -6,6 +6,7 @@ use std::time::Instant;
 use tracing::warn;
 
 use crate::codec::Schema;
+use crate::connectors::ConnectorKind;
 use crate::delivery::OnError;
 use crate::engine::dead_letter;
 use crate::engine::metrics::{ErrorStage, Stage};
@@ -96,12 +97,7 @@ impl TopicLoop<'_> {
                         continue;
                     }
                     Err((stage, error)) => {
-                        let origin = dead_letter::Origin {
-                            stream: &topic.stream,
-                            topic: &topic.topic,
-                            partition_id,
-                            offset,
-                        };
+                        let origin = dead_letter::Origin::at(topic, partition_id, offset);
                         self.drop_message(stage, &error, id, headers, payload, origin, dead);
                         rejected += 1;
                         continue;
@@ -160,12 +156,22 @@ impl TopicLoop<'_> {
     ) {
         let pipeline = self.pipeline;
         pipeline.metrics.error(stage, 1);
-        warn!(connector_key = %pipeline.key, stage = stage.as_str(), partition_id = origin.partition_id, offset = origin.offset, %error, "dropping message");
+        let (partition_id, offset) = origin.position.unzip();
+        warn!(connector_key = %pipeline.key, stage = stage.as_str(), partition_id, offset, %error, "dropping message");
         if pipeline.on_error == OnError::Dlq && pipeline.dead_letter.is_some() {
-            dead.push(dead_letter::message(
-                &pipeline.key,
-                stage.as_str(),
+            let class = match stage {
+                ErrorStage::Decode => dead_letter::ErrorClass::Decode,
+                _ => dead_letter::ErrorClass::Transform,
+            };
+            let failure = dead_letter::Failure {
+                connector_key: &pipeline.key,
+                connector_type: ConnectorKind::Sink,
+                stage: stage.as_str(),
+                class,
                 error,
+            };
+            dead.push(dead_letter::message(
+                &failure,
                 Some(id),
                 headers,
                 payload,

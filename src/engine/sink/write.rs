@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use tracing::warn;
 
-use crate::connectors::{Flush, Partial, Rejection, SinkError};
+use crate::connectors::{ConnectorKind, Flush, Partial, Rejection, SinkError};
 use crate::delivery::OnError;
 use crate::engine::metrics::{ConnectorMetrics, ErrorStage, Stage};
 use crate::engine::retry::{Attempt, Until, retry, retry_with};
@@ -392,17 +392,17 @@ impl TopicLoop<'_> {
         let pipeline = self.pipeline;
         warn!(connector_key = %pipeline.key, partition_id = message.partition_id, offset = message.offset, %reason, "message rejected by the backend");
         if pipeline.on_error == OnError::Dlq {
-            let origin = dead_letter::Origin {
-                stream: &topic.stream,
-                topic: &topic.topic,
-                partition_id: message.partition_id,
-                offset: message.offset,
-            };
+            let origin = dead_letter::Origin::at(topic, message.partition_id, message.offset);
             let payload = message.payload.to_bytes();
+            let failure = dead_letter::Failure {
+                connector_key: &pipeline.key,
+                connector_type: ConnectorKind::Sink,
+                stage: "write",
+                class: dead_letter::ErrorClass::Rejected,
+                error: reason,
+            };
             dead.push(dead_letter::message(
-                &pipeline.key,
-                "write",
-                reason,
+                &failure,
                 Some(message.id),
                 message.headers,
                 payload,

@@ -15,8 +15,9 @@ use bytes::Bytes;
 use tracing::{Level, debug, enabled, error, info, warn};
 
 use crate::codec::Schema;
-use crate::connectors::{BatchPolicy, ConnectorError, Source, SourceBatch};
+use crate::connectors::{BatchPolicy, ConnectorError, ConnectorKind, Source, SourceBatch};
 use crate::engine::backoff::Backoff;
+use crate::engine::dead_letter::ErrorClass;
 use crate::engine::metrics::{ConnectorMetrics, ErrorStage, Stage};
 use crate::engine::retry::{Attempt, Failure, Until, retry};
 use crate::engine::status::{StatusCell, StopReason};
@@ -306,21 +307,30 @@ impl SourcePipeline {
                         Err(error) => {
                             rejected += 1;
                             let OutgoingMessage { id, headers, .. } = message;
-                            self.reject(
-                                &mut groups,
-                                ErrorStage::Encode,
-                                &error,
-                                id,
-                                headers,
-                                &payload,
-                            );
+                            let failed = Failed {
+                                stage: ErrorStage::Encode,
+                                class: ErrorClass::Unstorable,
+                                error: &error,
+                                route: self.routes.get(stream_index).map(|route| &route.topic),
+                            };
+                            self.reject(&mut groups, failed, id, headers, &payload);
                         }
                     }
                 }
                 Ok(None) => self.metrics.filtered.add(1),
                 Err((stage, error)) => {
                     rejected += 1;
-                    self.reject(&mut groups, stage, &error, id, headers, &payload);
+                    let class = match stage {
+                        ErrorStage::Transform => ErrorClass::Transform,
+                        _ => ErrorClass::Encode,
+                    };
+                    let failed = Failed {
+                        stage,
+                        class,
+                        error: &error,
+                        route: self.routes.get(stream_index).map(|route| &route.topic),
+                    };
+                    self.reject(&mut groups, failed, id, headers, &payload);
                 }
             }
         }
@@ -352,25 +362,35 @@ impl SourcePipeline {
     fn reject(
         &self,
         groups: &mut [Vec<OutgoingMessage>],
-        stage: ErrorStage,
-        error: &str,
+        failed: Failed<'_>,
         id: Option<u128>,
         headers: Headers,
         payload: &Payload,
     ) {
+        let Failed {
+            stage,
+            class,
+            error,
+            route,
+        } = failed;
         self.metrics.error(stage, 1);
         warn!(connector_key = %self.key, stage = stage.as_str(), %error, "dropping record");
         if self.dead_letter.is_some()
             && let Some(group) = groups.last_mut()
         {
-            group.push(dead_letter::message(
-                &self.key,
-                stage.as_str(),
+            let failure = dead_letter::Failure {
+                connector_key: &self.key,
+                connector_type: ConnectorKind::Source,
+                stage: stage.as_str(),
+                class,
                 error,
+            };
+            group.push(dead_letter::message(
+                &failure,
                 id,
                 headers,
                 payload.to_bytes(),
-                None,
+                route.map(dead_letter::Origin::topic),
             ));
         }
     }
@@ -499,4 +519,12 @@ fn call_attempt<T>(
         )),
         Err(panic) => Attempt::Stop(Ended::Stopped(StopReason::Panic, panic)),
     }
+}
+
+/// Why a record is set aside, and the topic it was meant for.
+struct Failed<'a> {
+    stage: ErrorStage,
+    class: ErrorClass,
+    error: &'a str,
+    route: Option<&'a TopicRef>,
 }

@@ -2,6 +2,7 @@
 //! the in-memory bus. Each test names one guarantee and fails without it.
 
 mod deferred;
+mod dlq;
 mod fast_paths;
 mod pipelined;
 mod prefetch;
@@ -633,6 +634,29 @@ async fn given_a_rejected_message_when_on_error_is_dlq_should_dead_letter_it_wit
         header(dead_letter::HEADER_ORIGIN_TOPIC).as_deref(),
         Some(TOPIC)
     );
+    assert_eq!(
+        header(dead_letter::HEADER_ORIGIN_STREAM).as_deref(),
+        Some(STREAM)
+    );
+    assert_eq!(
+        header(dead_letter::HEADER_ORIGIN_PARTITION).as_deref(),
+        Some("0")
+    );
+    assert_eq!(
+        header(dead_letter::HEADER_ERROR_CLASS).as_deref(),
+        Some("rejected")
+    );
+    assert_eq!(header(dead_letter::HEADER_STAGE).as_deref(), Some("write"));
+    assert_eq!(header(dead_letter::HEADER_ATTEMPTS).as_deref(), Some("1"));
+    assert_eq!(
+        header(dead_letter::HEADER_CONNECTOR).as_deref(),
+        Some("snk")
+    );
+    assert_eq!(
+        header(dead_letter::HEADER_CONNECTOR_TYPE).as_deref(),
+        Some("sink")
+    );
+    assert!(header(dead_letter::HEADER_TIME).is_some_and(|time| time.ends_with('Z')));
     assert_eq!(
         harness
             .runtime

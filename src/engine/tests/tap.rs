@@ -63,6 +63,15 @@ async fn given_a_tapped_sink_when_a_message_is_refused_should_show_it_in_and_dea
     assert_eq!(payloads(&seen_out), vec![r#"{"n":0}"#]);
     let seen_dlq = frames(&mut tapped_dlq);
     assert_eq!(seen_dlq.len(), 1);
+    // The dead letter names where it was read, not the dead-letter topic.
+    assert_eq!(
+        (
+            seen_dlq[0].topic.as_ref().map(|topic| topic.topic.as_str()),
+            seen_dlq[0].partition,
+            seen_dlq[0].offset
+        ),
+        (Some(TOPIC), Some(0), Some(1))
+    );
     assert!(
         seen_dlq[0]
             .headers
@@ -113,6 +122,12 @@ async fn given_a_tapped_source_when_a_record_does_not_encode_should_show_it_in_a
         seen_out[0].topic.as_ref().map(|topic| topic.topic.as_str()),
         Some(TOPIC)
     );
-    assert_eq!(payloads(&frames(&mut tapped_dlq)), vec!["{not json"]);
+    let seen_dlq = frames(&mut tapped_dlq);
+    assert_eq!(payloads(&seen_dlq), vec!["{not json"]);
+    // The dead letter names the topic the record was meant for.
+    assert_eq!(
+        seen_dlq[0].topic.as_ref().map(|topic| topic.topic.as_str()),
+        Some(TOPIC)
+    );
     harness.runtime.shutdown().await;
 }

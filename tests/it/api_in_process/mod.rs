@@ -7,6 +7,7 @@
 
 mod configs;
 mod connectors;
+mod dlq;
 mod prometheus_metrics;
 mod redaction;
 mod server;
