@@ -13,6 +13,8 @@ mod admin;
 mod pipe;
 mod tap;
 mod testing;
+#[cfg(feature = "top")]
+mod top;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::api::{self, ApiServer, ApiState};
@@ -139,6 +141,11 @@ pub enum Command {
     /// API (`GET /{sources|sinks}/{key}/tap`): messages on stdout, notices
     /// such as "N dropped" on stderr.
     Tap(tap::TapArgs),
+    /// A terminal dashboard of a running runtime, from its control API: per
+    /// connector status, rates, errors, dead letters, lag, p99 batch latency
+    /// and last error; `s`/`x`/`r` start, stop and restart the selected one.
+    #[cfg(feature = "top")]
+    Top(top::TopArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
     Completions {
         #[arg(value_enum)]
@@ -211,6 +218,8 @@ pub fn run(cli: Cli) -> ExitCode {
             admin::offsets(&config, &key, &to, only).await
         }),
         Command::Tap(args) => with_runtime(|| tap::tap(args)),
+        #[cfg(feature = "top")]
+        Command::Top(args) => with_runtime(|| top::top(args)),
         Command::Completions { shell } => {
             // Generated into memory first: clap_complete panics on a write
             // error, and a reader that stops early (`| head`) is not one.
