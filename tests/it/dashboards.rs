@@ -212,6 +212,8 @@ fn top_in_tmux_shows_live_rates_of_every_connector_and_x_stops_the_selected_one(
         flowing(&tmux.row("source gen")) && flowing(&tmux.row("sink print"))
     });
     assert!(last.contains("2 connectors, 2 running"), "{last}");
+    let capture = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("top.txt");
+    std::fs::write(&capture, &last).expect("capture written");
     for title in [
         "IN/s",
         "OUT/s",
@@ -281,7 +283,7 @@ impl Browser {
             "goog:chromeOptions": {
                 "binary": "/usr/bin/chromium",
                 "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
-                         "--disable-dev-shm-usage", "--window-size=1200,520"],
+                         "--disable-dev-shm-usage", "--window-size=1200,640"],
             },
             "goog:loggingPrefs": {"browser": "ALL"},
         }}});
@@ -440,6 +442,20 @@ fn ui_in_headless_chromium_lists_every_connector_and_a_stop_button_stops_one() {
                      return cell('source', 'gen', 3) === 'running' && cell('sink', 'print', 3) === 'running'
                          && moving('source', 'gen') && moving('sink', 'print');"
                 ),
+            )
+            .await;
+        // The tap of the selected sink shows its messages as delivered.
+        browser
+            .eval(
+                "document.getElementById('tap-stage').value = 'out';
+                 document.querySelector('button[data-action=\"tap\"][data-kind=\"sink\"][data-key=\"print\"]').click();",
+            )
+            .await;
+        browser
+            .wait(
+                "the tap panel shows the sink's messages",
+                "return document.getElementById('tap').textContent.split('\\n')
+                     .filter((line) => line.includes(' out ui_browser/t ')).length >= 3;",
             )
             .await;
         let shot = browser.screenshot().await;
