@@ -162,19 +162,19 @@ impl Tmux {
         args.extend_from_slice(keys);
         self.run(&args);
     }
+}
 
-    /// The words of the screen line naming `connector` (`source gen`).
-    fn row(&self, connector: &str) -> Vec<String> {
-        let screen = self.screen();
-        let Some(line) = screen.lines().find(|line| line.contains(connector)) else {
-            return Vec::new();
-        };
-        let start = line.find(connector).unwrap_or(0);
-        line[start..]
-            .split_whitespace()
-            .map(str::to_owned)
-            .collect()
-    }
+/// The words of the screen line naming `connector` (`source gen`), from it on.
+#[cfg(feature = "top")]
+fn row(screen: &str, connector: &str) -> Vec<String> {
+    let Some(line) = screen.lines().find(|line| line.contains(connector)) else {
+        return Vec::new();
+    };
+    let start = line.find(connector).unwrap_or(0);
+    line[start..]
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
 }
 
 #[cfg(feature = "top")]
@@ -209,7 +209,7 @@ fn top_in_tmux_shows_live_rates_of_every_connector_and_x_stops_the_selected_one(
     let mut last = String::new();
     wait_until("top shows both connectors with traffic", LONG, || {
         last = tmux.screen();
-        flowing(&tmux.row("source gen")) && flowing(&tmux.row("sink print"))
+        flowing(&row(&last, "source gen")) && flowing(&row(&last, "sink print"))
     });
     assert!(last.contains("2 connectors, 2 running"), "{last}");
     let capture = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("top.txt");
@@ -234,11 +234,11 @@ fn top_in_tmux_shows_live_rates_of_every_connector_and_x_stops_the_selected_one(
     });
     wait_until("top shows the sink stopped", LONG, || {
         last = tmux.screen();
-        tmux.row("sink print").get(2).map(String::as_str) == Some("stopped")
+        row(&last, "sink print").get(2).map(String::as_str) == Some("stopped")
             && last.contains("stop: sink print done")
     });
     assert_eq!(
-        tmux.row("source gen").get(2).map(String::as_str),
+        row(&last, "source gen").get(2).map(String::as_str),
         Some("running"),
         "{last}"
     );
