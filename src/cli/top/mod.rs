@@ -45,8 +45,8 @@ pub async fn top(args: TopArgs) -> anyhow::Result<ExitCode> {
     let first = api.samples().await?;
     let mut app = App::new(api.url.clone());
     app.update(first, Duration::ZERO);
+    let mut terminal = ratatui::try_init().context("top needs a terminal")?;
     let keys = read_keys();
-    let mut terminal = ratatui::init();
     let outcome = run(&mut terminal, &mut app, &api, keys, args.interval_ms).await;
     ratatui::restore();
     outcome.map(|()| ExitCode::SUCCESS)
