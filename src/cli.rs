@@ -14,6 +14,8 @@ mod dlq;
 mod pipe;
 mod tap;
 mod testing;
+#[cfg(feature = "top")]
+mod top;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::api::{self, ApiServer, ApiState};
@@ -145,6 +147,11 @@ pub enum Command {
     /// them again (`GET /{sources|sinks}/{key}/dlq`, `POST .../dlq/replay`).
     #[command(subcommand)]
     Dlq(dlq::DlqCommand),
+    /// A terminal dashboard of a running runtime, from its control API: per
+    /// connector status, rates, errors, dead letters, lag, p99 batch latency
+    /// and last error; `s`/`x`/`r` start, stop and restart the selected one.
+    #[cfg(feature = "top")]
+    Top(top::TopArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
     Completions {
         #[arg(value_enum)]
@@ -218,6 +225,8 @@ pub fn run(cli: Cli) -> ExitCode {
         }),
         Command::Tap(args) => with_runtime(|| tap::tap(args)),
         Command::Dlq(command) => with_runtime(|| dlq::dlq(command)),
+        #[cfg(feature = "top")]
+        Command::Top(args) => with_runtime(|| top::top(args)),
         Command::Completions { shell } => {
             // Generated into memory first: clap_complete panics on a write
             // error, and a reader that stops early (`| head`) is not one.

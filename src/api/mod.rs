@@ -19,6 +19,7 @@ mod render;
 mod server;
 mod stats;
 mod tap;
+mod ui;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -121,7 +122,8 @@ pub fn router(config: &HttpConfig, state: Arc<ApiState>) -> Result<Router, ApiSe
         .route_layer(axum::middleware::from_fn_with_state(
             auth::ApiKey::new(&config.api_key),
             auth::require_api_key,
-        ))
+        ));
+    let routes = ui::route(routes, config.ui)
         .fallback(no_endpoint)
         .with_state(state);
     match server::cors_layer(&config.cors)? {
@@ -137,7 +139,7 @@ fn check_metrics_endpoint(endpoint: &str) -> Result<(), ApiSetupError> {
         Some("must start with '/'")
     } else if endpoint.contains(['{', '}', '*']) || endpoint.contains("//") {
         Some("must be a plain path, without '{', '}', '*' or empty segments")
-    } else if ["/", "/health", "/health/live", "/stats"].contains(&endpoint)
+    } else if ["/", "/health", "/health/live", "/stats", "/ui"].contains(&endpoint)
         || ["/sources", "/sinks"]
             .iter()
             .any(|prefix| endpoint == *prefix || endpoint.starts_with(&format!("{prefix}/")))

@@ -12,6 +12,7 @@ use crate::api::ApiState;
 use crate::clock::now_micros;
 use crate::connectors::ConnectorKind;
 use crate::engine::Status;
+use crate::engine::metrics::LocalHistogram;
 use crate::engine::runtime::ConnectorView;
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -85,7 +86,19 @@ fn connector(view: &ConnectorView) -> Value {
         "retries": metrics.retries.get(),
         "messages_dead_lettered": metrics.dead_lettered.get(),
         "messages_skipped": metrics.skipped.get(),
+        "bytes": metrics.bytes.get(),
+        "batch_durations": batch_durations(&metrics.batch_durations),
     })
+}
+
+/// Batches per duration bucket since start: `bounds_us[i]` is bucket `i`'s
+/// upper bound (null for the last, open one). Clients diff two answers for a
+/// recent percentile.
+fn batch_durations(histogram: &LocalHistogram) -> Value {
+    let bounds: Vec<Option<u64>> = (0..LocalHistogram::BUCKETS)
+        .map(LocalHistogram::bound_micros)
+        .collect();
+    json!({"bounds_us": bounds, "counts": histogram.counts()})
 }
 
 /// Upstream's numeric version: major, then minor and patch on three digits

@@ -74,6 +74,7 @@ const RUNTIME_FIELDS: &[(&str, &[&str], Kind)] = &[
         &["http", "tap_redact_headers"],
         Kind::List,
     ),
+    ("HTTP_UI", &["http", "ui"], Kind::Bool),
     (
         "HTTP_CORS_ENABLED",
         &["http", "cors", "enabled"],

@@ -52,6 +52,8 @@ pub struct HttpConfig {
     pub tap: bool,
     /// Header names (any case) whose values a tap shows as `[REDACTED]`.
     pub tap_redact_headers: Vec<String>,
+    /// Serve the status page at `/ui`.
+    pub ui: bool,
 }
 
 impl HttpConfig {
@@ -96,6 +98,7 @@ impl Default for HttpConfig {
             ]
             .map(String::from)
             .to_vec(),
+            ui: true,
         }
     }
 }
@@ -610,6 +613,7 @@ const HTTP: Known = &[
     leaf("max_connections"),
     leaf("tap"),
     leaf("tap_redact_headers"),
+    leaf("ui"),
     Key(
         "cors",
         &[

@@ -150,6 +150,12 @@ pub struct ConnectorMetrics {
     pub reopens: DualCounter,
     /// Source: payload bytes of the batches polled and not yet committed.
     pub in_flight_bytes: Gauge,
+    /// Payload bytes through Iggy: a source's sent messages, a sink's
+    /// consumed ones (`top` and `/ui` show them as bytes/s).
+    pub bytes: DualCounter,
+    /// Every batch's total duration, kept locally for `/stats` (a p99 in
+    /// `top` and `/ui`); Prometheus has the same in the `total` stage.
+    pub batch_durations: LocalHistogram,
     errors_by_stage: Vec<Counter>,
     stage_durations: Vec<Histogram>,
 }
@@ -179,6 +185,8 @@ impl ConnectorMetrics {
             open_retries: DualCounter::new("iggy_connector_open_retries_total", &labels),
             reopens: DualCounter::new("iggy_connector_reopens_total", &labels),
             in_flight_bytes: metrics::gauge!("iggy_connector_in_flight_bytes", labels.iter()),
+            bytes: DualCounter::new("iggy_connector_bytes_total", &labels),
+            batch_durations: LocalHistogram::default(),
             errors_by_stage: ErrorStage::ALL
                 .iter()
                 .map(|stage| {
@@ -209,5 +217,65 @@ impl ConnectorMetrics {
 
     pub fn record_duration(&self, stage: Stage, elapsed: Duration) {
         self.stage_durations[stage as usize].record(elapsed.as_secs_f64());
+        if stage == Stage::Total {
+            self.batch_durations.record(elapsed);
+        }
+    }
+}
+
+/// A histogram readable in-process: counts per power-of-two bucket of
+/// microseconds (bucket `i` holds durations up to `2^i` µs, the last one
+/// everything longer). Readers diff two snapshots for a recent percentile.
+#[derive(Debug, Default)]
+pub struct LocalHistogram {
+    buckets: [AtomicU64; LocalHistogram::BUCKETS],
+}
+
+impl LocalHistogram {
+    /// Up to 2^26 µs (67 s) in buckets of their own.
+    pub const BUCKETS: usize = 28;
+
+    pub fn record(&self, elapsed: Duration) {
+        let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+        let index = (u64::BITS - micros.saturating_sub(1).leading_zeros()) as usize;
+        self.buckets[index.min(Self::BUCKETS - 1)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Count per bucket, in bucket order.
+    pub fn counts(&self) -> Vec<u64> {
+        self.buckets
+            .iter()
+            .map(|bucket| bucket.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// The upper bound of bucket `index`, in microseconds (`None` for the
+    /// last, open one).
+    pub fn bound_micros(index: usize) -> Option<u64> {
+        (index < Self::BUCKETS - 1).then(|| 1u64 << index)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn given_durations_when_recorded_should_land_in_their_power_of_two_bucket() {
+        let histogram = LocalHistogram::default();
+        for micros in [0, 1, 2, 3, 4, 5, 1_000, u64::MAX] {
+            histogram.record(Duration::from_micros(micros));
+        }
+        let counts = histogram.counts();
+        // 0 and 1 µs: bucket 0 (≤ 1); 2: ≤ 2; 3, 4: ≤ 4; 5: ≤ 8; 1000: ≤ 1024.
+        assert_eq!(&counts[..4], &[2, 1, 2, 1]);
+        assert_eq!(counts[10], 1);
+        assert_eq!(counts[LocalHistogram::BUCKETS - 1], 1);
+        assert_eq!(counts.iter().sum::<u64>(), 8);
+        assert_eq!(LocalHistogram::bound_micros(10), Some(1024));
+        assert_eq!(
+            LocalHistogram::bound_micros(LocalHistogram::BUCKETS - 1),
+            None
+        );
     }
 }

@@ -14,6 +14,7 @@ mod api;
 mod api_in_process;
 mod cli;
 mod clickhouse_sink;
+mod dashboards;
 mod delta_sink;
 mod dlq_cli;
 mod docs;

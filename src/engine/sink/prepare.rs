@@ -30,6 +30,12 @@ impl TopicLoop<'_> {
         let last_offset = batch.last_offset()?;
         let consumed = batch.messages.len();
         self.pipeline.metrics.consumed.add(consumed as u64);
+        let bytes = batch
+            .messages
+            .iter()
+            .map(|message| message.payload.len())
+            .sum::<usize>();
+        self.pipeline.metrics.bytes.add(bytes as u64);
         let mut dead = Vec::new();
         let (messages, rejected) = self.prepare(topic, schema, batch.messages, &mut dead);
         (self.pipeline.tap).sink_messages(TapStage::In, topic, messages.iter());

@@ -435,6 +435,11 @@ impl SourcePipeline {
             sent[index] = true;
             if stage == ErrorStage::Send {
                 self.metrics.sent.add(messages.len() as u64);
+                let bytes = messages
+                    .iter()
+                    .map(|message| message.payload.len())
+                    .sum::<usize>();
+                self.metrics.bytes.add(bytes as u64);
                 let topic = self.routes.get(index).map(|route| &route.topic);
                 self.tap.outgoing(TapStage::Out, topic, messages);
             } else {

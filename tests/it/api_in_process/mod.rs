@@ -12,6 +12,7 @@ mod prometheus_metrics;
 mod redaction;
 mod server;
 mod tap;
+mod ui;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
