@@ -16,6 +16,7 @@ use crate::config::{ConnectorConfig, KindConfig, SinkStream, SourceStream};
 use crate::connectors::record_check::RecordCheck;
 use crate::connectors::{ConnectorError, ConnectorKind, RetrySettings, Sink, Source};
 use crate::engine::backoff::Backoff;
+use crate::engine::lag::{LagSampler, SOURCE_LAG_INTERVAL};
 use crate::engine::retry::{Attempt, Until, retry};
 use crate::engine::sink::{SinkContext, SinkPipeline, TopicReader};
 use crate::engine::source::{Route, SourcePipeline};
@@ -79,6 +80,9 @@ impl Runtime {
                 return Err(error);
             }
         };
+        let lag_sampler = source.lag_probe().map(|probe| {
+            LagSampler::start(&config.key, probe, slot.lag.clone(), SOURCE_LAG_INTERVAL)
+        });
         Ok(SourcePipeline {
             key: config.key.clone(),
             connector: config.connector.clone(),
@@ -96,6 +100,7 @@ impl Runtime {
             max_in_flight,
             verbose: config.verbose,
             benchmark: config.benchmark,
+            lag_sampler,
         })
     }
 
@@ -292,6 +297,7 @@ impl Runtime {
                     poll_interval: stream.poll_interval,
                     connector_key: config.key.clone(),
                     degraded: slot.degraded.clone(),
+                    lag: slot.lag.clone(),
                 };
                 let consumer = self
                     .connect(slot, shutdown, || self.bus.consumer(&spec))
