@@ -7,7 +7,7 @@
 //! below, and no two files import each other, directly or around a circle
 //! (`tests/it/layers.rs` checks both). `a::*` is every module under `a` not
 //! listed itself.
-//! 1. `message`, `delivery`, `clock`, `sync`
+//! 1. `message`, `delivery`, `clock`, `sync`, `lag`
 //! 2. `codec`, `transforms`, `connectors`, `connectors::entry`, `connectors::kit::backoff`
 //! 3. `connectors::registry`
 //! 4. `config`
@@ -26,6 +26,7 @@ pub mod connectors;
 pub mod delivery;
 pub mod engine;
 pub mod iggy;
+pub mod lag;
 pub mod logging;
 pub mod message;
 pub mod state;

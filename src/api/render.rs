@@ -34,6 +34,7 @@ pub fn info(id: usize, view: &ConnectorView) -> Value {
         "degraded": view.degraded.as_ref().map(|reason| {
             redact::mask_text(reason).unwrap_or_else(|| reason.clone())
         }),
+        "lag": view.lag,
     })
 }
 

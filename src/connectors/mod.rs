@@ -24,6 +24,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::de::DeserializeOwned;
 
+use crate::lag::SourceLag;
 use crate::message::{SinkMessage, SourceRecord, TopicRef};
 
 pub use entry::{BuildError, ConnectorKind, SinkEntry, SourceEntry, schema_of};
@@ -95,9 +96,26 @@ pub trait Source: Send + Sync {
     /// Tells the source which instance it runs as; called once, before `open`.
     fn attach(&mut self, _context: ConnectorContext) {}
 
+    /// How to measure how far this source is behind its backend, for a
+    /// source whose backend can say it cheaply (a replication slot's
+    /// position, a consumer's committed offsets). Asked once after `open`;
+    /// the engine measures every few seconds in a task of its own, so the
+    /// probe holds its own handle to the backend (a pool, a shared client).
+    fn lag_probe(&self) -> Option<Arc<dyn LagProbe>> {
+        None
+    }
+
     /// Releases resources. Called once, whether the source stopped normally or
     /// not; a batch that was polled but not committed must not be applied.
     async fn close(&mut self) -> Result<(), ConnectorError>;
+}
+
+/// Measures a source's lag; see [`Source::lag_probe`].
+#[async_trait]
+pub trait LagProbe: Send + Sync {
+    /// One measurement, with one or two cheap requests to the backend. An
+    /// error keeps the previous measurement.
+    async fn measure(&self) -> Result<SourceLag, ConnectorError>;
 }
 
 /// A sink writes batches of decoded messages to an external system.

@@ -12,6 +12,7 @@
 pub mod backoff;
 pub mod dead_letter;
 mod deferral;
+pub mod lag;
 pub mod metrics;
 pub mod offsets;
 pub mod retry;

@@ -55,6 +55,7 @@ pub async fn reset(
             poll_interval: std::time::Duration::from_millis(100),
             connector_key: config.key.clone(),
             degraded: Degraded::default(),
+            lag: Default::default(),
         };
         let partitions =
             bus.reset_offsets(&spec, to)

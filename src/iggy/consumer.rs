@@ -14,7 +14,11 @@
 //! topic is read back to back.
 //!
 //! A watcher task beside the consumer measures the group's lag (messages past
-//! its stored offsets, per partition, exported as `iggy_connector_lag`). When
+//! its stored offsets, per partition, exported as `iggy_connector_lag`, and
+//! the age of the first of them, read with a one-message peek by a
+//! standalone consumer that stores nothing, as
+//! `iggy_connector_lag_oldest_age_seconds`) into the sink's
+//! [`LagCell`](crate::lag::LagCell) for the status answer. When
 //! there is lag and no offset was stored for the stall timeout, the sink is
 //! reported degraded. If the consumer's own polls come back empty meanwhile,
 //! the lag sits on partitions other members hold without committing: after a
@@ -41,13 +45,15 @@ use iggy::prelude::{
     Client, Consumer as IggyConsumerId, ConsumerGroupClient, ConsumerOffsetClient, Identifier,
     IggyClient, IggyError, IggyTimestamp, MessageClient, PollingStrategy, TopicClient,
 };
+use metrics::Label;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use crate::clock::now_micros;
 use crate::connectors::Degraded;
-
 use crate::iggy::headers;
 use crate::iggy::{BusError, ConsumedBatch, Consumer, ConsumerSpec, OffsetMove, OffsetReset};
+use crate::lag::{LagCell, PartitionLag};
 use crate::message::ConsumedMessage;
 
 /// How long after joining again the group's stored offsets may stand still
@@ -144,6 +150,7 @@ impl IggyBusConsumer {
             ],
             name: name.clone(),
             degraded: spec.degraded.clone(),
+            lag: spec.lag.clone(),
             progress: Arc::clone(&progress),
             stall_timeout,
             request_timeout,
@@ -603,9 +610,18 @@ struct Watcher {
     labels: [String; 3],
     name: String,
     degraded: Degraded,
+    lag: LagCell,
     progress: Arc<Progress>,
     stall_timeout: Duration,
     request_timeout: Duration,
+}
+
+/// One partition's measurement.
+struct Measured {
+    partition_id: u32,
+    messages: u64,
+    /// The server's append time of the first message past the stored offset.
+    oldest_micros: Option<u64>,
 }
 
 impl Watcher {
@@ -620,17 +636,11 @@ impl Watcher {
             let Ok(lags) = self.lags().await else {
                 continue;
             };
-            let [key, stream, topic] = &self.labels;
-            for &(partition_id, lag) in &lags {
-                metrics::gauge!(
-                    "iggy_connector_lag",
-                    "connector_key" => key.clone(),
-                    "stream" => stream.clone(),
-                    "topic" => topic.clone(),
-                    "partition" => partition_id.to_string(),
-                )
-                .set(lag as f64);
-            }
+            self.publish(&lags);
+            let lags: Vec<(u32, u64)> = lags
+                .iter()
+                .map(|measured| (measured.partition_id, measured.messages))
+                .collect();
             let total: u64 = lags.iter().map(|(_, lag)| lag).sum();
             let idle = self.progress.idle();
             if total > 0 && idle >= self.stall_timeout {
@@ -662,36 +672,98 @@ impl Watcher {
         }
     }
 
-    /// Messages past the group's stored offset, per partition.
-    async fn lags(&self) -> Result<Vec<(u32, u64)>, BusError> {
+    /// Exports a measurement as gauges and into the sink's lag cell.
+    fn publish(&self, lags: &[Measured]) {
+        let [key, stream, topic] = &self.labels;
+        let now = now_micros();
+        let mut partitions = Vec::with_capacity(lags.len());
+        for measured in lags {
+            let labels = [
+                Label::new("connector_key", key.clone()),
+                Label::new("stream", stream.clone()),
+                Label::new("topic", topic.clone()),
+                Label::new("partition", measured.partition_id.to_string()),
+            ];
+            let age_micros = measured
+                .oldest_micros
+                .map(|micros| now.saturating_sub(micros));
+            metrics::gauge!("iggy_connector_lag", labels.iter()).set(measured.messages as f64);
+            metrics::gauge!("iggy_connector_lag_oldest_age_seconds", labels.iter())
+                .set(age_micros.map_or(0.0, |micros| micros as f64 / 1e6));
+            partitions.push(PartitionLag {
+                stream: stream.clone(),
+                topic: topic.clone(),
+                partition: measured.partition_id,
+                messages: measured.messages,
+                oldest_age_ms: age_micros.map(|micros| micros / 1000),
+            });
+        }
+        self.lag.set_topic(stream, topic, partitions);
+    }
+
+    /// Messages past the group's stored offset, per partition, and when the
+    /// first of them was appended.
+    async fn lags(&self) -> Result<Vec<Measured>, BusError> {
         let timeout = self.request_timeout;
         let mut lags = Vec::new();
         for (partition_id, end) in
             partitions(&self.client, &self.stream, &self.topic, timeout).await?
         {
-            let lag = match end {
-                None => 0,
-                Some(current) => {
-                    let stored = stored_offset(
-                        &self.client,
-                        &self.consumer,
-                        &self.stream,
-                        &self.topic,
-                        partition_id,
-                        timeout,
-                    )
-                    .await?;
-                    match stored {
-                        Some(stored) => current.saturating_sub(stored),
-                        None => current + 1,
-                    }
-                }
+            let mut measured = Measured {
+                partition_id,
+                messages: 0,
+                oldest_micros: None,
             };
-            lags.push((partition_id, lag));
+            if let Some(current) = end {
+                let stored = stored_offset(
+                    &self.client,
+                    &self.consumer,
+                    &self.stream,
+                    &self.topic,
+                    partition_id,
+                    timeout,
+                )
+                .await?;
+                let first_waiting = stored.map_or(0, |stored| stored + 1);
+                measured.messages = (current + 1).saturating_sub(first_waiting);
+                if measured.messages > 0 {
+                    measured.oldest_micros = self.appended_at(partition_id, first_waiting).await;
+                }
+            }
+            lags.push(measured);
         }
         Ok(lags)
     }
+
+    /// When the message at `offset` was appended, read by a standalone
+    /// consumer that stores nothing (a group's poll would count as the
+    /// member's). `None` when it cannot be read now.
+    async fn appended_at(&self, partition_id: u32, offset: u64) -> Option<u64> {
+        let peeker = IggyConsumerId::new(Identifier::named(LAG_PEEKER).ok()?);
+        let polled = tokio::time::timeout(
+            self.request_timeout,
+            self.client.poll_messages(
+                &self.stream,
+                &self.topic,
+                Some(partition_id),
+                &peeker,
+                &PollingStrategy::offset(offset),
+                1,
+                false,
+            ),
+        )
+        .await
+        .ok()?
+        .ok()?;
+        polled
+            .messages
+            .first()
+            .map(|message| message.header.timestamp)
+    }
 }
+
+/// The standalone consumer the watcher peeks with; it never stores an offset.
+const LAG_PEEKER: &str = "iggy-connect-lag";
 
 /// Every partition of the topic with its last offset (`None` when empty).
 async fn partitions(

@@ -570,6 +570,7 @@ mod tests {
                 poll_interval: Duration::from_millis(1),
                 connector_key: "k".into(),
                 degraded: Default::default(),
+                lag: Default::default(),
             })
             .await
             .unwrap();

@@ -16,6 +16,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::connectors::Degraded;
+use crate::lag::LagCell;
 use crate::message::{ConsumedMessage, OutgoingMessage};
 
 pub use bus::IggyBus;
@@ -183,6 +184,8 @@ pub struct ConsumerSpec {
     /// stall timeout) is reported through its degraded flag.
     pub connector_key: String,
     pub degraded: Degraded,
+    /// Where the consumer's watcher leaves the lag it measures.
+    pub lag: LagCell,
 }
 
 /// Messages of one partition, in offset order.

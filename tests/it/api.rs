@@ -751,6 +751,30 @@ async fn health_names_a_sink_that_stores_no_offsets_while_messages_wait_and_metr
         &[("partition", "0"), ("topic", topic.as_str())],
     );
     assert_eq!(lag, Some(50.0), "{text}");
+    let age = sample(
+        &parse_metrics(&text),
+        "iggy_connector_lag_oldest_age_seconds",
+        &sink,
+        &[("partition", "0"), ("topic", topic.as_str())],
+    );
+    assert!(age.is_some_and(|age| age > 0.0), "{text}");
+    // The status answer carries the same measurement.
+    let status_lag = &details["lag"];
+    assert_eq!(status_lag["messages"], 50, "{details}");
+    assert!(
+        status_lag["oldest_age_ms"].as_u64().unwrap() > 0,
+        "{details}"
+    );
+    assert_eq!(
+        status_lag["partitions"],
+        json!([{
+            "stream": "api", "topic": topic, "partition": 0, "messages": 50,
+            "oldest_age_ms": status_lag["partitions"][0]["oldest_age_ms"],
+        }]),
+        "{details}"
+    );
+    let (_, list) = connect.get("/sinks").await;
+    assert_eq!(list[0]["lag"]["messages"], 50, "{list}");
 
     std::fs::remove_file(&fail).unwrap();
     connect
@@ -768,6 +792,23 @@ async fn health_names_a_sink_that_stores_no_offsets_while_messages_wait_and_metr
                 &sink,
                 &[("partition", "0")],
             ) == Some(0.0)
+        })
+        .await;
+    connect
+        .wait_for("the oldest message's age to drop to 0", async |connect| {
+            let (_, text) = connect.text("/metrics").await;
+            sample(
+                &parse_metrics(&text),
+                "iggy_connector_lag_oldest_age_seconds",
+                &sink,
+                &[("partition", "0")],
+            ) == Some(0.0)
+        })
+        .await;
+    connect
+        .wait_for("the status answer's lag to drop to 0", async |connect| {
+            let lag = connect.get(&format!("/sinks/{sink}")).await.1["lag"].clone();
+            lag["messages"] == 0 && lag["oldest_age_ms"].is_null()
         })
         .await;
 }

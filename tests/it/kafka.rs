@@ -217,6 +217,54 @@ async fn while_iggy_refuses_sends_no_offset_is_committed_and_everything_arrives_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_source_reports_the_records_its_group_has_not_committed_as_lag_until_they_are() {
+    const RECORDS: u64 = 20;
+    let (broker, iggy) = (KafkaBroker::start(), IggyTestServer::start());
+    let (topic, group) = (unique("in"), unique("group"));
+    create_topic(&broker.bootstrap(), &topic, 2).await;
+    // One record per produce request: tansu's high watermark is wrong after
+    // a batch of several.
+    for n in 0..RECORDS {
+        produce(&broker.bootstrap(), &topic, None, bodies(n..n + 1)).await;
+    }
+    iggy.create_topic("orders", "created", 1);
+    iggy.faults().refuse_sends_until_cleared();
+    let state = tempfile::tempdir().unwrap();
+    let runtime = runtime(&iggy, state.path());
+    let config = source_config("lagging", &broker.bootstrap(), &topic, &group, "created");
+    runtime.add(connector(&config)).unwrap();
+    runtime.start_enabled().await;
+    let lag = || {
+        runtime
+            .view(ConnectorKind::Source, "lagging")
+            .ok()
+            .and_then(|view| view.lag)
+    };
+    eventually_or(
+        "every record reported as lag",
+        LONG,
+        async || lag().is_some_and(|lag| lag.messages == Some(RECORDS)),
+        || format!("{:?}", lag()),
+    )
+    .await;
+    let measured = lag().unwrap();
+    assert_eq!((measured.bytes, measured.partitions.len()), (None, 0));
+    iggy.faults().clear();
+    wait_for("every record in Iggy", LONG, || {
+        covers(&in_iggy(&iggy, "created"), 0..RECORDS)
+    })
+    .await;
+    eventually_or(
+        "the lag to drop to 0 once committed",
+        LONG,
+        async || lag().is_some_and(|lag| lag.messages == Some(0)),
+        || format!("{:?}", lag()),
+    )
+    .await;
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_runtimes_sharing_a_group_split_the_partitions_and_together_deliver_everything() {
     let (broker, iggy) = (KafkaBroker::start(), IggyTestServer::start());
     let (topic, group) = (unique("in"), unique("group"));

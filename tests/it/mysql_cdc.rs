@@ -331,6 +331,64 @@ async fn refused_sends_keep_the_saved_position_and_the_changes_come_once_accepte
 }
 
 #[tokio::test]
+async fn the_binlog_past_the_committed_position_is_reported_as_lag_until_delivered() {
+    let url = create_database("cdc_lag").await;
+    let pool = connect(&url).await;
+    execute(
+        &pool,
+        "CREATE TABLE items (id BIGINT PRIMARY KEY, name TEXT)",
+    )
+    .await;
+    let key = unique("cdc_lag");
+    let bus = MemoryBus::new();
+    let pipeline = Pipeline::start(
+        &key,
+        &cdc_config(&url, &["items"], "snapshot = \"never\""),
+        bus.clone(),
+        memory_state(),
+    )
+    .await;
+    wait_for("the start position saved", WAIT, || async {
+        pipeline.saved().await.is_some()
+    })
+    .await;
+    bus.refuse_sends(u32::MAX);
+    let before = binlog_position(&pool).await;
+    execute(
+        &pool,
+        "INSERT INTO items SELECT seq, repeat('x', 1000) FROM seq_1_to_3000",
+    )
+    .await;
+    let written = binlog_position(&pool).await - before;
+    let lag_bytes = || pipeline.view().lag.and_then(|lag| lag.bytes);
+    wait_for("the insert's binlog reported as lag", WAIT, || async {
+        lag_bytes().is_some_and(|bytes| bytes >= written)
+    })
+    .await;
+    let lag = pipeline.view().lag.unwrap();
+    assert_eq!((lag.messages, lag.partitions.len()), (None, 0));
+    bus.refuse_sends(0);
+    pipeline.wait_for_count(3000).await;
+    // Other tests write to the binlog too: what stays is far less.
+    wait_for("the lag to drop once delivered", WAIT, || async {
+        lag_bytes().is_some_and(|bytes| bytes < written / 2)
+    })
+    .await;
+    pipeline.runtime.shutdown().await;
+}
+
+/// The server's binlog position (within one file: the test writes far less
+/// than a file holds).
+async fn binlog_position(pool: &sqlx::MySqlPool) -> u64 {
+    use sqlx::Row;
+    let row = sqlx::raw_sql(sqlx::AssertSqlSafe("SHOW MASTER STATUS"))
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    row.try_get(1).unwrap()
+}
+
+#[tokio::test]
 async fn a_restart_resumes_from_the_saved_position_without_loss_or_repeats() {
     let url = create_database("cdc_restart").await;
     let pool = connect(&url).await;

@@ -271,6 +271,65 @@ async fn refused_sends_leave_the_slot_where_it_was_and_the_changes_come_once_acc
 }
 
 #[tokio::test]
+async fn the_wal_past_the_slots_confirmed_position_is_reported_as_lag_until_delivered() {
+    let pool = connect(&database_url()).await;
+    let table = unique("cdc_lag");
+    execute(
+        &pool,
+        &format!("CREATE TABLE {table} (id BIGINT PRIMARY KEY, name TEXT)"),
+    )
+    .await;
+    let key = unique("cdc_lag");
+    let slot = slot_of(&key);
+    let bus = MemoryBus::new();
+    bus.refuse_sends(u32::MAX);
+    let pipeline = Pipeline::start_cdc(
+        &key,
+        &cdc_config(&[&table], "snapshot = \"never\""),
+        bus,
+        Arc::new(MemoryStateStore::new()),
+    )
+    .await;
+    wait_for("the slot", WAIT, || async {
+        confirmed_flush(&pool, &slot).await.is_some()
+    })
+    .await;
+    let before = current_wal(&pool).await;
+    execute(
+        &pool,
+        &format!(
+            "INSERT INTO {table} SELECT n, repeat('x', 1000) FROM generate_series(1, 5000) AS n"
+        ),
+    )
+    .await;
+    let written = current_wal(&pool).await - before;
+    let lag_bytes = || pipeline.view().lag.and_then(|lag| lag.bytes);
+    wait_for("the insert's WAL reported as lag", WAIT, || async {
+        lag_bytes().is_some_and(|bytes| bytes >= written)
+    })
+    .await;
+    let lag = pipeline.view().lag.unwrap();
+    assert_eq!((lag.messages, lag.partitions.len()), (None, 0));
+    pipeline.bus.refuse_sends(0);
+    pipeline.wait_for_count(5000).await;
+    // Other tests write WAL too: what stays is far less than the insert.
+    wait_for("the lag to drop once delivered", WAIT, || async {
+        lag_bytes().is_some_and(|bytes| bytes < written / 2)
+    })
+    .await;
+    pipeline.runtime.shutdown().await;
+    drop_slot(&pool, &slot).await;
+}
+
+async fn current_wal(pool: &PgPool) -> u64 {
+    let text: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    iggy_connect::connectors::postgres::source::parse_lsn(&text).unwrap()
+}
+
+#[tokio::test]
 async fn a_restart_resumes_from_the_saved_position_without_loss_or_repeats() {
     let pool = connect(&database_url()).await;
     let table = unique("cdc_restart");

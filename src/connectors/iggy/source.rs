@@ -323,6 +323,7 @@ impl IggySource {
             poll_interval: self.config.poll_interval,
             connector_key: self.context.key.clone(),
             degraded: self.context.degraded.clone(),
+            lag: Default::default(),
         }
     }
 }

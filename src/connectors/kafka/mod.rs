@@ -4,6 +4,8 @@
 //! answers at open, and how librdkafka's error codes map onto the delivery
 //! contract.
 
+#[cfg(feature = "kafka-source")]
+mod lag;
 #[cfg(feature = "kafka-sink")]
 pub mod sink;
 #[cfg(feature = "kafka-source")]

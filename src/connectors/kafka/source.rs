@@ -35,11 +35,12 @@ use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
+use crate::connectors::kafka::lag::ConsumerLag;
 use crate::connectors::kafka::{Logging, blocking, classify, client_fields, is_fatal};
 use crate::connectors::kit::row_id::hash_id;
 use crate::connectors::{
-    ConnectorContext, ConnectorError, PluginConfigError, Source, SourceBatch, SourceEntry,
-    decode_state, encode_state, parse_plugin_config, schema_of,
+    ConnectorContext, ConnectorError, LagProbe, PluginConfigError, Source, SourceBatch,
+    SourceEntry, decode_state, encode_state, parse_plugin_config, schema_of,
 };
 use crate::message::{HeaderValue, Headers, Payload, SourceRecord};
 
@@ -544,6 +545,14 @@ impl Source for KafkaSource {
 
     fn max_in_flight(&self) -> usize {
         MAX_IN_FLIGHT
+    }
+
+    fn lag_probe(&self) -> Option<Arc<dyn LagProbe>> {
+        Some(Arc::new(ConsumerLag {
+            consumer: self.consumer.clone()?,
+            grouped: self.grouped(),
+            timeout: self.config.open_timeout,
+        }))
     }
 
     async fn close(&mut self) -> Result<(), ConnectorError> {

@@ -160,6 +160,7 @@ impl Runtime {
             metrics: Arc::new(ConnectorMetrics::new(&config.key, config.kind)),
             tap: Arc::default(),
             degraded: Degraded::default(),
+            lag: Default::default(),
             reload_refusal: Mutex::new(None),
             config: RwLock::new(Arc::new(config)),
             task: tokio::sync::Mutex::new(None),

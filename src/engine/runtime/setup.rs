@@ -17,6 +17,7 @@ use crate::connectors::record_check::RecordCheck;
 use crate::connectors::{ConnectorError, ConnectorKind, RetrySettings, Sink, Source};
 use crate::delivery::OnError;
 use crate::engine::backoff::Backoff;
+use crate::engine::lag::{LagSampler, SOURCE_LAG_INTERVAL};
 use crate::engine::retry::{Attempt, Until, retry};
 use crate::engine::sink::{SinkContext, SinkPipeline, TopicReader};
 use crate::engine::source::{Route, SourcePipeline};
@@ -82,6 +83,9 @@ impl Runtime {
                 return Err(error);
             }
         };
+        let lag_sampler = source.lag_probe().map(|probe| {
+            LagSampler::start(&config.key, probe, slot.lag.clone(), SOURCE_LAG_INTERVAL)
+        });
         Ok(SourcePipeline {
             key: config.key.clone(),
             connector: config.connector.clone(),
@@ -100,6 +104,7 @@ impl Runtime {
             max_in_flight_bytes,
             verbose: config.verbose,
             benchmark: config.benchmark,
+            lag_sampler,
         })
     }
 
@@ -320,6 +325,7 @@ impl Runtime {
                     poll_interval: stream.poll_interval,
                     connector_key: config.key.clone(),
                     degraded: slot.degraded.clone(),
+                    lag: slot.lag.clone(),
                 };
                 let consumer = self
                     .connect(slot, shutdown, || self.bus.consumer(&spec))

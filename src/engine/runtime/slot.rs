@@ -18,6 +18,7 @@ use crate::engine::metrics::ConnectorMetrics;
 use crate::engine::source::Ended;
 use crate::engine::status::{StatusCell, StatusSnapshot, StopReason};
 use crate::engine::tap::Tap;
+use crate::lag::{Lag, LagCell};
 use crate::message::TopicRef;
 
 /// One configured connector, running or not.
@@ -31,6 +32,8 @@ pub(super) struct Slot {
     pub(super) tap: Arc<Tap>,
     /// Set by the running connector while it cannot make progress.
     pub(super) degraded: Degraded,
+    /// How far behind it is, as last measured.
+    pub(super) lag: LagCell,
     /// Why the last reload kept this connector at its running version.
     pub(super) reload_refusal: std::sync::Mutex<Option<String>>,
     pub(super) task: tokio::sync::Mutex<Option<Task>>,
@@ -50,6 +53,9 @@ pub struct ConnectorView {
     pub tap: Arc<Tap>,
     /// Why the running connector says it is degraded, if it does.
     pub degraded: Option<String>,
+    /// How far behind it is, as last measured (kept after a stop); `None`
+    /// when it cannot say or has not been measured yet.
+    pub lag: Option<Lag>,
 }
 
 impl Runtime {
@@ -62,6 +68,7 @@ impl Runtime {
             return;
         }
         slot.status.set_starting();
+        slot.lag.clear();
         let shutdown = Shutdown::new(CancellationToken::new(), self.options.shutdown_timeout);
         let runtime = self.clone();
         let running_slot = slot.clone();
@@ -160,6 +167,7 @@ impl Slot {
             metrics: self.metrics.clone(),
             tap: self.tap.clone(),
             degraded: self.degraded.reason().or_else(|| self.reload_refusal()),
+            lag: self.lag.get(),
         }
     }
 

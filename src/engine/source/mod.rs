@@ -18,6 +18,7 @@ use crate::codec::Schema;
 use crate::connectors::{BatchPolicy, ConnectorError, ConnectorKind, Source, SourceBatch};
 use crate::engine::backoff::Backoff;
 use crate::engine::dead_letter::ErrorClass;
+use crate::engine::lag::LagSampler;
 use crate::engine::metrics::{ConnectorMetrics, ErrorStage, Stage};
 use crate::engine::retry::{Attempt, Failure, Until, retry};
 use crate::engine::status::{StatusCell, StopReason};
@@ -67,6 +68,8 @@ pub struct SourcePipeline {
     pub verbose: bool,
     /// Emit upstream's per-batch `benchmark` event.
     pub benchmark: bool,
+    /// Measures the source's lag while it runs; stopped before `close`.
+    pub lag_sampler: Option<LagSampler>,
 }
 
 /// How the batch loop ended.
@@ -135,6 +138,8 @@ impl SourcePipeline {
         self.status.set_running();
         info!(connector_key = %self.key, connector = %self.connector, "source running");
         let ended = self.run_batches().await;
+        // The probe may hold the source's client: it goes first.
+        drop(self.lag_sampler.take());
         match catch_panic(self.source.close()).await {
             Ok(Ok(())) => {}
             Ok(Err(error)) => warn!(connector_key = %self.key, %error, "source close failed"),

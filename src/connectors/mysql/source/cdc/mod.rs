@@ -21,10 +21,11 @@
 //!   snapshot rows a hash of the table and key; both the same on a re-read.
 
 mod binlog;
+mod lag;
 mod render;
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -43,7 +44,7 @@ use crate::connectors::mysql::{
     connect_options, describe, is_transient, lazy_pool, quote_identifier, with_connect_cause,
 };
 use crate::connectors::{
-    ConnectorContext, ConnectorError, Source, SourceBatch, decode_state, encode_state,
+    ConnectorContext, ConnectorError, LagProbe, Source, SourceBatch, decode_state, encode_state,
 };
 use crate::message::SourceRecord;
 use binlog::{CapturedTable, Position, ReadError, Reader, Txn};
@@ -134,7 +135,8 @@ pub struct CdcSource {
     reader: tokio::sync::Mutex<Option<Reader>>,
     /// Transactions taken from the reader and not yet in a batch.
     pending: Mutex<VecDeque<Txn>>,
-    committed: Mutex<CdcState>,
+    /// Shared with the lag probe.
+    committed: Arc<Mutex<CdcState>>,
     /// The state of the batch polled and not yet committed (one at a time).
     staged: Mutex<Option<CdcState>>,
 }
@@ -158,7 +160,7 @@ impl CdcSource {
             snapshot: tokio::sync::Mutex::new(None),
             reader: tokio::sync::Mutex::new(None),
             pending: Mutex::new(VecDeque::new()),
-            committed: Mutex::new(CdcState::default()),
+            committed: Arc::new(Mutex::new(CdcState::default())),
             staged: Mutex::new(None),
         }
     }
@@ -308,27 +310,7 @@ impl CdcSource {
     /// The server's current binlog position (where a capture without a
     /// snapshot starts).
     async fn current_position(&self) -> Result<Position, CdcError> {
-        let pool = self.pool()?;
-        let mut last_error = None;
-        // `SHOW BINARY LOG STATUS` on MySQL 8.4 and later.
-        for statement in ["SHOW MASTER STATUS", "SHOW BINARY LOG STATUS"] {
-            match sqlx::raw_sql(AssertSqlSafe(statement))
-                .fetch_optional(pool)
-                .await
-            {
-                Ok(Some(row)) => return position_of(&row),
-                Ok(None) => {
-                    return Err(CdcError::Server(
-                        "SHOW MASTER STATUS returned nothing: the binary log is off".into(),
-                    ));
-                }
-                Err(error) => last_error = Some(error),
-            }
-        }
-        Err(CdcError::Database {
-            what: "reading the binlog position".into(),
-            source: last_error.unwrap_or(sqlx::Error::RowNotFound),
-        })
+        server_position(self.pool()?).await
     }
 
     /// Starts the snapshot transaction and returns its binlog coordinates.
@@ -605,6 +587,13 @@ impl Source for CdcSource {
         self.key = context.key;
     }
 
+    fn lag_probe(&self) -> Option<Arc<dyn LagProbe>> {
+        Some(Arc::new(lag::BinlogLag {
+            pool: self.pool.clone()?,
+            committed: self.committed.clone(),
+        }))
+    }
+
     async fn open(&mut self, state: Option<&[u8]>) -> Result<(), ConnectorError> {
         if let Some(bytes) = state {
             let restored: CdcState = decode_state(bytes)?;
@@ -764,6 +753,30 @@ fn text_at(row: &MySqlRow, index: usize) -> Result<String, sqlx::Error> {
     }
     let bytes = <&[u8] as sqlx::Decode<MySql>>::decode(value).map_err(sqlx::Error::Decode)?;
     Ok(String::from_utf8_lossy(bytes).into_owned())
+}
+
+/// The server's current binlog position.
+async fn server_position(pool: &MySqlPool) -> Result<Position, CdcError> {
+    let mut last_error = None;
+    // `SHOW BINARY LOG STATUS` on MySQL 8.4 and later.
+    for statement in ["SHOW MASTER STATUS", "SHOW BINARY LOG STATUS"] {
+        match sqlx::raw_sql(AssertSqlSafe(statement))
+            .fetch_optional(pool)
+            .await
+        {
+            Ok(Some(row)) => return position_of(&row),
+            Ok(None) => {
+                return Err(CdcError::Server(
+                    "SHOW MASTER STATUS returned nothing: the binary log is off".into(),
+                ));
+            }
+            Err(error) => last_error = Some(error),
+        }
+    }
+    Err(CdcError::Database {
+        what: "reading the binlog position".into(),
+        source: last_error.unwrap_or(sqlx::Error::RowNotFound),
+    })
 }
 
 /// `File` and `Position` of a `SHOW MASTER STATUS` row.

@@ -25,13 +25,14 @@
 //!   LSN (delivered, slot not yet moved when the process died) are skipped,
 //!   so a restart duplicates nothing that was committed.
 
+mod lag;
 mod pgoutput;
 mod render;
 mod stream;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -48,7 +49,8 @@ use super::record::message_id;
 use crate::connectors::kit::cdc::RecordShape;
 use crate::connectors::postgres::{describe, is_transient, lazy_pool, with_connect_cause};
 use crate::connectors::{
-    ConnectorContext, ConnectorError, Degraded, Source, SourceBatch, decode_state, encode_state,
+    ConnectorContext, ConnectorError, Degraded, LagProbe, Source, SourceBatch, decode_state,
+    encode_state,
 };
 use crate::message::{Payload, SourceRecord};
 use pgoutput::{OldTuple, Relation};
@@ -918,6 +920,13 @@ impl Source for CdcSource {
     fn attach(&mut self, context: ConnectorContext) {
         self.key = context.key;
         self.degraded = context.degraded;
+    }
+
+    fn lag_probe(&self) -> Option<Arc<dyn LagProbe>> {
+        Some(Arc::new(lag::SlotLag {
+            pool: self.pool.clone()?,
+            slot: self.slot_name().ok()?,
+        }))
     }
 
     async fn open(&mut self, state: Option<&[u8]>) -> Result<(), ConnectorError> {
