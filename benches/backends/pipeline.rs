@@ -22,6 +22,9 @@
 //!   `vrl`: rename a field, parse a timestamp, set the message key);
 //! - `random_to_iggy_builtins`: `random_to_iggy` through `add_fields` +
 //!   `delete_fields` (the built-ins' nearest work, without the key);
+//! - `random_to_iggy_tapped`: `random_to_iggy` with a tap subscriber on its
+//!   `in` and `out` stages reading every frame (what `iggy-connect tap` costs;
+//!   untapped, a batch costs one atomic load);
 //! - `iggy_to_stdout`: the stdout sink draining a filled topic;
 //! - `random_iggy_stdout`: both connectors in one runtime, measured at the sink.
 //!
@@ -38,6 +41,7 @@ use iggy_connect::config::connector::parse_connector_file;
 use iggy_connect::config::env::EnvVars;
 use iggy_connect::connectors::ConnectorKind;
 use iggy_connect::engine::Runtime;
+use iggy_connect::engine::tap::TapStage;
 use iggy_connect::iggy::IggyBus;
 use iggy_connect::state::FileStateStore;
 
@@ -59,6 +63,7 @@ const CASES: &[&str] = &[
     #[cfg(feature = "vrl")]
     "random_to_iggy_remap",
     "random_to_iggy_builtins",
+    "random_to_iggy_tapped",
     "iggy_to_stdout",
     "random_iggy_stdout",
 ];
@@ -75,6 +80,8 @@ const REMAP: &str = r#"
         %key = .id
         '''
 "#;
+/// Not a transform: `random_to_iggy` subscribes to the tap when given this.
+const TAPPED: &str = "# tapped";
 /// The transforms of `random_to_iggy_builtins`.
 const BUILTINS: &str = r#"
         [transforms.add_fields]
@@ -112,6 +119,9 @@ async fn run(case: String) {
         }
         "random_to_iggy_builtins" => {
             random_to_iggy(case, &iggy, &stream, messages, BATCH, None, BUILTINS).await
+        }
+        "random_to_iggy_tapped" => {
+            random_to_iggy(case, &iggy, &stream, messages, BATCH, None, TAPPED).await
         }
         in_flight if in_flight.starts_with("random_to_iggy_in_flight_") => {
             let count = in_flight
@@ -197,6 +207,7 @@ async fn random_to_iggy(
             transforms,
         ))
         .expect("add source");
+    let taps = (transforms == TAPPED).then(|| tap_every_frame(&runtime));
     let started = Instant::now();
     runtime.start_enabled().await;
     runtime
@@ -227,9 +238,31 @@ async fn random_to_iggy(
         .concat(),
     }
     .print();
+    if let Some(taps) = taps {
+        taps.abort();
+    }
     runtime.shutdown().await;
     let client = iggy.settings().connect().await.expect("connect");
     raw::drop_stream(&client, stream).await;
+}
+
+/// Subscribes to the source's `in` and `out` taps and reads every frame
+/// until aborted.
+fn tap_every_frame(runtime: &Runtime) -> tokio::task::JoinHandle<()> {
+    let tap = runtime
+        .view(ConnectorKind::Source, "random")
+        .expect("source view")
+        .tap;
+    let mut subscriptions = [TapStage::In, TapStage::Out].map(|stage| tap.subscribe(stage));
+    tokio::spawn(async move {
+        let [first, second] = &mut subscriptions;
+        loop {
+            tokio::select! {
+                event = first.receiver.recv() => drop(event),
+                event = second.receiver.recv() => drop(event),
+            }
+        }
+    })
 }
 
 async fn iggy_to_stdout(case: &str, iggy: &Iggy, stream: &str, messages: u64) {

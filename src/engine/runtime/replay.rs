@@ -23,6 +23,7 @@ use crate::engine::sink::{SinkPipeline, TopicReader};
 use crate::engine::source::Ended;
 use crate::engine::status::StatusCell;
 use crate::iggy::{BusError, ConsumedBatch, Consumer, ProducerTarget};
+use crate::lag::LagCell;
 use crate::message::{ConsumedMessage, OutgoingMessage, TopicRef};
 
 impl Runtime {
@@ -203,6 +204,7 @@ fn replay_slot(runtime: &Runtime, config: &Arc<ConnectorConfig>) -> Result<Slot,
         metrics: real.metrics.clone(),
         tap: real.tap.clone(),
         degraded: Degraded::default(),
+        lag: LagCell::default(),
         reload_refusal: Mutex::new(None),
         task: tokio::sync::Mutex::new(None),
     })
