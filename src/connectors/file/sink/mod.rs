@@ -1,0 +1,184 @@
+//! `file` sink: appends messages to local files named by a path template
+//! (stream, topic, partition, date), as JSON lines or raw payloads, optionally
+//! compressed (each batch one gzip member or zstd frame), and fsyncs them
+//! before `write` answers `Ok`, so the engine commits only offsets whose
+//! messages are on disk.
+
+mod files;
+mod output;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Deserialize;
+
+use crate::connectors::kit::size::parse_size;
+use crate::connectors::{
+    ConnectorError, PluginConfigError, Sink, SinkEntry, SinkError, parse_plugin_config, schema_of,
+};
+use crate::message::{SinkMessage, TopicRef};
+
+use files::{Files, Rotation};
+use output::{Layout, Template};
+
+pub const ENTRY: SinkEntry = SinkEntry {
+    name: "file",
+    feature: "file-sink",
+    description: "appends messages to local files (JSON lines or raw, gzip/zstd), fsynced",
+    secret_fields: &[],
+    sample_config: "path = \"/tmp/iggy-connect/{stream}/{topic}/{partition}-{date}-{offset}.jsonl\"\nmax_file_size = \"64MiB\"\n",
+    config_schema: schema_of::<FileSinkConfig>,
+    build: |config| Ok(Box::new(FileSink::new(parse_plugin_config(config)?)?)),
+};
+inventory::submit!(ENTRY);
+
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FileSinkConfig {
+    /// The file each message goes to: `{stream}`, `{topic}`, `{partition}`,
+    /// `{date}` (`YYYY-MM-DD`) and `{hour}` (`HH`) of the message's Iggy
+    /// timestamp (UTC, so a replay picks the same file), and `{offset}`, the
+    /// offset of the file's first message (needed when files rotate).
+    /// Missing directories are created.
+    pub path: String,
+    /// `json_lines` (alias `jsonl`: one JSON object per line with `payload`
+    /// and, if enabled, the metadata and headers) or `raw` (each payload's
+    /// bytes followed by a newline).
+    #[serde(default)]
+    pub format: Format,
+    /// With `json_lines`: each line carries `offset`, `timestamp`, `stream`,
+    /// `topic` and `partition_id` beside `payload`.
+    #[serde(default = "default_true")]
+    pub include_metadata: bool,
+    /// With `json_lines`: each line carries the message's headers (if any).
+    #[serde(default = "default_true")]
+    pub include_headers: bool,
+    /// `none`, `gzip` or `zstd`. Each batch is one gzip member or zstd frame
+    /// appended to the file, so a file is a valid multi-member stream.
+    #[serde(default)]
+    pub compression: Compression,
+    /// Start a new file once the current one has reached this size on disk
+    /// (`"64MiB"`, `"500KB"`, bytes); checked before each batch, so a file
+    /// may exceed it by one batch. Needs `{offset}` in `path`. Unset: no
+    /// rotation by size.
+    #[serde(default)]
+    pub max_file_size: Option<String>,
+    /// Start a new file once the current one has been written to for this
+    /// long (by this process); `"0s"` (the default) never. Needs `{offset}`
+    /// in `path`.
+    #[serde(default, with = "crate::config::duration")]
+    #[schemars(with = "crate::config::duration::Text")]
+    pub rotate_interval: Duration,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Format {
+    #[default]
+    #[serde(alias = "jsonl")]
+    JsonLines,
+    Raw,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Compression {
+    #[default]
+    None,
+    Gzip,
+    Zstd,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+pub struct FileSink {
+    template: Template,
+    layout: Layout,
+    /// The open files, shared with the blocking threads that write them.
+    files: Arc<Mutex<Files>>,
+}
+
+impl FileSink {
+    pub fn new(config: FileSinkConfig) -> Result<Self, PluginConfigError> {
+        let template = Template::parse(&config.path)?;
+        let max_bytes = match &config.max_file_size {
+            Some(text) => match parse_size(text) {
+                Ok(0) => return Err(PluginConfigError::new("max_file_size", "must be above 0")),
+                Ok(bytes) => Some(bytes),
+                Err(message) => return Err(PluginConfigError::new("max_file_size", message)),
+            },
+            None => None,
+        };
+        let max_age = (!config.rotate_interval.is_zero()).then_some(config.rotate_interval);
+        if (max_bytes.is_some() || max_age.is_some()) && !template.has_offset() {
+            return Err(PluginConfigError::new(
+                "path",
+                "rotation (max_file_size, rotate_interval) needs {offset} in the path, so each new file has a name of its own",
+            ));
+        }
+        let layout = Layout {
+            format: config.format,
+            include_metadata: config.include_metadata,
+            include_headers: config.include_headers,
+        };
+        let rotation = Rotation { max_bytes, max_age };
+        Ok(Self {
+            template,
+            layout,
+            files: Arc::new(Mutex::new(Files::new(config.compression, rotation))),
+        })
+    }
+}
+
+#[async_trait]
+impl Sink for FileSink {
+    /// Creates the template's fixed directory: a path the process may not
+    /// write to is a config error, anything else (a full disk, a mount not
+    /// there yet) is worth retrying.
+    async fn open(&mut self) -> Result<(), ConnectorError> {
+        let directory = self.template.fixed_directory();
+        tokio::task::spawn_blocking(move || std::fs::create_dir_all(&directory))
+            .await
+            .map_err(ConnectorError::fatal)?
+            .map_err(|error| match files::classify(&error) {
+                files::Class::Fatal => ConnectorError::fatal(error),
+                files::Class::Transient => ConnectorError::transient(error),
+            })
+    }
+
+    fn accepts_json_bytes(&self) -> bool {
+        true
+    }
+
+    /// Appends the batch to its files and fsyncs them. On any error every
+    /// file touched is cut back to its length before the batch, so a retry
+    /// writes the batch once.
+    async fn write(&self, topic: &TopicRef, messages: &[SinkMessage]) -> Result<(), SinkError> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let chunks = output::chunks(&self.template, &self.layout, topic, messages);
+        let files = Arc::clone(&self.files);
+        tokio::task::spawn_blocking(move || files_lock(&files).append(chunks))
+            .await
+            .map_err(SinkError::fatal)?
+            .map_err(|error| match files::classify(&error) {
+                files::Class::Fatal => SinkError::fatal(error),
+                files::Class::Transient => SinkError::transient(error),
+            })
+    }
+
+    async fn close(&mut self) -> Result<(), ConnectorError> {
+        files_lock(&self.files).close_all();
+        Ok(())
+    }
+}
+
+fn files_lock(files: &Mutex<Files>) -> std::sync::MutexGuard<'_, Files> {
+    files
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
