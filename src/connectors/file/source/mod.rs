@@ -202,3 +202,6 @@ fn lock(tailer: &Mutex<Option<Tailer>>) -> std::sync::MutexGuard<'_, Option<Tail
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+#[cfg(test)]
+mod tests;

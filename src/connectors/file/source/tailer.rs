@@ -107,6 +107,8 @@ pub struct Tailer {
     refused: HashSet<PathBuf>,
     /// Which file the next batch starts with, so no file starves the rest.
     next_first: usize,
+    /// A file was found truncated since the last scan.
+    truncated: bool,
     buffer: Vec<u8>,
 }
 
@@ -165,6 +167,7 @@ impl Tailer {
             last_scan: None,
             refused: HashSet::new(),
             next_first: 0,
+            truncated: false,
             buffer: Vec::new(),
         }
     }
@@ -197,6 +200,10 @@ impl Tailer {
             self.files[index] = tracked;
         }
         self.next_first = self.next_first.wrapping_add(1);
+        if std::mem::take(&mut self.truncated) {
+            // Its copy is looked for before anything is let go.
+            self.scan();
+        }
         let rotate_wait = self.settings.rotate_wait;
         self.files.retain(|tracked| !tracked.finished(rotate_wait));
         records
@@ -362,6 +369,7 @@ impl Tailer {
             tracked.pending.clear();
             tracked.read_to = tracked.offset;
             tracked.missing_since.get_or_insert_with(Instant::now);
+            self.truncated = true;
             return Ok(());
         }
         if tracked.head.len() < self.settings.fingerprint_bytes
