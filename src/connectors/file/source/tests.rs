@@ -133,7 +133,7 @@ fn given_rotations_by_rename_and_copytruncate_and_a_restart_should_read_every_li
 
 #[test]
 fn given_a_multiline_start_pattern_should_join_continuation_lines_and_checkpoint_the_pending_record()
-{
+ {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("app.log");
     let waiting = settings(
@@ -141,7 +141,11 @@ fn given_a_multiline_start_pattern_should_join_continuation_lines_and_checkpoint
         json!({"multiline_start": "^ERROR|^INFO", "multiline_timeout": "1h"}),
     );
     let mut tailer = Tailer::new(waiting, None);
-    std::fs::write(&log, "INFO start\nERROR boom\n  at a()\n  at b()\nINFO next\n  more\n").unwrap();
+    std::fs::write(
+        &log,
+        "INFO start\nERROR boom\n  at a()\n  at b()\nINFO next\n  more\n",
+    )
+    .unwrap();
     let read = drain(&mut tailer);
     assert_eq!(read, ["INFO start", "ERROR boom\n  at a()\n  at b()"]);
     // The pending record is not in the checkpoint: a restart reads it again.
@@ -160,8 +164,7 @@ fn given_a_multiline_start_pattern_should_join_continuation_lines_and_checkpoint
 #[test]
 fn given_a_gzip_file_should_read_it_whole_once_across_a_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let mut encoder =
-        flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     for line in expected(0..50) {
         writeln!(encoder, "{line}").unwrap();
     }
@@ -175,7 +178,10 @@ fn given_a_gzip_file_should_read_it_whole_once_across_a_restart() {
     let rest = drain(&mut tailer);
     assert_eq!(rest, expected(20..50));
     let mut tailer = Tailer::new(settings, Some(tailer.state()));
-    assert!(drain(&mut tailer).is_empty(), "a .gz file read whole is not read again");
+    assert!(
+        drain(&mut tailer).is_empty(),
+        "a .gz file read whole is not read again"
+    );
 }
 
 #[test]
