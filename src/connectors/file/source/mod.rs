@@ -130,9 +130,14 @@ fn default_true() -> bool {
 pub struct FileSource {
     settings: Arc<Settings>,
     poll_interval: Duration,
-    /// Taken by the blocking thread that reads, put back with the batch.
     tailer: Arc<Mutex<Option<Tailer>>>,
+    /// A batch read and not yet returned: a poll dropped while its read ran
+    /// leaves it here for the next poll (cancel safety).
+    ready: Arc<Mutex<Option<Ready>>>,
 }
+
+/// A batch's records and its encoded state.
+type Ready = (Vec<crate::message::SourceRecord>, Vec<u8>);
 
 impl FileSource {
     pub fn new(config: FileSourceConfig) -> Result<Self, PluginConfigError> {
@@ -141,6 +146,7 @@ impl FileSource {
             settings: Arc::new(settings),
             poll_interval: config.poll_interval,
             tailer: Arc::new(Mutex::new(None)),
+            ready: Arc::new(Mutex::new(None)),
         })
     }
 }
@@ -161,20 +167,27 @@ impl Source for FileSource {
     async fn poll(&self) -> Result<SourceBatch, ConnectorError> {
         loop {
             let shared = Arc::clone(&self.tailer);
-            let (records, state) = tokio::task::spawn_blocking(move || {
+            let ready = Arc::clone(&self.ready);
+            tokio::task::spawn_blocking(move || {
                 let mut slot = lock(&shared);
                 let tailer = slot
                     .as_mut()
                     .ok_or_else(|| ConnectorError::fatal("the file source is not open"))?;
-                let records = tailer.read_batch();
-                Ok::<_, ConnectorError>((records, tailer.state()))
+                let mut ready = lock(&ready);
+                if ready.is_none() {
+                    let records = tailer.read_batch();
+                    if !records.is_empty() {
+                        *ready = Some((records, encode_state(&tailer.state())?));
+                    }
+                }
+                Ok::<_, ConnectorError>(())
             })
             .await
             .map_err(ConnectorError::fatal)??;
-            if !records.is_empty() {
+            if let Some((records, state)) = lock(&self.ready).take() {
                 return Ok(SourceBatch {
                     records,
-                    state: Some(encode_state(&state)?),
+                    state: Some(state),
                     finished: false,
                 });
             }
@@ -193,12 +206,13 @@ impl Source for FileSource {
 
     async fn close(&mut self) -> Result<(), ConnectorError> {
         lock(&self.tailer).take();
+        lock(&self.ready).take();
         Ok(())
     }
 }
 
-fn lock(tailer: &Mutex<Option<Tailer>>) -> std::sync::MutexGuard<'_, Option<Tailer>> {
-    tailer
+fn lock<T>(shared: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    shared
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
