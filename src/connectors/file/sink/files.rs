@@ -307,7 +307,7 @@ mod tests {
 
     fn chunk(base: &str, first_offset: u64, bytes: &[u8]) -> Chunk {
         Chunk {
-            slot: "s\0t\01".into(),
+            slot: "stream/topic/1".into(),
             base: base.into(),
             first_offset,
             bytes: bytes.to_vec(),

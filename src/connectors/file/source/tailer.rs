@@ -249,10 +249,10 @@ impl Tailer {
         }
         let first_scan = std::mem::replace(&mut self.first_scan, false);
         for (path, metadata) in rest {
-            if let Err(error) = self.place(&path, &metadata, &mut claimed, first_scan) {
-                if self.refused.insert(path.clone()) {
-                    warn!(path = %path.display(), %error, "file source cannot read a file its globs match");
-                }
+            if let Err(error) = self.place(&path, &metadata, &mut claimed, first_scan)
+                && self.refused.insert(path.clone())
+            {
+                warn!(path = %path.display(), %error, "file source cannot read a file its globs match");
             }
         }
         for (tracked, claimed) in self.files.iter_mut().zip(claimed) {
