@@ -51,7 +51,7 @@ impl FileState {
     pub fn decode(bytes: &[u8]) -> Result<Self, ConnectorError> {
         decode_state(bytes).map_err(|error| {
             ConnectorError::fatal(format!(
-                "the file source's saved state does not decode ({error}); reset it with `iggy-connect state` to start afresh"
+                "the file source's saved state does not decode ({error}); `iggy-connect state clear KEY` starts afresh"
             ))
         })
     }
