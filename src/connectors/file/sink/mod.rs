@@ -182,3 +182,32 @@ fn files_lock(files: &Mutex<Files>) -> std::sync::MutexGuard<'_, Files> {
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn build(config: serde_json::Value) -> Result<FileSink, PluginConfigError> {
+        FileSink::new(parse_plugin_config(&config)?)
+    }
+
+    #[test]
+    fn given_rotation_without_an_offset_in_the_path_when_built_should_name_the_path() {
+        let error = build(serde_json::json!({"path": "/out/{topic}.log", "max_file_size": "1MiB"}))
+            .err()
+            .unwrap();
+        assert_eq!(error.field, "path");
+        let error = build(serde_json::json!({"path": "/out/{topic}.log", "rotate_interval": "1h"}))
+            .err()
+            .unwrap();
+        assert_eq!(error.field, "path");
+        let error = build(serde_json::json!({"path": "/out/{offset}.log", "max_file_size": "0"}))
+            .err()
+            .unwrap();
+        assert_eq!(error.field, "max_file_size");
+        assert!(
+            build(serde_json::json!({"path": "/out/{offset}.log", "rotate_interval": "1h"}))
+                .is_ok()
+        );
+    }
+}
