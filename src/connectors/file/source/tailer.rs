@@ -380,9 +380,12 @@ impl Tailer {
             tracked.fingerprint = Fingerprint::of(&tracked.head);
         }
         let start = records.len();
+        // Grows only while a line does not fit, so a batch reads about what
+        // it sends.
+        let mut window = CHUNK;
         while records.len() - start < budget && tracked.read_to < length {
-            let window = CHUNK.max(self.settings.max_line_bytes + 1);
-            let want = (length - tracked.read_to).min(window as u64) as usize;
+            let available = length - tracked.read_to;
+            let want = available.min(window as u64) as usize;
             if self.buffer.len() < want {
                 self.buffer.resize(want, 0);
             }
@@ -395,10 +398,15 @@ impl Tailer {
             }
             let consumed =
                 self.split_lines(tracked, got, budget - (records.len() - start), records);
-            if consumed == 0 {
+            if consumed > 0 {
+                tracked.last_data = Instant::now();
+                continue;
+            }
+            if got as u64 == available || window > self.settings.max_line_bytes {
+                // A partial last line: wait for its newline.
                 break;
             }
-            tracked.last_data = Instant::now();
+            window *= 2;
         }
         if tracked.read_to == length {
             self.flush_when_idle(tracked, records);
@@ -563,7 +571,7 @@ impl Tailer {
 }
 
 /// Bytes read from a file per read call.
-const CHUNK: usize = 256 * 1024;
+const CHUNK: usize = 128 * 1024;
 
 impl Tracked {
     fn placeholder() -> Self {

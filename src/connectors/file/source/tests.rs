@@ -216,3 +216,22 @@ fn given_a_line_without_its_newline_should_wait_for_it() {
     file.write_all(b"ial\n").unwrap();
     assert_eq!(drain(&mut tailer), ["partial"]);
 }
+
+#[test]
+fn given_lines_longer_than_a_read_should_read_them_whole_and_cut_only_past_max_line_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let long = "a".repeat(150_000);
+    let longer = "b".repeat(450_000);
+    std::fs::write(
+        dir.path().join("app.log"),
+        format!("{long}\n{longer}\nend\n"),
+    )
+    .unwrap();
+    let mut tailer = Tailer::new(
+        settings(dir.path(), json!({"max_line_bytes": 200_000})),
+        None,
+    );
+    let read = drain(&mut tailer);
+    let lengths: Vec<usize> = read.iter().map(String::len).collect();
+    assert_eq!(lengths, [150_000, 200_000, 200_000, 50_000, 3]);
+}
