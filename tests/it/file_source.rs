@@ -49,7 +49,8 @@ fn append(path: &Path, lines: std::ops::Range<u32>) {
 
 /// Writes `LINES` lines in small steps; rotates by rename at a third, by
 /// copytruncate at two thirds, and at the half stops the binary (SIGTERM,
-/// waiting for its exit) or kills it (SIGKILL), and starts it again.
+/// waiting for its exit) or kills it (SIGKILL: the first half written in
+/// one burst, so it dies with batches in flight), and starts it again.
 async fn write_rotate_and_restart(workspace: &Workspace, dir: &Path, kill: bool) -> Running {
     let log = dir.join("app.log");
     let mut running = workspace.run();
@@ -58,6 +59,8 @@ async fn write_rotate_and_restart(workspace: &Workspace, dir: &Path, kill: bool)
         match first {
             1000 => std::fs::rename(&log, dir.join("app.log.1")).unwrap(),
             1500 if kill => {
+                // The first half went in one burst: batches are in flight.
+                tokio::time::sleep(Duration::from_millis(rand::random_range(20..80))).await;
                 running.kill();
                 running = workspace.run();
             }
@@ -80,7 +83,9 @@ async fn write_rotate_and_restart(workspace: &Workspace, dir: &Path, kill: bool)
             }
             _ => {}
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        if !(kill && first < 1500) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
     running
 }
