@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use tracing::warn;
 
-use super::Compression;
+use super::config::Compression;
 use super::output::Chunk;
 
 /// When the current file of a partition gives way to a new one.

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-use super::Format;
+use super::config::Format;
 use crate::connectors::PluginConfigError;
 use crate::message::{HeaderValue, Payload, SinkMessage, TopicRef};
 

@@ -18,82 +18,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use regex::bytes::Regex;
 use tracing::{info, warn};
 
 use super::checkpoint::{Checkpoint, FileState, Fingerprint};
-use super::{FileSourceConfig, ReadFrom};
-use crate::connectors::PluginConfigError;
+use super::config::Settings;
 use crate::message::{HeaderValue, Headers, Payload, SourceRecord};
-
-/// The config, checked and compiled.
-pub struct Settings {
-    include: Vec<String>,
-    exclude: Vec<glob::Pattern>,
-    read_from_end: bool,
-    multiline_start: Option<Regex>,
-    multiline_timeout: Duration,
-    fingerprint_bytes: usize,
-    max_line_bytes: usize,
-    batch_size: usize,
-    rotate_wait: Duration,
-    scan_interval: Duration,
-    headers: bool,
-}
-
-impl Settings {
-    pub fn from_config(config: &FileSourceConfig) -> Result<Self, PluginConfigError> {
-        if config.include.is_empty() {
-            return Err(PluginConfigError::new(
-                "include",
-                "expected at least one pattern",
-            ));
-        }
-        for (index, pattern) in config.include.iter().enumerate() {
-            glob::Pattern::new(pattern).map_err(|error| {
-                PluginConfigError::new(format!("include.{index}"), error.to_string())
-            })?;
-        }
-        let exclude = config
-            .exclude
-            .iter()
-            .enumerate()
-            .map(|(index, pattern)| {
-                glob::Pattern::new(pattern).map_err(|error| {
-                    PluginConfigError::new(format!("exclude.{index}"), error.to_string())
-                })
-            })
-            .collect::<Result<_, _>>()?;
-        let multiline_start = config
-            .multiline_start
-            .as_deref()
-            .map(Regex::new)
-            .transpose()
-            .map_err(|error| PluginConfigError::new("multiline_start", error.to_string()))?;
-        for (field, value) in [
-            ("fingerprint_bytes", config.fingerprint_bytes as usize),
-            ("max_line_bytes", config.max_line_bytes),
-            ("batch_size", config.batch_size),
-        ] {
-            if value == 0 {
-                return Err(PluginConfigError::new(field, "must be above 0"));
-            }
-        }
-        Ok(Self {
-            include: config.include.clone(),
-            exclude,
-            read_from_end: config.read_from == ReadFrom::End,
-            multiline_start,
-            multiline_timeout: config.multiline_timeout,
-            fingerprint_bytes: config.fingerprint_bytes as usize,
-            max_line_bytes: config.max_line_bytes,
-            batch_size: config.batch_size,
-            rotate_wait: config.rotate_wait,
-            scan_interval: config.poll_interval,
-            headers: config.include_file_headers,
-        })
-    }
-}
 
 /// Every file followed, and the scan that finds them.
 pub struct Tailer {

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::checkpoint::FileState;
-use super::tailer::{Settings, Tailer};
+use super::config::Settings;
+use super::tailer::Tailer;
 use crate::connectors::parse_plugin_config;
 use crate::message::Payload;
 
