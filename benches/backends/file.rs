@@ -73,7 +73,7 @@ async fn run(case: String) {
     Report {
         extra: vec![
             ("server", iggy.kind().into()),
-            ("line_bytes", LINE.len().to_string()),
+            ("line_bytes", (LINE.len() + 8).to_string()),
             ("ceiling_lines_per_s", format!("{ceiling:.0}")),
             ("of_ceiling", format!("{:.1}%", of_ceiling * 100.0)),
         ],
@@ -82,7 +82,7 @@ async fn run(case: String) {
     .print();
 }
 
-/// 100 bytes with its newline, as a typical log line.
+/// A typical log line: with its 7-digit number and newline, 101 bytes.
 const LINE: &str =
     "2026-12-05T21:00:00.000Z INFO  request handled path=/api/orders status=200 duration_ms=12 id=";
 
