@@ -20,6 +20,7 @@ mod support;
 mod analytics;
 mod delta;
 mod elasticsearch;
+mod file;
 mod http;
 mod iceberg;
 mod kafka;

@@ -22,6 +22,8 @@ mod doris_sink;
 mod elasticsearch_sink;
 mod elasticsearch_source;
 mod faults;
+mod file_sink;
+mod file_source;
 mod http_iggy;
 mod http_kit;
 mod http_sink;
