@@ -441,3 +441,108 @@ impl Source for ObjectStoreSource {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source(dir: &std::path::Path, extra: serde_json::Value) -> ObjectStoreSource {
+        let mut config = serde_json::json!({
+            "url": format!("file://{}", dir.display()),
+            "poll_interval": "10ms",
+        });
+        for (key, value) in extra.as_object().unwrap() {
+            config[key] = value.clone();
+        }
+        ObjectStoreSource::new(parse_plugin_config(&config).unwrap()).unwrap()
+    }
+
+    fn write(dir: &std::path::Path, name: &str, body: &str) {
+        std::fs::write(dir.join(name), body).unwrap();
+    }
+
+    fn texts(batch: &SourceBatch) -> Vec<String> {
+        batch
+            .records
+            .iter()
+            .map(|record| String::from_utf8(record.payload.to_bytes().to_vec()).unwrap())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn given_no_state_when_opened_should_read_from_the_first_object() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "a.jsonl", "{\"n\":1}\n{\"n\":2}\n");
+        write(dir.path(), "b.jsonl", "{\"n\":3}\n");
+        let mut source = source(dir.path(), serde_json::json!({}));
+        source.open(None).await.unwrap();
+        let batch = source.poll().await.unwrap();
+        assert_eq!(texts(&batch), ["{\"n\":1}", "{\"n\":2}", "{\"n\":3}"]);
+    }
+
+    #[tokio::test]
+    async fn given_a_saved_state_mid_object_when_opened_should_resume_after_its_last_record() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "a.jsonl", "{\"n\":1}\n{\"n\":2}\n{\"n\":3}\n");
+        write(dir.path(), "b.jsonl", "{\"n\":4}\n");
+        let mut first = source(dir.path(), serde_json::json!({"batch_size": 2}));
+        first.open(None).await.unwrap();
+        let batch = first.poll().await.unwrap();
+        assert_eq!(texts(&batch), ["{\"n\":1}", "{\"n\":2}"]);
+        let saved = batch.state.unwrap();
+        let mut second = source(dir.path(), serde_json::json!({"batch_size": 2}));
+        second.open(Some(&saved)).await.unwrap();
+        let batch = second.poll().await.unwrap();
+        assert_eq!(texts(&batch), ["{\"n\":3}", "{\"n\":4}"]);
+        let mut third = source(dir.path(), serde_json::json!({}));
+        third.open(Some(&batch.state.unwrap())).await.unwrap();
+        write(dir.path(), "c.jsonl", "{\"n\":5}\n");
+        assert_eq!(texts(&third.poll().await.unwrap()), ["{\"n\":5}"]);
+    }
+
+    #[tokio::test]
+    async fn given_a_corrupt_state_when_opened_should_refuse_to_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut source = source(dir.path(), serde_json::json!({}));
+        let error = source.open(Some(b"\xc1 not msgpack")).await.unwrap_err();
+        assert!(matches!(error, ConnectorError::Fatal(_)), "{error}");
+    }
+
+    #[tokio::test]
+    async fn given_on_error_stop_when_an_object_is_corrupt_should_stop_naming_its_key() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "a.jsonl", "{\"n\":1}\n");
+        write(dir.path(), "b.jsonl", "{\"n\":\n");
+        let mut source = source(dir.path(), serde_json::json!({"on_error": "stop"}));
+        source.open(None).await.unwrap();
+        assert_eq!(texts(&source.poll().await.unwrap()), ["{\"n\":1}"]);
+        let error = source.poll().await.unwrap_err();
+        assert!(
+            matches!(&error, ConnectorError::Fatal(_)) && error.to_string().contains("b.jsonl"),
+            "{error}"
+        );
+    }
+
+    #[tokio::test]
+    async fn given_delete_after_commit_should_delete_only_objects_of_committed_batches() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "a.jsonl", "{\"n\":1}\n");
+        write(dir.path(), "b.jsonl", "{\"n\":2}\n");
+        let mut source = source(
+            dir.path(),
+            serde_json::json!({"after_commit": "delete", "batch_size": 1}),
+        );
+        source.open(None).await.unwrap();
+        source.poll().await.unwrap();
+        source.poll().await.unwrap();
+        assert!(dir.path().join("a.jsonl").exists(), "deleted before commit");
+        source.commit().await.unwrap();
+        assert!(!dir.path().join("a.jsonl").exists());
+        assert!(
+            dir.path().join("b.jsonl").exists(),
+            "deleted before its commit"
+        );
+        source.commit().await.unwrap();
+        assert!(!dir.path().join("b.jsonl").exists());
+    }
+}
