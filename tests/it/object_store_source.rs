@@ -9,6 +9,7 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
 
+use crate::support::azurite::Azurite;
 use crate::support::binary::Workspace;
 use crate::support::harness::{connector, runtime};
 use crate::support::iggy_server::{IggyTestServer, StoredMessage};
@@ -380,4 +381,69 @@ async fn s3_objects_in_moto_land_once_and_are_moved_to_the_done_prefix_after_com
     assert_eq!(in_order, (0..200).collect::<Vec<_>>());
     assert_eq!(listed("in/").await, ["in/skip-me.txt"]);
     assert!(listed("done/").await.contains(&"done/000.jsonl".to_owned()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_blobs_in_azurite_land_once_in_key_order() {
+    use futures::StreamExt;
+    use object_store::{ObjectStoreExt, PutPayload};
+    let (azurite, iggy) = (Azurite::start().await, IggyTestServer::start());
+    azurite.create_container("landing");
+    let mut builder =
+        object_store::azure::MicrosoftAzureBuilder::new().with_container_name("landing");
+    for (key, value) in azurite.options() {
+        builder = builder.with_config(key.parse().unwrap(), value);
+    }
+    let store = builder.build().unwrap();
+    futures::stream::iter(0..1000u64)
+        .map(|index| {
+            let body = json_lines(index * 2..index * 2 + 2);
+            let (key, body) = match index % 3 {
+                0 => (format!("in/{index:04}.jsonl"), body),
+                1 => (format!("in/{index:04}.jsonl.gz"), gzip(&body)),
+                _ => (
+                    format!("in/{index:04}.jsonl.zst"),
+                    zstd::encode_all(&body[..], 1).unwrap(),
+                ),
+            };
+            let store = &store;
+            async move {
+                store
+                    .put(&key.as_str().into(), PutPayload::from(body))
+                    .await
+                    .unwrap()
+            }
+        })
+        .buffer_unordered(8)
+        .collect::<Vec<_>>()
+        .await;
+    let state = tempfile::tempdir().unwrap();
+    let runtime = runtime(&iggy, state.path());
+    let options: String = azurite
+        .options()
+        .iter()
+        .map(|(key, value)| format!("{key} = \"{value}\"\n"))
+        .collect();
+    let extra = format!("batch_size = 50\n[plugin_config.options]\n{options}");
+    runtime
+        .add(connector(&source_config(
+            "azure",
+            "azure",
+            "az://landing/in",
+            &extra,
+        )))
+        .unwrap();
+    runtime.start_enabled().await;
+    wait_for("every record from azurite", LONG, || {
+        iggy.message_count("objects", "azure") >= 2000
+    })
+    .await;
+    runtime.shutdown().await;
+    let messages = iggy.messages("objects", "azure");
+    let in_order: Vec<u64> = messages.iter().map(seq_of).collect();
+    assert_eq!(in_order, (0..2000).collect::<Vec<_>>());
+    assert_eq!(
+        header(&messages[3], "object_key").as_deref(),
+        Some("in/0001.jsonl.gz")
+    );
 }
