@@ -46,7 +46,7 @@ pub const ENTRY: SourceEntry = SourceEntry {
     feature: "object-store-source",
     description: "reads objects under a prefix of S3, Azure Blob, GCS or a local directory (JSON lines, JSON array, CSV, text lines, bytes; gzip/zstd), one message per record",
     secret_fields: &["access_key_id", "secret_access_key", "options.*"],
-    sample_config: "url = \"s3://iggy-data/in\"\nglob = \"**/*.jsonl.gz\"\nformat = \"json_lines\"\nregion = \"us-east-1\"\nendpoint = \"http://127.0.0.1:9000\"\naccess_key_id = \"key-id-secret\"\nsecret_access_key = \"secret\"\npoll_interval = \"10s\"\nafter_commit = \"move\"\ndone_prefix = \"done\"\n",
+    sample_config: "url = \"s3://iggy-data/in\"\nglob = \"**/*.jsonl.gz\"\nformat = \"json_lines\"\nregion = \"us-east-1\"\nendpoint = \"http://127.0.0.1:9000\"\naccess_key_id = \"key-id-secret\"\nsecret_access_key = \"secret\"\npoll_interval = \"10s\"\nafter_commit = \"move\"\ndone_prefix = \"done\"\noptions = { aws_session_token = \"secret-session-token\" }\n",
     config_schema: schema_of::<ObjectStoreSourceConfig>,
     build: |config| {
         Ok(Box::new(ObjectStoreSource::new(parse_plugin_config(
