@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use object_store::aws::AmazonS3Builder;
-use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{BackoffConfig, ClientOptions, ObjectStore, ObjectStoreScheme, RetryConfig};
@@ -84,7 +83,8 @@ pub fn open(
         result.map_err(|error| (String::new(), error.to_string()))
     };
     let store: Arc<dyn ObjectStore> = match scheme {
-        ObjectStoreScheme::Local => Arc::new(LocalFileSystem::new()),
+        #[cfg(feature = "kit-store-fs")]
+        ObjectStoreScheme::Local => Arc::new(object_store::local::LocalFileSystem::new()),
         ObjectStoreScheme::Memory => Arc::new(InMemory::new()),
         ObjectStoreScheme::AmazonS3 => {
             // The options come last: a client option among them wins.
