@@ -311,25 +311,33 @@ async fn s3_store(s3: &S3Server, bucket: &str) -> object_store::aws::AmazonS3 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s3_objects_in_moto_land_once_and_are_moved_to_the_done_prefix_after_commit() {
+async fn a_thousand_s3_objects_in_moto_land_once_and_are_moved_to_the_done_prefix_after_commit() {
+    use futures::StreamExt;
     use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
     let (s3, iggy) = (S3Server::start().await, IggyTestServer::start());
     let store = s3_store(&s3, "landing").await;
-    for index in 0..40u64 {
-        let body = json_lines(index * 5..index * 5 + 5);
-        let (key, body) = match index % 3 {
-            0 => (format!("in/{index:03}.jsonl"), body),
-            1 => (format!("in/{index:03}.jsonl.gz"), gzip(&body)),
-            _ => (
-                format!("in/{index:03}.jsonl.zst"),
-                zstd::encode_all(&body[..], 1).unwrap(),
-            ),
-        };
-        store
-            .put(&key.as_str().into(), PutPayload::from(body))
-            .await
-            .unwrap();
-    }
+    futures::stream::iter(0..1000u64)
+        .map(|index| {
+            let body = json_lines(index * 2..index * 2 + 2);
+            let (key, body) = match index % 3 {
+                0 => (format!("in/{index:04}.jsonl"), body),
+                1 => (format!("in/{index:04}.jsonl.gz"), gzip(&body)),
+                _ => (
+                    format!("in/{index:04}.jsonl.zst"),
+                    zstd::encode_all(&body[..], 1).unwrap(),
+                ),
+            };
+            let store = &store;
+            async move {
+                store
+                    .put(&key.as_str().into(), PutPayload::from(body))
+                    .await
+                    .unwrap()
+            }
+        })
+        .buffer_unordered(8)
+        .collect::<Vec<_>>()
+        .await;
     store
         .put(
             &"in/skip-me.txt".into(),
@@ -340,7 +348,7 @@ async fn s3_objects_in_moto_land_once_and_are_moved_to_the_done_prefix_after_com
     let state = tempfile::tempdir().unwrap();
     let runtime = runtime(&iggy, state.path());
     let extra = format!(
-        "glob = \"*.jsonl*\"\nregion = \"us-east-1\"\nendpoint = \"{}\"\naccess_key_id = \"test\"\nsecret_access_key = \"test\"\nafter_commit = \"move\"\ndone_prefix = \"done\"\nbatch_size = 7",
+        "glob = \"*.jsonl*\"\nregion = \"us-east-1\"\nendpoint = \"{}\"\naccess_key_id = \"test\"\nsecret_access_key = \"test\"\nafter_commit = \"move\"\ndone_prefix = \"done\"\nbatch_size = 64",
         s3.endpoint()
     );
     runtime
@@ -353,7 +361,7 @@ async fn s3_objects_in_moto_land_once_and_are_moved_to_the_done_prefix_after_com
         .unwrap();
     runtime.start_enabled().await;
     wait_for("every record from moto", LONG, || {
-        iggy.message_count("objects", "moto") >= 200
+        iggy.message_count("objects", "moto") >= 2000
     })
     .await;
     let listed = async |prefix: &str| -> Vec<String> {
@@ -369,7 +377,7 @@ async fn s3_objects_in_moto_land_once_and_are_moved_to_the_done_prefix_after_com
             .collect()
     };
     crate::support::wait::eventually("every object moved to done/", LONG, async || {
-        listed("done/").await.len() == 40
+        listed("done/").await.len() == 1000
     })
     .await;
     runtime.shutdown().await;
@@ -378,9 +386,13 @@ async fn s3_objects_in_moto_land_once_and_are_moved_to_the_done_prefix_after_com
         .iter()
         .map(seq_of)
         .collect();
-    assert_eq!(in_order, (0..200).collect::<Vec<_>>());
+    assert_eq!(in_order, (0..2000).collect::<Vec<_>>());
     assert_eq!(listed("in/").await, ["in/skip-me.txt"]);
-    assert!(listed("done/").await.contains(&"done/000.jsonl".to_owned()));
+    assert!(
+        listed("done/")
+            .await
+            .contains(&"done/0000.jsonl".to_owned())
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
