@@ -62,8 +62,9 @@ fn main() {
     }
     for feature in &features {
         for (backend, enabling) in backends.iter_mut() {
+            // The feature spells the folder's `_` as `-` (`object-store-source`).
             if feature
-                .strip_prefix(backend.as_str())
+                .strip_prefix(backend.replace('_', "-").as_str())
                 .is_some_and(|rest| rest.starts_with('-'))
             {
                 enabling.push(feature);

@@ -28,6 +28,7 @@ mod mongodb;
 mod mqtt;
 mod mysql;
 mod nats;
+mod object_store;
 mod otlp;
 mod pipeline;
 mod postgres;

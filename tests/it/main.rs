@@ -48,6 +48,7 @@ mod mysql_faults;
 mod mysql_sink;
 mod mysql_source;
 mod nats;
+mod object_store_source;
 mod otlp_sink;
 mod otlp_source;
 mod postgres_cdc;

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod accounting;
+pub mod azurite;
 pub mod binary;
 pub mod clickhouse;
 pub mod clickhouse_http;

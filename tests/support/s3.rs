@@ -4,7 +4,12 @@
 //! can take down to simulate an outage without losing what moto stores.
 //! Objects are read back with boto3 from the same venv, independently of the
 //! sink's client.
-#![cfg(any(feature = "s3-sink", feature = "delta-sink", feature = "iceberg-sink"))]
+#![cfg(any(
+    feature = "s3-sink",
+    feature = "delta-sink",
+    feature = "iceberg-sink",
+    feature = "object-store-source"
+))]
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

@@ -29,6 +29,9 @@
 //!   timeouts, proxy, auth, gzip), `Retry-After` parsing, status classification
 //!   and `exchange`, one request sent and its answer read (`exchange_whole`
 //!   for an answer that must be read to its end);
+//! - `store` (for the connectors that read or write objects): an
+//!   `object_store` store from a URL and its options, and the store errors
+//!   no retry fixes;
 //! - `tls` (for clients taking a rustls config): the config from `ca_file`,
 //!   `cert_file`, `key_file` and `tls_verify`, and which refused certificate
 //!   a failed handshake means.
@@ -54,5 +57,7 @@ pub mod size;
 pub mod sql;
 #[cfg(feature = "kit-sql-poll")]
 pub mod sql_poll;
+#[cfg(feature = "kit-store")]
+pub mod store;
 #[cfg(feature = "kit-tls")]
 pub mod tls;

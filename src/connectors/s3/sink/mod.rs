@@ -34,6 +34,7 @@ use object_store::{
 use secrecy::ExposeSecret;
 use tracing::{debug, info};
 
+use crate::connectors::kit::store::Refusal;
 use crate::connectors::{
     ConnectorError, Deferred, Flush, PluginConfigError, Sink, SinkEntry, SinkError,
     parse_plugin_config, schema_of,
@@ -203,35 +204,6 @@ impl S3Sink {
                 }
             }
         }
-    }
-}
-
-/// What S3 refuses for good, whatever is retried.
-enum Refusal {
-    NoBucket,
-    Credentials,
-}
-
-impl Refusal {
-    /// S3 answers a missing bucket 404 `NoSuchBucket` and bad credentials 403
-    /// (`InvalidAccessKeyId`, `SignatureDoesNotMatch`, `AccessDenied`);
-    /// `object_store` passes some of them on as generic errors with S3's body.
-    fn of(error: &object_store::Error) -> Option<Self> {
-        let text = error.to_string();
-        match error {
-            object_store::Error::PermissionDenied { .. }
-            | object_store::Error::Unauthenticated { .. } => return Some(Refusal::Credentials),
-            _ if text.contains("NoSuchBucket") => return Some(Refusal::NoBucket),
-            _ => {}
-        }
-        [
-            "InvalidAccessKeyId",
-            "SignatureDoesNotMatch",
-            "AccessDenied",
-        ]
-        .iter()
-        .any(|code| text.contains(code))
-        .then_some(Refusal::Credentials)
     }
 }
 
