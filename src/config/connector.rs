@@ -11,10 +11,10 @@ use crate::config::reader::{Reader, describe};
 use crate::config::streams::{SinkStream, SourceStream, read_sink_streams, read_source_streams};
 use crate::config::{ConfigIssue, ConfigIssues, env};
 
+use crate::config::size::parse_size;
 pub use crate::config::streams::{
     DEFAULT_BATCH_LENGTH, DEFAULT_LINGER_TIME, DEFAULT_POLL_INTERVAL,
 };
-use crate::connectors::kit::size::parse_size;
 use crate::connectors::registry::{BuildError, Registry, RegistryError, connector_name_from_path};
 use crate::connectors::{BatchPolicy, ConnectorKind};
 pub use crate::delivery::OnError;

@@ -11,6 +11,7 @@ pub mod env;
 pub mod http_provider;
 mod reader;
 pub mod runtime;
+pub mod size;
 pub mod state;
 mod streams;
 

@@ -10,7 +10,7 @@ use arrow_json::ReaderBuilder;
 use arrow_schema::SchemaRef;
 use serde::Deserialize;
 
-use crate::connectors::kit::size::parse_size;
+use crate::config::size::parse_size;
 use crate::connectors::{PluginConfigError, Rejection};
 use crate::message::{Payload, SinkMessage};
 

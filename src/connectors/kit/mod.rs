@@ -24,7 +24,6 @@
 //!   a table's schema with the misfits rejected by index;
 //! - [`listener`]: an HTTP server's connection limit and timeouts (the push
 //!   sources' listeners and the control API);
-//! - [`size`]: sizes in config files (`"8MiB"`), for the file-writing sinks;
 //! - `http` (with any HTTP-based connector): the HTTP client builder (TLS,
 //!   timeouts, proxy, auth, gzip), `Retry-After` parsing, status classification
 //!   and `exchange`, one request sent and its answer read (`exchange_whole`
@@ -52,7 +51,6 @@ pub mod listener;
 pub mod outcome;
 #[cfg(feature = "kit-row-id")]
 pub mod row_id;
-pub mod size;
 #[cfg(feature = "kit-sql")]
 pub mod sql;
 #[cfg(feature = "kit-sql-poll")]

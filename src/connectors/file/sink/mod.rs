@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
-use crate::connectors::kit::size::parse_size;
+use crate::config::size::parse_size;
 use crate::connectors::{
     ConnectorError, PluginConfigError, Sink, SinkEntry, SinkError, parse_plugin_config, schema_of,
 };

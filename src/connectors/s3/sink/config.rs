@@ -6,8 +6,8 @@ use std::time::Duration;
 use secrecy::SecretString;
 use serde::Deserialize;
 
+use crate::config::size::parse_size;
 use crate::connectors::PluginConfigError;
-use crate::connectors::kit::size::parse_size;
 
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]

@@ -1,4 +1,4 @@
-//! Sizes in config files: `"8MiB"`, `"500 KB"`, `"1048576"`.
+//! Sizes in config files: `"8MiB"`, `"500 KB"`, `"1048576"` (`max_in_flight_bytes`, the file-writing sinks).
 
 /// A size such as `"8MiB"`, `"500 KB"`, `"1GB"` or `"1048576"` in bytes
 /// (KB, MB, GB are powers of 1000; KiB, MiB, GiB of 1024).
