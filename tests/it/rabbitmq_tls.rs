@@ -22,6 +22,8 @@ use crate::support::wait::{eventually, wait_for};
 const LONG: Duration = Duration::from_secs(90);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// The sink reaches the broker through an `amqps://` URI, the source through
+/// `host`, `port` and the TLS fields.
 async fn a_sink_and_a_source_over_amqps_deliver_with_certificates_checked() {
     let (port, tls_port, ca, client_cert, client_key) = {
         let broker = shared();
@@ -70,7 +72,7 @@ async fn a_sink_and_a_source_over_amqps_deliver_with_certificates_checked() {
             schema = "json"
             poll_interval = "5ms"
             [plugin_config]
-            port = {tls_port}
+            uri = "amqps://guest:guest@127.0.0.1:{tls_port}/"
             ca_file = "{ca}"
             exchange = "{exchange}"
             exchange_type = "topic"

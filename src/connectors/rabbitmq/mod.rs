@@ -47,6 +47,15 @@ macro_rules! connection_fields {
     ($(#[$meta:meta])* $vis:vis struct $name:ident { $($body:tt)* }) => {
         $(#[$meta])*
         $vis struct $name {
+            /// A whole AMQP URI, `amqp://user:password@host:port/vhost` or
+            /// `amqps://...` (what CloudAMQP or Amazon MQ hand out); a secret.
+            /// It gives the host, port, virtual host and (when it has them) the
+            /// user and password, and `amqps` turns TLS on; the TLS file fields
+            /// still apply. Setting `host`, `port` or `virtual_host` beside it
+            /// is an error.
+            #[serde(default)]
+            #[schemars(with = "Option<String>")]
+            pub uri: Option<secrecy::SecretString>,
             /// The broker's host name or address.
             #[serde(default = "crate::connectors::rabbitmq::default_host")]
             pub host: String,
@@ -102,8 +111,11 @@ macro_rules! connection_fields {
         }
 
         impl $name {
-            pub fn connection(&self) -> crate::connectors::rabbitmq::AmqpConnection {
-                crate::connectors::rabbitmq::AmqpConnection {
+            /// The connection the fields (and `uri`, when set) describe.
+            pub fn connection(
+                &self,
+            ) -> Result<crate::connectors::rabbitmq::AmqpConnection, crate::connectors::PluginConfigError> {
+                let fields = crate::connectors::rabbitmq::AmqpConnection {
                     host: self.host.clone(),
                     port: self.port,
                     virtual_host: self.virtual_host.clone(),
@@ -119,6 +131,10 @@ macro_rules! connection_fields {
                         verify: self.tls_verify,
                     },
                     tls_server_name: self.tls_server_name.clone(),
+                };
+                match &self.uri {
+                    None => Ok(fields),
+                    Some(uri) => fields.with_uri(secrecy::ExposeSecret::expose_secret(uri)),
                 }
             }
         }
@@ -285,6 +301,63 @@ impl ChannelCallback for Callback {
 }
 
 impl AmqpConnection {
+    /// These fields with what an AMQP URI gives (RabbitMQ's URI spec: user,
+    /// password and virtual host percent-decoded; no path is the default
+    /// virtual host "/"). Errors name `uri` and never repeat it (it holds the
+    /// password).
+    pub fn with_uri(mut self, uri: &str) -> Result<Self, PluginConfigError> {
+        let bad = |what: &str| {
+            PluginConfigError::new(
+                "uri",
+                format!("expected amqp://user:password@host:port/vhost or amqps://...: {what}"),
+            )
+        };
+        if self.host != default_host()
+            || self.port.is_some()
+            || self.virtual_host != default_virtual_host()
+        {
+            return Err(PluginConfigError::new(
+                "uri",
+                "gives the host, port and virtual host: leave `host`, `port` and `virtual_host` out beside it",
+            ));
+        }
+        let parsed = url::Url::parse(uri).map_err(|error| bad(&error.to_string()))?;
+        self.tls |= match parsed.scheme() {
+            "amqp" => false,
+            "amqps" => true,
+            other => return Err(bad(&format!("the scheme is \"{other}\""))),
+        };
+        if parsed.query().is_some() || parsed.fragment().is_some() {
+            return Err(bad(
+                "query parameters are not read (use the heartbeat and connect_timeout fields)",
+            ));
+        }
+        let decode = |text: &str| {
+            percent_encoding::percent_decode_str(text)
+                .decode_utf8()
+                .map(|decoded| decoded.into_owned())
+                .map_err(|_| bad("a part is not UTF-8 once percent-decoded"))
+        };
+        self.host = match parsed.host() {
+            Some(url::Host::Ipv6(address)) => address.to_string(),
+            Some(host) => host.to_string(),
+            None => return Err(bad("no host")),
+        };
+        self.port = parsed.port();
+        if let Some(path) = parsed.path().strip_prefix('/')
+            && !path.is_empty()
+        {
+            self.virtual_host = decode(path)?;
+        }
+        if !parsed.username().is_empty() {
+            self.username = decode(parsed.username())?;
+        }
+        if let Some(password) = parsed.password() {
+            self.password = SecretString::from(decode(password)?);
+        }
+        Ok(self)
+    }
+
     /// Checks what can be checked without a broker.
     pub fn check(&self) -> Result<(), PluginConfigError> {
         if self.host.trim().is_empty() {
@@ -687,5 +760,74 @@ mod tests {
         assert!(!classify("queue", "consume", 403, "ACCESS_REFUSED").is_transient());
         assert!(classify("queue", "consume", 320, "CONNECTION_FORCED").is_transient());
         assert!(classify("queue", "consume", 541, "INTERNAL_ERROR").is_transient());
+    }
+
+    #[test]
+    fn given_an_amqps_uri_when_applied_should_give_host_port_vhost_login_and_tls() {
+        let given = connection()
+            .with_uri("amqps://ann%40shop:p%3Ass@broker.example:5999/shop%2Fprod")
+            .unwrap();
+        assert_eq!(
+            (
+                given.host.as_str(),
+                given.port(),
+                given.virtual_host.as_str(),
+                given.username.as_str(),
+                given.password.expose_secret(),
+                given.uses_tls(),
+            ),
+            (
+                "broker.example",
+                5999,
+                "shop/prod",
+                "ann@shop",
+                "p:ss",
+                true
+            )
+        );
+        // No port: the scheme's; no path: the default virtual host; no login:
+        // the fields' user and password.
+        let plain = connection().with_uri("amqp://[::1]").unwrap();
+        assert_eq!(
+            (
+                plain.host.as_str(),
+                plain.port(),
+                plain.virtual_host.as_str(),
+                plain.username.as_str()
+            ),
+            ("::1", 5672, "/", "guest")
+        );
+        assert!(!plain.uses_tls());
+        assert_eq!(connection().with_uri("amqps://h/").unwrap().port(), 5671);
+    }
+
+    #[test]
+    fn given_a_bad_uri_or_fields_beside_it_when_applied_should_name_uri_without_repeating_it() {
+        for (fields, uri, says) in [
+            (
+                connection(),
+                "http://u:secretword@h/",
+                "the scheme is \"http\"",
+            ),
+            (
+                connection(),
+                "amqp://u:secretword@h/v?heartbeat=10",
+                "query parameters",
+            ),
+            (connection(), "not a uri secretword", "expected amqp://"),
+            (
+                AmqpConnection {
+                    host: "other".into(),
+                    ..connection()
+                },
+                "amqp://u:secretword@h/",
+                "leave `host`, `port` and `virtual_host` out",
+            ),
+        ] {
+            let error = fields.with_uri(uri).unwrap_err();
+            let text = error.to_string();
+            assert!(text.contains("uri") && text.contains(says), "{uri}: {text}");
+            assert!(!text.contains("secretword"), "the password leaked: {text}");
+        }
     }
 }

@@ -25,7 +25,9 @@ use amqprs::{BasicProperties, ByteArray, FieldTable, FieldValue, LongStr, ShortS
 use async_trait::async_trait;
 use serde::Deserialize;
 
-use crate::connectors::rabbitmq::{Event, SHORT_STR, Session, check_short, connection_fields};
+use crate::connectors::rabbitmq::{
+    AmqpConnection, Event, SHORT_STR, Session, check_short, connection_fields,
+};
 use crate::connectors::{
     ConnectorContext, ConnectorError, PluginConfigError, Rejection, Sink, SinkEntry, SinkError,
     parse_plugin_config, schema_of,
@@ -36,7 +38,7 @@ pub const ENTRY: SinkEntry = SinkEntry {
     name: "rabbitmq",
     feature: "rabbitmq-sink",
     description: "publishes to a RabbitMQ exchange with publisher confirms, persistent and mandatory",
-    secret_fields: &["password"],
+    secret_fields: &["password", "uri"],
     sample_config: "host = \"127.0.0.1\"\nport = 5672\nvirtual_host = \"/\"\nusername = \"iggy\"\npassword = \"secret\"\nexchange = \"orders\"\nexchange_type = \"topic\"\nrouting_key = \"iggy.{stream}.{topic}\"\n",
     config_schema: schema_of::<RabbitmqSinkConfig>,
     build: |config| Ok(Box::new(RabbitmqSink::new(parse_plugin_config(config)?)?)),
@@ -101,13 +103,15 @@ struct Publisher {
 
 pub struct RabbitmqSink {
     config: RabbitmqSinkConfig,
+    connection: AmqpConnection,
     name: String,
     publisher: tokio::sync::Mutex<Option<Publisher>>,
 }
 
 impl RabbitmqSink {
     pub fn new(config: RabbitmqSinkConfig) -> Result<Self, PluginConfigError> {
-        config.connection().check()?;
+        let connection = config.connection()?;
+        connection.check()?;
         check_short("exchange", &config.exchange)?;
         if let Some(routing_key) = &config.routing_key {
             check_short("routing_key", routing_key)?;
@@ -138,6 +142,7 @@ impl RabbitmqSink {
         }
         Ok(Self {
             config,
+            connection,
             name: "iggy-connect rabbitmq sink".into(),
             publisher: tokio::sync::Mutex::new(None),
         })
@@ -201,7 +206,7 @@ impl RabbitmqSink {
     }
 
     async fn connect(&self) -> Result<Publisher, ConnectorError> {
-        let session = self.config.connection().open(&self.name).await?;
+        let session = self.connection.open(&self.name).await?;
         session
             .channel
             .confirm_select(ConfirmSelectArguments::new(false))

@@ -38,7 +38,7 @@ use serde::Deserialize;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::connectors::kit::row_id::hash_id;
-use crate::connectors::rabbitmq::{Session, check_short, connection_fields};
+use crate::connectors::rabbitmq::{AmqpConnection, Session, check_short, connection_fields};
 use crate::connectors::{
     ConnectorContext, ConnectorError, PluginConfigError, Source, SourceBatch, SourceEntry,
     parse_plugin_config, schema_of,
@@ -49,7 +49,7 @@ pub const ENTRY: SourceEntry = SourceEntry {
     name: "rabbitmq",
     feature: "rabbitmq-source",
     description: "consumes a RabbitMQ queue with manual acks, acked on commit",
-    secret_fields: &["password"],
+    secret_fields: &["password", "uri"],
     sample_config: "host = \"127.0.0.1\"\nport = 5672\nvirtual_host = \"/\"\nusername = \"iggy\"\npassword = \"secret\"\nqueue = \"orders\"\ndeclare_queue = true\nbatch_size = 500\nbindings = [{ exchange = \"shop\", routing_key = \"orders.#\" }]\n",
     config_schema: schema_of::<RabbitmqSourceConfig>,
     build: |config| Ok(Box::new(RabbitmqSource::new(parse_plugin_config(config)?)?)),
@@ -116,6 +116,7 @@ struct Staged {
 
 pub struct RabbitmqSource {
     config: RabbitmqSourceConfig,
+    connection: AmqpConnection,
     key: String,
     reader: tokio::sync::Mutex<Option<Reader>>,
     generations: AtomicU64,
@@ -124,7 +125,8 @@ pub struct RabbitmqSource {
 
 impl RabbitmqSource {
     pub fn new(config: RabbitmqSourceConfig) -> Result<Self, PluginConfigError> {
-        config.connection().check()?;
+        let connection = config.connection()?;
+        connection.check()?;
         if config.queue.is_empty() {
             return Err(PluginConfigError::new(
                 "queue",
@@ -153,6 +155,7 @@ impl RabbitmqSource {
         }
         Ok(Self {
             config,
+            connection,
             key: String::new(),
             reader: tokio::sync::Mutex::new(None),
             generations: AtomicU64::new(0),
@@ -171,7 +174,7 @@ impl RabbitmqSource {
     /// Connects, declares and binds what the config asks for, and consumes.
     async fn subscribe(&self) -> Result<Reader, ConnectorError> {
         let name = format!("iggy-connect source {}", self.key);
-        let session = self.config.connection().open(&name).await?;
+        let session = self.connection.open(&name).await?;
         let queue = &self.config.queue;
         let declare = if self.config.declare_queue {
             QueueDeclareArguments::durable_client_named(queue).finish()
