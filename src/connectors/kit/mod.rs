@@ -28,6 +28,8 @@
 //!   timeouts, proxy, auth, gzip), `Retry-After` parsing, status classification
 //!   and `exchange`, one request sent and its answer read (`exchange_whole`
 //!   for an answer that must be read to its end);
+//! - `json_line` (for the s3 and file sinks): a payload and a header value
+//!   as JSON on one line;
 //! - `store` (for the connectors that read or write objects): an
 //!   `object_store` store from a URL and its options, and the store errors
 //!   no retry fixes;
@@ -45,6 +47,8 @@ pub mod failure;
 pub mod http;
 #[cfg(feature = "kit-inbox")]
 pub mod inbox;
+#[cfg(any(feature = "s3-sink", feature = "file-sink"))]
+pub mod json_line;
 #[cfg(feature = "kit-lake")]
 pub mod lake;
 pub mod listener;

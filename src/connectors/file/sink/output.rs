@@ -7,7 +7,8 @@ use serde_json::Value;
 
 use super::config::Format;
 use crate::connectors::PluginConfigError;
-use crate::message::{HeaderValue, Payload, SinkMessage, TopicRef};
+use crate::connectors::kit::json_line::{header_json, payload_json};
+use crate::message::{Payload, SinkMessage, TopicRef};
 
 /// How each message is encoded.
 #[derive(Debug, Clone, Copy)]
@@ -177,48 +178,6 @@ fn encode(layout: &Layout, topic: &TopicRef, message: &SinkMessage, out: &mut Ve
     out.extend_from_slice(b"\"payload\":");
     payload_json(&message.payload, out);
     out.extend_from_slice(b"}\n");
-}
-
-/// The payload as JSON on one line: JSON as is, text as a string, bytes that
-/// are JSON as that JSON, other bytes as a base64 string.
-fn payload_json(payload: &Payload, out: &mut Vec<u8>) {
-    match payload {
-        Payload::Json(value) => {
-            let _ = serde_json::to_writer(&mut *out, value);
-        }
-        Payload::JsonBytes(bytes) | Payload::Raw(bytes) => {
-            match serde_json::from_slice::<Value>(bytes) {
-                Ok(_) if !bytes.iter().any(|byte| matches!(byte, b'\n' | b'\r')) => {
-                    out.extend_from_slice(bytes.trim_ascii());
-                }
-                Ok(value) => {
-                    let _ = serde_json::to_writer(&mut *out, &value);
-                }
-                Err(_) => {
-                    use base64::Engine;
-                    let text = base64::engine::general_purpose::STANDARD.encode(bytes);
-                    let _ = serde_json::to_writer(&mut *out, &text);
-                }
-            }
-        }
-        Payload::Text(text) => {
-            let _ = serde_json::to_writer(&mut *out, text);
-        }
-    }
-}
-
-fn header_json(value: &HeaderValue) -> Value {
-    match value {
-        HeaderValue::String(text) => Value::String(text.clone()),
-        HeaderValue::Bool(flag) => Value::Bool(*flag),
-        HeaderValue::Int(number) => Value::from(*number),
-        HeaderValue::UInt(number) => Value::from(*number),
-        HeaderValue::Float(number) => Value::from(*number),
-        HeaderValue::Raw(bytes) => {
-            use base64::Engine;
-            Value::String(base64::engine::general_purpose::STANDARD.encode(bytes))
-        }
-    }
 }
 
 /// Microseconds since the epoch as an RFC 3339 UTC time, to the microsecond.

@@ -7,7 +7,8 @@ use bytes::Bytes;
 use serde_json::Value;
 
 use super::config::{Compression, OutputFormat, Rotation};
-use crate::message::{HeaderValue, Payload, SinkMessage, TopicRef};
+use crate::connectors::kit::json_line::{header_json, payload_json};
+use crate::message::{SinkMessage, TopicRef};
 
 /// How messages are laid out in an object.
 #[derive(Debug, Clone)]
@@ -136,49 +137,6 @@ fn push_fields(out: &mut Vec<u8>, fields: &Value) {
     }
 }
 
-/// The payload as JSON: JSON as is (on one line), text as a string, bytes
-/// that are JSON as that JSON, other bytes as a base64 string.
-fn payload_json(payload: &Payload, out: &mut Vec<u8>) {
-    match payload {
-        Payload::Json(value) => {
-            let _ = serde_json::to_writer(&mut *out, value);
-        }
-        Payload::JsonBytes(bytes) | Payload::Raw(bytes) => {
-            match serde_json::from_slice::<Value>(bytes) {
-                // Stored text without line breaks goes in unchanged.
-                Ok(_) if !bytes.iter().any(|byte| matches!(byte, b'\n' | b'\r')) => {
-                    out.extend_from_slice(bytes.trim_ascii());
-                }
-                Ok(value) => {
-                    let _ = serde_json::to_writer(&mut *out, &value);
-                }
-                Err(_) => {
-                    use base64::Engine;
-                    let text = base64::engine::general_purpose::STANDARD.encode(bytes);
-                    let _ = serde_json::to_writer(&mut *out, &text);
-                }
-            }
-        }
-        Payload::Text(text) => {
-            let _ = serde_json::to_writer(&mut *out, text);
-        }
-    }
-}
-
-fn header_json(value: &HeaderValue) -> Value {
-    match value {
-        HeaderValue::String(text) => Value::String(text.clone()),
-        HeaderValue::Bool(flag) => Value::Bool(*flag),
-        HeaderValue::Int(number) => Value::from(*number),
-        HeaderValue::UInt(number) => Value::from(*number),
-        HeaderValue::Float(number) => Value::from(*number),
-        HeaderValue::Raw(bytes) => {
-            use base64::Engine;
-            Value::String(base64::engine::general_purpose::STANDARD.encode(bytes))
-        }
-    }
-}
-
 /// Microseconds since the epoch as an RFC 3339 UTC time, to the second.
 fn rfc3339(micros: u64) -> String {
     chrono::DateTime::from_timestamp_micros(micros as i64)
@@ -251,6 +209,7 @@ pub fn compress(body: &Bytes, compression: Compression) -> std::io::Result<Bytes
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::message::{HeaderValue, Payload};
 
     fn message(offset: u64, payload: Payload) -> SinkMessage {
         SinkMessage {
