@@ -39,7 +39,7 @@ pub const ENTRY: SinkEntry = SinkEntry {
     feature: "rabbitmq-sink",
     description: "publishes to a RabbitMQ exchange with publisher confirms, persistent and mandatory",
     secret_fields: &["password", "uri"],
-    sample_config: "host = \"127.0.0.1\"\nport = 5672\nvirtual_host = \"/\"\nusername = \"iggy\"\npassword = \"secret\"\nexchange = \"orders\"\nexchange_type = \"topic\"\nrouting_key = \"iggy.{stream}.{topic}\"\n",
+    sample_config: "uri = \"amqps://iggy:secret@rabbitmq.example/shop\"\nusername = \"iggy\"\npassword = \"secret\"\nexchange = \"orders\"\nexchange_type = \"topic\"\nrouting_key = \"iggy.{stream}.{topic}\"\n",
     config_schema: schema_of::<RabbitmqSinkConfig>,
     build: |config| Ok(Box::new(RabbitmqSink::new(parse_plugin_config(config)?)?)),
 };

@@ -50,7 +50,7 @@ pub const ENTRY: SourceEntry = SourceEntry {
     feature: "rabbitmq-source",
     description: "consumes a RabbitMQ queue with manual acks, acked on commit",
     secret_fields: &["password", "uri"],
-    sample_config: "host = \"127.0.0.1\"\nport = 5672\nvirtual_host = \"/\"\nusername = \"iggy\"\npassword = \"secret\"\nqueue = \"orders\"\ndeclare_queue = true\nbatch_size = 500\nbindings = [{ exchange = \"shop\", routing_key = \"orders.#\" }]\n",
+    sample_config: "uri = \"amqps://iggy:secret@rabbitmq.example/shop\"\nusername = \"iggy\"\npassword = \"secret\"\nqueue = \"orders\"\ndeclare_queue = true\nbatch_size = 500\nbindings = [{ exchange = \"shop\", routing_key = \"orders.#\" }]\n",
     config_schema: schema_of::<RabbitmqSourceConfig>,
     build: |config| Ok(Box::new(RabbitmqSource::new(parse_plugin_config(config)?)?)),
 };
