@@ -629,7 +629,15 @@ async fn sigterm_commits_the_batch_in_flight_and_a_restart_continues_without_gap
     // source that has nothing left to produce lets it catch up.
     let produced = committed(&workspace).await.unwrap();
     workspace.add_connector("rnd.toml", &random_source(Some(produced), ""));
+    let starts = workspace.stderr().matches("iggy-connect starting").count();
     let running = workspace.run();
+    // The sink may have caught up in the rounds above: wait for this run to
+    // be up (its signal handlers are installed before it logs this line), or
+    // the SIGTERM can come first and kill it.
+    wait_for("the runtime to start", LONG, || {
+        workspace.stderr().matches("iggy-connect starting").count() > starts
+    })
+    .await;
     wait_for("the sink to catch up", LONG, || {
         sink_output(&workspace, "out").len() as u64 >= produced
     })
