@@ -43,13 +43,13 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use iggy::prelude::{
     Client, Consumer as IggyConsumerId, ConsumerGroupClient, ConsumerOffsetClient, Identifier,
-    IggyClient, IggyError, IggyTimestamp, MessageClient, PollingStrategy, TopicClient,
+    IggyClient, IggyError, IggyTimestamp, MessageClient, PollingStrategy,
 };
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::connectors::Degraded;
-use crate::iggy::group_lag::GroupLag;
+use crate::iggy::group_lag::{GroupLag, partitions, stored_offset};
 use crate::iggy::headers;
 use crate::iggy::{BusError, ConsumedBatch, Consumer, ConsumerSpec, OffsetMove, OffsetReset};
 use crate::message::ConsumedMessage;
@@ -643,47 +643,4 @@ impl Watcher {
             }
         }
     }
-}
-
-/// Every partition of the topic with its last offset (`None` when empty).
-pub(super) async fn partitions(
-    client: &IggyClient,
-    stream: &Identifier,
-    topic: &Identifier,
-    timeout: Duration,
-) -> Result<Vec<(u32, Option<u64>)>, BusError> {
-    let details = tokio::time::timeout(timeout, client.get_topic(stream, topic))
-        .await
-        .map_err(|_| BusError::Unavailable("reading the topic timed out".into()))?
-        .map_err(|error| BusError::Unavailable(format!("cannot read the topic: {error}")))?;
-    Ok(details
-        .map(|details| {
-            details
-                .partitions
-                .iter()
-                .map(|partition| {
-                    let end = (partition.messages_count > 0).then_some(partition.current_offset);
-                    (partition.id, end)
-                })
-                .collect()
-        })
-        .unwrap_or_default())
-}
-
-pub(super) async fn stored_offset(
-    client: &IggyClient,
-    consumer: &IggyConsumerId,
-    stream: &Identifier,
-    topic: &Identifier,
-    partition_id: u32,
-    timeout: Duration,
-) -> Result<Option<u64>, BusError> {
-    let info = tokio::time::timeout(
-        timeout,
-        client.get_consumer_offset(consumer, stream, topic, Some(partition_id)),
-    )
-    .await
-    .map_err(|_| BusError::Unavailable("reading a stored offset timed out".into()))?
-    .map_err(|error| BusError::Unavailable(format!("cannot read a stored offset: {error}")))?;
-    Ok(info.map(|info| info.stored_offset))
 }

@@ -9,12 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use iggy::prelude::{
-    Consumer as IggyConsumerId, Identifier, IggyClient, MessageClient, PollingStrategy,
+    Consumer as IggyConsumerId, ConsumerOffsetClient, Identifier, IggyClient, MessageClient,
+    PollingStrategy, TopicClient,
 };
 use metrics::Label;
 
 use crate::clock::now_micros;
-use crate::iggy::consumer::{partitions, stored_offset};
 use crate::iggy::{BusError, ConsumerSpec};
 use crate::lag::{LagCell, PartitionLag};
 
@@ -165,3 +165,46 @@ impl GroupLag {
 
 /// The standalone consumer the watcher peeks with; it never stores an offset.
 const LAG_PEEKER: &str = "iggy-connect-lag";
+
+/// Every partition of the topic with its last offset (`None` when empty).
+pub(super) async fn partitions(
+    client: &IggyClient,
+    stream: &Identifier,
+    topic: &Identifier,
+    timeout: Duration,
+) -> Result<Vec<(u32, Option<u64>)>, BusError> {
+    let details = tokio::time::timeout(timeout, client.get_topic(stream, topic))
+        .await
+        .map_err(|_| BusError::Unavailable("reading the topic timed out".into()))?
+        .map_err(|error| BusError::Unavailable(format!("cannot read the topic: {error}")))?;
+    Ok(details
+        .map(|details| {
+            details
+                .partitions
+                .iter()
+                .map(|partition| {
+                    let end = (partition.messages_count > 0).then_some(partition.current_offset);
+                    (partition.id, end)
+                })
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+pub(super) async fn stored_offset(
+    client: &IggyClient,
+    consumer: &IggyConsumerId,
+    stream: &Identifier,
+    topic: &Identifier,
+    partition_id: u32,
+    timeout: Duration,
+) -> Result<Option<u64>, BusError> {
+    let info = tokio::time::timeout(
+        timeout,
+        client.get_consumer_offset(consumer, stream, topic, Some(partition_id)),
+    )
+    .await
+    .map_err(|_| BusError::Unavailable("reading a stored offset timed out".into()))?
+    .map_err(|error| BusError::Unavailable(format!("cannot read a stored offset: {error}")))?;
+    Ok(info.map(|info| info.stored_offset))
+}

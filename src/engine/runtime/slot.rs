@@ -82,7 +82,14 @@ impl Runtime {
         let handle = tokio::spawn(
             async move {
                 runtime.run_slot(&running_slot, task_shutdown).await;
-                runtime.watch_stopped_lag(&running_slot);
+                // Not while the runtime shuts down: nobody would read it.
+                if !runtime.is_closing() {
+                    running_slot.stopped_lag.watch(
+                        runtime.bus.clone(),
+                        &running_slot.config(),
+                        &running_slot.lag,
+                    );
+                }
             }
             .instrument(span),
         );

@@ -10,55 +10,23 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tracing::debug;
 
-use super::Runtime;
-use super::slot::Slot;
-use crate::config::KindConfig;
-use crate::connectors::{ConnectorKind, Degraded};
+use crate::config::{ConnectorConfig, KindConfig};
+use crate::connectors::Degraded;
 use crate::iggy::{Bus, ConsumerSpec};
+use crate::lag::LagCell;
 
 /// How often a stopped sink's lag is measured.
 pub const STOPPED_SINK_LAG_INTERVAL: Duration = Duration::from_secs(5);
 
-/// The measuring task of one stopped sink; it ends when this is dropped or
-/// replaced.
+/// The measuring task of one stopped sink; it ends when this is dropped,
+/// ended or replaced.
 #[derive(Default)]
 pub(super) struct StoppedLag(std::sync::Mutex<Option<JoinHandle<()>>>);
 
 impl StoppedLag {
-    /// Ends the measurements (the sink starts: its consumers measure).
-    pub(super) fn end(&self) {
-        if let Some(task) = self.lock().take() {
-            task.abort();
-        }
-    }
-
-    fn replace(&self, task: JoinHandle<()>) {
-        if let Some(previous) = self.lock().replace(task) {
-            previous.abort();
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<JoinHandle<()>>> {
-        self.0
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
-impl Drop for StoppedLag {
-    fn drop(&mut self) {
-        self.end();
-    }
-}
-
-impl Runtime {
-    /// Measures a sink that just stopped until it starts again; a source, or
-    /// a runtime shutting down, is left alone.
-    pub(super) fn watch_stopped_lag(&self, slot: &Slot) {
-        if slot.kind != ConnectorKind::Sink || self.is_closing() {
-            return;
-        }
-        let config = slot.config();
+    /// Measures the sink of `config` (a source is left alone) into `lag`
+    /// until [`end`](Self::end).
+    pub(super) fn watch(&self, bus: Arc<dyn Bus>, config: &ConnectorConfig, lag: &LagCell) {
         let KindConfig::Sink { streams, .. } = &config.kind_config else {
             return;
         };
@@ -73,13 +41,12 @@ impl Runtime {
                     poll_interval: stream.poll_interval,
                     connector_key: config.key.clone(),
                     degraded: Degraded::default(),
-                    lag: slot.lag.clone(),
+                    lag: lag.clone(),
                 })
             })
             .collect();
-        let bus: Arc<dyn Bus> = self.bus.clone();
-        let key = slot.key.clone();
-        slot.stopped_lag.replace(tokio::spawn(async move {
+        let key = config.key.clone();
+        let task = tokio::spawn(async move {
             loop {
                 for spec in &specs {
                     if let Err(error) = bus.measure_lag(spec).await {
@@ -88,6 +55,28 @@ impl Runtime {
                 }
                 tokio::time::sleep(STOPPED_SINK_LAG_INTERVAL).await;
             }
-        }));
+        });
+        if let Some(previous) = self.lock().replace(task) {
+            previous.abort();
+        }
+    }
+
+    /// Ends the measurements (the sink starts: its consumers measure).
+    pub(super) fn end(&self) {
+        if let Some(task) = self.lock().take() {
+            task.abort();
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<JoinHandle<()>>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Drop for StoppedLag {
+    fn drop(&mut self) {
+        self.end();
     }
 }
