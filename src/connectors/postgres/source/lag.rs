@@ -11,10 +11,10 @@ use sqlx::{AssertSqlSafe, PgExecutor};
 use tokio::sync::OnceCell;
 
 use super::config::Consume;
-use super::query::{PENDING_CAP, TablePlan};
+use super::query::TablePlan;
 use super::record::RowShape;
 use super::{Consumption, PostgresState};
-use crate::connectors::kit::sql_poll::PollCore;
+use crate::connectors::kit::sql_poll::{PENDING_CAP, PollCore};
 use crate::connectors::postgres::describe;
 use crate::connectors::{ConnectorError, LagProbe};
 use crate::lag::SourceLag;

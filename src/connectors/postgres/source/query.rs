@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::config::{Consume, PayloadFormat, PostgresSourceConfig};
 use super::quote::{quote_identifier, quote_qualified};
-use crate::connectors::kit::sql_poll::{CatalogEntry, PlanColumns};
+use crate::connectors::kit::sql_poll::{CatalogEntry, PENDING_CAP, PlanColumns};
 pub use crate::connectors::kit::sql_poll::{Placeholders, PlanError};
 
 /// Reads one table's columns, their types and which are unique.
@@ -75,10 +75,6 @@ pub struct TablePlan {
     pub count_first_sql: Option<Arc<str>>,
     pub count_next_sql: Option<Arc<str>>,
 }
-
-/// The most rows the lag probe counts per table: past it, counting would
-/// cost more than the figure is worth.
-pub const PENDING_CAP: u64 = 1_000_000;
 
 impl TablePlan {
     /// Builds the SQL for `table` from the config and the table's catalog rows.
