@@ -49,13 +49,17 @@ async fn list(
     State(state): State<Arc<ApiState>>,
     Extension(kind): Extension<ConnectorKind>,
 ) -> Json<Value> {
-    let views = state.runtime.views();
-    Json(Value::Array(
-        numbered(&views)
+    Json(listing(&state.runtime.views(), kind))
+}
+
+/// The list answer of one kind (`/events` sends it too).
+pub(super) fn listing(views: &[ConnectorView], kind: ConnectorKind) -> Value {
+    Value::Array(
+        numbered(views)
             .filter(|(_, view)| view.config.kind == kind)
             .map(|(id, view)| render::info(id, view))
             .collect(),
-    ))
+    )
 }
 
 async fn details(

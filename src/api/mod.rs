@@ -10,6 +10,7 @@ mod configs;
 mod connectors;
 mod dlq;
 mod error;
+mod events;
 mod extract;
 mod health;
 pub mod metrics;
@@ -95,6 +96,7 @@ impl ApiState {
 pub fn router(config: &HttpConfig, state: Arc<ApiState>) -> Result<Router, ApiSetupError> {
     let mut routes = Router::new()
         .route("/stats", get(stats::stats))
+        .merge(events::routes(config))
         .nest(
             "/sources",
             connectors::routes(ConnectorKind::Source)
@@ -139,7 +141,7 @@ fn check_metrics_endpoint(endpoint: &str) -> Result<(), ApiSetupError> {
         Some("must start with '/'")
     } else if endpoint.contains(['{', '}', '*']) || endpoint.contains("//") {
         Some("must be a plain path, without '{', '}', '*' or empty segments")
-    } else if ["/", "/health", "/health/live", "/stats", "/ui"].contains(&endpoint)
+    } else if ["/", "/health", "/health/live", "/stats", "/events", "/ui"].contains(&endpoint)
         || ["/sources", "/sinks"]
             .iter()
             .any(|prefix| endpoint == *prefix || endpoint.starts_with(&format!("{prefix}/")))

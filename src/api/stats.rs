@@ -29,9 +29,14 @@ struct Probe {
 }
 
 pub async fn stats(State(state): State<Arc<ApiState>>) -> Json<Value> {
+    let views = state.runtime.views();
+    Json(body(&state, &views).await)
+}
+
+/// The `/stats` answer for these views (`/events` sends it too).
+pub(super) async fn body(state: &ApiState, views: &[ConnectorView]) -> Value {
     // sysinfo reads /proc synchronously.
     let probe = tokio::task::spawn_blocking(probe).await.unwrap_or_default();
-    let views = state.runtime.views();
     let count = |kind: ConnectorKind, running: bool| {
         views
             .iter()
@@ -40,7 +45,7 @@ pub async fn stats(State(state): State<Arc<ApiState>>) -> Json<Value> {
             .count()
     };
     let now = now_micros();
-    Json(json!({
+    json!({
         "connectors_runtime_version": VERSION,
         "connectors_runtime_version_semver": numeric_version(VERSION),
         "process_id": std::process::id(),
@@ -56,7 +61,7 @@ pub async fn stats(State(state): State<Arc<ApiState>>) -> Json<Value> {
         "sinks_total": count(ConnectorKind::Sink, false),
         "sinks_running": count(ConnectorKind::Sink, true),
         "connectors": views.iter().map(connector).collect::<Vec<_>>(),
-    }))
+    })
 }
 
 fn connector(view: &ConnectorView) -> Value {

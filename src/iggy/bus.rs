@@ -9,6 +9,7 @@ use iggy::prelude::{IggyClient, SystemClient};
 
 use crate::iggy::connection::ConnectionSettings;
 use crate::iggy::consumer::IggyBusConsumer;
+use crate::iggy::group_lag::GroupLag;
 use crate::iggy::producer::IggyProducer;
 use crate::iggy::reader;
 use crate::iggy::{
@@ -23,6 +24,8 @@ pub struct IggyBus {
     health: tokio::sync::Mutex<Option<Arc<IggyClient>>>,
     /// The dead-letter reader's connection, likewise kept between reads.
     reader: tokio::sync::Mutex<Option<Arc<IggyClient>>>,
+    /// Stopped sinks' lag measurements' connection, likewise.
+    lag: tokio::sync::Mutex<Option<Arc<IggyClient>>>,
 }
 
 impl IggyBus {
@@ -31,6 +34,7 @@ impl IggyBus {
             settings,
             health: tokio::sync::Mutex::new(None),
             reader: tokio::sync::Mutex::new(None),
+            lag: tokio::sync::Mutex::new(None),
         }
     }
 }
@@ -78,6 +82,24 @@ impl Bus for IggyBus {
         )
         .await?;
         Ok(Box::new(consumer))
+    }
+
+    async fn measure_lag(&self, spec: &ConsumerSpec) -> Result<(), BusError> {
+        let client = {
+            let mut connection = self.lag.lock().await;
+            match connection.as_ref() {
+                Some(client) => client.clone(),
+                None => connection.insert(self.settings.connect().await?).clone(),
+            }
+        };
+        let measured = GroupLag::new(client, spec, self.settings.request_timeout)?
+            .measure()
+            .await;
+        if measured.is_err() {
+            // Connected afresh at the next measurement.
+            self.lag.lock().await.take();
+        }
+        measured.map(drop)
     }
 
     async fn read(

@@ -43,17 +43,15 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use iggy::prelude::{
     Client, Consumer as IggyConsumerId, ConsumerGroupClient, ConsumerOffsetClient, Identifier,
-    IggyClient, IggyError, IggyTimestamp, MessageClient, PollingStrategy, TopicClient,
+    IggyClient, IggyError, IggyTimestamp, MessageClient, PollingStrategy,
 };
-use metrics::Label;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::clock::now_micros;
 use crate::connectors::Degraded;
+use crate::iggy::group_lag::{GroupLag, partitions, stored_offset};
 use crate::iggy::headers;
 use crate::iggy::{BusError, ConsumedBatch, Consumer, ConsumerSpec, OffsetMove, OffsetReset};
-use crate::lag::{LagCell, PartitionLag};
 use crate::message::ConsumedMessage;
 
 /// How long after joining again the group's stored offsets may stand still
@@ -139,21 +137,11 @@ impl IggyBusConsumer {
         });
         let consumer_id = IggyConsumerId::group(group.clone());
         let watcher = Watcher {
-            client: Arc::clone(&client),
-            stream: stream.clone(),
-            topic: topic.clone(),
-            consumer: consumer_id.clone(),
-            labels: [
-                spec.connector_key.clone(),
-                spec.stream.clone(),
-                spec.topic.clone(),
-            ],
+            group_lag: GroupLag::new(Arc::clone(&client), spec, request_timeout)?,
             name: name.clone(),
             degraded: spec.degraded.clone(),
-            lag: spec.lag.clone(),
             progress: Arc::clone(&progress),
             stall_timeout,
-            request_timeout,
         };
         let mut consumer = Self {
             stream,
@@ -602,26 +590,11 @@ impl Drop for IggyBusConsumer {
 
 /// Measures the group's lag every few seconds, exports it and reports a stall.
 struct Watcher {
-    client: Arc<IggyClient>,
-    stream: Identifier,
-    topic: Identifier,
-    consumer: IggyConsumerId,
-    /// connector key, stream, topic.
-    labels: [String; 3],
+    group_lag: GroupLag,
     name: String,
     degraded: Degraded,
-    lag: LagCell,
     progress: Arc<Progress>,
     stall_timeout: Duration,
-    request_timeout: Duration,
-}
-
-/// One partition's measurement.
-struct Measured {
-    partition_id: u32,
-    messages: u64,
-    /// The server's append time of the first message past the stored offset.
-    oldest_micros: Option<u64>,
 }
 
 impl Watcher {
@@ -633,10 +606,9 @@ impl Watcher {
         loop {
             tokio::time::sleep(interval).await;
             // An unreachable broker is reported by the engine's own retries.
-            let Ok(lags) = self.lags().await else {
+            let Ok(lags) = self.group_lag.measure().await else {
                 continue;
             };
-            self.publish(&lags);
             let lags: Vec<(u32, u64)> = lags
                 .iter()
                 .map(|measured| (measured.partition_id, measured.messages))
@@ -671,139 +643,4 @@ impl Watcher {
             }
         }
     }
-
-    /// Exports a measurement as gauges and into the sink's lag cell.
-    fn publish(&self, lags: &[Measured]) {
-        let [key, stream, topic] = &self.labels;
-        let now = now_micros();
-        let mut partitions = Vec::with_capacity(lags.len());
-        for measured in lags {
-            let labels = [
-                Label::new("connector_key", key.clone()),
-                Label::new("stream", stream.clone()),
-                Label::new("topic", topic.clone()),
-                Label::new("partition", measured.partition_id.to_string()),
-            ];
-            let age_micros = measured
-                .oldest_micros
-                .map(|micros| now.saturating_sub(micros));
-            metrics::gauge!("iggy_connector_lag", labels.iter()).set(measured.messages as f64);
-            metrics::gauge!("iggy_connector_lag_oldest_age_seconds", labels.iter())
-                .set(age_micros.map_or(0.0, |micros| micros as f64 / 1e6));
-            partitions.push(PartitionLag {
-                stream: stream.clone(),
-                topic: topic.clone(),
-                partition: measured.partition_id,
-                messages: measured.messages,
-                oldest_age_ms: age_micros.map(|micros| micros / 1000),
-            });
-        }
-        self.lag.set_topic(stream, topic, partitions);
-    }
-
-    /// Messages past the group's stored offset, per partition, and when the
-    /// first of them was appended.
-    async fn lags(&self) -> Result<Vec<Measured>, BusError> {
-        let timeout = self.request_timeout;
-        let mut lags = Vec::new();
-        for (partition_id, end) in
-            partitions(&self.client, &self.stream, &self.topic, timeout).await?
-        {
-            let mut measured = Measured {
-                partition_id,
-                messages: 0,
-                oldest_micros: None,
-            };
-            if let Some(current) = end {
-                let stored = stored_offset(
-                    &self.client,
-                    &self.consumer,
-                    &self.stream,
-                    &self.topic,
-                    partition_id,
-                    timeout,
-                )
-                .await?;
-                let first_waiting = stored.map_or(0, |stored| stored + 1);
-                measured.messages = (current + 1).saturating_sub(first_waiting);
-                if measured.messages > 0 {
-                    measured.oldest_micros = self.appended_at(partition_id, first_waiting).await;
-                }
-            }
-            lags.push(measured);
-        }
-        Ok(lags)
-    }
-
-    /// When the message at `offset` was appended, read by a standalone
-    /// consumer that stores nothing (a group's poll would count as the
-    /// member's). `None` when it cannot be read now.
-    async fn appended_at(&self, partition_id: u32, offset: u64) -> Option<u64> {
-        let peeker = IggyConsumerId::new(Identifier::named(LAG_PEEKER).ok()?);
-        let polled = tokio::time::timeout(
-            self.request_timeout,
-            self.client.poll_messages(
-                &self.stream,
-                &self.topic,
-                Some(partition_id),
-                &peeker,
-                &PollingStrategy::offset(offset),
-                1,
-                false,
-            ),
-        )
-        .await
-        .ok()?
-        .ok()?;
-        polled
-            .messages
-            .first()
-            .map(|message| message.header.timestamp)
-    }
-}
-
-/// The standalone consumer the watcher peeks with; it never stores an offset.
-const LAG_PEEKER: &str = "iggy-connect-lag";
-
-/// Every partition of the topic with its last offset (`None` when empty).
-async fn partitions(
-    client: &IggyClient,
-    stream: &Identifier,
-    topic: &Identifier,
-    timeout: Duration,
-) -> Result<Vec<(u32, Option<u64>)>, BusError> {
-    let details = tokio::time::timeout(timeout, client.get_topic(stream, topic))
-        .await
-        .map_err(|_| BusError::Unavailable("reading the topic timed out".into()))?
-        .map_err(|error| BusError::Unavailable(format!("cannot read the topic: {error}")))?;
-    Ok(details
-        .map(|details| {
-            details
-                .partitions
-                .iter()
-                .map(|partition| {
-                    let end = (partition.messages_count > 0).then_some(partition.current_offset);
-                    (partition.id, end)
-                })
-                .collect()
-        })
-        .unwrap_or_default())
-}
-
-async fn stored_offset(
-    client: &IggyClient,
-    consumer: &IggyConsumerId,
-    stream: &Identifier,
-    topic: &Identifier,
-    partition_id: u32,
-    timeout: Duration,
-) -> Result<Option<u64>, BusError> {
-    let info = tokio::time::timeout(
-        timeout,
-        client.get_consumer_offset(consumer, stream, topic, Some(partition_id)),
-    )
-    .await
-    .map_err(|_| BusError::Unavailable("reading a stored offset timed out".into()))?
-    .map_err(|error| BusError::Unavailable(format!("cannot read a stored offset: {error}")))?;
-    Ok(info.map(|info| info.stored_offset))
 }

@@ -4,6 +4,7 @@
 pub mod bus;
 pub mod connection;
 mod consumer;
+mod group_lag;
 mod headers;
 pub mod memory;
 mod producer;
@@ -58,6 +59,13 @@ pub trait Bus: Send + Sync {
     /// Whether the broker answers now (`/health` asks; the caller bounds
     /// the wait).
     async fn ping(&self) -> Result<(), BusError> {
+        Ok(())
+    }
+
+    /// Measures the spec's group on its topic without joining it (a stopped
+    /// sink), as a running consumer's watcher does: into `spec.lag` and the
+    /// lag gauges. A bus that cannot say leaves the last measurement.
+    async fn measure_lag(&self, _spec: &ConsumerSpec) -> Result<(), BusError> {
         Ok(())
     }
 }

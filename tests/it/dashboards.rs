@@ -29,13 +29,21 @@ struct Pipeline {
 
 impl Pipeline {
     fn start(stream: &str) -> Pipeline {
+        Pipeline::start_with(stream, "")
+    }
+
+    /// With `http` (lines) added to `[http]`.
+    fn start_with(stream: &str, http: &str) -> Pipeline {
         let server = IggyTestServer::start();
         let workspace = Workspace::with_api(&server.address().to_string(), "");
         let config = workspace.path("config.toml");
         let text = std::fs::read_to_string(&config).unwrap();
         std::fs::write(
             &config,
-            text.replace("[http]\n", &format!("[http]\napi_key = \"{API_KEY}\"\n")),
+            text.replace(
+                "[http]\n",
+                &format!("[http]\napi_key = \"{API_KEY}\"\n{http}"),
+            ),
         )
         .unwrap();
         workspace.add_connector(
@@ -78,6 +86,38 @@ impl Pipeline {
                 .json()
                 .await
                 .expect("JSON")
+        })
+    }
+
+    /// `POST path` with the key; its status.
+    fn post(&self, path: &str) -> u16 {
+        block_on(self.post_async(path))
+    }
+
+    async fn post_async(&self, path: &str) -> u16 {
+        reqwest::Client::new()
+            .post(format!("{}{path}", self.url))
+            .header("api-key", API_KEY)
+            .send()
+            .await
+            .expect("the API answers")
+            .status()
+            .as_u16()
+    }
+
+    /// The Prometheus text of `/metrics`.
+    fn metrics(&self) -> String {
+        let url = format!("{}/metrics", self.url);
+        block_on(async move {
+            reqwest::Client::new()
+                .get(url)
+                .header("api-key", API_KEY)
+                .send()
+                .await
+                .expect("the API answers")
+                .text()
+                .await
+                .expect("text")
         })
     }
 
@@ -474,6 +514,27 @@ fn ui_in_headless_chromium_lists_every_connector_and_a_stop_button_stops_one() {
                 &format!("{CELL} return cell('sink', 'print', 3) === 'stopped';"),
             )
             .await;
+
+        // A change made elsewhere (the API, not the page) is pushed to the
+        // page, which is not reloaded (its marker stays) and polls nothing.
+        browser.eval("window.notReloaded = true;").await;
+        assert_eq!(pipeline.post_async("/sources/gen/stop").await, 204);
+        browser
+            .wait(
+                "the page shows the source stopped through the API",
+                &format!(
+                    "{CELL} return window.notReloaded === true && cell('source', 'gen', 3) === 'stopped';"
+                ),
+            )
+            .await;
+        let polled = browser
+            .eval(
+                "return performance.getEntriesByType('resource')
+                     .map((entry) => new URL(entry.name).pathname)
+                     .filter((path) => ['/stats', '/sources', '/sinks'].includes(path));",
+            )
+            .await;
+        assert_eq!(polled, json!([]), "the page polled");
         let errors: Vec<Value> = browser
             .console()
             .await
@@ -484,9 +545,245 @@ fn ui_in_headless_chromium_lists_every_connector_and_a_stop_button_stops_one() {
     });
     // The page's stop went through the API: the runtime says so.
     assert_eq!(pipeline.sink_status("print"), "stopped");
-    assert_eq!(
-        pipeline.get("/sources/gen")["status"].as_str(),
-        Some("running")
-    );
+    pipeline.stop();
+}
+
+#[test]
+fn ui_without_the_tap_lists_the_connectors_without_tap_buttons_or_console_errors() {
+    let pipeline = Pipeline::start_with("ui_no_tap", "tap = false\n");
+    block_on(async {
+        let browser = Browser::start().await;
+        // The key is in the tab's session storage before the page loads
+        // (set on another page of the same origin), so nothing is refused.
+        browser.go(&format!("{}/health", pipeline.url)).await;
+        browser
+            .eval(&format!(
+                "sessionStorage.setItem('iggy-connect-api-key', '{API_KEY}');"
+            ))
+            .await;
+        // That page's own entries (its favicon's 404) are not the status page's.
+        browser.console().await;
+        browser.go(&format!("{}/ui", pipeline.url)).await;
+        browser
+            .wait(
+                "both connectors running",
+                &format!(
+                    "{CELL} return cell('source', 'gen', 3) === 'running' && cell('sink', 'print', 3) === 'running';"
+                ),
+            )
+            .await;
+        let buttons = browser
+            .eval(
+                "return [...document.querySelectorAll('button[data-action]')]
+                     .map((button) => `${button.dataset.kind}/${button.dataset.action}`);",
+            )
+            .await;
+        let buttons: Vec<&str> = buttons
+            .as_array()
+            .expect("a list")
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        assert!(
+            !buttons.iter().any(|button| button.ends_with("/tap")),
+            "{buttons:?}"
+        );
+        assert!(buttons.contains(&"sink/stop"), "{buttons:?}");
+        assert_eq!(pipeline.post_async("/sinks/print/stop").await, 204);
+        browser
+            .wait(
+                "the page shows the sink stopped",
+                &format!("{CELL} return cell('sink', 'print', 3) === 'stopped';"),
+            )
+            .await;
+        let errors: Vec<Value> = browser
+            .console()
+            .await
+            .into_iter()
+            .filter(|entry| entry["level"] == "SEVERE")
+            .filter(|entry| {
+                !entry["message"]
+                    .as_str()
+                    .is_some_and(|message| message.contains("/favicon.ico"))
+            })
+            .collect();
+        assert!(errors.is_empty(), "console errors: {errors:?}");
+    });
+    pipeline.stop();
+}
+
+/// Reads Server-Sent Events off a streaming answer.
+struct EventReader {
+    response: reqwest::Response,
+    buffer: String,
+}
+
+impl EventReader {
+    /// The next `(event, data)`; `None` when the stream ended.
+    async fn next(&mut self) -> Option<(String, String)> {
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let block: String = self.buffer.drain(..end + 2).collect();
+                let mut event = "message".to_owned();
+                let mut data = String::new();
+                for line in block.lines() {
+                    if let Some(name) = line.strip_prefix("event:") {
+                        event = name.trim().to_owned();
+                    } else if let Some(text) = line.strip_prefix("data:") {
+                        data.push_str(text.strip_prefix(' ').unwrap_or(text));
+                    }
+                }
+                if !data.is_empty() {
+                    return Some((event, data));
+                }
+                continue;
+            }
+            let chunk = self.response.chunk().await.ok()??;
+            self.buffer.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    }
+
+    /// The next `snapshot` event's JSON.
+    async fn snapshot(&mut self) -> Option<Value> {
+        loop {
+            let (event, data) = self.next().await?;
+            if event == "snapshot" {
+                return Some(serde_json::from_str(&data).expect("a JSON snapshot"));
+            }
+        }
+    }
+}
+
+/// `snapshot[list]`'s entry for `key`.
+fn entry<'a>(snapshot: &'a Value, list: &str, key: &str) -> &'a Value {
+    snapshot[list]
+        .as_array()
+        .and_then(|entries| entries.iter().find(|entry| entry["key"] == key))
+        .unwrap_or(&Value::Null)
+}
+
+fn produced(snapshot: &Value) -> u64 {
+    snapshot["stats"]["connectors"]
+        .as_array()
+        .and_then(|connectors| connectors.iter().find(|counters| counters["key"] == "gen"))
+        .and_then(|counters| counters["messages_produced"].as_u64())
+        .unwrap_or(0)
+}
+
+#[test]
+fn events_push_status_counters_and_lag_and_a_stop_made_through_the_api() {
+    let mut pipeline = Pipeline::start("events_api");
+    let url = format!("{}/events?interval_ms=200", pipeline.url);
+    let running = pipeline.running.take().expect("running");
+    block_on(async {
+        let client = reqwest::Client::new();
+        let refused = client.get(&url).send().await.expect("the API answers");
+        assert_eq!(refused.status().as_u16(), 401);
+        let response = client
+            .get(&url)
+            .header("api-key", API_KEY)
+            .send()
+            .await
+            .expect("the API answers");
+        assert_eq!(response.status().as_u16(), 200);
+        let content_type = response.headers()["content-type"]
+            .to_str()
+            .unwrap_or_default();
+        assert!(
+            content_type.starts_with("text/event-stream"),
+            "{content_type}"
+        );
+        let mut events = EventReader {
+            response,
+            buffer: String::new(),
+        };
+
+        let first = events.snapshot().await.expect("a first snapshot");
+        assert_eq!(first["tap"], true, "{first}");
+        assert_eq!(first["stats"]["sources_total"], 1, "{first}");
+        assert_eq!(first["stats"]["sinks_total"], 1, "{first}");
+        assert_eq!(entry(&first, "sources", "gen")["connector"], "random");
+        assert_eq!(entry(&first, "sinks", "print")["connector"], "stdout");
+
+        // Both run, the source's counters grow from one snapshot to the
+        // next, and the sink's lag (measured by its watcher) shows up.
+        let deadline = tokio::time::Instant::now() + LONG;
+        let mut last_produced = produced(&first);
+        let mut grew = 0;
+        loop {
+            let snapshot = events.snapshot().await.expect("snapshots keep coming");
+            let running = entry(&snapshot, "sources", "gen")["status"] == "running"
+                && entry(&snapshot, "sinks", "print")["status"] == "running";
+            if running && produced(&snapshot) > last_produced {
+                grew += 1;
+            }
+            last_produced = produced(&snapshot);
+            let lag = &entry(&snapshot, "sinks", "print")["lag"];
+            if grew >= 2 && lag["messages"].is_u64() && lag["partitions"].is_array() {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no growing counters and sink lag: {snapshot}"
+            );
+        }
+
+        // A stop made by another client is pushed.
+        assert_eq!(pipeline.post_async("/sinks/print/stop").await, 204);
+        let deadline = tokio::time::Instant::now() + LONG;
+        loop {
+            let snapshot = events.snapshot().await.expect("snapshots keep coming");
+            let sink = entry(&snapshot, "sinks", "print");
+            if sink["status"] == "stopped" {
+                assert_eq!(snapshot["stats"]["sinks_running"], 0, "{snapshot}");
+                assert_eq!(entry(&snapshot, "sources", "gen")["status"], "running");
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the stop was not pushed: {snapshot}"
+            );
+        }
+
+        // The stream ends when the runtime shuts down.
+        running.terminate();
+        while events.next().await.is_some() {}
+    });
+    let exit = running.wait_exit(LONG);
+    assert!(exit.success(), "{}", pipeline.workspace.stderr());
+    pipeline.stop();
+}
+
+/// The messages the status answer counts as `/sinks/print`'s lag.
+fn sink_lag(pipeline: &Pipeline) -> Option<u64> {
+    pipeline.get("/sinks/print")["lag"]["messages"].as_u64()
+}
+
+#[test]
+fn a_stopped_sink_shows_its_lag_grow_while_its_topic_grows() {
+    let pipeline = Pipeline::start("stopped_lag");
+    wait_until("the running sink's lag measured", LONG, || {
+        pipeline.sink_status("print") == "running" && sink_lag(&pipeline).is_some()
+    });
+    assert_eq!(pipeline.post("/sinks/print/stop"), 204);
+    assert_eq!(pipeline.sink_status("print"), "stopped");
+    let at_stop = sink_lag(&pipeline).unwrap_or(0);
+    // The source keeps writing 200 messages a second to the sink's topic.
+    wait_until("the stopped sink's lag grows", LONG, || {
+        sink_lag(&pipeline).is_some_and(|lag| lag > at_stop + 100)
+    });
+    let metrics = pipeline.metrics();
+    let gauge = metrics
+        .lines()
+        .find(|line| {
+            line.starts_with("iggy_connector_lag{") && line.contains("connector_key=\"print\"")
+        })
+        .unwrap_or_else(|| panic!("no iggy_connector_lag of the sink:\n{metrics}"));
+    let value: f64 = gauge
+        .rsplit(' ')
+        .next()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_default();
+    assert!(value > 0.0, "{gauge}");
     pipeline.stop();
 }

@@ -395,3 +395,55 @@ async fn change_stream_batch_not_committed_is_read_again_after_a_restart() {
         "the uncommitted batch again, nothing before it"
     );
 }
+
+/// The oldest-change age the change stream's lag probe measures (`None`
+/// when it cannot say).
+async fn change_age(probe: &dyn iggy_connect::connectors::LagProbe) -> Option<u64> {
+    probe.measure().await.ok().and_then(|lag| lag.oldest_age_ms)
+}
+
+/// A change stream's lag is zero when read to its end; while changes wait
+/// it is the age of the last committed change's cluster time on the
+/// server's clock, growing with it; a polling source has no probe.
+#[tokio::test]
+async fn change_stream_lag_is_the_age_of_the_last_committed_change_and_zero_at_its_end() {
+    let server = MongoServer::start();
+    let database = unique_database("changes_lag");
+    let polling = open(&config(&server, &database, json!({})), None).await;
+    assert!(polling.lag_probe().is_none());
+    let config = config(&server, &database, json!({"mode": "change_stream"}));
+    let source = open(&config, None).await;
+    let probe = source
+        .lag_probe()
+        .expect("a change stream measures its lag");
+    assert!(source.poll().await.unwrap().records.is_empty());
+    source.commit().await.unwrap();
+    assert_eq!(change_age(probe.as_ref()).await, Some(0));
+
+    insert(
+        &server,
+        &database,
+        (1..=3_i64).map(|n| doc! { "_id": n, "n": n }).collect(),
+    )
+    .await;
+    // A full batch (2 of 3): the stream is not read to its end.
+    assert_eq!(source.poll().await.unwrap().records.len(), 2);
+    source.commit().await.unwrap();
+    let first = change_age(probe.as_ref())
+        .await
+        .expect("the age of the committed change");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut age = first;
+    while age < first + 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the age stays {age} ms"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        age = change_age(probe.as_ref()).await.expect("still measured");
+    }
+
+    assert_eq!(source.poll().await.unwrap().records.len(), 1);
+    source.commit().await.unwrap();
+    assert_eq!(change_age(probe.as_ref()).await, Some(0));
+}

@@ -372,3 +372,66 @@ async fn a_missing_table_stops_the_source_with_an_error_naming_it() {
     );
     pipeline.runtime.shutdown().await;
 }
+
+/// A polling source built and opened directly, as the engine does.
+async fn open_source(config: &str) -> Box<dyn iggy_connect::connectors::Source> {
+    let entry = iggy_connect::connectors::Registry::sources()
+        .iter()
+        .find(|entry| entry.name == "mysql")
+        .expect("the mysql source is compiled in");
+    let table: toml::Table = toml::from_str(config).expect("TOML");
+    let value = serde_json::to_value(table).expect("JSON");
+    let mut source = (entry.build)(&value).expect("a valid config");
+    source.open(None).await.expect("open");
+    source
+}
+
+async fn pending(probe: &dyn iggy_connect::connectors::LagProbe) -> Option<u64> {
+    probe.measure().await.expect("measured").messages
+}
+
+/// The polling source's lag counts the rows past its committed cursor (not
+/// the one in flight), new rows included; in delete mode the rows not
+/// consumed yet; a custom query has no probe.
+#[tokio::test]
+async fn polling_lag_counts_the_rows_past_the_committed_cursor() {
+    let url = create_database("src_lag").await;
+    let pool = connect(&url).await;
+    create_rows(&pool, "orders", "", 10).await;
+    let source = open_source(&plugin_config(&url, "orders", "batch_size = 3")).await;
+    let probe = source
+        .lag_probe()
+        .expect("a polling source measures its lag");
+    assert_eq!(pending(probe.as_ref()).await, Some(10));
+    assert_eq!(source.poll().await.unwrap().records.len(), 3);
+    assert_eq!(
+        pending(probe.as_ref()).await,
+        Some(10),
+        "a batch in flight is not committed"
+    );
+    source.commit().await.unwrap();
+    assert_eq!(pending(probe.as_ref()).await, Some(7));
+    insert_rows(&pool, "orders", 5).await;
+    assert_eq!(pending(probe.as_ref()).await, Some(12));
+
+    let deleting = open_source(&plugin_config(
+        &url,
+        "orders",
+        "batch_size = 4\ndelete_after_read = true",
+    ))
+    .await;
+    let probe = deleting
+        .lag_probe()
+        .expect("a delete-mode source measures too");
+    assert_eq!(deleting.poll().await.unwrap().records.len(), 4);
+    deleting.commit().await.unwrap();
+    assert_eq!(pending(probe.as_ref()).await, Some(11));
+
+    let custom = open_source(&plugin_config(
+        &url,
+        "orders",
+        "initial_offset = 0\ncustom_query = \"SELECT * FROM $table WHERE id > $offset ORDER BY id LIMIT $limit\"",
+    ))
+    .await;
+    assert!(custom.lag_probe().is_none());
+}

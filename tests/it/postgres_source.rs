@@ -493,3 +493,64 @@ async fn pipe_with_stop_when_caught_up_exports_every_row_and_ends_by_itself() {
         assert_eq!(remaining, left, "{mode}");
     }
 }
+
+/// A polling source built and opened directly, as the engine does.
+async fn open_source(config: &str) -> Box<dyn iggy_connect::connectors::Source> {
+    let entry = iggy_connect::connectors::Registry::sources()
+        .iter()
+        .find(|entry| entry.name == "postgres")
+        .expect("the postgres source is compiled in");
+    let table: toml::Table = toml::from_str(config).expect("TOML");
+    let value = serde_json::to_value(table).expect("JSON");
+    let mut source = (entry.build)(&value).expect("a valid config");
+    source.open(None).await.expect("open");
+    source
+}
+
+async fn pending(probe: &dyn iggy_connect::connectors::LagProbe) -> Option<u64> {
+    probe.measure().await.expect("measured").messages
+}
+
+/// The polling source's lag counts the rows past its committed cursor (not
+/// the one in flight), new rows included; in delete mode the rows not
+/// consumed yet; a custom query has no probe.
+#[tokio::test]
+async fn polling_lag_counts_the_rows_past_the_committed_cursor() {
+    let pool = connect(&database_url()).await;
+    let table = unique("pg_lag");
+    create_rows(&pool, &table, "", 10).await;
+    let source = open_source(&plugin_config(&table, "batch_size = 3\n")).await;
+    let probe = source
+        .lag_probe()
+        .expect("a polling source measures its lag");
+    assert_eq!(pending(probe.as_ref()).await, Some(10));
+    assert_eq!(source.poll().await.unwrap().records.len(), 3);
+    assert_eq!(
+        pending(probe.as_ref()).await,
+        Some(10),
+        "a batch in flight is not committed"
+    );
+    source.commit().await.unwrap();
+    assert_eq!(pending(probe.as_ref()).await, Some(7));
+    insert_rows(&pool, &table, 5).await;
+    assert_eq!(pending(probe.as_ref()).await, Some(12));
+
+    let deleting = open_source(&plugin_config(
+        &table,
+        "batch_size = 4\ndelete_after_read = true\n",
+    ))
+    .await;
+    let probe = deleting
+        .lag_probe()
+        .expect("a delete-mode source measures too");
+    assert_eq!(deleting.poll().await.unwrap().records.len(), 4);
+    deleting.commit().await.unwrap();
+    assert_eq!(pending(probe.as_ref()).await, Some(11));
+
+    let custom = open_source(&plugin_config(
+        &table,
+        "initial_offset = 0\ncustom_query = \"SELECT * FROM $table WHERE id > $offset ORDER BY id LIMIT $limit\"\n",
+    ))
+    .await;
+    assert!(custom.lag_probe().is_none());
+}

@@ -168,6 +168,10 @@ pub fn scalar_as_string<'de, D: serde::Deserializer<'de>>(
     }
 }
 
+/// The most rows a polling source's lag probe counts per table: past it,
+/// counting would cost more than the figure is worth.
+pub const PENDING_CAP: u64 = 1_000_000;
+
 /// The config fields the core's poll reads.
 #[derive(Debug, Clone, Copy)]
 pub struct PollSettings {

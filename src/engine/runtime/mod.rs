@@ -29,6 +29,7 @@ mod replay;
 mod replay_log;
 mod setup;
 mod slot;
+mod stopped_lag;
 
 pub use dlq::{DeadLetter, DeadLetterPage, DlqError, ReplayReport, ReplayTarget, Selection};
 pub use factory::{ConnectorFactory, RegistryFactory};
@@ -44,6 +45,8 @@ pub struct Runtime {
     /// (the API's start, stop, restart, state and offset changes, a reload)
     /// run one after the other.
     lifecycle: Mutex<HashMap<(ConnectorKind, String), LifecycleLock>>,
+    /// Set by [`Runtime::shutdown`]: stopped sinks are not measured any more.
+    closing: std::sync::atomic::AtomicBool,
 }
 
 /// See [`Runtime::lifecycle_lock`].
@@ -133,6 +136,7 @@ impl Runtime {
             options,
             slots: Mutex::new(Vec::new()),
             lifecycle: Mutex::new(HashMap::new()),
+            closing: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -161,6 +165,7 @@ impl Runtime {
             tap: Arc::default(),
             degraded: Degraded::default(),
             lag: Default::default(),
+            stopped_lag: Default::default(),
             reload_refusal: Mutex::new(None),
             config: RwLock::new(Arc::new(config)),
             task: tokio::sync::Mutex::new(None),
@@ -227,6 +232,8 @@ impl Runtime {
 
     /// Stops everything: sources first (so nothing new enters Iggy), then sinks.
     pub async fn shutdown(&self) {
+        self.closing
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         for kind in [ConnectorKind::Source, ConnectorKind::Sink] {
             let slots: Vec<Arc<Slot>> = self
                 .lock_slots()
@@ -235,7 +242,14 @@ impl Runtime {
                 .cloned()
                 .collect();
             futures::future::join_all(slots.iter().map(|slot| self.stop_slot(slot))).await;
+            for slot in &slots {
+                slot.stopped_lag.end();
+            }
         }
+    }
+
+    fn is_closing(&self) -> bool {
+        self.closing.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Replaces a connector's config; its next start runs the new one (a running

@@ -205,6 +205,7 @@ fn replay_slot(runtime: &Runtime, config: &Arc<ConnectorConfig>) -> Result<Slot,
         tap: real.tap.clone(),
         degraded: Degraded::default(),
         lag: LagCell::default(),
+        stopped_lag: Default::default(),
         reload_refusal: Mutex::new(None),
         task: tokio::sync::Mutex::new(None),
     })

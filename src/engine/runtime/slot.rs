@@ -11,6 +11,7 @@ use tracing::{Instrument, error, info_span, warn};
 
 use super::Runtime;
 use super::prepared::{Prepared, SetupError};
+use super::stopped_lag::StoppedLag;
 use crate::config::{ConnectorConfig, KindConfig};
 use crate::connectors::{ConnectorContext, ConnectorKind, Degraded};
 use crate::engine::Shutdown;
@@ -34,6 +35,8 @@ pub(super) struct Slot {
     pub(super) degraded: Degraded,
     /// How far behind it is, as last measured.
     pub(super) lag: LagCell,
+    /// A stopped sink's lag measurements.
+    pub(super) stopped_lag: StoppedLag,
     /// Why the last reload kept this connector at its running version.
     pub(super) reload_refusal: std::sync::Mutex<Option<String>>,
     pub(super) task: tokio::sync::Mutex<Option<Task>>,
@@ -68,6 +71,7 @@ impl Runtime {
             return;
         }
         slot.status.set_starting();
+        slot.stopped_lag.end();
         slot.lag.clear();
         let shutdown = Shutdown::new(CancellationToken::new(), self.options.shutdown_timeout);
         let runtime = self.clone();
@@ -76,7 +80,18 @@ impl Runtime {
         // Every line the connector and its pipeline log carries its key and type.
         let span = info_span!("connector", connector_key = %slot.key, connector_type = %slot.kind);
         let handle = tokio::spawn(
-            async move { runtime.run_slot(&running_slot, task_shutdown).await }.instrument(span),
+            async move {
+                runtime.run_slot(&running_slot, task_shutdown).await;
+                // Not while the runtime shuts down: nobody would read it.
+                if !runtime.is_closing() {
+                    running_slot.stopped_lag.watch(
+                        runtime.bus.clone(),
+                        &running_slot.config(),
+                        &running_slot.lag,
+                    );
+                }
+            }
+            .instrument(span),
         );
         *task = Some(Task { shutdown, handle });
     }

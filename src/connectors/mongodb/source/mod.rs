@@ -17,12 +17,15 @@
 //! `documentKey`, `fullDocument` looked up for updates, `updateDescription`,
 //! ...), the resume token of the last delivered event as the state, moved on
 //! commit; a restart or a failed read resumes after the committed token.
+//! Its lag is the age of the last committed change's cluster time (see
+//! [`lag`]).
 
 mod config;
+mod lag;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use futures::TryStreamExt;
@@ -39,7 +42,7 @@ pub use config::{MongoDbSourceConfig, MongoDbSourceMode, parse_value};
 
 use crate::connectors::mongodb::{client, describe, is_auth_error, is_transient, ping};
 use crate::connectors::{
-    ConnectorError, Source, SourceBatch, SourceEntry, decode_state, encode_state,
+    ConnectorError, LagProbe, Source, SourceBatch, SourceEntry, decode_state, encode_state,
     parse_plugin_config, schema_of,
 };
 use crate::message::{Payload, SourceRecord};
@@ -91,6 +94,8 @@ pub struct MongoDbSource {
     /// `mode = "change_stream"`: the open stream, positioned after the last
     /// polled change (dropped on an error: reopened at the committed token).
     changes: tokio::sync::Mutex<Option<ChangeStream<Document>>>,
+    /// `mode = "change_stream"`: the committed position its lag probe reads.
+    position: lag::SharedPosition,
 }
 
 #[derive(Debug)]
@@ -98,6 +103,10 @@ struct Staged {
     state: MongoDbState,
     /// `_id`s of the delivered documents (delete and mark mode).
     ids: Vec<Bson>,
+    /// Change stream: the cluster time of the batch's last change, in Unix
+    /// milliseconds, and whether the poll read the stream to its end.
+    cluster_time_ms: Option<u64>,
+    at_end: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -157,6 +166,7 @@ impl MongoDbSource {
             staged: Mutex::new(VecDeque::new()),
             caught_up: AtomicBool::new(false),
             changes: tokio::sync::Mutex::new(None),
+            position: lag::SharedPosition::default(),
         })
     }
 
@@ -299,10 +309,12 @@ impl MongoDbSource {
             }
         }
         drop(changes);
-        self.caught_up.store(
-            events.len() < self.config.batch_size as usize,
-            Ordering::SeqCst,
-        );
+        let at_end = events.len() < self.config.batch_size as usize;
+        self.caught_up.store(at_end, Ordering::SeqCst);
+        let cluster_time_ms = events
+            .last()
+            .and_then(|event| event.get("clusterTime"))
+            .and_then(lag::cluster_time_ms);
         let mut next = base;
         if let Some(token) = events.last().and_then(|event| event.get("_id")) {
             next.resume_token = Some(state_text(token.clone()));
@@ -324,6 +336,8 @@ impl MongoDbSource {
         self.lock_staged().push_back(Staged {
             state: next,
             ids: Vec::new(),
+            cluster_time_ms,
+            at_end,
         });
         Ok(SourceBatch {
             records,
@@ -346,6 +360,7 @@ impl Source for MongoDbSource {
             }
             if let Some(token) = &restored.resume_token {
                 parse_token(token)?;
+                self.position.lock().committed_ms = lag::token_time_ms(&parse_state(token)?);
             }
             info!(tracking_value = ?restored.tracking_value, tracking_id = ?restored.tracking_id, "mongodb source restored its cursor");
             *self.lock_committed() = restored;
@@ -433,7 +448,12 @@ impl Source for MongoDbSource {
         } else {
             debug!(documents = records.len(), "mongodb source polled a batch");
         }
-        self.lock_staged().push_back(Staged { state: next, ids });
+        self.lock_staged().push_back(Staged {
+            state: next,
+            ids,
+            cluster_time_ms: None,
+            at_end: false,
+        });
         Ok(SourceBatch {
             records,
             state,
@@ -448,10 +468,24 @@ impl Source for MongoDbSource {
             return Ok(());
         };
         self.apply(&ids).await?;
-        if let Some(oldest) = self.lock_staged().pop_front() {
+        let mut staged = self.lock_staged();
+        if let Some(oldest) = staged.pop_front() {
             *self.lock_committed() = oldest.state;
+            let mut position = self.position.lock();
+            position.committed_ms = oldest.cluster_time_ms.or(position.committed_ms);
+            position.at_end = oldest.at_end && staged.is_empty();
         }
         Ok(())
+    }
+
+    fn lag_probe(&self) -> Option<Arc<dyn LagProbe>> {
+        let client = self.client.as_ref()?;
+        (self.config.mode == MongoDbSourceMode::ChangeStream).then(|| {
+            Arc::new(lag::ChangeStreamLag {
+                client: client.clone(),
+                position: self.position.clone(),
+            }) as Arc<dyn LagProbe>
+        })
     }
 
     fn destructive(&self) -> bool {

@@ -16,9 +16,11 @@
 
 mod cdc;
 mod config;
+mod lag;
 mod query;
 mod record;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -37,7 +39,7 @@ use crate::connectors::mysql::{
     connect_options, describe, is_transient, lazy_pool, with_connect_cause,
 };
 use crate::connectors::{
-    ConnectorError, Source, SourceBatch, SourceEntry, parse_plugin_config, schema_of,
+    ConnectorError, LagProbe, Source, SourceBatch, SourceEntry, parse_plugin_config, schema_of,
 };
 use query::{CATALOG_SQL, CatalogColumn, Placeholders, PlanError, TablePlan};
 use record::{RowError, RowShape};
@@ -66,10 +68,11 @@ pub type MySqlState = PollState;
 pub struct MySqlSource {
     config: MySqlSourceConfig,
     pool: Option<MySqlPool>,
-    /// Per-table plans, built from the catalog on first use.
-    plans: OnceCell<Vec<(TablePlan, RowShape)>>,
+    /// Per-table plans, built from the catalog on first use (shared with the
+    /// lag probe).
+    plans: Arc<OnceCell<Vec<(TablePlan, RowShape)>>>,
     /// The committed cursor and the batches in flight.
-    core: PollCore<Consumption>,
+    core: Arc<PollCore<Consumption>>,
 }
 
 /// One table's DELETE/UPDATE statements for the delivered rows.
@@ -132,8 +135,8 @@ impl MySqlSource {
         Self {
             config,
             pool: None,
-            plans: OnceCell::new(),
-            core: PollCore::new("mysql", settings),
+            plans: Arc::new(OnceCell::new()),
+            core: Arc::new(PollCore::new("mysql", settings)),
         }
     }
 
@@ -360,6 +363,19 @@ impl Source for MySqlSource {
     /// Deleting or marking consumed rows leaves their only copy in Iggy.
     fn destructive(&self) -> bool {
         self.config.consume().destructive()
+    }
+
+    /// Rows not committed yet, unless a custom query reads the tables.
+    fn lag_probe(&self) -> Option<Arc<dyn LagProbe>> {
+        if self.config.custom_query.is_some() {
+            return None;
+        }
+        Some(Arc::new(lag::PendingRows {
+            pool: self.pool.clone()?,
+            plans: self.plans.clone(),
+            core: self.core.clone(),
+            config: self.config.clone(),
+        }))
     }
 
     async fn close(&mut self) -> Result<(), ConnectorError> {

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use super::config::{Consume, MySqlSourceConfig};
-use crate::connectors::kit::sql_poll::{CatalogEntry, PlanColumns};
+use crate::connectors::kit::sql_poll::{CatalogEntry, PENDING_CAP, PlanColumns};
 pub use crate::connectors::kit::sql_poll::{Placeholders, PlanError};
 use crate::connectors::mysql::{quote_identifier, quote_qualified};
 
@@ -158,6 +158,39 @@ impl TablePlan {
             let custom = custom.trim().trim_end_matches(';').trim_end();
             return format!("SELECT {select} FROM ({custom}) AS src ORDER BY {order}");
         }
+        let conditions = self.conditions(config, cursor);
+        format!(
+            "SELECT {select} FROM {} AS src WHERE {} ORDER BY {order} LIMIT {}",
+            self.table_sql,
+            conditions.join(" AND "),
+            config.batch_size
+        )
+    }
+
+    /// Counts the rows the polling query would read after `cursor` (see
+    /// [`Self::polling_sql`]), up to [`PENDING_CAP`]; `None` for a custom
+    /// query, which cannot be counted.
+    pub fn pending_sql(
+        &self,
+        config: &MySqlSourceConfig,
+        cursor: Option<(&str, Option<&str>)>,
+    ) -> Option<String> {
+        self.custom.is_none().then(|| {
+            format!(
+                "SELECT COUNT(*) FROM (SELECT 1 FROM {} AS src WHERE {} LIMIT {PENDING_CAP}) AS pending",
+                self.table_sql,
+                self.conditions(config, cursor).join(" AND ")
+            )
+        })
+    }
+
+    /// The built-in polling query's conditions.
+    fn conditions(
+        &self,
+        config: &MySqlSourceConfig,
+        cursor: Option<(&str, Option<&str>)>,
+    ) -> Vec<String> {
+        let tracking = &self.tracking.quoted;
         let mut conditions = vec![format!("src.{tracking} IS NOT NULL")];
         match (cursor, &self.key) {
             (Some((after, Some(after_key))), Some(key)) => conditions.push(format!(
@@ -182,12 +215,7 @@ impl TablePlan {
             let column = quote_identifier(&column).unwrap_or_default();
             conditions.push(format!("src.{column} = FALSE"));
         }
-        format!(
-            "SELECT {select} FROM {} AS src WHERE {} ORDER BY {order} LIMIT {}",
-            self.table_sql,
-            conditions.join(" AND "),
-            config.batch_size
-        )
+        conditions
     }
 
     /// The DELETE or UPDATE of delivered rows, by key, in statements of at

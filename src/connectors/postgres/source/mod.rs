@@ -13,6 +13,7 @@
 
 mod cdc;
 mod config;
+mod lag;
 mod query;
 mod quote;
 mod record;
@@ -34,7 +35,7 @@ use crate::connectors::kit::sql;
 use crate::connectors::kit::sql_poll::{Now, PollCore, PollSettings, PollState};
 use crate::connectors::postgres::{describe, is_transient, lazy_pool, with_connect_cause};
 use crate::connectors::{
-    ConnectorError, Source, SourceBatch, SourceEntry, parse_plugin_config, schema_of,
+    ConnectorError, LagProbe, Source, SourceBatch, SourceEntry, parse_plugin_config, schema_of,
 };
 use query::{CATALOG_SQL, CatalogColumn, Placeholders, PlanError, TablePlan, fill_placeholders};
 use record::{RowError, RowShape};
@@ -63,10 +64,11 @@ pub type PostgresState = PollState;
 pub struct PostgresSource {
     config: PostgresSourceConfig,
     pool: Option<PgPool>,
-    /// Per-table SQL, built from the catalog on first use.
-    plans: OnceCell<Vec<(TablePlan, RowShape)>>,
+    /// Per-table SQL, built from the catalog on first use (shared with the
+    /// lag probe).
+    plans: Arc<OnceCell<Vec<(TablePlan, RowShape)>>>,
     /// The committed cursor and the batches in flight.
-    core: PollCore<Consumption>,
+    core: Arc<PollCore<Consumption>>,
 }
 
 /// One table's DELETE/UPDATE statement and the keys it applies to.
@@ -130,8 +132,8 @@ impl PostgresSource {
         Self {
             config,
             pool: None,
-            plans: OnceCell::new(),
-            core: PollCore::new("postgres", settings),
+            plans: Arc::new(OnceCell::new()),
+            core: Arc::new(PollCore::new("postgres", settings)),
         }
     }
 
@@ -374,6 +376,20 @@ impl Source for PostgresSource {
     /// Deleting or marking consumed rows leaves their only copy in Iggy.
     fn destructive(&self) -> bool {
         self.config.consume().destructive()
+    }
+
+    /// Rows not committed yet, unless a custom query reads the tables.
+    fn lag_probe(&self) -> Option<Arc<dyn LagProbe>> {
+        if self.config.custom_query.is_some() {
+            return None;
+        }
+        Some(Arc::new(lag::PendingRows {
+            pool: self.pool.clone()?,
+            plans: self.plans.clone(),
+            core: self.core.clone(),
+            consume: self.config.consume(),
+            initial_offset: self.config.initial_offset.clone(),
+        }))
     }
 
     async fn close(&mut self) -> Result<(), ConnectorError> {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::config::{Consume, PayloadFormat, PostgresSourceConfig};
 use super::quote::{quote_identifier, quote_qualified};
-use crate::connectors::kit::sql_poll::{CatalogEntry, PlanColumns};
+use crate::connectors::kit::sql_poll::{CatalogEntry, PENDING_CAP, PlanColumns};
 pub use crate::connectors::kit::sql_poll::{Placeholders, PlanError};
 
 /// Reads one table's columns, their types and which are unique.
@@ -69,6 +69,11 @@ pub struct TablePlan {
     pub consume_sql: Option<Arc<str>>,
     /// The custom query template, when the table is read through one.
     pub custom: Option<Arc<str>>,
+    /// Counts the rows the poll would read, up to [`PENDING_CAP`] (the lag
+    /// probe), without and after a saved cursor like `first_sql` and
+    /// `next_sql`; `None` for a custom query.
+    pub count_first_sql: Option<Arc<str>>,
+    pub count_next_sql: Option<Arc<str>>,
 }
 
 impl TablePlan {
@@ -98,12 +103,16 @@ impl TablePlan {
                     next_sql: wrapped.clone(),
                     consume_sql,
                     custom: Some(wrapped),
+                    count_first_sql: None,
+                    count_next_sql: None,
                 }
             }
             None => TablePlan {
                 name: table.to_owned(),
                 first_sql: shape.polling_sql(&table_sql, false).into(),
                 next_sql: shape.polling_sql(&table_sql, true).into(),
+                count_first_sql: Some(shape.count_sql(&table_sql, false).into()),
+                count_next_sql: Some(shape.count_sql(&table_sql, true).into()),
                 key,
                 consume_sql,
                 custom: None,
@@ -149,6 +158,26 @@ impl Shape<'_> {
     /// cursor; in delete/mark mode the table itself is the progress, so `$1` is
     /// only the constant `initial_offset` lower bound.
     fn polling_sql(&self, table_sql: &str, after_cursor: bool) -> String {
+        format!(
+            "SELECT {} FROM {table_sql} AS src WHERE {} ORDER BY {} LIMIT {}",
+            self.select_list("src"),
+            self.conditions(after_cursor).join(" AND "),
+            self.order_by("src"),
+            self.config.batch_size
+        )
+    }
+
+    /// The rows the polling query would read, counted up to [`PENDING_CAP`],
+    /// with the same parameters.
+    fn count_sql(&self, table_sql: &str, after_cursor: bool) -> String {
+        format!(
+            "SELECT count(*)::int8 FROM (SELECT 1 FROM {table_sql} AS src WHERE {} LIMIT {PENDING_CAP}) AS pending",
+            self.conditions(after_cursor).join(" AND "),
+        )
+    }
+
+    /// The polling query's conditions (see [`Self::polling_sql`]).
+    fn conditions(&self, after_cursor: bool) -> Vec<String> {
         let tracking = &self.tracking.quoted;
         let tracking_type = &self.tracking.sql_type;
         let mut conditions = vec![format!("src.{tracking} IS NOT NULL")];
@@ -170,13 +199,7 @@ impl Shape<'_> {
             let column = quote_identifier(&column).unwrap_or_default();
             conditions.push(format!("src.{column} = FALSE"));
         }
-        format!(
-            "SELECT {} FROM {table_sql} AS src WHERE {} ORDER BY {} LIMIT {}",
-            self.select_list("src"),
-            conditions.join(" AND "),
-            self.order_by("src"),
-            self.config.batch_size
-        )
+        conditions
     }
 
     /// The user's query as a subquery, so its rows are read the same way as the
