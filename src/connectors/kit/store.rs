@@ -18,11 +18,13 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    /// S3 answers a missing bucket 404 `NoSuchBucket` and bad credentials 403
-    /// (`InvalidAccessKeyId`, `SignatureDoesNotMatch`, `AccessDenied`), Azure
-    /// a missing container `ContainerNotFound` and bad keys
-    /// `AuthenticationFailed`; `object_store` passes some of them on as
-    /// generic errors with the store's body.
+    /// S3 (and GCS's XML API) answers a missing bucket 404 `NoSuchBucket`
+    /// and bad credentials 403 (`InvalidAccessKeyId`, `SignatureDoesNotMatch`,
+    /// `AccessDenied`), Azure a missing container `ContainerNotFound`, a bad
+    /// key `AuthenticationFailed` and a bad or too narrow SAS token
+    /// `AuthorizationFailure` (or `AuthorizationPermissionMismatch`);
+    /// `object_store` passes some of them on as generic errors with the
+    /// store's body.
     pub fn of(error: &object_store::Error) -> Option<Self> {
         let text = error.to_string();
         match error {
@@ -38,6 +40,8 @@ impl Refusal {
             "SignatureDoesNotMatch",
             "AccessDenied",
             "AuthenticationFailed",
+            "AuthorizationFailure",
+            "AuthorizationPermissionMismatch",
         ]
         .iter()
         .any(|code| text.contains(code))

@@ -58,7 +58,8 @@ pub struct DeltaSinkConfig {
     #[serde(default)]
     #[schemars(with = "Option<String>")]
     pub azure_storage_sas_token: Option<SecretString>,
-    /// The container; when set it must be the one `table_uri` names.
+    /// The container, as upstream; the one `table_uri` names wins (upstream's
+    /// example names `your-container` beside `az://container/...`).
     #[serde(default)]
     pub azure_container_name: Option<String>,
     /// A GCS service account key (the JSON document). Unset: the `GOOGLE_*`
@@ -134,7 +135,7 @@ impl DeltaSinkConfig {
         let url = table_url(&self.table_uri)?;
         let location = self.location(&url)?;
         if location == Location::Azure {
-            self.check_azure(&url)?;
+            self.check_azure()?;
         }
         if self.aws_s3_access_key.is_some() != self.aws_s3_secret_key.is_some() {
             return Err(PluginConfigError::new(
@@ -234,31 +235,13 @@ impl DeltaSinkConfig {
         Ok(declared)
     }
 
-    /// Upstream's Azure rules: one of the account key and the SAS token at
-    /// most, and the container the URI names.
-    fn check_azure(&self, url: &url::Url) -> Result<(), PluginConfigError> {
+    /// Upstream's Azure rule: one of the account key and the SAS token at
+    /// most.
+    fn check_azure(&self) -> Result<(), PluginConfigError> {
         if self.azure_storage_account_key.is_some() && self.azure_storage_sas_token.is_some() {
             return Err(PluginConfigError::new(
                 "azure_storage_account_key",
                 "set one of azure_storage_account_key and azure_storage_sas_token, not both",
-            ));
-        }
-        let Some(container) = self.azure_container_name.as_deref().map(str::trim) else {
-            return Ok(());
-        };
-        // `az://container/..`, `abfss://container@account...`, `https://account.../container/..`
-        let named = match url.scheme() {
-            "https" => url
-                .path_segments()
-                .and_then(|mut segments| segments.next())
-                .unwrap_or_default(),
-            _ if !url.username().is_empty() => url.username(),
-            _ => url.host_str().unwrap_or_default(),
-        };
-        if named != container {
-            return Err(PluginConfigError::new(
-                "azure_container_name",
-                format!("\"{container}\" is not the container of table_uri {url} (\"{named}\")"),
             ));
         }
         Ok(())
@@ -495,10 +478,6 @@ mod tests {
             (
                 serde_json::json!({"table_uri": "az://c/t", "storage_backend_type": "gcs"}),
                 "storage_backend_type",
-            ),
-            (
-                serde_json::json!({"table_uri": "az://c/t", "azure_container_name": "d"}),
-                "azure_container_name",
             ),
             (
                 serde_json::json!({"table_uri": "az://c/t", "azure_storage_account_key": "k", "azure_storage_sas_token": "s"}),
