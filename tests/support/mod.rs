@@ -12,7 +12,6 @@ pub mod delta;
 pub mod doris;
 pub mod drive;
 pub mod elasticsearch;
-pub mod fake_gcs;
 pub mod gunzip;
 pub mod harness;
 pub mod http_server;
