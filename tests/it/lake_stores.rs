@@ -14,7 +14,9 @@ use std::path::Path;
 use iggy_connect::connectors::Flush;
 #[cfg(feature = "delta-sink")]
 use iggy_connect::connectors::Registry;
-use serde_json::{Value, json};
+#[cfg(feature = "s3-sink")]
+use serde_json::Value;
+use serde_json::json;
 
 use crate::support::azurite::{ACCOUNT, Azurite};
 #[cfg(feature = "s3-sink")]
