@@ -37,6 +37,7 @@ mod iggy_tls;
 mod influxdb_sink;
 mod influxdb_source;
 mod kafka;
+mod lake_stores;
 mod layers;
 mod meilisearch_sink;
 mod mongodb_sink;

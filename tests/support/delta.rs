@@ -75,6 +75,21 @@ impl Table {
         }
     }
 
+    /// An `az://` table in Azurite's account at `endpoint` (path-style,
+    /// `http://127.0.0.1:PORT/devstoreaccount1`), read with its key.
+    pub fn azure(endpoint: &str, container_and_path: &str) -> Self {
+        use super::azurite::{ACCOUNT, KEY};
+        Self {
+            uri: format!("az://{container_and_path}"),
+            options: serde_json::json!({
+                "azure_storage_account_name": ACCOUNT,
+                "azure_storage_account_key": KEY,
+                "azure_storage_endpoint": endpoint,
+                "allow_http": "true",
+            }),
+        }
+    }
+
     /// Every row of the table's current version, as JSON objects
     /// (timestamps as ISO strings).
     pub fn rows(&self) -> Vec<Value> {

@@ -84,6 +84,22 @@ impl Table {
         self
     }
 
+    /// The same, its data files in Azurite's account (at `port`), read with
+    /// pyarrow's Azure filesystem and the account's key.
+    pub fn on_azurite(mut self, port: u16) -> Self {
+        use super::azurite::{ACCOUNT, KEY};
+        let authority = format!("127.0.0.1:{port}");
+        self.properties = serde_json::json!({
+            "adls.account-name": ACCOUNT,
+            "adls.account-key": KEY,
+            "adls.blob-storage-authority": authority,
+            "adls.dfs-storage-authority": authority,
+            "adls.blob-storage-scheme": "http",
+            "adls.dfs-storage-scheme": "http",
+        });
+        self
+    }
+
     fn run(&self, script: &str, args: &[&str]) -> Result<Value, String> {
         try_run_with(script, &self.dir, &self.properties, args)
     }

@@ -18,11 +18,13 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    /// S3 answers a missing bucket 404 `NoSuchBucket` and bad credentials 403
-    /// (`InvalidAccessKeyId`, `SignatureDoesNotMatch`, `AccessDenied`), Azure
-    /// a missing container `ContainerNotFound` and bad keys
-    /// `AuthenticationFailed`; `object_store` passes some of them on as
-    /// generic errors with the store's body.
+    /// S3 (and GCS's XML API) answers a missing bucket 404 `NoSuchBucket`
+    /// and bad credentials 403 (`InvalidAccessKeyId`, `SignatureDoesNotMatch`,
+    /// `AccessDenied`), Azure a missing container `ContainerNotFound`, a bad
+    /// key `AuthenticationFailed` and a bad or too narrow SAS token
+    /// `AuthorizationFailure` (or `AuthorizationPermissionMismatch`);
+    /// `object_store` passes some of them on as generic errors with the
+    /// store's body.
     pub fn of(error: &object_store::Error) -> Option<Self> {
         let text = error.to_string();
         match error {
@@ -38,6 +40,8 @@ impl Refusal {
             "SignatureDoesNotMatch",
             "AccessDenied",
             "AuthenticationFailed",
+            "AuthorizationFailure",
+            "AuthorizationPermissionMismatch",
         ]
         .iter()
         .any(|code| text.contains(code))
@@ -79,49 +83,18 @@ pub fn open(
         max_retries: requests.attempts.saturating_sub(1) as usize,
         retry_timeout: Duration::from_secs(180),
     };
-    let built = |result: object_store::Result<Arc<dyn ObjectStore>>| {
-        result.map_err(|error| (String::new(), error.to_string()))
-    };
     let store: Arc<dyn ObjectStore> = match scheme {
         #[cfg(feature = "kit-store-fs")]
         ObjectStoreScheme::Local => Arc::new(object_store::local::LocalFileSystem::new()),
         ObjectStoreScheme::Memory => Arc::new(InMemory::new()),
-        ObjectStoreScheme::AmazonS3 => {
-            // The options come last: a client option among them wins.
-            let mut builder = AmazonS3Builder::from_env()
-                .with_url(url.as_str())
-                .with_client_options(client)
-                .with_retry(retry);
-            for (key, value) in options {
-                builder = builder.with_config(parse_key(key)?, value);
-            }
-            built(builder.build().map(|store| Arc::new(store) as _))?
-        }
+        ObjectStoreScheme::AmazonS3 => cloud::<AmazonS3Builder>(url, client, retry, options)?,
         #[cfg(feature = "kit-store-azure")]
         ObjectStoreScheme::MicrosoftAzure => {
-            use object_store::azure::MicrosoftAzureBuilder;
-            // The options come last: a client option among them wins.
-            let mut builder = MicrosoftAzureBuilder::from_env()
-                .with_url(url.as_str())
-                .with_client_options(client)
-                .with_retry(retry);
-            for (key, value) in options {
-                builder = builder.with_config(parse_key(key)?, value);
-            }
-            built(builder.build().map(|store| Arc::new(store) as _))?
+            cloud::<object_store::azure::MicrosoftAzureBuilder>(url, client, retry, options)?
         }
         #[cfg(feature = "kit-store-gcp")]
         ObjectStoreScheme::GoogleCloudStorage => {
-            use object_store::gcp::GoogleCloudStorageBuilder;
-            // The options come last: a client option among them wins.
-            let mut builder = GoogleCloudStorageBuilder::from_env()
-                .with_url(url.as_str())
-                .with_client_options(client)
-                .with_retry(retry);
-            for (key, value) in options {
-                builder = builder.with_config(parse_key(key)?, value);
-            }
-            built(builder.build().map(|store| Arc::new(store) as _))?
+            cloud::<object_store::gcp::GoogleCloudStorageBuilder>(url, client, retry, options)?
         }
         other => {
             return Err((
@@ -131,6 +104,85 @@ pub fn open(
         }
     };
     Ok((store, prefix))
+}
+
+/// The builders of the cloud stores, alike: from the environment, then the
+/// URL, then our client and retry settings, then the options.
+trait CloudBuilder: Sized {
+    type Key: std::str::FromStr;
+    type Store: ObjectStore;
+    fn from_env() -> Self;
+    fn with_url(self, url: &str) -> Self;
+    fn with_client_options(self, options: ClientOptions) -> Self;
+    fn with_retry(self, retry: RetryConfig) -> Self;
+    fn with_config(self, key: Self::Key, value: &str) -> Self;
+    fn build(self) -> object_store::Result<Self::Store>;
+}
+
+macro_rules! cloud_builder {
+    ($builder:ty, $key:ty, $store:ty) => {
+        impl CloudBuilder for $builder {
+            type Key = $key;
+            type Store = $store;
+            fn from_env() -> Self {
+                <$builder>::from_env()
+            }
+            fn with_url(self, url: &str) -> Self {
+                <$builder>::with_url(self, url)
+            }
+            fn with_client_options(self, options: ClientOptions) -> Self {
+                <$builder>::with_client_options(self, options)
+            }
+            fn with_retry(self, retry: RetryConfig) -> Self {
+                <$builder>::with_retry(self, retry)
+            }
+            fn with_config(self, key: Self::Key, value: &str) -> Self {
+                <$builder>::with_config(self, key, value)
+            }
+            fn build(self) -> object_store::Result<Self::Store> {
+                <$builder>::build(self)
+            }
+        }
+    };
+}
+
+cloud_builder!(
+    AmazonS3Builder,
+    object_store::aws::AmazonS3ConfigKey,
+    object_store::aws::AmazonS3
+);
+#[cfg(feature = "kit-store-azure")]
+cloud_builder!(
+    object_store::azure::MicrosoftAzureBuilder,
+    object_store::azure::AzureConfigKey,
+    object_store::azure::MicrosoftAzure
+);
+#[cfg(feature = "kit-store-gcp")]
+cloud_builder!(
+    object_store::gcp::GoogleCloudStorageBuilder,
+    object_store::gcp::GoogleConfigKey,
+    object_store::gcp::GoogleCloudStorage
+);
+
+/// A cloud store for `url`. The options come last: a client option among
+/// them wins over `client`.
+fn cloud<B: CloudBuilder>(
+    url: &url::Url,
+    client: ClientOptions,
+    retry: RetryConfig,
+    options: &[(String, String)],
+) -> Result<Arc<dyn ObjectStore>, (String, String)> {
+    let mut builder = B::from_env()
+        .with_url(url.as_str())
+        .with_client_options(client)
+        .with_retry(retry);
+    for (key, value) in options {
+        builder = builder.with_config(parse_key(key)?, value);
+    }
+    let store = builder
+        .build()
+        .map_err(|error| (String::new(), error.to_string()))?;
+    Ok(Arc::new(store))
 }
 
 /// The S3 options for an S3-compatible `endpoint` (path-style addressing,

@@ -2,7 +2,7 @@
 //! storage options), plus table creation (`create_table`, `columns`,
 //! `partition_columns`) and the flush triggers.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use deltalake_core::kernel::DataType;
@@ -15,11 +15,12 @@ use crate::connectors::kit::lake::{self, Column};
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DeltaSinkConfig {
-    /// The Delta table: `file:///path/to/table` or `s3://bucket/path/to/table`
-    /// (a bare path is a local directory).
+    /// The Delta table: `file:///path/to/table`, `s3://bucket/path/to/table`,
+    /// `az://container/path/to/table` (also `abfss://container@account.dfs.core.windows.net/...`)
+    /// or `gs://bucket/path/to/table` (a bare path is a local directory).
     pub table_uri: String,
-    /// `s3` for an `s3://` table (implied by the URI); `azure` and `gcs` are
-    /// upstream's but not built into iggy-connect yet: refused at validation.
+    /// `s3`, `azure` or `gcs` (upstream's); implied by `table_uri`'s scheme,
+    /// and it must match it when set.
     #[serde(default)]
     pub storage_backend_type: Option<String>,
     /// S3 access key; set both or neither of it and `aws_s3_secret_key`.
@@ -42,25 +43,41 @@ pub struct DeltaSinkConfig {
     /// Allow `http://` endpoints.
     #[serde(default)]
     pub aws_s3_allow_http: bool,
-    /// Upstream's Azure options: accepted so an upstream file parses, refused
-    /// by validation when `storage_backend_type = "azure"`.
+    /// Azure storage account (default: `AZURE_STORAGE_ACCOUNT_NAME`, or the
+    /// account in an `abfss://container@account.dfs.core.windows.net` URI).
     #[serde(default)]
     pub azure_storage_account_name: Option<String>,
-    /// See `azure_storage_account_name`.
+    /// Azure account key (Shared Key); one of it and `azure_storage_sas_token`
+    /// at most. Neither: a service principal in `storage_options`
+    /// (`azure_client_id`, `azure_client_secret`, `azure_tenant_id`), or the
+    /// `AZURE_*` environment, then the managed identity.
     #[serde(default)]
     #[schemars(with = "Option<String>")]
     pub azure_storage_account_key: Option<SecretString>,
-    /// See `azure_storage_account_name`.
+    /// Azure SAS token (the query string, with or without its leading `?`).
     #[serde(default)]
     #[schemars(with = "Option<String>")]
     pub azure_storage_sas_token: Option<SecretString>,
-    /// See `azure_storage_account_name`.
+    /// The container, as upstream; the one `table_uri` names wins (upstream's
+    /// example names `your-container` beside `az://container/...`).
     #[serde(default)]
     pub azure_container_name: Option<String>,
-    /// Upstream's GCS option: accepted, refused with `storage_backend_type = "gcs"`.
+    /// A GCS service account key (the JSON document). Unset: the `GOOGLE_*`
+    /// environment, application default credentials
+    /// (`GOOGLE_APPLICATION_CREDENTIALS` or gcloud's file), then the
+    /// instance's service account.
     #[serde(default)]
     #[schemars(with = "Option<String>")]
     pub gcs_service_account_key: Option<SecretString>,
+    /// Any other option of the table's store, by the `object_store` crate's
+    /// names (as delta-rs's `storage_options`): `azure_client_id`,
+    /// `azure_client_secret`, `azure_tenant_id`, `azure_storage_endpoint`,
+    /// `azure_storage_use_emulator`, `google_application_credentials`,
+    /// `google_service_account`, `allow_http`, `aws_session_token`, ...
+    /// Values are treated as secrets; they win over the typed fields.
+    #[serde(default)]
+    #[schemars(with = "BTreeMap<String, String>")]
+    pub storage_options: BTreeMap<String, SecretString>,
     /// Create the table at open when there is none at `table_uri`, from
     /// `columns` (and `partition_columns`). Off (upstream's behaviour): a
     /// missing table is fatal.
@@ -95,10 +112,12 @@ pub struct DeltaSinkConfig {
 }
 
 /// Where the table lives.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Location {
     Local,
     S3,
+    Azure,
+    Gcs,
 }
 
 /// What [`DeltaSinkConfig::validate`] derives.
@@ -114,35 +133,10 @@ impl DeltaSinkConfig {
     /// Checks what serde cannot, naming the field.
     pub fn validate(&self) -> Result<Checked, PluginConfigError> {
         let url = table_url(&self.table_uri)?;
-        let location = match (url.scheme(), self.storage_backend_type.as_deref()) {
-            ("file", None) => Location::Local,
-            ("s3" | "s3a", None | Some("s3")) => Location::S3,
-            (_, Some(backend @ ("azure" | "gcs"))) => {
-                return Err(PluginConfigError::new(
-                    "storage_backend_type",
-                    format!(
-                        "\"{backend}\" storage is not built into iggy-connect yet: use a file:// or s3:// table_uri"
-                    ),
-                ));
-            }
-            (_, Some(other)) if other != "s3" => {
-                return Err(PluginConfigError::new(
-                    "storage_backend_type",
-                    format!(
-                        "expected \"s3\" (or leave it out for a local table), found \"{other}\""
-                    ),
-                ));
-            }
-            (scheme, _) => {
-                return Err(PluginConfigError::new(
-                    "table_uri",
-                    format!(
-                        "expected a file:// or s3:// URI (or a local path), found a {scheme}:// URI with storage_backend_type = {:?}",
-                        self.storage_backend_type
-                    ),
-                ));
-            }
-        };
+        let location = self.location(&url)?;
+        if location == Location::Azure {
+            self.check_azure()?;
+        }
         if self.aws_s3_access_key.is_some() != self.aws_s3_secret_key.is_some() {
             return Err(PluginConfigError::new(
                 "aws_s3_access_key",
@@ -191,6 +185,112 @@ impl DeltaSinkConfig {
             columns,
             max_bytes,
         })
+    }
+
+    /// The store `table_uri` names, checked against `storage_backend_type`.
+    fn location(&self, url: &url::Url) -> Result<Location, PluginConfigError> {
+        let from_uri = match url.scheme() {
+            "file" => Location::Local,
+            "s3" | "s3a" => Location::S3,
+            "gs" => Location::Gcs,
+            _ if matches!(
+                object_store::ObjectStoreScheme::parse(url),
+                Ok((object_store::ObjectStoreScheme::MicrosoftAzure, _))
+            ) =>
+            {
+                Location::Azure
+            }
+            scheme => {
+                return Err(PluginConfigError::new(
+                    "table_uri",
+                    format!(
+                        "expected a file://, s3://, az://, abfss:// or gs:// URI (or a local path), found a {scheme}:// URI"
+                    ),
+                ));
+            }
+        };
+        let declared = match self.storage_backend_type.as_deref().map(str::trim) {
+            None | Some("") => return Ok(from_uri),
+            Some("s3") => Location::S3,
+            Some("azure") => Location::Azure,
+            Some("gcs") => Location::Gcs,
+            Some(other) => {
+                return Err(PluginConfigError::new(
+                    "storage_backend_type",
+                    format!(
+                        "expected \"s3\", \"azure\" or \"gcs\" (or leave it out for a local table), found \"{other}\""
+                    ),
+                ));
+            }
+        };
+        if declared != from_uri {
+            return Err(PluginConfigError::new(
+                "storage_backend_type",
+                format!(
+                    "{:?} does not match table_uri {url} (a {from_uri:?} location)",
+                    self.storage_backend_type.as_deref().unwrap_or_default()
+                ),
+            ));
+        }
+        Ok(declared)
+    }
+
+    /// Upstream's Azure rule: one of the account key and the SAS token at
+    /// most.
+    fn check_azure(&self) -> Result<(), PluginConfigError> {
+        if self.azure_storage_account_key.is_some() && self.azure_storage_sas_token.is_some() {
+            return Err(PluginConfigError::new(
+                "azure_storage_account_key",
+                "set one of azure_storage_account_key and azure_storage_sas_token, not both",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The store's options by `object_store`'s names: the typed fields of
+    /// the table's store, then `storage_options` (which win).
+    pub fn store_options(&self, location: Location) -> Vec<(String, String)> {
+        let mut options: Vec<(String, String)> = match location {
+            Location::Local => Vec::new(),
+            Location::S3 => self.s3_options().into_iter().collect(),
+            Location::Azure => [
+                (
+                    "azure_storage_account_name",
+                    self.azure_storage_account_name.clone(),
+                ),
+                (
+                    "azure_storage_account_key",
+                    self.azure_storage_account_key
+                        .as_ref()
+                        .map(|key| key.expose_secret().to_owned()),
+                ),
+                (
+                    "azure_storage_sas_key",
+                    self.azure_storage_sas_token
+                        .as_ref()
+                        .map(|token| token.expose_secret().to_owned()),
+                ),
+            ]
+            .into_iter()
+            .filter_map(|(key, value)| value.map(|value| (key.to_owned(), value)))
+            .collect(),
+            Location::Gcs => self
+                .gcs_service_account_key
+                .iter()
+                .map(|key| {
+                    (
+                        "google_service_account_key".to_owned(),
+                        key.expose_secret().to_owned(),
+                    )
+                })
+                .collect(),
+        };
+        options.extend(
+            self.storage_options
+                .iter()
+                .map(|(key, value)| (key.clone(), value.expose_secret().to_owned())),
+        );
+        options
     }
 
     /// The S3 settings as `object_store`'s configuration keys.
@@ -291,6 +391,63 @@ mod tests {
     }
 
     #[test]
+    fn given_upstreams_azure_fields_when_validated_should_map_them_to_the_azure_store() {
+        let config = config(serde_json::json!({
+            "table_uri": "az://lake/events",
+            "storage_backend_type": "azure",
+            "azure_storage_account_name": "account",
+            "azure_storage_sas_token": "sv=2022-11-02&sig=abc",
+            "azure_container_name": "lake",
+            "storage_options": {"azure_storage_endpoint": "http://127.0.0.1:10000/account"},
+        }))
+        .unwrap();
+        let location = config.validate().unwrap().location;
+        assert_eq!(location, Location::Azure);
+        let options: HashMap<String, String> = config.store_options(location).into_iter().collect();
+        assert_eq!(options["azure_storage_account_name"], "account");
+        assert_eq!(options["azure_storage_sas_key"], "sv=2022-11-02&sig=abc");
+        assert_eq!(
+            options["azure_storage_endpoint"],
+            "http://127.0.0.1:10000/account"
+        );
+        assert!(!options.contains_key("azure_storage_account_key"));
+        for uri in [
+            "abfss://lake@account.dfs.core.windows.net/events",
+            "https://account.blob.core.windows.net/lake/events",
+        ] {
+            let config = self::config(serde_json::json!({
+                "table_uri": uri,
+                "azure_container_name": "lake",
+            }))
+            .unwrap();
+            assert_eq!(
+                config.validate().unwrap().location,
+                Location::Azure,
+                "{uri}"
+            );
+        }
+    }
+
+    #[test]
+    fn given_a_gcs_uri_when_validated_should_pass_the_service_account_key() {
+        let config = config(serde_json::json!({
+            "table_uri": "gs://lake/events",
+            "gcs_service_account_key": "{\"type\": \"service_account\"}",
+        }))
+        .unwrap();
+        let location = config.validate().unwrap().location;
+        assert_eq!(location, Location::Gcs);
+        let options = config.store_options(location);
+        assert_eq!(
+            options,
+            [(
+                "google_service_account_key".to_owned(),
+                "{\"type\": \"service_account\"}".to_owned()
+            )]
+        );
+    }
+
+    #[test]
     fn given_columns_when_validated_should_parse_delta_types() {
         let config = config(serde_json::json!({
             "create_table": true,
@@ -313,10 +470,18 @@ mod tests {
     fn given_bad_values_when_validated_should_name_the_field() {
         let cases = [
             (serde_json::json!({"table_uri": " "}), "table_uri"),
-            (serde_json::json!({"table_uri": "gs://b/t"}), "table_uri"),
+            (serde_json::json!({"table_uri": "hdfs://b/t"}), "table_uri"),
             (
                 serde_json::json!({"storage_backend_type": "azure"}),
                 "storage_backend_type",
+            ),
+            (
+                serde_json::json!({"table_uri": "az://c/t", "storage_backend_type": "gcs"}),
+                "storage_backend_type",
+            ),
+            (
+                serde_json::json!({"table_uri": "az://c/t", "azure_storage_account_key": "k", "azure_storage_sas_token": "s"}),
+                "azure_storage_account_key",
             ),
             (
                 serde_json::json!({"storage_backend_type": "hdfs"}),

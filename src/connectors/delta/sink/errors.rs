@@ -4,6 +4,7 @@
 use deltalake_core::DeltaTableError;
 
 use crate::connectors::SinkError;
+use crate::connectors::kit::store::Refusal;
 
 /// Which Delta errors are worth retrying. A store's error may come wrapped
 /// (by the Delta kernel reading the log, by the Parquet writer): the chain
@@ -16,15 +17,15 @@ pub(super) fn classify(url: &url::Url, error: DeltaTableError) -> SinkError {
         _ => None,
     };
     if let Some(store_error) = kernel_store.or_else(|| source_of::<object_store::Error>(&error)) {
-        return match store_error {
-            object_store::Error::PermissionDenied { .. }
-            | object_store::Error::Unauthenticated { .. } => SinkError::fatal(format!(
-                "aws_s3_access_key: the store refused the credentials: fix `aws_s3_access_key`/`aws_s3_secret_key` (or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY) ({message})"
+        return match Refusal::of(store_error) {
+            Some(Refusal::Credentials) => SinkError::fatal(format!(
+                "{}: the store refused the credentials: fix them ({message})",
+                credentials_field(url)
             )),
-            _ if store_error.to_string().contains("NoSuchBucket") => SinkError::fatal(format!(
-                "table_uri: the bucket of {url} does not exist: create it or fix `table_uri` ({message})"
+            Some(Refusal::NoBucket) => SinkError::fatal(format!(
+                "table_uri: the bucket or container of {url} does not exist: create it or fix `table_uri` ({message})"
             )),
-            _ => SinkError::transient(message),
+            None => SinkError::transient(message),
         };
     }
     match &error {
@@ -55,6 +56,15 @@ pub(super) fn classify(url: &url::Url, error: DeltaTableError) -> SinkError {
             SinkError::transient(message)
         }
         _ => SinkError::fatal(message),
+    }
+}
+
+/// The field holding the credentials of the table's store.
+fn credentials_field(url: &url::Url) -> &'static str {
+    match url.scheme() {
+        "s3" | "s3a" => "aws_s3_access_key (or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)",
+        "gs" => "gcs_service_account_key (or storage_options, GOOGLE_*)",
+        _ => "azure_storage_account_key (or azure_storage_sas_token, storage_options, AZURE_*)",
     }
 }
 

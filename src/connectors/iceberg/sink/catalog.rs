@@ -24,7 +24,8 @@ pub fn table_name(ident: &TableIdent) -> String {
 }
 
 /// The configured catalog. Table files go to the local filesystem or, for
-/// `s3://` locations, to S3 with the `store_*` settings.
+/// `s3://` locations, to S3 with the `store_*` settings, for Azure and GCS
+/// locations to those stores with `store_options`.
 pub async fn connect(
     config: &IcebergSinkConfig,
     checked: &Checked,
@@ -40,6 +41,7 @@ pub async fn connect(
             .store_region
             .clone()
             .filter(|region| !region.trim().is_empty()),
+        options: config.store_options.clone(),
     }));
     match &checked.catalog {
         CatalogKind::Rest { uri } => {
@@ -229,10 +231,12 @@ fn newest_metadata(warehouse: &str, ident: &TableIdent) -> std::io::Result<Optio
 pub fn check_table(table: &Table, name: &str, checked: &Checked) -> Result<(), ConnectorError> {
     let metadata = table.metadata();
     let location = metadata.location();
-    let supported = ["file:", "/", "s3://", "s3a://"];
+    let supported = [
+        "file:", "/", "s3://", "s3a://", "az://", "abfs://", "abfss://", "gs://",
+    ];
     if !supported.iter().any(|prefix| location.starts_with(prefix)) {
         return Err(ConnectorError::fatal(format!(
-            "store_class: the table {name} is at {location}; this build writes Iceberg files to a local filesystem (file://) or S3 (s3://) only"
+            "store_class: the table {name} is at {location}; this build writes Iceberg files to a local filesystem (file://), S3 (s3://), Azure (az://, abfss://) or GCS (gs://) only"
         )));
     }
     if !metadata.default_partition_spec().is_unpartitioned() {

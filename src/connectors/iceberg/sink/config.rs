@@ -4,6 +4,7 @@
 //! filesystem warehouse, table creation (`create_table`, `columns`) and the
 //! flush triggers.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use iceberg::spec::PrimitiveType;
@@ -59,9 +60,23 @@ pub struct IcebergSinkConfig {
     /// The S3 region (default: `AWS_REGION`, then `us-east-1`).
     #[serde(default)]
     pub store_region: Option<String>,
-    /// The object store kind: only `s3`, as upstream.
+    /// The object store kind: `s3` (upstream's), `azure` or `gcs`. The
+    /// table's location decides where its files go; this is checked only
+    /// for a known value.
     #[serde(default)]
     pub store_class: Option<String>,
+    /// Options of the Azure Blob / ADLS Gen2 and GCS stores, for tables
+    /// located on `az://`, `abfs://`, `abfss://` or `gs://`, by the
+    /// `object_store` crate's names: `azure_storage_account_name` with
+    /// `azure_storage_account_key`, `azure_storage_sas_key` or a service
+    /// principal (`azure_client_id`, `azure_client_secret`,
+    /// `azure_tenant_id`), `azure_storage_endpoint`; GCS
+    /// `google_service_account_key` (the JSON), `google_service_account`
+    /// (its path), `google_application_credentials`. Unset, each store's
+    /// environment and default credentials. Values are treated as secrets.
+    #[serde(default)]
+    #[schemars(with = "BTreeMap<String, String>")]
+    pub store_options: BTreeMap<String, SecretString>,
     /// Create a missing table at open from `columns` (unpartitioned, its
     /// namespace too). Off (upstream's behaviour): a missing table is fatal.
     #[serde(default)]
@@ -191,11 +206,13 @@ impl IcebergSinkConfig {
             ));
         }
         if let Some(class) = &self.store_class
-            && !class.eq_ignore_ascii_case("s3")
+            && !["s3", "azure", "gcs"]
+                .iter()
+                .any(|known| class.eq_ignore_ascii_case(known))
         {
             return Err(PluginConfigError::new(
                 "store_class",
-                format!("only \"s3\" is supported, found \"{class}\""),
+                format!("expected \"s3\", \"azure\" or \"gcs\", found \"{class}\""),
             ));
         }
         let mut columns = Vec::with_capacity(self.columns.len());
@@ -394,7 +411,7 @@ mod tests {
                 serde_json::json!({"store_access_key_id": "a"}),
                 "store_access_key_id",
             ),
-            (serde_json::json!({"store_class": "gcs"}), "store_class"),
+            (serde_json::json!({"store_class": "hdfs"}), "store_class"),
             (
                 serde_json::json!({"store_url": "localhost:9000"}),
                 "store_url",

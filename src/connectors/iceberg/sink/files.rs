@@ -1,11 +1,15 @@
 //! Where the tables' files are read and written: the local filesystem for
-//! `file://` (and bare) paths, and S3 for `s3://`/`s3a://` paths through
-//! `object_store` with upstream's `store_*` settings. The `iceberg` crate
-//! 0.10 has only local and in-memory storage built in; this is its S3.
+//! `file://` (and bare) paths, S3 for `s3://`/`s3a://` paths through
+//! `object_store` with upstream's `store_*` settings, and Azure Blob / ADLS
+//! Gen2 (`az://`, `abfs://`, `abfss://`) and GCS (`gs://`) paths through
+//! `object_store` with `store_options`. The `iceberg` crate 0.10 has only
+//! local and in-memory storage built in (its `azdls`/`gcs` property names
+//! but no storage behind them); this is its S3, Azure and GCS.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -24,15 +28,18 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
 
+use crate::connectors::kit::store::{self, Refusal, Requests};
 use crate::sync::lock;
 
-/// Upstream's `store_*` settings.
+/// Upstream's `store_*` settings, and `store_options` for Azure and GCS.
 #[derive(Debug, Default)]
 pub struct S3Settings {
     pub endpoint: Option<String>,
     pub access_key_id: Option<SecretString>,
     pub secret_access_key: Option<SecretString>,
     pub region: Option<String>,
+    /// `object_store`'s options of the Azure and GCS stores.
+    pub options: BTreeMap<String, SecretString>,
 }
 
 /// The storage and its factory (the catalogs ask a factory). The settings
@@ -49,6 +56,8 @@ struct S3 {
     settings: S3Settings,
     /// One client per bucket, made on first use.
     buckets: Mutex<HashMap<String, Arc<dyn ObjectStore>>>,
+    /// One client per Azure container or GCS bucket (`scheme://authority`).
+    clouds: Mutex<HashMap<String, Arc<dyn ObjectStore>>>,
 }
 
 impl Files {
@@ -57,19 +66,26 @@ impl Files {
             s3: Some(Arc::new(S3 {
                 settings,
                 buckets: Mutex::default(),
+                clouds: Mutex::default(),
             })),
         }
     }
 }
 
-/// A path on S3: the bucket's client and the key.
+/// A path on a store: the bucket's (container's) client and the key.
 enum Place {
     Local,
     S3(Arc<dyn ObjectStore>, Path),
 }
 
+/// The schemes of Azure and GCS paths.
+const CLOUD_SCHEMES: [&str; 4] = ["az://", "abfs://", "abfss://", "gs://"];
+
 impl Files {
     fn place(&self, path: &str) -> Result<Place> {
+        if CLOUD_SCHEMES.iter().any(|scheme| path.starts_with(scheme)) {
+            return self.cloud_place(path);
+        }
         let Some(rest) = path
             .strip_prefix("s3://")
             .or_else(|| path.strip_prefix("s3a://"))
@@ -91,6 +107,51 @@ impl Files {
             }
         };
         Ok(Place::S3(store, Path::from(key)))
+    }
+}
+
+impl Files {
+    /// An Azure or GCS path: its container's (bucket's) client, made once.
+    fn cloud_place(&self, path: &str) -> Result<Place> {
+        let settings = self
+            .s3
+            .as_ref()
+            .ok_or_else(|| Error::new(ErrorKind::Unexpected, "the storage has no settings"))?;
+        let url = url::Url::parse(path)
+            .map_err(|error| Error::new(ErrorKind::DataInvalid, format!("{path}: {error}")))?;
+        let root = format!("{}://{}", url.scheme(), url.authority());
+        let mut clouds = lock(&settings.clouds);
+        if let Some(client) = clouds.get(&root)
+            && let Ok((_, key)) = object_store::ObjectStoreScheme::parse(&url)
+        {
+            return Ok(Place::S3(client.clone(), key));
+        }
+        let options: Vec<(String, String)> = settings
+            .settings
+            .options
+            .iter()
+            .map(|(key, value)| (key.clone(), value.expose_secret().to_owned()))
+            .collect();
+        // Quick retries of one request; past them the flush is retried.
+        let requests = Requests {
+            timeout: Duration::from_secs(60),
+            attempts: 4,
+            first_delay: Duration::from_millis(100),
+        };
+        let (opened, key) =
+            store::open(&url, &options, requests).map_err(|(option, message)| {
+                let field = if option.is_empty() {
+                    "tables".to_owned()
+                } else {
+                    format!("store_options.{option}")
+                };
+                Error::new(
+                    ErrorKind::DataInvalid,
+                    format!("{field}: cannot set up the store client for {root}: {message}"),
+                )
+            })?;
+        clouds.insert(root, opened.clone());
+        Ok(Place::S3(opened, key))
     }
 }
 
@@ -132,22 +193,27 @@ impl S3 {
 /// Refused credentials and a missing bucket are not worth retrying: they
 /// become errors naming the field to fix; the rest stay retryable.
 fn s3_error(path: &str, error: object_store::Error) -> Error {
-    let text = error.to_string();
-    let (kind, message) = match &error {
-        object_store::Error::PermissionDenied { .. }
-        | object_store::Error::Unauthenticated { .. } => (
+    let cloud = CLOUD_SCHEMES.iter().any(|scheme| path.starts_with(scheme));
+    let (kind, message) = match Refusal::of(&error) {
+        Some(Refusal::Credentials) if cloud => (
+            ErrorKind::PreconditionFailed,
+            format!(
+                "store_options: the object store refused the credentials for {path}: fix the credentials in `store_options` (or the store's environment)"
+            ),
+        ),
+        Some(Refusal::Credentials) => (
             ErrorKind::PreconditionFailed,
             format!(
                 "store_access_key_id: the object store refused the credentials for {path}: fix `store_access_key_id`/`store_secret_access_key` (or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)"
             ),
         ),
-        _ if text.contains("NoSuchBucket") => (
+        Some(Refusal::NoBucket) => (
             ErrorKind::PreconditionFailed,
             format!(
-                "store_url: the bucket of {path} does not exist: create it or fix the table's location"
+                "store_url: the bucket or container of {path} does not exist: create it or fix the table's location"
             ),
         ),
-        _ => (ErrorKind::Unexpected, format!("S3 {path}")),
+        None => (ErrorKind::Unexpected, format!("object store {path}")),
     };
     Error::new(kind, message).with_source(error)
 }

@@ -68,8 +68,12 @@ pub const ENTRY: SinkEntry = SinkEntry {
     name: "iceberg",
     feature: "iceberg-sink",
     description: "appends JSON messages to Apache Iceberg tables (REST or memory catalog), exactly once (offsets in snapshots)",
-    secret_fields: &["store_access_key_id", "store_secret_access_key"],
-    sample_config: "tables = [\"shop.orders\"]\ncatalog_type = \"rest\"\nuri = \"http://localhost:8181\"\nwarehouse = \"warehouse\"\nstore_url = \"http://localhost:9000\"\nstore_access_key_id = \"key-id-secret\"\nstore_secret_access_key = \"secret\"\nstore_region = \"us-east-1\"\nstore_class = \"s3\"\ncreate_table = true\ncolumns = [\n  { name = \"id\", type = \"long\", nullable = false },\n  { name = \"customer\", type = \"string\" },\n  { name = \"total\", type = \"double\" },\n  { name = \"created_at\", type = \"timestamptz\" },\n]\nmax_messages_per_file = 100000\nflush_interval = \"10s\"\n",
+    secret_fields: &[
+        "store_access_key_id",
+        "store_secret_access_key",
+        "store_options.*",
+    ],
+    sample_config: "tables = [\"shop.orders\"]\ncatalog_type = \"rest\"\nuri = \"http://localhost:8181\"\nwarehouse = \"warehouse\"\nstore_url = \"http://localhost:9000\"\nstore_access_key_id = \"key-id-secret\"\nstore_secret_access_key = \"secret\"\nstore_region = \"us-east-1\"\nstore_class = \"s3\"\ncreate_table = true\ncolumns = [\n  { name = \"id\", type = \"long\", nullable = false },\n  { name = \"customer\", type = \"string\" },\n  { name = \"total\", type = \"double\" },\n  { name = \"created_at\", type = \"timestamptz\" },\n]\nmax_messages_per_file = 100000\nflush_interval = \"10s\"\nstore_options = { azure_storage_account_name = \"iggylake\", azure_storage_account_key = \"account-key-secret\" }\n",
     config_schema: schema_of::<IcebergSinkConfig>,
     build: |config| Ok(Box::new(IcebergSink::new(parse_plugin_config(config)?)?)),
 };

@@ -1,6 +1,8 @@
 //! The `s3` sink's `plugin_config`: upstream's fields and defaults, plus
-//! `compression`, `part_size` and `flush_interval`.
+//! `compression`, `part_size` and `flush_interval`, and any store the
+//! `object_store` crate speaks through `url` and `options`.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use secrecy::SecretString;
@@ -12,13 +14,37 @@ use crate::connectors::PluginConfigError;
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct S3SinkConfig {
-    /// Bucket the objects are written to (it must exist: a missing bucket is
-    /// fatal at open).
+    /// S3 bucket the objects are written to (it must exist: a missing bucket
+    /// is fatal at open). Required unless `url` names the store.
+    #[serde(default)]
     pub bucket: String,
     /// The bucket's region (`us-east-1`, ...; any value for most S3-compatible
-    /// stores).
+    /// stores). Required with `bucket`.
+    #[serde(default)]
     pub region: String,
-    /// Key prefix of every object (slashes around it are trimmed).
+    /// The store and key prefix as a URL, instead of `bucket`:
+    /// `s3://bucket/prefix`, `az://container/prefix` (also `abfss://` and
+    /// `https://account.blob.core.windows.net/container/prefix`),
+    /// `gs://bucket/prefix` or `file:///directory`. Credentials and other
+    /// settings of the store go in `options` (or its usual environment).
+    #[serde(default)]
+    pub url: Option<String>,
+    /// Options of the store (named by `url`, or the `bucket`'s S3), by the
+    /// `object_store` crate's names, beside or instead of the typed fields
+    /// (`aws_session_token`, ...): Azure `azure_storage_account_name` with
+    /// `azure_storage_account_key`, `azure_storage_sas_key` or a service
+    /// principal (`azure_client_id`, `azure_client_secret`,
+    /// `azure_tenant_id`), `azure_storage_endpoint`; GCS
+    /// `google_service_account_key` (the JSON), `google_service_account` (its
+    /// path) or `google_application_credentials`; unset, each store's
+    /// environment and default credentials (`AZURE_*`, `GOOGLE_*`,
+    /// application default credentials, the instance's identity). Values
+    /// are treated as secrets.
+    #[serde(default)]
+    #[schemars(with = "BTreeMap<String, String>")]
+    pub options: BTreeMap<String, SecretString>,
+    /// Key prefix of every object (slashes around it are trimmed); with
+    /// `url`, below the URL's path.
     #[serde(default)]
     pub prefix: Option<String>,
     /// S3-compatible endpoint URL (MinIO, R2, a local test server). Implies
@@ -145,6 +171,15 @@ impl Compression {
     }
 }
 
+/// Where the objects go, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Place {
+    /// The store's URL (`s3://bucket` for `bucket`).
+    pub url: url::Url,
+    /// The field naming the store, for messages: `bucket` or `url`.
+    pub field: &'static str,
+}
+
 /// When a file is closed, in checked numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rotation {
@@ -157,12 +192,8 @@ pub const MIN_PART_SIZE: u64 = 5 << 20;
 
 impl S3SinkConfig {
     /// Checks what serde cannot, naming the field.
-    pub fn validate(&self) -> Result<(Rotation, u64), PluginConfigError> {
-        for (field, value) in [("bucket", &self.bucket), ("region", &self.region)] {
-            if value.trim().is_empty() {
-                return Err(PluginConfigError::new(field, "must not be empty"));
-            }
-        }
+    pub fn validate(&self) -> Result<(Place, Rotation, u64), PluginConfigError> {
+        let place = self.place()?;
         if self.path_template.trim().is_empty() {
             return Err(PluginConfigError::new(
                 "path_template",
@@ -216,7 +247,64 @@ impl S3SinkConfig {
                 "must be at least 5MiB (S3's smallest part)",
             ));
         }
-        Ok((rotation, part_size))
+        Ok((place, rotation, part_size))
+    }
+
+    /// `url`, or the bucket (and its region) as an `s3://` URL.
+    fn place(&self) -> Result<Place, PluginConfigError> {
+        let Some(text) = self.url.as_deref().map(str::trim) else {
+            for (field, value) in [("bucket", &self.bucket), ("region", &self.region)] {
+                if value.trim().is_empty() {
+                    return Err(PluginConfigError::new(
+                        field,
+                        "must not be empty (or name the store with `url`)",
+                    ));
+                }
+            }
+            let url = url::Url::parse(&format!("s3://{}", self.bucket.trim()))
+                .map_err(|error| PluginConfigError::new("bucket", error.to_string()))?;
+            return Ok(Place {
+                url,
+                field: "bucket",
+            });
+        };
+        if !self.bucket.trim().is_empty() {
+            return Err(PluginConfigError::new(
+                "bucket",
+                "set either `bucket` or `url`, not both",
+            ));
+        }
+        let url = url::Url::parse(text).map_err(|error| {
+            PluginConfigError::new(
+                "url",
+                format!(
+                    "expected an s3://, az://, gs:// or file:// URL, found \"{text}\" ({error})"
+                ),
+            )
+        })?;
+        if object_store::ObjectStoreScheme::parse(&url).is_err() {
+            return Err(PluginConfigError::new(
+                "url",
+                format!("\"{url}\" names no store (s3://, az://, abfss://, gs://, file://)"),
+            ));
+        }
+        if !matches!(url.scheme(), "s3" | "s3a") {
+            let s3_fields = [
+                ("endpoint", self.endpoint.is_some()),
+                ("access_key_id", self.access_key_id.is_some()),
+                ("path_style", self.path_style.is_some()),
+            ];
+            if let Some((field, _)) = s3_fields.iter().find(|(_, set)| *set) {
+                return Err(PluginConfigError::new(
+                    *field,
+                    format!(
+                        "an S3 setting, but `url` names a {}:// store: put its settings in `options`",
+                        url.scheme()
+                    ),
+                ));
+            }
+        }
+        Ok(Place { url, field: "url" })
     }
 
     /// Path-style addressing: asked for, or implied by `endpoint`.
@@ -278,10 +366,10 @@ mod tests {
         assert!(config.include_metadata && !config.include_headers);
         assert_eq!(config.max_attempts, 3);
         assert_eq!(config.retry_delay, Duration::from_secs(1));
-        assert_eq!(
-            config.validate().unwrap(),
-            (Rotation::Bytes(8 << 20), 8 << 20)
-        );
+        let (place, rotation, part_size) = config.validate().unwrap();
+        assert_eq!(place.url.as_str(), "s3://b");
+        assert_eq!(place.field, "bucket");
+        assert_eq!((rotation, part_size), (Rotation::Bytes(8 << 20), 8 << 20));
         assert!(!config.path_style());
     }
 
@@ -303,6 +391,15 @@ mod tests {
                 "max_messages_per_file",
             ),
             (serde_json::json!({"part_size": "1MiB"}), "part_size"),
+            (serde_json::json!({"url": "az://c/p"}), "bucket"),
+            (
+                serde_json::json!({"bucket": "", "url": "hdfs://c/p"}),
+                "url",
+            ),
+            (
+                serde_json::json!({"bucket": "", "url": "az://c/p", "endpoint": "http://x"}),
+                "endpoint",
+            ),
             (
                 serde_json::json!({"endpoint": "localhost:9000"}),
                 "endpoint",
@@ -314,5 +411,27 @@ mod tests {
         }
         let error = config(serde_json::json!({"output_format": "csv"})).unwrap_err();
         assert_eq!(error.field, "output_format");
+        let error = config(serde_json::json!({"bucket": "", "region": ""}))
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert_eq!(error.field, "bucket");
+    }
+
+    #[test]
+    fn given_a_url_when_validated_should_name_the_store_without_bucket_or_region() {
+        for url in [
+            "az://landing/iggy",
+            "abfss://landing@account.dfs.core.windows.net/iggy",
+            "gs://lake/iggy",
+            "file:///tmp/iggy",
+            "s3://lake/iggy",
+        ] {
+            let config =
+                config(serde_json::json!({"bucket": "", "region": "", "url": url})).unwrap();
+            let (place, _, _) = config.validate().unwrap();
+            assert_eq!(place.url.as_str(), url);
+            assert_eq!(place.field, "url");
+        }
     }
 }

@@ -1,5 +1,7 @@
 //! `s3` sink: writes messages as objects to Amazon S3 or an S3-compatible
-//! store (MinIO, R2, ...), through `object_store`.
+//! store (MinIO, R2, ...), or any other store `object_store` speaks (Azure
+//! Blob Storage / ADLS Gen2, Google Cloud Storage, a local directory) named
+//! by `url`.
 //!
 //! The sink defers acknowledgement (rule K6, docs/ARCHITECTURE.md): `write`
 //! encodes each message into its partition's open file; a file closes when
@@ -23,18 +25,14 @@ mod file;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use async_trait::async_trait;
-use object_store::aws::AmazonS3Builder;
 use object_store::path::Path;
-use object_store::{
-    BackoffConfig, ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig,
-};
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use secrecy::ExposeSecret;
 use tracing::{debug, info};
 
-use crate::connectors::kit::store::Refusal;
+use crate::connectors::kit::store::{self, Refusal, Requests};
 use crate::connectors::{
     ConnectorError, Deferred, Flush, PluginConfigError, Sink, SinkEntry, SinkError,
     parse_plugin_config, schema_of,
@@ -42,15 +40,15 @@ use crate::connectors::{
 use crate::message::{SinkMessage, TopicRef};
 use crate::sync::lock;
 
-pub use config::{Compression, FileRotation, OutputFormat, S3SinkConfig};
+pub use config::{Compression, FileRotation, OutputFormat, Place, S3SinkConfig};
 use file::{ClosedFile, Layout, OpenFile};
 
 pub const ENTRY: SinkEntry = SinkEntry {
     name: "s3",
     feature: "s3-sink",
-    description: "writes messages as objects to S3 or an S3-compatible store (keys from offsets: a replay overwrites)",
-    secret_fields: &["access_key_id", "secret_access_key"],
-    sample_config: "bucket = \"iggy-data\"\nregion = \"us-east-1\"\nprefix = \"iggy/raw\"\nendpoint = \"http://127.0.0.1:9000\"\naccess_key_id = \"key-id-secret\"\nsecret_access_key = \"secret\"\nfile_rotation = \"messages\"\nmax_messages_per_file = 10000\noutput_format = \"json_lines\"\ncompression = \"gzip\"\nflush_interval = \"60s\"\n",
+    description: "writes messages as objects to S3 (or S3-compatible), Azure Blob, GCS or a local directory (keys from offsets: a replay overwrites)",
+    secret_fields: &["access_key_id", "secret_access_key", "options.*"],
+    sample_config: "bucket = \"iggy-data\"\nregion = \"us-east-1\"\nprefix = \"iggy/raw\"\nendpoint = \"http://127.0.0.1:9000\"\naccess_key_id = \"key-id-secret\"\nsecret_access_key = \"secret\"\nfile_rotation = \"messages\"\nmax_messages_per_file = 10000\noutput_format = \"json_lines\"\ncompression = \"gzip\"\nflush_interval = \"60s\"\noptions = { aws_session_token = \"session-token-secret\" }\n",
     config_schema: schema_of::<S3SinkConfig>,
     build: |config| Ok(Box::new(S3Sink::new(parse_plugin_config(config)?)?)),
 };
@@ -58,6 +56,9 @@ inventory::submit!(ENTRY);
 
 pub struct S3Sink {
     config: S3SinkConfig,
+    place: Place,
+    /// The key prefix: the URL's path, then `prefix`.
+    prefix: Option<String>,
     layout: Layout,
     part_size: u64,
     store: Option<Arc<dyn ObjectStore>>,
@@ -76,7 +77,7 @@ struct TopicFiles {
 
 impl S3Sink {
     pub fn new(config: S3SinkConfig) -> Result<Self, PluginConfigError> {
-        let (rotation, part_size) = config.validate()?;
+        let (place, rotation, part_size) = config.validate()?;
         let layout = Layout {
             format: config.output_format,
             include_metadata: config.include_metadata,
@@ -85,6 +86,8 @@ impl S3Sink {
         };
         Ok(Self {
             config,
+            place,
+            prefix: None,
             layout,
             part_size,
             store: None,
@@ -92,40 +95,53 @@ impl S3Sink {
         })
     }
 
-    fn build_store(&self) -> Result<Arc<dyn ObjectStore>, ConnectorError> {
+    /// The store at the root of the bucket (container, directory) and the
+    /// key prefix below it: `url`'s path, then `prefix`.
+    fn build_store(&self) -> Result<(Arc<dyn ObjectStore>, Option<String>), ConnectorError> {
         let config = &self.config;
-        // The AWS_* environment first; the file's fields win over it.
-        let mut builder = AmazonS3Builder::from_env()
-            .with_bucket_name(&config.bucket)
-            .with_region(&config.region)
-            .with_virtual_hosted_style_request(!config.path_style())
-            .with_retry(RetryConfig {
-                backoff: BackoffConfig {
-                    init_backoff: config.retry_delay,
-                    max_backoff: Duration::from_secs(60),
-                    base: 2.0,
-                },
-                max_retries: config.max_attempts.saturating_sub(1) as usize,
-                retry_timeout: Duration::from_secs(180),
-            })
-            .with_client_options(
-                ClientOptions::new()
-                    .with_timeout(config.request_timeout)
-                    .with_connect_timeout(config.request_timeout.min(Duration::from_secs(10)))
-                    .with_allow_http(true),
-            );
-        if let Some(endpoint) = &config.endpoint {
-            builder = builder.with_endpoint(endpoint).with_allow_http(true);
+        let mut options: Vec<(String, String)> = Vec::new();
+        if matches!(self.place.url.scheme(), "s3" | "s3a") {
+            let credentials = config
+                .access_key_id
+                .as_ref()
+                .zip(config.secret_access_key.as_ref())
+                .map(|(key, secret)| (key.expose_secret(), secret.expose_secret()));
+            let region = Some(config.region.trim()).filter(|region| !region.is_empty());
+            options = store::s3_options(region, config.endpoint.as_deref(), credentials);
+            options.push((
+                "aws_virtual_hosted_style_request".to_owned(),
+                (!config.path_style()).to_string(),
+            ));
         }
-        if let (Some(key), Some(secret)) = (&config.access_key_id, &config.secret_access_key) {
-            builder = builder
-                .with_access_key_id(key.expose_secret())
-                .with_secret_access_key(secret.expose_secret());
-        }
-        let store = builder.build().map_err(|error| {
-            ConnectorError::fatal(format!("cannot set up the S3 client: {error}"))
-        })?;
-        Ok(Arc::new(store))
+        options.extend(
+            config
+                .options
+                .iter()
+                .map(|(key, value)| (key.clone(), value.expose_secret().to_owned())),
+        );
+        let requests = Requests {
+            timeout: config.request_timeout,
+            attempts: config.max_attempts,
+            first_delay: config.retry_delay,
+        };
+        let (store, path) =
+            store::open(&self.place.url, &options, requests).map_err(|(option, message)| {
+                let field = if option.is_empty() {
+                    self.place.field.to_owned()
+                } else {
+                    format!("options.{option}")
+                };
+                ConnectorError::fatal(format!(
+                    "{field}: cannot set up the store client: {message}"
+                ))
+            })?;
+        let prefix = [path.as_ref(), config.prefix.as_deref().unwrap_or_default()]
+            .iter()
+            .map(|part| part.trim_matches('/'))
+            .filter(|part| !part.is_empty())
+            .collect::<Vec<_>>()
+            .join("/");
+        Ok((store, Some(prefix).filter(|prefix| !prefix.is_empty())))
     }
 
     fn store(&self) -> Result<&Arc<dyn ObjectStore>, SinkError> {
@@ -139,7 +155,7 @@ impl S3Sink {
         let store = self.store()?;
         let config = &self.config;
         let key = file::object_key(
-            config.prefix.as_deref(),
+            self.prefix.as_deref(),
             &config.path_template,
             topic,
             file,
@@ -184,20 +200,20 @@ impl S3Sink {
                 .await
                 .map_err(|error| self.classify(&key, error))?;
         }
-        debug!(bucket = %config.bucket, key, bytes = size, messages = file.count, "object uploaded");
+        debug!(store = %self.place.url, key, bytes = size, messages = file.count, "object uploaded");
         Ok(())
     }
 
-    /// Which S3 errors are worth retrying.
+    /// Which store errors are worth retrying.
     fn classify(&self, key: &str, error: object_store::Error) -> SinkError {
         match Refusal::of(&error) {
-            Some(Refusal::NoBucket) => {
-                SinkError::fatal(missing_bucket(&self.config.bucket, &error))
+            Some(Refusal::NoBucket) => SinkError::fatal(missing_bucket(&self.place, &error)),
+            Some(Refusal::Credentials) => {
+                SinkError::fatal(refused_credentials(&self.place, &error))
             }
-            Some(Refusal::Credentials) => SinkError::fatal(refused_credentials(&error)),
             None => {
-                let bucket = &self.config.bucket;
-                let message = format!("upload of s3://{bucket}/{key} failed: {error}");
+                let store = &self.place.url;
+                let message = format!("upload of {key} to {store} failed: {error}");
                 match error {
                     object_store::Error::Generic { .. } => SinkError::transient(message),
                     _ => SinkError::fatal(message),
@@ -207,42 +223,53 @@ impl S3Sink {
     }
 }
 
-fn missing_bucket(bucket: &str, error: &object_store::Error) -> String {
+fn missing_bucket(place: &Place, error: &object_store::Error) -> String {
+    let (field, url) = (place.field, &place.url);
+    if field == "bucket" {
+        let bucket = url.host_str().unwrap_or_default();
+        return format!(
+            "bucket: \"{bucket}\" does not exist (or is not at the endpoint): create it, or fix `bucket`, `region` or `endpoint` ({error})"
+        );
+    }
     format!(
-        "bucket: \"{bucket}\" does not exist (or is not at the endpoint): create it, or fix `bucket`, `region` or `endpoint` ({error})"
+        "{field}: the bucket or container of {url} does not exist: create it, or fix `{field}` ({error})"
     )
 }
 
-fn refused_credentials(error: &object_store::Error) -> String {
+fn refused_credentials(place: &Place, error: &object_store::Error) -> String {
+    if matches!(place.url.scheme(), "s3" | "s3a") {
+        return format!(
+            "access_key_id: S3 refused the credentials: fix `access_key_id`/`secret_access_key` (or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY) ({error})"
+        );
+    }
     format!(
-        "access_key_id: S3 refused the credentials: fix `access_key_id`/`secret_access_key` (or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY) ({error})"
+        "options: {} refused the credentials: fix the credentials in `options` (or the store's environment) ({error})",
+        place.url
     )
 }
 
 #[async_trait]
 impl Sink for S3Sink {
     async fn open(&mut self) -> Result<(), ConnectorError> {
-        let store = self.build_store()?;
+        let (store, prefix) = self.build_store()?;
         // One listing proves the bucket is there and the credentials work.
-        let prefix = self
-            .config
-            .prefix
-            .as_deref()
-            .map(|prefix| Path::from(prefix.trim_matches('/')));
-        if let Err(error) = store.list_with_delimiter(prefix.as_ref()).await {
+        let listed = prefix.as_deref().map(Path::from);
+        if let Err(error) = store.list_with_delimiter(listed.as_ref()).await {
             return Err(match Refusal::of(&error) {
                 Some(Refusal::NoBucket) => {
-                    ConnectorError::fatal(missing_bucket(&self.config.bucket, &error))
+                    ConnectorError::fatal(missing_bucket(&self.place, &error))
                 }
-                Some(Refusal::Credentials) => ConnectorError::fatal(refused_credentials(&error)),
-                None => ConnectorError::transient(format!(
-                    "cannot reach bucket \"{}\": {error}",
-                    self.config.bucket
-                )),
+                Some(Refusal::Credentials) => {
+                    ConnectorError::fatal(refused_credentials(&self.place, &error))
+                }
+                None => {
+                    ConnectorError::transient(format!("cannot reach {}: {error}", self.place.url))
+                }
             });
         }
-        info!(bucket = %self.config.bucket, endpoint = ?self.config.endpoint, "s3 sink opened");
+        info!(store = %self.place.url, endpoint = ?self.config.endpoint, "s3 sink opened");
         self.store = Some(store);
+        self.prefix = prefix;
         Ok(())
     }
 
