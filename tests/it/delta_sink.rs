@@ -354,6 +354,13 @@ async fn an_s3_table_is_created_written_and_read_back_through_the_s3_api() {
         iggy.stored_offset("shop", "orders", &group("s3lake"), 0) == Some(599)
     })
     .await;
+    // The last 100 are written by the shutdown's flush, once consumed.
+    wait_for("the last messages consumed", LONG, || {
+        runtime
+            .view(ConnectorKind::Sink, "s3lake")
+            .is_some_and(|view| view.metrics.consumed.get() >= 700)
+    })
+    .await;
     runtime.shutdown().await;
     assert_eq!(
         iggy.stored_offset("shop", "orders", &group("s3lake"), 0),
