@@ -1,5 +1,5 @@
-//! Throughput of the object_store source: JSON lines objects -> source ->
-//! Iggy, from a local directory and from moto's S3 server (PyPI
+//! Throughput of the object_store source: JSON lines or Parquet objects ->
+//! source -> Iggy, from a local directory and from moto's S3 server (PyPI
 //! `moto[server]`, a Python process on loopback; `scripts/s3-emulator`
 //! installs it), beside the ceiling measured in the same run: a raw `get`
 //! of the same objects, one after the other, with the `object_store` client.
@@ -7,7 +7,8 @@
 //!     cargo bench --features object-store-source --bench backends -- object_store
 //!
 //! The case prints one `bench:` line with `objects=N`, `mb=` (the objects'
-//! bytes), `mb_per_s=` and `raw_get_records_per_s=` / `raw_get_mb_per_s=`
+//! bytes as stored: Parquet is columnar and compressed, so its `mb` is
+//! smaller for the same records), `mb_per_s=` and `raw_get_records_per_s=` / `raw_get_mb_per_s=`
 //! (the ceiling) added. `BENCH_SCALE` multiplies the number of objects.
 #![cfg(feature = "object-store-source")]
 
@@ -21,7 +22,12 @@ use crate::common;
 use crate::common::{Iggy, Pipeline, Report, Stages};
 use crate::support::s3::S3Server;
 
-const CASES: &[&str] = &["local_jsonl_to_iggy", "moto_jsonl_to_iggy"];
+const CASES: &[&str] = &[
+    "local_jsonl_to_iggy",
+    "moto_jsonl_to_iggy",
+    "local_parquet_to_iggy",
+    "moto_parquet_to_iggy",
+];
 const TOPIC: &str = "records";
 const LINES: u64 = 1000;
 
@@ -36,20 +42,26 @@ inventory::submit! {
 async fn run(case: String) {
     let iggy = Iggy::start();
     let objects = common::scaled(100, 2);
+    let parquet = case.contains("parquet");
     let bodies: Vec<(String, Vec<u8>)> = (0..objects)
         .map(|index| {
-            let body: String = (index * LINES..(index + 1) * LINES)
-                .map(|seq| {
-                    format!("{{\"seq\":{seq},\"name\":\"record {seq}\",\"amount\":{seq}.5}}\n")
-                })
-                .collect();
-            (format!("in/{index:06}.jsonl"), body.into_bytes())
+            let seqs = index * LINES..(index + 1) * LINES;
+            if parquet {
+                (format!("in/{index:06}.parquet"), parquet_body(seqs))
+            } else {
+                let body: String = seqs
+                    .map(|seq| {
+                        format!("{{\"seq\":{seq},\"name\":\"record {seq}\",\"amount\":{seq}.5}}\n")
+                    })
+                    .collect();
+                (format!("in/{index:06}.jsonl"), body.into_bytes())
+            }
         })
         .collect();
     let dir = tempfile::tempdir().expect("temp dir");
     let server;
     let (store, url, extra): (Arc<dyn ObjectStore>, String, String) = match case.as_str() {
-        "local_jsonl_to_iggy" => {
+        "local_jsonl_to_iggy" | "local_parquet_to_iggy" => {
             let store = ::object_store::local::LocalFileSystem::new_with_prefix(dir.path())
                 .expect("local store");
             (
@@ -110,6 +122,7 @@ async fn run(case: String) {
                 batch_length = 1000
                 [plugin_config]
                 url = "{url}"
+                format = "auto"
                 batch_size = 1000
                 {extra}
                 "#
@@ -138,4 +151,41 @@ async fn run(case: String) {
         ],
     }
     .print();
+}
+
+/// The same records as the JSON lines case, as one Parquet file (snappy).
+fn parquet_body(seqs: std::ops::Range<u64>) -> Vec<u8> {
+    use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
+    let column = |array: ArrayRef| array;
+    let batch = RecordBatch::try_from_iter([
+        (
+            "seq",
+            column(Arc::new(Int64Array::from_iter_values(
+                seqs.clone().map(|seq| seq as i64),
+            ))),
+        ),
+        (
+            "name",
+            column(Arc::new(StringArray::from_iter_values(
+                seqs.clone().map(|seq| format!("record {seq}")),
+            ))),
+        ),
+        (
+            "amount",
+            column(Arc::new(Float64Array::from_iter_values(
+                seqs.map(|seq| seq as f64 + 0.5),
+            ))),
+        ),
+    ])
+    .expect("record batch");
+    let properties = parquet::file::properties::WriterProperties::builder()
+        .set_compression(parquet::basic::Compression::SNAPPY)
+        .build();
+    let mut out = Vec::new();
+    let mut writer =
+        parquet::arrow::ArrowWriter::try_new(&mut out, batch.schema(), Some(properties))
+            .expect("parquet writer");
+    writer.write(&batch).expect("write");
+    writer.close().expect("close");
+    out
 }

@@ -66,6 +66,16 @@ pub trait Source: Send + Sync {
     /// staged.
     async fn commit(&self) -> Result<(), ConnectorError>;
 
+    /// What the last successful `poll` read but set aside as unusable (an
+    /// object that does not decode), each with why; the engine takes them
+    /// right after that poll and handles them with its batch: counted as
+    /// decode errors, dead-lettered when the connector has a
+    /// `[dead_letter]` topic, otherwise dropped with a warning. A source
+    /// that sets nothing aside keeps the default.
+    fn take_rejected(&self) -> Vec<RejectedItem> {
+        Vec::new()
+    }
+
     /// How many batches this source can have polled and not yet committed
     /// (at least 1: more needs a source that stages several and applies them
     /// oldest first); the connector file's `max_in_flight` chooses up to this
@@ -256,6 +266,17 @@ impl Degraded {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// Something a source read and cannot turn into records (see
+/// [`Source::take_rejected`]): what describes it and why it was set aside.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RejectedItem {
+    pub id: Option<u128>,
+    pub headers: crate::message::Headers,
+    /// The dead letter's payload (never empty: Iggy stores no empty payload).
+    pub payload: bytes::Bytes,
+    pub reason: String,
 }
 
 /// One poll's worth of records and the state the source will have once they are

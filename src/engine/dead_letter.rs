@@ -53,7 +53,9 @@ pub const HEADERS: [&str; 11] = [
 /// What kind of failure set a message aside; a replay can pick by it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorClass {
-    /// The payload does not decode under its stream's schema (sinks).
+    /// The payload does not decode under its stream's schema (sinks), or a
+    /// source could not decode what it read (an object, set aside by the
+    /// source).
     Decode,
     /// A transform failed on it.
     Transform,

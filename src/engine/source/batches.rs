@@ -315,6 +315,7 @@ impl SourcePipeline {
             state,
             finished,
         } = self.poll_next().await?;
+        let set_aside = self.source.take_rejected();
         let started = Instant::now();
         let count = records.len();
         let mut trace = BatchSpan::default();
@@ -329,7 +330,8 @@ impl SourcePipeline {
             }
         }
         self.metrics.produced.add(count as u64);
-        let (groups, rejected) = self.prepare(records);
+        let (mut groups, mut rejected) = self.prepare(records);
+        rejected += self.set_aside(&mut groups, set_aside);
         let bytes = groups
             .iter()
             .flatten()

@@ -15,7 +15,9 @@ use bytes::Bytes;
 use tracing::{Level, debug, enabled, error, info, warn};
 
 use crate::codec::Schema;
-use crate::connectors::{BatchPolicy, ConnectorError, ConnectorKind, Source, SourceBatch};
+use crate::connectors::{
+    BatchPolicy, ConnectorError, ConnectorKind, RejectedItem, Source, SourceBatch,
+};
 use crate::engine::backoff::Backoff;
 use crate::engine::dead_letter::ErrorClass;
 use crate::engine::lag::LagSampler;
@@ -398,6 +400,29 @@ impl SourcePipeline {
                 route.map(dead_letter::Origin::topic),
             ));
         }
+    }
+
+    /// Items the source set aside at its last poll: counted and
+    /// dead-lettered (class and stage `decode`) like records that fail
+    /// encode, never failing the batch. Returns how many.
+    fn set_aside(&self, groups: &mut [Vec<OutgoingMessage>], items: Vec<RejectedItem>) -> usize {
+        let count = items.len();
+        for item in items {
+            let failed = Failed {
+                stage: ErrorStage::Decode,
+                class: ErrorClass::Decode,
+                error: &item.reason,
+                route: self.routes.first().map(|route| &route.topic),
+            };
+            self.reject(
+                groups,
+                failed,
+                item.id,
+                item.headers,
+                &Payload::Raw(item.payload),
+            );
+        }
+        count
     }
 
     async fn send_all(

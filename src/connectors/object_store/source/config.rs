@@ -23,8 +23,12 @@ pub struct ObjectStoreSourceConfig {
     pub glob: Option<String>,
     /// How an object's bytes become records: `json_lines` (alias `jsonl`),
     /// `json_array`, `csv` (first row is the header; each row becomes a JSON
-    /// object of strings), `text_lines` (one text message per line) or
-    /// `bytes` (the whole object as one raw message).
+    /// object of strings), `parquet` (each row as a JSON object), `avro`
+    /// (an Avro object container file: each datum as JSON), `text_lines`
+    /// (one text message per line), `bytes` (the whole object as one raw
+    /// message), or `auto`: by the key's extension below `.gz`/`.zst`
+    /// (`.parquet`, `.avro`, `.csv`, `.txt`/`.log`, `.json` holding an
+    /// array), else Parquet and Avro by their magic bytes, else JSON lines.
     #[serde(default)]
     pub format: Format,
     /// Decompression: `auto` (`.gz`/`.zst` keys, or gzip and zstd magic
@@ -37,9 +41,17 @@ pub struct ObjectStoreSourceConfig {
     /// `last_modified`, an object rewritten later is read again.
     #[serde(default)]
     pub order: Order,
-    /// Start after this key (below the prefix, exclusive) on a fresh start.
+    /// Where to start: a key below the prefix (only keys after it are
+    /// read), or an RFC 3339 time (`2026-05-01T00:00:00Z`: only objects
+    /// last modified after it are read; natural with `order =
+    /// "last_modified"`). A value that parses as an RFC 3339 time is a time.
     #[serde(default)]
     pub after: Option<String>,
+    /// Objects read and decoded at once, ahead of the one being sent;
+    /// records still go out, and commit, in reading order. Each holds up
+    /// to `max_object_bytes` in memory while it waits.
+    #[serde(default = "default_parallel_reads")]
+    pub parallel_reads: usize,
     /// How long to wait before listing the prefix again once every listed
     /// object is read.
     #[serde(default = "default_poll_interval", with = "crate::config::duration")]
@@ -63,8 +75,10 @@ pub struct ObjectStoreSourceConfig {
     #[serde(default)]
     pub done_prefix: Option<String>,
     /// An object that cannot be read or decoded (corrupt data, too large):
-    /// `skip` (logged with its key, counted as finished) or `stop` (the
-    /// source stops, naming the key).
+    /// `skip` (logged with its key, counted as finished), `dlq` (sent to the
+    /// connector's `[dead_letter]` topic as one message naming its key, etag,
+    /// size and the reason, then counted as finished) or `stop` (the source
+    /// stops, naming the key).
     #[serde(default)]
     pub on_error: OnObjectError,
     /// S3 (and S3-compatible) region.
@@ -105,8 +119,11 @@ pub enum Format {
     JsonLines,
     JsonArray,
     Csv,
+    Parquet,
+    Avro,
     TextLines,
     Bytes,
+    Auto,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
@@ -141,7 +158,17 @@ pub enum AfterCommit {
 pub enum OnObjectError {
     #[default]
     Skip,
+    Dlq,
     Stop,
+}
+
+/// Where reading starts (`after`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum After {
+    /// Keys (below the prefix) above this one.
+    Key(String),
+    /// Objects last modified after this time.
+    Time(chrono::DateTime<chrono::Utc>),
 }
 
 /// What `validate` derives from the fields.
@@ -152,6 +179,7 @@ pub struct Checked {
     pub max_object_bytes: u64,
     /// The done prefix, slashes trimmed.
     pub done_prefix: Option<String>,
+    pub after: Option<After>,
 }
 
 impl ObjectStoreSourceConfig {
@@ -183,6 +211,18 @@ impl ObjectStoreSourceConfig {
                 "must be above 0",
             ));
         }
+        if !(1..=64).contains(&self.parallel_reads) {
+            return Err(PluginConfigError::new(
+                "parallel_reads",
+                "must be from 1 to 64",
+            ));
+        }
+        let after = self.after.as_deref().map(|after| {
+            match chrono::DateTime::parse_from_rfc3339(after.trim()) {
+                Ok(time) => After::Time(time.to_utc()),
+                Err(_) => After::Key(after.to_owned()),
+            }
+        });
         if self.batch_size == 0 {
             return Err(PluginConfigError::new("batch_size", "must be above 0"));
         }
@@ -216,12 +256,17 @@ impl ObjectStoreSourceConfig {
             glob,
             max_object_bytes,
             done_prefix,
+            after,
         })
     }
 }
 
 fn default_poll_interval() -> Duration {
     Duration::from_secs(10)
+}
+
+fn default_parallel_reads() -> usize {
+    4
 }
 
 fn default_batch_size() -> usize {
@@ -259,6 +304,29 @@ mod tests {
         assert_eq!(config.on_error, OnObjectError::Skip);
         assert_eq!(checked.max_object_bytes, 256 << 20);
         assert!(checked.glob.is_none());
+        assert_eq!(config.parallel_reads, 4);
+        assert_eq!(checked.after, None);
+    }
+
+    #[test]
+    fn given_after_as_a_time_or_a_key_when_validated_should_tell_them_apart() {
+        let after = |value: &str| {
+            config(serde_json::json!({"after": value}))
+                .unwrap()
+                .validate()
+                .unwrap()
+                .after
+                .unwrap()
+        };
+        let time = chrono::DateTime::parse_from_rfc3339("2026-05-01T00:00:00Z").unwrap();
+        assert_eq!(
+            after("2026-05-01T02:00:00+02:00"),
+            After::Time(time.to_utc())
+        );
+        assert_eq!(
+            after("2026-05-01/part-0001.jsonl"),
+            After::Key("2026-05-01/part-0001.jsonl".to_owned())
+        );
     }
 
     #[test]
@@ -272,6 +340,8 @@ mod tests {
                 "max_object_bytes",
             ),
             (serde_json::json!({"batch_size": 0}), "batch_size"),
+            (serde_json::json!({"parallel_reads": 0}), "parallel_reads"),
+            (serde_json::json!({"parallel_reads": 65}), "parallel_reads"),
             (serde_json::json!({"after_commit": "move"}), "done_prefix"),
             (serde_json::json!({"access_key_id": "a"}), "access_key_id"),
             (

@@ -9,9 +9,12 @@
 //! reads a finished object again. Objects are deleted or moved only in
 //! `commit`, after Iggy acknowledged their records and the state covering
 //! them was saved. An object that cannot be decoded (or is larger than
-//! `max_object_bytes`) is skipped with its key logged, or stops the source
-//! (`on_error`). Listing and reading errors are classified: a missing bucket
-//! or refused credentials are fatal, the rest transient (the engine retries).
+//! `max_object_bytes`) is skipped with its key logged, set aside for the
+//! engine to dead-letter, or stops the source (`on_error`). Up to
+//! `parallel_reads` objects are fetched and decoded at once; their records
+//! still go out in reading order. Listing and reading errors are
+//! classified: a missing bucket or refused credentials are fatal, the rest
+//! transient (the engine retries).
 
 mod config;
 mod decode;
@@ -31,20 +34,20 @@ use tracing::{info, warn};
 use crate::connectors::kit::row_id::hash_id;
 use crate::connectors::kit::store::{self, Refusal, Requests};
 use crate::connectors::{
-    ConnectorError, PluginConfigError, Source, SourceBatch, SourceEntry, decode_state,
-    encode_state, parse_plugin_config, schema_of,
+    ConnectorError, PluginConfigError, RejectedItem, Source, SourceBatch, SourceEntry,
+    decode_state, encode_state, parse_plugin_config, schema_of,
 };
 use crate::message::{HeaderValue, Payload, SourceRecord};
 use crate::sync::lock;
 
-use config::Checked;
+use config::{After, Checked};
 pub use config::{AfterCommit, Compression, Format, ObjectStoreSourceConfig, OnObjectError, Order};
 pub use state::State;
 
 pub const ENTRY: SourceEntry = SourceEntry {
     name: "object_store",
     feature: "object-store-source",
-    description: "reads objects under a prefix of S3, Azure Blob, GCS or a local directory (JSON lines, JSON array, CSV, text lines, bytes; gzip/zstd), one message per record",
+    description: "reads objects under a prefix of S3, Azure Blob, GCS or a local directory (JSON lines, JSON array, CSV, Parquet, Avro, text lines, bytes; gzip/zstd), one message per record",
     secret_fields: &["access_key_id", "secret_access_key", "options.*"],
     sample_config: "url = \"s3://iggy-data/in\"\nglob = \"**/*.jsonl.gz\"\nformat = \"json_lines\"\nregion = \"us-east-1\"\nendpoint = \"http://127.0.0.1:9000\"\naccess_key_id = \"key-id-secret\"\nsecret_access_key = \"secret\"\npoll_interval = \"10s\"\nafter_commit = \"move\"\ndone_prefix = \"done\"\noptions = { aws_session_token = \"secret-session-token\" }\n",
     config_schema: schema_of::<ObjectStoreSourceConfig>,
@@ -68,6 +71,9 @@ pub struct ObjectStoreSource {
     /// Per polled, uncommitted batch (oldest first): the objects it finished
     /// whole, for `after_commit`.
     uncommitted: Mutex<VecDeque<Vec<Path>>>,
+    /// Bad objects of the last polled batch, for the engine to dead-letter
+    /// (`on_error = "dlq"`).
+    set_aside: Mutex<Vec<RejectedItem>>,
 }
 
 struct Opened {
@@ -87,18 +93,13 @@ struct Reader {
     listed_at: Option<Instant>,
 }
 
-/// An object's records, or why it is skipped.
+/// An object's records, or why it has none.
 enum Loaded {
     Records(Vec<Payload>),
+    /// Gone between the listing and the read, or skipped as bad.
     Skipped,
-}
-
-/// Why an object could not be turned into records.
-enum LoadError {
-    /// The store failed (classified).
-    Store(ConnectorError),
-    /// The object itself is bad: `on_error` applies.
-    Object(String),
+    /// The object itself is bad: `on_error` applies (once).
+    Bad(String),
 }
 
 impl ObjectStoreSource {
@@ -110,6 +111,7 @@ impl ObjectStoreSource {
             opened: None,
             reader: tokio::sync::Mutex::new(Reader::default()),
             uncommitted: Mutex::new(VecDeque::new()),
+            set_aside: Mutex::new(Vec::new()),
         })
     }
 
@@ -182,20 +184,20 @@ impl ObjectStoreSource {
             .glob
             .as_ref()
             .is_none_or(|glob| glob.matches_with(relative, options))
-            && self
-                .config
-                .after
-                .as_deref()
-                .is_none_or(|after| relative > after)
+            && match &self.checked.after {
+                None => true,
+                Some(After::Key(after)) => relative > after.as_str(),
+                Some(After::Time(after)) => meta.last_modified > *after,
+            }
     }
 
-    /// Reads and decodes one object.
-    async fn load(&self, meta: &ObjectMeta) -> Result<Loaded, LoadError> {
-        let opened = self.opened().map_err(LoadError::Store)?;
+    /// Reads and decodes one object; `Err` only when the store failed.
+    async fn load(&self, meta: &ObjectMeta) -> Result<Loaded, ConnectorError> {
+        let opened = self.opened()?;
         let key = meta.location.to_string();
         let limit = self.checked.max_object_bytes;
         if meta.size > limit {
-            return Err(LoadError::Object(format!(
+            return Ok(Loaded::Bad(format!(
                 "{} bytes, more than max_object_bytes ({limit})",
                 meta.size
             )));
@@ -208,17 +210,101 @@ impl ObjectStoreSource {
             Ok(body) => body,
             // Gone between the listing and the read: nothing to send.
             Err(::object_store::Error::NotFound { .. }) => return Ok(Loaded::Skipped),
-            Err(error) => return Err(LoadError::Store(self.classify("read", &key, error))),
+            Err(error) => return Err(self.classify("read", &key, error)),
         };
         let (format, compression) = (self.config.format, self.config.compression);
         let decoded = tokio::task::spawn_blocking(move || {
             decode::decode(&key, body, format, compression, limit)
         })
         .await
-        .map_err(|error| LoadError::Store(ConnectorError::fatal(error)))?;
-        decoded
-            .map(Loaded::Records)
-            .map_err(|error| LoadError::Object(error.to_string()))
+        .map_err(ConnectorError::fatal)?;
+        Ok(match decoded {
+            Ok(records) => Loaded::Records(records),
+            Err(error) => Loaded::Bad(error.to_string()),
+        })
+    }
+
+    /// Reads and decodes `wanted` (the next objects in reading order) at
+    /// once, keeping what loaded in `decoded`. Returns the first one's
+    /// outcome; a store failure of a later one is left for its turn.
+    async fn load_ahead(
+        &self,
+        decoded: &mut HashMap<Path, Arc<Loaded>>,
+        wanted: &[ObjectMeta],
+    ) -> Result<Arc<Loaded>, ConnectorError> {
+        let loads = wanted
+            .iter()
+            .filter(|meta| !decoded.contains_key(&meta.location))
+            .map(|meta| async move { (meta.location.clone(), self.load(meta).await) });
+        for (location, loaded) in futures::future::join_all(loads).await {
+            if let Ok(loaded) = loaded {
+                decoded.insert(location, Arc::new(loaded));
+            } else if location == wanted[0].location {
+                return loaded.map(Arc::new);
+            }
+        }
+        Ok(Arc::clone(&decoded[&wanted[0].location]))
+    }
+
+    /// What `on_error` makes of a bad object: `Ok(Some)` to dead-letter,
+    /// `Ok(None)` to skip, `Err` to stop.
+    fn on_bad_object(
+        &self,
+        meta: &ObjectMeta,
+        reason: &str,
+    ) -> Result<Option<RejectedItem>, ConnectorError> {
+        let key = meta.location.as_ref();
+        match self.config.on_error {
+            OnObjectError::Stop => Err(ConnectorError::fatal(format!(
+                "object \"{key}\" cannot be read: {reason} (on_error = \"stop\")"
+            ))),
+            OnObjectError::Skip => {
+                warn!(key, reason, "object skipped (on_error = \"skip\")");
+                Ok(None)
+            }
+            OnObjectError::Dlq => {
+                warn!(
+                    key,
+                    reason, "object set aside for the dead-letter topic (on_error = \"dlq\")"
+                );
+                Ok(Some(self.rejected_item(meta, reason)))
+            }
+        }
+    }
+
+    /// A bad object as a dead letter: its key, etag, version and size in
+    /// headers and in a JSON payload (the object stays in the store).
+    fn rejected_item(&self, meta: &ObjectMeta, reason: &str) -> RejectedItem {
+        let key = meta.location.as_ref();
+        let identity = state::identity(meta);
+        let mut headers = vec![("object_key".to_owned(), key.into())];
+        if let Some(etag) = &meta.e_tag {
+            headers.push(("object_etag".to_owned(), etag.as_str().into()));
+        }
+        if let Some(version) = &meta.version {
+            headers.push(("object_version".to_owned(), version.as_str().into()));
+        }
+        headers.push(("object_size".to_owned(), HeaderValue::UInt(meta.size)));
+        let payload = serde_json::json!({
+            "url": self.config.url,
+            "object_key": key,
+            "object_etag": meta.e_tag,
+            "object_version": meta.version,
+            "object_size": meta.size,
+            "last_modified": meta.last_modified.to_rfc3339(),
+            "reason": reason,
+        });
+        RejectedItem {
+            id: Some(hash_id(&[
+                &self.config.url,
+                key,
+                identity.as_deref().unwrap_or(""),
+                "rejected",
+            ])),
+            headers,
+            payload: bytes::Bytes::from(payload.to_string()),
+            reason: format!("object \"{key}\" cannot be read: {reason}"),
+        }
     }
 
     /// Which store errors are worth retrying.
@@ -244,39 +330,37 @@ impl ObjectStoreSource {
         let mut state = reader.state.clone();
         let mut records = Vec::new();
         let mut finished = Vec::new();
+        let mut rejected = Vec::new();
         let mut done = 0;
         while records.len() < batch_size && done < reader.queue.len() {
             let meta = reader.queue[done].clone();
             let loaded = match reader.decoded.get(&meta.location) {
                 Some(loaded) => Arc::clone(loaded),
-                None => match self.load(&meta).await {
-                    Ok(loaded) => {
-                        let loaded = Arc::new(loaded);
-                        reader
-                            .decoded
-                            .insert(meta.location.clone(), Arc::clone(&loaded));
-                        loaded
+                None => {
+                    let ahead = (done + self.config.parallel_reads).min(reader.queue.len());
+                    let wanted: Vec<ObjectMeta> =
+                        reader.queue.range(done..ahead).cloned().collect();
+                    match self.load_ahead(&mut reader.decoded, &wanted).await {
+                        Ok(loaded) => loaded,
+                        // Send what the batch holds; the next poll retries.
+                        Err(_) if done > 0 || !records.is_empty() => break,
+                        Err(error) => return Err(error),
                     }
-                    Err(_) if done > 0 || !records.is_empty() => break,
-                    Err(LoadError::Store(error)) => return Err(error),
-                    Err(LoadError::Object(reason)) => {
-                        let key = meta.location.as_ref();
-                        if self.config.on_error == OnObjectError::Stop {
-                            return Err(ConnectorError::fatal(format!(
-                                "object \"{key}\" cannot be read: {reason} (on_error = \"stop\")"
-                            )));
-                        }
-                        warn!(key, reason, "object skipped (on_error = \"skip\")");
-                        reader
-                            .decoded
-                            .insert(meta.location.clone(), Arc::new(Loaded::Skipped));
-                        Arc::new(Loaded::Skipped)
-                    }
-                },
+                }
             };
             let payloads = match loaded.as_ref() {
                 Loaded::Records(payloads) => payloads.as_slice(),
                 Loaded::Skipped => &[],
+                Loaded::Bad(reason) => {
+                    if self.config.on_error == OnObjectError::Stop
+                        && (done > 0 || !records.is_empty())
+                    {
+                        // Deliver the records before it first.
+                        break;
+                    }
+                    rejected.extend(self.on_bad_object(&meta, reason)?);
+                    &[]
+                }
             };
             let start = (state.start_of(&meta) as usize).min(payloads.len());
             let end = payloads.len().min(start + batch_size - records.len());
@@ -302,6 +386,7 @@ impl ObjectStoreSource {
         }
         reader.state = state;
         lock(&self.uncommitted).push_back(finished);
+        lock(&self.set_aside).extend(rejected);
         Ok(Some(SourceBatch {
             records,
             state: Some(encode_state(&reader.state)?),
@@ -427,6 +512,10 @@ impl Source for ObjectStoreSource {
         Ok(())
     }
 
+    fn take_rejected(&self) -> Vec<RejectedItem> {
+        std::mem::take(&mut *lock(&self.set_aside))
+    }
+
     fn max_in_flight(&self) -> usize {
         MAX_IN_FLIGHT
     }
@@ -521,6 +610,79 @@ mod tests {
             matches!(&error, ConnectorError::Fatal(_)) && error.to_string().contains("b.jsonl"),
             "{error}"
         );
+    }
+
+    #[tokio::test]
+    async fn given_on_error_dlq_when_an_object_is_corrupt_should_set_it_aside_with_its_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "a.jsonl", "{\"n\":1}\n");
+        write(dir.path(), "b.jsonl", "{\"n\":\n");
+        write(dir.path(), "c.jsonl", "{\"n\":3}\n");
+        let mut source = source(dir.path(), serde_json::json!({"on_error": "dlq"}));
+        source.open(None).await.unwrap();
+        let batch = source.poll().await.unwrap();
+        assert_eq!(texts(&batch), ["{\"n\":1}", "{\"n\":3}"]);
+        let rejected = source.take_rejected();
+        assert_eq!(rejected.len(), 1, "{rejected:?}");
+        let item = &rejected[0];
+        assert!(
+            item.reason.contains("b.jsonl") && item.reason.contains("line 1"),
+            "{}",
+            item.reason
+        );
+        let payload: serde_json::Value = serde_json::from_slice(&item.payload).unwrap();
+        assert!(
+            payload["object_key"].as_str().unwrap().ends_with("b.jsonl"),
+            "{payload}"
+        );
+        assert!(item.headers.iter().any(|(name, _)| name == "object_key"));
+        assert!(source.take_rejected().is_empty(), "taken once");
+        let state: State = decode_state(&batch.state.unwrap()).unwrap();
+        assert!(state.watermark.unwrap().key.ends_with("c.jsonl"));
+    }
+
+    #[tokio::test]
+    async fn given_parallel_reads_when_polled_should_keep_reading_order_across_objects() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut expected = Vec::new();
+        for index in 0..20 {
+            let lines: String = (0..3)
+                .map(|line| format!("{{\"n\":{}}}\n", index * 3 + line))
+                .collect();
+            write(dir.path(), &format!("{index:02}.jsonl"), &lines);
+            expected.extend((0..3).map(|line| format!("{{\"n\":{}}}", index * 3 + line)));
+        }
+        let mut source = source(
+            dir.path(),
+            serde_json::json!({"parallel_reads": 8, "batch_size": 7}),
+        );
+        source.open(None).await.unwrap();
+        let mut seen = Vec::new();
+        while seen.len() < expected.len() {
+            seen.extend(texts(&source.poll().await.unwrap()));
+        }
+        assert_eq!(seen, expected);
+    }
+
+    #[tokio::test]
+    async fn given_after_as_a_time_when_opened_should_read_only_objects_modified_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "old.jsonl", "{\"n\":1}\n");
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        std::fs::File::options()
+            .write(true)
+            .open(dir.path().join("old.jsonl"))
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        write(dir.path(), "new.jsonl", "{\"n\":2}\n");
+        let after = chrono::Utc::now() - chrono::Duration::minutes(30);
+        let mut source = source(
+            dir.path(),
+            serde_json::json!({"after": after.to_rfc3339(), "order": "last_modified"}),
+        );
+        source.open(None).await.unwrap();
+        assert_eq!(texts(&source.poll().await.unwrap()), ["{\"n\":2}"]);
     }
 
     #[tokio::test]
