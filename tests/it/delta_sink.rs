@@ -358,7 +358,7 @@ async fn an_s3_table_is_created_written_and_read_back_through_the_s3_api() {
     wait_for("the last messages consumed", LONG, || {
         runtime
             .view(ConnectorKind::Sink, "s3lake")
-            .is_some_and(|view| view.metrics.consumed.get() >= 700)
+            .is_ok_and(|view| view.metrics.consumed.get() >= 700)
     })
     .await;
     runtime.shutdown().await;
