@@ -83,7 +83,7 @@ impl ApiServer {
         }
         .json_text();
         let refused = metrics::counter!("iggy_connector_api_connections_refused_total");
-        let acceptor = limits.acceptor(refusal, refused);
+        let acceptor = limits.acceptor(refusal, refused).evicting();
         let server = axum_server::from_tcp(listener)
             .map_err(bind_error)?
             .handle(handle.clone());

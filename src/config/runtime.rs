@@ -44,9 +44,11 @@ pub struct HttpConfig {
     /// a request is under way is closed.
     #[serde(with = "duration")]
     pub idle_timeout: Duration,
-    /// Most open connections to the API; one more is answered 503
-    /// `too_many_connections` and closed, so a flood of connections cannot
-    /// take the file descriptors the connectors need.
+    /// Most open connections to the API, so a flood of connections cannot
+    /// take the file descriptors the connectors need. One more closes the
+    /// oldest connection on which no request came yet (idle or slowloris)
+    /// and takes its place; when every connection carries a request, it is
+    /// answered 503 `too_many_connections` and closed.
     pub max_connections: usize,
     /// Serve `GET /{sources|sinks}/{key}/tap`, live samples of messages.
     pub tap: bool,

@@ -22,6 +22,8 @@ use crate::support;
 use crate::support::iggy_server::IggyTestServer;
 use crate::support::prometheus::{parse_metrics, sample};
 
+mod flood;
+
 const DEADLINE: Duration = Duration::from_secs(60);
 const CANARY: &str = "canary-5ecret-value";
 

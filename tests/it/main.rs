@@ -44,6 +44,7 @@ mod mongodb_sink;
 mod mongodb_source;
 mod mqtt;
 mod mqtt_tls;
+mod mqtt_ws;
 mod mysql_cdc;
 mod mysql_faults;
 mod mysql_sink;

@@ -23,7 +23,7 @@ const LONG: Duration = Duration::from_secs(60);
 
 /// The TLS fields of `pki` as TOML lines: its CA and, with `client`, its
 /// client certificate.
-fn tls_fields(pki: &TestPki, client: bool) -> String {
+pub(crate) fn tls_fields(pki: &TestPki, client: bool) -> String {
     let mut fields = format!("ca_file = {:?}\n", pki.ca.display().to_string());
     if client {
         fields += &format!(
@@ -37,9 +37,16 @@ fn tls_fields(pki: &TestPki, client: bool) -> String {
 
 async fn pipelines_over_tls(version: &str) {
     let pki = TestPki::generate();
-    let (broker, iggy) = (Mosquitto::with_tls(&pki, true), IggyTestServer::start());
-    let tls = tls_fields(&pki, true);
-    let url = broker.tls_url();
+    let broker = Mosquitto::with_tls(&pki, true);
+    pipelines_through(&broker, &broker.tls_url(), &tls_fields(&pki, true), version).await;
+}
+
+/// A sink and a source reaching `broker` at `url` with the extra plugin
+/// config lines `tls`: the sink publishes 200 messages of Iggy to a QoS 1
+/// subscriber of the plain listener, the source takes 100 readings published
+/// there into Iggy, each once.
+pub(crate) async fn pipelines_through(broker: &Mosquitto, url: &str, tls: &str, version: &str) {
+    let iggy = IggyTestServer::start();
     let collector = Collector::start(broker.port, "iggy/shop/orders", "iggy/shop/orders").await;
     create_session(broker.port, "iggy-connect-source-from-mqtts", "sensors/+").await;
     let readings = (0..100u64)
@@ -132,7 +139,7 @@ mod a_sink_and_a_source_over_mutual_tls_deliver_with_certificates_checked {
 
 /// Opens the mqtt sink and source built from `fields` (plus url and
 /// topics) and returns their errors.
-async fn open_errors(fields: Value) -> Vec<ConnectorError> {
+pub(crate) async fn open_errors(fields: Value) -> Vec<ConnectorError> {
     let mut sink_config = fields.clone();
     sink_config["topic"] = json!("t");
     let mut sink = support::sinks::build("mqtt", &sink_config);

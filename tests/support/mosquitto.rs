@@ -23,6 +23,8 @@ pub struct Mosquitto {
     pub port: u16,
     /// The TLS listener of [`Mosquitto::with_tls`].
     pub tls_port: Option<u16>,
+    /// The WebSocket listeners of [`Mosquitto::with_websockets`]: plain and TLS.
+    pub ws_ports: Option<(u16, u16)>,
 }
 
 const BINARY: &str = "/usr/sbin/mosquitto";
@@ -86,6 +88,51 @@ impl Mosquitto {
         broker
     }
 
+    /// Anyone may connect, on `port` as over WebSocket on two more ports:
+    /// plain and TLS, where the broker serves `pki`'s server certificate and,
+    /// with `require_certificate`, wants a client certificate its CA signed.
+    /// Mosquitto 2.0.11 binds a WebSocket listener on every address
+    /// (libwebsockets takes no bind address) and starts none without a plain
+    /// listener beside it.
+    pub fn with_websockets(pki: &super::pki::TestPki, require_certificate: bool) -> Self {
+        let (ws_port, wss_port) = (super::ports::free_port(), super::ports::free_port());
+        let listeners = format!(
+            "allow_anonymous true\nlistener {ws_port}\nprotocol websockets\n\
+             listener {wss_port}\nprotocol websockets\ncafile {}\ncertfile {}\nkeyfile {}\n\
+             require_certificate {require_certificate}\n",
+            pki.ca.display(),
+            pki.server_cert.display(),
+            pki.server_key.display()
+        );
+        let mut broker = Self::with_config(&listeners);
+        broker.ws_ports = Some((ws_port, wss_port));
+        // The plain listener may be up before the WebSocket ones.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for port in [ws_port, wss_port] {
+            while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+                assert!(
+                    Instant::now() < deadline,
+                    "mosquitto's WebSocket listener {port} did not listen within 30 s: {}",
+                    broker.log()
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        broker
+    }
+
+    /// The plain WebSocket listener's URL, `ws://127.0.0.1:port/mqtt`.
+    pub fn ws_url(&self) -> String {
+        let (port, _) = self.ws_ports.expect("a broker started with_websockets");
+        format!("ws://127.0.0.1:{port}/mqtt")
+    }
+
+    /// The TLS WebSocket listener's URL, `wss://localhost:port/mqtt`, by name.
+    pub fn wss_url(&self) -> String {
+        let (_, port) = self.ws_ports.expect("a broker started with_websockets");
+        format!("wss://localhost:{port}/mqtt")
+    }
+
     /// The TLS listener's URL, `mqtts://host:port`, by name.
     pub fn tls_url(&self) -> String {
         let port = self.tls_port.expect("a broker started with_tls");
@@ -121,6 +168,7 @@ impl Mosquitto {
             dir,
             port,
             tls_port: None,
+            ws_ports: None,
         };
         broker.spawn();
         broker

@@ -12,17 +12,27 @@
 //!   a durable request waiting for its commit is never cut.
 //! - `max_connections`: a connection past the limit is answered 503 with
 //!   `Retry-After` and the listener's own JSON body, and closed at once.
+//!   With [`LimitedAcceptor::evicting`] (the control API) it first makes
+//!   room: the oldest connection on which no request has come yet (an idle
+//!   connect, a slowloris trickling its headers) is closed and the newcomer
+//!   takes its place, as nginx reuses its waiting connections. A flood of
+//!   idle connections then holds `max_connections` descriptors, never more,
+//!   and a client that sends its request at once is served; only when every
+//!   connection carries a request is the newcomer answered 503.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum_server::Server;
 use axum_server::accept::Accept;
+use futures::task::AtomicWaker;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -52,6 +62,7 @@ impl ConnectionLimits {
             retry_after_secs: self.retry_after_secs,
             refusal_body: refusal_body.into(),
             refused,
+            waiting: None,
         }
     }
 
@@ -74,21 +85,108 @@ pub struct LimitedAcceptor {
     retry_after_secs: u64,
     refusal_body: Arc<str>,
     refused: metrics::Counter,
+    /// With [`evicting`](Self::evicting): the connections without a request
+    /// yet, oldest first.
+    waiting: Option<Arc<Mutex<Waiting>>>,
+}
+
+/// The connections holding a permit on which no request has come yet, by
+/// accept order.
+#[derive(Default)]
+struct Waiting {
+    next: u64,
+    connections: BTreeMap<u64, Arc<Eviction>>,
+}
+
+/// Tells a connection it was closed to make room.
+#[derive(Default)]
+struct Eviction {
+    evicted: AtomicBool,
+    waker: AtomicWaker,
+}
+
+impl Waiting {
+    fn add(&mut self) -> (u64, Arc<Eviction>) {
+        let id = self.next;
+        self.next += 1;
+        let eviction = Arc::new(Eviction::default());
+        self.connections.insert(id, Arc::clone(&eviction));
+        (id, eviction)
+    }
+
+    /// Closes the oldest connection without a request; `false` when every
+    /// connection carries one.
+    fn evict_oldest(&mut self) -> bool {
+        match self.connections.pop_first() {
+            Some((_, eviction)) => {
+                eviction.evicted.store(true, Ordering::Release);
+                eviction.waker.wake();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+fn lock(waiting: &Mutex<Waiting>) -> std::sync::MutexGuard<'_, Waiting> {
+    waiting
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl LimitedAcceptor {
+    /// At the limit, closes the oldest connection on which no request has
+    /// come yet to make room for a new one, rather than refusing the new one.
+    pub fn evicting(mut self) -> Self {
+        self.waiting = Some(Arc::default());
+        self
+    }
+
+    /// A permit: a free one, else (evicting) the one a closed waiting
+    /// connection gives back.
+    async fn permit(&self) -> Option<OwnedSemaphorePermit> {
+        if let Ok(permit) = Arc::clone(&self.permits).try_acquire_owned() {
+            return Some(permit);
+        }
+        let waiting = self.waiting.as_ref()?;
+        if !lock(waiting).evict_oldest() {
+            return None;
+        }
+        tokio::time::timeout(REFUSAL_TIMEOUT, Arc::clone(&self.permits).acquire_owned())
+            .await
+            .ok()?
+            .ok()
+    }
 }
 
 impl<S: Send + 'static> Accept<TcpStream, S> for LimitedAcceptor {
     type Stream = Guarded;
-    type Service = S;
-    type Future = Pin<Box<dyn Future<Output = io::Result<(Guarded, S)>> + Send>>;
+    type Service = Dispatched<S>;
+    type Future = Pin<Box<dyn Future<Output = io::Result<(Guarded, Dispatched<S>)>> + Send>>;
 
     fn accept(&self, stream: TcpStream, service: S) -> Self::Future {
-        let permit = Arc::clone(&self.permits).try_acquire_owned();
         let acceptor = self.clone();
         Box::pin(async move {
             let _ = stream.set_nodelay(true);
-            match permit {
-                Ok(permit) => Ok((Guarded::new(stream, permit, acceptor.idle_timeout), service)),
-                Err(_) => {
+            match acceptor.permit().await {
+                Some(permit) => {
+                    let mut guarded = Guarded::new(stream, permit, acceptor.idle_timeout);
+                    let mut dispatched = Dispatched {
+                        inner: service,
+                        waiting: None,
+                    };
+                    if let Some(waiting) = &acceptor.waiting {
+                        let (id, eviction) = lock(waiting).add();
+                        guarded.waiting = Some(Registered {
+                            waiting: Arc::clone(waiting),
+                            id,
+                            eviction,
+                        });
+                        dispatched.waiting = Some((Arc::clone(waiting), id));
+                    }
+                    Ok((guarded, dispatched))
+                }
+                None => {
                     acceptor.refused.increment(1);
                     let _ = tokio::time::timeout(REFUSAL_TIMEOUT, acceptor.refuse(stream)).await;
                     Err(io::Error::other("connection limit reached"))
@@ -126,13 +224,56 @@ impl LimitedAcceptor {
     }
 }
 
+/// A connection's service: the first request dispatched on it takes the
+/// connection out of those an evicting acceptor may close.
+#[derive(Clone)]
+pub struct Dispatched<S> {
+    inner: S,
+    waiting: Option<(Arc<Mutex<Waiting>>, u64)>,
+}
+
+impl<S, R> tower_service::Service<R> for Dispatched<S>
+where
+    S: tower_service::Service<R>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: R) -> Self::Future {
+        if let Some((waiting, id)) = self.waiting.take() {
+            lock(&waiting).connections.remove(&id);
+        }
+        self.inner.call(request)
+    }
+}
+
+/// A connection of an evicting acceptor, in its waiting list until a
+/// request comes.
+struct Registered {
+    waiting: Arc<Mutex<Waiting>>,
+    id: u64,
+    eviction: Arc<Eviction>,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        lock(&self.waiting).connections.remove(&self.id);
+    }
+}
+
 /// A connection holding its permit, closed after `idle_timeout` without
-/// progress in either direction.
+/// progress in either direction, or (evicting) to make room.
 pub struct Guarded {
     stream: TcpStream,
     _permit: OwnedSemaphorePermit,
     idle_timeout: Duration,
     idle: Pin<Box<Sleep>>,
+    waiting: Option<Registered>,
 }
 
 impl Guarded {
@@ -142,7 +283,25 @@ impl Guarded {
             _permit: permit,
             idle_timeout,
             idle: Box::pin(tokio::time::sleep(idle_timeout)),
+            waiting: None,
         }
+    }
+
+    /// An error once an evicting acceptor closed this connection to make
+    /// room; registers to be woken when it does.
+    fn check_evicted(&self, cx: &mut Context<'_>) -> Option<io::Error> {
+        let registered = self.waiting.as_ref()?;
+        registered.eviction.waker.register(cx.waker());
+        registered
+            .eviction
+            .evicted
+            .load(Ordering::Acquire)
+            .then(|| {
+                io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    "closed to make room: no request came before the connection limit was reached",
+                )
+            })
     }
 
     fn progressed(&mut self) {
@@ -168,6 +327,9 @@ impl AsyncRead for Guarded {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if let Some(error) = self.check_evicted(cx) {
+            return Poll::Ready(Err(error));
+        }
         let before = buf.filled().len();
         match Pin::new(&mut self.stream).poll_read(cx, buf) {
             Poll::Ready(result) => {
@@ -187,6 +349,9 @@ impl AsyncWrite for Guarded {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        if let Some(error) = self.check_evicted(cx) {
+            return Poll::Ready(Err(error));
+        }
         match Pin::new(&mut self.stream).poll_write(cx, buf) {
             Poll::Ready(result) => {
                 if matches!(result, Ok(written) if written > 0) {

@@ -595,12 +595,13 @@ mod tests {
             "batch_size"
         );
         assert_eq!(
-            build(json!({"topics": ["a"], "url": "wss://x/mqtt"}))
+            build(json!({"topics": ["a"], "url": "http://x/mqtt"}))
                 .err()
                 .unwrap()
                 .field,
             "url"
         );
+        assert!(build(json!({"topics": ["a"], "url": "wss://x/mqtt"})).is_ok());
         assert!(build(json!({"topics": ["a/+", "b/#"]})).is_ok());
         assert_eq!(
             build(json!({"topics": ["a"], "protocol_version": "4"}))

@@ -33,7 +33,11 @@ use crate::telemetry::{BatchSpan, Outcome};
 
 /// One polled batch on its way to being committed.
 struct InFlight {
+    /// Emptied once Iggy acknowledged every group: nothing sends them again,
+    /// and a batch waits for its state save without its payloads.
     groups: Arc<Vec<Vec<OutgoingMessage>>>,
+    /// Messages sent to the connector's streams (not its dead-letter topic).
+    routed: usize,
     /// Per group: acknowledged by Iggy (a retried send skips those).
     sent: Vec<bool>,
     state: Option<StoredState>,
@@ -268,7 +272,10 @@ impl SourcePipeline {
             batch.timings.iggy_send += timings.iggy_send;
             batch.sent = sent;
             batch.phase = match result {
-                Ok(()) => Phase::Acked,
+                Ok(()) => {
+                    batch.groups = Arc::default();
+                    Phase::Acked
+                }
                 Err(_) => {
                     batch.timings.nacks += 1;
                     Phase::Polled
@@ -340,6 +347,9 @@ impl SourcePipeline {
         let prepared = started.elapsed();
         self.metrics.record_duration(Stage::Prepare, prepared);
         trace.stage("transform", started, started + prepared, None);
+        let routed = groups
+            .get(..self.routes.len())
+            .map_or(0, |routes| routes.iter().map(Vec::len).sum());
         let phase = if groups.iter().all(Vec::is_empty) {
             Phase::Acked
         } else {
@@ -348,6 +358,7 @@ impl SourcePipeline {
         Ok(InFlight {
             sent: vec![false; groups.len()],
             groups: Arc::new(groups),
+            routed,
             state: state.map(|data| StoredState {
                 connector: self.connector.clone(),
                 data,
@@ -453,7 +464,7 @@ impl SourcePipeline {
             };
             std::mem::take(&mut batch.trace).end(batch.count, batch.timings.nacks, outcome);
             self.committed(
-                &batch.groups,
+                batch.routed,
                 batch.count,
                 batch.started,
                 batch.prepared,

@@ -191,7 +191,7 @@ impl SourcePipeline {
     /// asked for, its benchmark event.
     fn committed(
         &self,
-        groups: &[Vec<OutgoingMessage>],
+        sent: usize,
         count: usize,
         started: Instant,
         prepared: Duration,
@@ -201,9 +201,6 @@ impl SourcePipeline {
         self.metrics.record_duration(Stage::Total, total);
         let level_info = self.verbose;
         if level_info || self.benchmark || enabled!(Level::DEBUG) {
-            let sent: usize = groups
-                .get(..self.routes.len())
-                .map_or(0, |routes| routes.iter().map(Vec::len).sum());
             if self.benchmark {
                 self.emit_benchmark(count, sent, prepared, timings, total);
             }

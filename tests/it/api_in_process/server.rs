@@ -178,7 +178,7 @@ async fn slowloris(mut stream: tokio::net::TcpStream) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_flood_of_idle_and_slow_connections_is_capped_and_closed_and_health_answers() {
+async fn a_flood_of_idle_and_slow_connections_is_capped_and_closed_and_health_answers_at_once() {
     const LIMIT: usize = 20;
     let http = HttpConfig {
         max_connections: LIMIT,
@@ -198,36 +198,22 @@ async fn a_flood_of_idle_and_slow_connections_is_capped_and_closed_and_health_an
         let stream = tokio::net::TcpStream::connect(address).await.unwrap();
         slow.spawn(slowloris(stream));
     }
-    // Every probe gets an answer, not a hang: a 503 past the limit while the
-    // flood holds it, then 200 once the server has closed the flood.
+    // A newcomer makes room: the oldest connection on which no request came
+    // is closed, and /health is served at once on the first try.
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(0)
         .timeout(Duration::from_secs(10))
         .build()
         .unwrap();
     let url = format!("{}/health", harness.server.url());
-    let (mut refused, mut healthy) = (0, false);
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while !healthy && tokio::time::Instant::now() < deadline {
+    for _ in 0..3 {
         let response = client
             .get(&url)
             .send()
             .await
             .expect("/health answers during the flood");
-        match response.status() {
-            StatusCode::OK => healthy = true,
-            StatusCode::SERVICE_UNAVAILABLE => {
-                assert!(response.headers().contains_key("retry-after"));
-                let body: Value = response.json().await.unwrap();
-                assert_eq!(body["code"], "too_many_connections", "{body}");
-                refused += 1;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            other => panic!("unexpected /health status {other}"),
-        }
+        assert_eq!(response.status(), StatusCode::OK);
     }
-    assert!(refused > 0, "no connection past the limit was refused");
-    assert!(healthy, "/health never answered 200 after the flood");
     let mut closed = 0;
     for stream in &mut idle {
         closed += usize::from(closed_by_server(stream).await);
