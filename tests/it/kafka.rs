@@ -19,9 +19,11 @@ use crate::support::binary::Workspace;
 use crate::support::harness::{connector, iggy_client, produce_ns, runtime};
 use crate::support::iggy_server::{IggyTestServer, StoredMessage};
 use crate::support::kafka::{
-    KafkaBroker, Record, SESSION_TIMEOUT_MS, committed, create_topic, produce, read_all, unique,
+    BrokerSetup, KafkaBroker, Record, SESSION_TIMEOUT_MS, committed, create_topic, produce,
+    read_all, read_until_idle_within, unique,
 };
 use crate::support::proxy::Proxy;
+use crate::support::s3::S3Server;
 use crate::support::wait::{eventually, eventually_or, wait_for};
 
 const LONG: Duration = Duration::from_secs(90);
@@ -538,4 +540,274 @@ async fn a_broker_outage_mid_stream_loses_nothing_on_either_side() {
         duplicates(&in_iggy(&iggy, "created")),
         duplicates(&in_kafka(&records))
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_restart_mid_stream_loses_nothing_on_either_side() {
+    // tansu keeps its data in an S3 API (moto) here, so a restart of the
+    // broker process keeps the topics, the records and the group's offsets.
+    let s3 = S3Server::start().await;
+    let bucket = "tansu";
+    s3.create_bucket(bucket).await;
+    let setup = BrokerSetup {
+        s3: Some((s3.endpoint().to_owned(), bucket.to_owned())),
+        ..BrokerSetup::default()
+    };
+    let port = support::ports::free_port();
+    let mut broker = KafkaBroker::start_with(port, port, setup);
+    let iggy = IggyTestServer::start();
+    let (input, output, group) = (unique("in"), unique("out"), unique("group"));
+    create_topic(&broker.bootstrap(), &input, 1).await;
+    create_topic(&broker.bootstrap(), &output, 1).await;
+    produce(&broker.bootstrap(), &input, None, bodies(0..1000)).await;
+    iggy.create_topic("shop", "orders", 1);
+    let client = iggy_client(&iggy).await;
+    produce_ns(&client, "shop", "orders", 1..301).await;
+    let state = tempfile::tempdir().unwrap();
+    let runtime = runtime(&iggy, state.path());
+    let source = source_config("from-kafka", &broker.bootstrap(), &input, &group, "created");
+    runtime.add(connector(&source)).unwrap();
+    let sink = sink_config("to-kafka", &broker.bootstrap(), &output, "", "");
+    runtime.add(connector(&sink)).unwrap();
+    runtime.start_enabled().await;
+    wait_for("part of the input in Iggy", LONG, || {
+        iggy.message_count("orders", "created") >= 100
+    })
+    .await;
+    let sink_offset = || iggy.stored_offset("shop", "orders", "iggy-connect-sink-to-kafka", 0);
+    wait_for("part of Iggy's topic written", LONG, || {
+        sink_offset().is_some()
+    })
+    .await;
+    broker.kill();
+    let at_kill = (iggy.message_count("orders", "created"), sink_offset());
+    // Written to Iggy while the broker is down: the sink retries them.
+    produce_ns(&client, "shop", "orders", 301..601).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    broker.restart();
+    produce(&broker.bootstrap(), &input, None, bodies(1000..1200)).await;
+    wait_for("all input in Iggy", LONG, || {
+        covers(&in_iggy(&iggy, "created"), 0..1200)
+    })
+    .await;
+    eventually_or(
+        "the sink's offset to cover the topic",
+        LONG,
+        async || sink_offset() == Some(599),
+        || {
+            format!(
+                "{:?}",
+                runtime
+                    .view(ConnectorKind::Sink, "to-kafka")
+                    .map(|view| view.status)
+            )
+        },
+    )
+    .await;
+    runtime.shutdown().await;
+    let records = read_all(&broker.bootstrap(), &output, 1, 600, LONG).await;
+    assert!(
+        covers(&in_kafka(&records), 1..601),
+        "{} read back",
+        records.len()
+    );
+    eprintln!(
+        "broker restart at {at_kill:?}: source repeated {}, sink repeated {}",
+        duplicates(&in_iggy(&iggy, "created")),
+        duplicates(&in_kafka(&records))
+    );
+}
+
+// ------------------------------------------------- many records, both ways
+
+/// Records per run of the many-records tests: `IGGY_CONNECT_KAFKA_RECORDS`
+/// (`scripts/kafka-million` sets 1,000,000), 50,000 in the suite.
+fn many() -> u64 {
+    std::env::var("IGGY_CONNECT_KAFKA_RECORDS")
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or(50_000)
+}
+
+/// A broker keeping its data in an S3 API, so that a restart keeps it.
+async fn persistent_broker() -> (S3Server, KafkaBroker) {
+    let s3 = S3Server::start().await;
+    s3.create_bucket("tansu").await;
+    let setup = BrokerSetup {
+        s3: Some((s3.endpoint().to_owned(), "tansu".to_owned())),
+        ..BrokerSetup::default()
+    };
+    let port = support::ports::free_port();
+    (s3, KafkaBroker::start_with(port, port, setup))
+}
+
+/// Prints the figures of a many-records run (`scripts/kafka-million` shows
+/// them).
+fn report(run: &str, records: u64, seen: &BTreeMap<u64, usize>, started: std::time::Instant) {
+    eprintln!(
+        "many-records {run}: {records} records, {} distinct delivered, {} delivered twice, {:.1} s",
+        seen.len(),
+        duplicates(seen),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_records_from_kafka_land_once_in_a_clean_run_and_without_gap_across_kill_9_and_a_broker_restart()
+ {
+    let n = many();
+    let long = Duration::from_secs(120 + n / 1000);
+    let (_s3, mut broker) = persistent_broker().await;
+    let bootstrap = broker.bootstrap();
+    let iggy = IggyTestServer::start();
+    let (clean, faulted) = (unique("clean"), unique("faulted"));
+    for topic in [&clean, &faulted] {
+        create_topic(&bootstrap, topic, 2).await;
+        produce(&bootstrap, topic, None, bodies(0..n)).await;
+    }
+    let config = |key: &str, topic: &str, target: &str| {
+        source_config(key, &bootstrap, topic, &unique("group"), target)
+            .replace("batch_size = 50", "batch_size = 1000")
+    };
+    // A clean run, in process: each record exactly once.
+    let started = std::time::Instant::now();
+    let state = tempfile::tempdir().unwrap();
+    let runtime = runtime(&iggy, state.path());
+    runtime
+        .add(connector(&config("clean", &clean, "clean")))
+        .unwrap();
+    runtime.start_enabled().await;
+    wait_for("the clean topic in Iggy", long, || {
+        iggy.message_count("orders", "clean") >= n
+    })
+    .await;
+    runtime.shutdown().await;
+    let seen = in_iggy(&iggy, "clean");
+    report("kafka->iggy clean", n, &seen, started);
+    assert!(covers(&seen, 0..n), "{} distinct of {n}", seen.len());
+    assert_eq!(
+        duplicates(&seen),
+        0,
+        "a clean run delivers each record once"
+    );
+    // The binary SIGKILLed after a third and started again, the broker
+    // killed and restarted after two thirds: nothing missing.
+    let started = std::time::Instant::now();
+    let workspace = Workspace::new(&iggy.address().to_string(), "");
+    workspace.add_connector("source.toml", &config("faulted", &faulted, "faulted"));
+    let running = workspace.run();
+    wait_for("a third of the topic in Iggy", long, || {
+        iggy.message_count("orders", "faulted") >= n / 3
+    })
+    .await;
+    running.kill();
+    let at_kill = iggy.message_count("orders", "faulted");
+    let running = workspace.run();
+    wait_for("two thirds of the topic in Iggy", long, || {
+        iggy.message_count("orders", "faulted") >= 2 * n / 3
+    })
+    .await;
+    let at_restart = iggy.message_count("orders", "faulted");
+    broker.restart();
+    wait_for("the faulted topic in Iggy", long, || {
+        iggy.message_count("orders", "faulted") >= n
+    })
+    .await;
+    wait_for("every record in Iggy", long, || {
+        covers(&in_iggy(&iggy, "faulted"), 0..n)
+    })
+    .await;
+    running.terminate();
+    running.wait_exit(LONG);
+    eprintln!(
+        "many-records kafka->iggy: runtime killed at {at_kill}, broker restarted at {at_restart} delivered"
+    );
+    report(
+        "kafka->iggy kill -9 + broker restart",
+        n,
+        &in_iggy(&iggy, "faulted"),
+        started,
+    );
+    assert!(
+        at_kill < n,
+        "the kill must land mid-stream ({at_kill} of {n})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_records_from_iggy_land_once_in_a_clean_run_and_without_gap_across_kill_9_and_a_broker_restart()
+ {
+    let n = many();
+    let long = Duration::from_secs(120 + n / 1000);
+    let (_s3, mut broker) = persistent_broker().await;
+    let bootstrap = broker.bootstrap();
+    let iggy = IggyTestServer::start();
+    let (clean, faulted) = (unique("clean"), unique("faulted"));
+    create_topic(&bootstrap, &clean, 1).await;
+    create_topic(&bootstrap, &faulted, 1).await;
+    iggy.create_topic("shop", "orders", 1);
+    produce_ns(
+        &iggy_client(&iggy).await,
+        "shop",
+        "orders",
+        1..u128::from(n) + 1,
+    )
+    .await;
+    let config = |key: &str, topic: &str| {
+        sink_config(key, &bootstrap, topic, "", "")
+            .replace("batch_length = 100", "batch_length = 1000")
+    };
+    let offset =
+        |key: &str| iggy.stored_offset("shop", "orders", &format!("iggy-connect-sink-{key}"), 0);
+    let read_back = async |topic: &str| {
+        let records =
+            read_until_idle_within(&bootstrap, topic, 1, Duration::from_secs(5), long).await;
+        in_kafka(&records)
+    };
+    // A clean run, in process: each message exactly once.
+    let started = std::time::Instant::now();
+    let state = tempfile::tempdir().unwrap();
+    let runtime = runtime(&iggy, state.path());
+    runtime.add(connector(&config("clean", &clean))).unwrap();
+    runtime.start_enabled().await;
+    wait_for("the clean run's offset to cover the topic", long, || {
+        offset("clean") == Some(n - 1)
+    })
+    .await;
+    runtime.shutdown().await;
+    let seen = read_back(&clean).await;
+    report("iggy->kafka clean", n, &seen, started);
+    assert!(covers(&seen, 1..n + 1), "{} distinct of {n}", seen.len());
+    assert_eq!(duplicates(&seen), 0, "a clean run writes each message once");
+    // The binary SIGKILLed after a third and started again, the broker
+    // killed and restarted after two thirds: nothing missing.
+    let started = std::time::Instant::now();
+    let workspace = Workspace::new(&iggy.address().to_string(), "");
+    workspace.add_connector("sink.toml", &config("faulted", &faulted));
+    let running = workspace.run();
+    wait_for("a third of the topic written", long, || {
+        offset("faulted").is_some_and(|offset| offset >= n / 3)
+    })
+    .await;
+    running.kill();
+    let at_kill = offset("faulted");
+    let running = workspace.run();
+    wait_for("two thirds of the topic written", long, || {
+        offset("faulted").is_some_and(|offset| offset >= 2 * n / 3)
+    })
+    .await;
+    let at_restart = offset("faulted");
+    broker.restart();
+    wait_for("the faulted run's offset to cover the topic", long, || {
+        offset("faulted") == Some(n - 1)
+    })
+    .await;
+    running.terminate();
+    running.wait_exit(LONG);
+    let seen = read_back(&faulted).await;
+    eprintln!(
+        "many-records iggy->kafka: runtime killed at offset {at_kill:?}, broker restarted at {at_restart:?}"
+    );
+    report("iggy->kafka kill -9 + broker restart", n, &seen, started);
+    assert!(covers(&seen, 1..n + 1), "{} distinct of {n}", seen.len());
 }

@@ -29,6 +29,18 @@ pub struct KafkaBroker {
     pub port: u16,
     /// The port it tells clients to connect to (a proxy's, or its own).
     pub advertised: u16,
+    setup: BrokerSetup,
+}
+
+/// How a broker is started besides its ports.
+#[derive(Debug, Clone, Default)]
+pub struct BrokerSetup {
+    /// An S3 API endpoint and bucket to keep the data in (through tansu's
+    /// `s3://` storage engine), so it survives a restart of the broker;
+    /// memory storage when `None`.
+    pub s3: Option<(String, String)>,
+    /// Require SASL from every client (`--authentication`).
+    pub authentication: bool,
 }
 
 /// The tansu binary `scripts/ensure-tansu` installs.
@@ -66,13 +78,49 @@ impl KafkaBroker {
 
     /// A broker listening on `port` that sends clients to `advertised`.
     pub fn start_at(port: u16, advertised: u16) -> Self {
+        Self::start_with(port, advertised, BrokerSetup::default())
+    }
+
+    /// A broker listening on `port`, sending clients to `advertised`, started
+    /// with `setup`.
+    pub fn start_with(port: u16, advertised: u16, setup: BrokerSetup) -> Self {
         let mut broker = Self {
             child: None,
             port,
             advertised,
+            setup,
         };
         broker.spawn();
         broker
+    }
+
+    /// Kills the broker (SIGKILL) and starts it again on the same port with
+    /// `setup`; what it stored survives only with S3 storage.
+    pub fn restart_with(&mut self, setup: BrokerSetup) {
+        self.kill();
+        self.setup = setup;
+        self.spawn();
+    }
+
+    /// Kills the broker (SIGKILL) and starts it again as it was.
+    pub fn restart(&mut self) {
+        self.restart_with(self.setup.clone());
+    }
+
+    /// Creates a SCRAM user (`mechanism` is tansu's `scram256` or
+    /// `scram512`) with tansu's own client; the broker must not require
+    /// authentication yet (tansu's user command does not log in).
+    pub fn create_user(&self, name: &str, password: &str, mechanism: &str) {
+        let status = Command::new(tansu())
+            .args(["user", "create", "--broker"])
+            .arg(format!("tcp://127.0.0.1:{}", self.port))
+            .args(["--mechanism", mechanism, name, password])
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .status()
+            .expect("run tansu user create");
+        assert!(status.success(), "tansu user create {name}: {status}");
     }
 
     /// `host:port` for `bootstrap.servers`.
@@ -87,11 +135,27 @@ impl KafkaBroker {
         command
             .args(["broker", "--listener-url", &listen])
             .args(["--advertised-listener-url", &advertised])
-            .args(["--storage-engine", "memory://tansu/"])
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
+        match &self.setup.s3 {
+            None => {
+                command.args(["--storage-engine", "memory://tansu/"]);
+            }
+            Some((endpoint, bucket)) => {
+                command
+                    .args(["--storage-engine", &format!("s3://{bucket}/")])
+                    .env("AWS_ENDPOINT", endpoint)
+                    .env("AWS_ALLOW_HTTP", "true")
+                    .env("AWS_DEFAULT_REGION", "us-east-1")
+                    .env("AWS_ACCESS_KEY_ID", "test")
+                    .env("AWS_SECRET_ACCESS_KEY", "test");
+            }
+        }
+        if self.setup.authentication {
+            command.arg("--authentication");
+        }
         {
             use std::os::unix::process::CommandExt;
             // SAFETY: prctl is async-signal-safe and touches nothing of the parent.
@@ -234,6 +298,26 @@ pub async fn read_until_idle(
         partitions,
         usize::MAX,
         Duration::from_secs(60),
+        Some(idle),
+    )
+    .await
+}
+
+/// As [`read_until_idle`], for at most `timeout` in all (a large topic
+/// takes longer than the minute that one allows).
+pub async fn read_until_idle_within(
+    bootstrap: &str,
+    topic: &str,
+    partitions: i32,
+    idle: Duration,
+    timeout: Duration,
+) -> Vec<Record> {
+    read(
+        bootstrap,
+        topic,
+        partitions,
+        usize::MAX,
+        timeout,
         Some(idle),
     )
     .await
