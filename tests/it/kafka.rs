@@ -846,3 +846,80 @@ async fn many_records_from_iggy_land_once_in_a_clean_run_and_without_gap_across_
     report("iggy->kafka kill -9 + broker restart", n, &seen, started);
     assert!(covers(&seen, 1..n + 1), "{} distinct of {n}", seen.len());
 }
+
+// --------------------------------------------------------------- TLS, SASL
+
+/// `base` with the fields of `extra` added.
+fn with(base: &Value, extra: Value) -> Value {
+    let mut config = base.clone();
+    let (Some(config_fields), Value::Object(extra)) = (config.as_object_mut(), extra) else {
+        unreachable!("both are objects")
+    };
+    config_fields.extend(extra);
+    config
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_files_librdkafka_cannot_use_fail_open_for_good_with_the_reason() {
+    // tansu 0.6.0 serves no TLS (its --cert and --key refuse each other), so
+    // what is checked here is that the TLS fields reach librdkafka, which
+    // loads the files when the client is made.
+    let broker = KafkaBroker::start();
+    let pki = support::pki::TestPki::generate();
+    let sink = json!({"bootstrap_servers": broker.bootstrap(), "topic": "t", "open_timeout": "2s"});
+    let source = json!({"bootstrap_servers": broker.bootstrap(), "topics": ["t"],
+        "group_id": "g", "open_timeout": "2s"});
+    let cases = [
+        (json!({"ca_file": "/nonexistent/ca.pem"}), "ssl.ca.location"),
+        (
+            json!({"ca_file": pki.ca, "cert_file": pki.client_cert, "key_file": pki.other_client_key}),
+            "key",
+        ),
+    ];
+    for (extra, reason) in cases {
+        let mut built = support::sinks::build("kafka", &with(&sink, extra.clone()));
+        let error = built.open().await.expect_err("the sink opened");
+        assert!(!error.is_transient(), "sink {extra}: {error}");
+        assert!(error.to_string().contains(reason), "sink {extra}: {error}");
+        let mut built = support::drive::build("kafka", with(&source, extra.clone()));
+        let error = built.open(None).await.expect_err("the source opened");
+        assert!(!error.is_transient(), "source {extra}: {error}");
+        assert!(
+            error.to_string().contains(reason),
+            "source {extra}: {error}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_the_broker_refuses_fails_open_with_librdkafkas_reason() {
+    // tansu 0.6.0 with --authentication answers SCRAM (its users would be
+    // made with `tansu user create`, which cannot log in to such a broker,
+    // and are not kept in its storage across the restart needed to turn
+    // authentication on), and offers no PLAIN: so every login fails here.
+    // The sink's open error carries librdkafka's reason; the source's does
+    // not yet (its consumer reports errors only when polled, and logs them).
+    let port = support::ports::free_port();
+    let setup = BrokerSetup {
+        authentication: true,
+        ..BrokerSetup::default()
+    };
+    let broker = KafkaBroker::start_with(port, port, setup);
+    for mechanism in ["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"] {
+        let config = json!({"bootstrap_servers": broker.bootstrap(), "topic": "t",
+            "open_timeout": "3s", "sasl_mechanism": mechanism,
+            "sasl_username": "iggy", "sasl_password": "wrong"});
+        let mut built = support::sinks::build("kafka", &config);
+        let error = built.open().await.expect_err("the sink opened").to_string();
+        assert!(
+            error.contains(&format!("SASL {}", &mechanism[..5])),
+            "{mechanism}: {error}"
+        );
+        if mechanism.starts_with("SCRAM") {
+            assert!(
+                error.contains("authentication failed"),
+                "{mechanism}: {error}"
+            );
+        }
+    }
+}

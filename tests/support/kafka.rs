@@ -111,22 +111,6 @@ impl KafkaBroker {
         self.restart_with(self.setup.clone());
     }
 
-    /// Creates a SCRAM user (`mechanism` is tansu's `scram256` or
-    /// `scram512`) with tansu's own client; the broker must not require
-    /// authentication yet (tansu's user command does not log in).
-    pub fn create_user(&self, name: &str, password: &str, mechanism: &str) {
-        let status = Command::new(tansu())
-            .args(["user", "create", "--broker"])
-            .arg(format!("tcp://127.0.0.1:{}", self.port))
-            .args(["--mechanism", mechanism, name, password])
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .status()
-            .expect("run tansu user create");
-        assert!(status.success(), "tansu user create {name}: {status}");
-    }
-
     /// `host:port` for `bootstrap.servers`.
     pub fn bootstrap(&self) -> String {
         format!("127.0.0.1:{}", self.advertised)
@@ -248,6 +232,9 @@ pub async fn produce(
 ) {
     let producer: FutureProducer = client_config(bootstrap)
         .set("linger.ms", "5")
+        // Every record is queued before the first is awaited: a million-
+        // record topic must fit librdkafka's queue (100,000 by default).
+        .set("queue.buffering.max.messages", "2000000")
         .create()
         .unwrap();
     let mut deliveries = Vec::new();
@@ -302,7 +289,7 @@ pub async fn read_until_idle(
         partitions,
         usize::MAX,
         Duration::from_secs(60),
-        Some(idle),
+        Some((idle, true)),
     )
     .await
 }
@@ -322,7 +309,7 @@ pub async fn read_until_idle_within(
         partitions,
         usize::MAX,
         timeout,
-        Some(idle),
+        Some((idle, false)),
     )
     .await
 }
@@ -333,7 +320,10 @@ async fn read(
     partitions: i32,
     count: usize,
     timeout: Duration,
-    idle: Option<Duration>,
+    // How long no record may come before the read ends, and whether that
+    // holds before the first record too (otherwise the first may take up
+    // to `timeout`: a large topic on S3 storage is slow to answer).
+    idle: Option<(Duration, bool)>,
 ) -> Vec<Record> {
     let (bootstrap, topic) = (bootstrap.to_owned(), topic.to_owned());
     tokio::task::spawn_blocking(move || {
@@ -363,7 +353,9 @@ async fn read(
         let mut last = Instant::now();
         while records.len() < count && Instant::now() < deadline {
             let Some(Ok(message)) = consumer.poll(Duration::from_millis(100)) else {
-                if idle.is_some_and(|idle| last.elapsed() >= idle) {
+                if idle.is_some_and(|(idle, before_first)| {
+                    (before_first || !records.is_empty()) && last.elapsed() >= idle
+                }) {
                     break;
                 }
                 continue;
