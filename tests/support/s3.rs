@@ -8,7 +8,9 @@
     feature = "s3-sink",
     feature = "delta-sink",
     feature = "iceberg-sink",
-    feature = "object-store-source"
+    feature = "object-store-source",
+    feature = "kafka-source",
+    feature = "kafka-sink"
 ))]
 
 use std::path::Path;

@@ -278,6 +278,44 @@ pub fn is_fatal(error: &KafkaError) -> bool {
 #[derive(Debug, Clone, Default)]
 pub struct Logging {
     pub key: String,
+    /// The last error librdkafka reported for the whole client, such as a
+    /// refused login: a failed request says only "transport failure" then.
+    last_error: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl Logging {
+    pub fn new(key: &str) -> Self {
+        Self {
+            key: key.to_owned(),
+            last_error: Default::default(),
+        }
+    }
+
+    fn remember(&self, message: &str) {
+        *self
+            .last_error
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(message.to_owned());
+    }
+
+    /// `error` with the last client error librdkafka reported, if any, so
+    /// that a login the broker refused reads as such in the status.
+    pub fn explain(&self, error: ConnectorError) -> ConnectorError {
+        let last = self
+            .last_error
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        let Some(last) = last else {
+            return error;
+        };
+        let message = format!("{error} (last librdkafka error: {last})");
+        if error.is_transient() {
+            ConnectorError::transient(message)
+        } else {
+            ConnectorError::fatal(message)
+        }
+    }
 }
 
 impl ClientContext for Logging {
@@ -288,7 +326,10 @@ impl ClientContext for Logging {
             | RDKafkaLogLevel::Alert
             | RDKafkaLogLevel::Critical
             | RDKafkaLogLevel::Error => {
-                tracing::error!(connector_key = key, facility, "librdkafka: {message}")
+                tracing::error!(connector_key = key, facility, "librdkafka: {message}");
+                // Logged from librdkafka's own threads right away (a
+                // consumer's error events wait for it to be polled).
+                self.remember(message);
             }
             RDKafkaLogLevel::Warning => {
                 tracing::warn!(connector_key = key, facility, "librdkafka: {message}")
@@ -304,6 +345,10 @@ impl ClientContext for Logging {
 
     fn error(&self, error: KafkaError, reason: &str) {
         tracing::warn!(connector_key = %self.key, %error, "librdkafka: {reason}");
+        // "All brokers are down" follows the error that took them down.
+        if error.rdkafka_error_code() != Some(RDKafkaErrorCode::AllBrokersDown) {
+            self.remember(reason);
+        }
     }
 }
 

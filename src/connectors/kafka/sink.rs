@@ -378,9 +378,8 @@ impl Sink for KafkaSink {
 
     async fn open(&mut self) -> Result<(), ConnectorError> {
         let config = self.client_config().map_err(ConnectorError::fatal)?;
-        let context = Logging {
-            key: self.key.clone(),
-        };
+        let context = Logging::new(&self.key);
+        let logging = context.clone();
         let producer: FutureProducer<Logging> = config
             .create_with_context(context)
             .map_err(|error| classify("creating the kafka producer", error))?;
@@ -389,7 +388,8 @@ impl Sink for KafkaSink {
         blocking("fetching the cluster's metadata", move || {
             checking.client().fetch_metadata(None, timeout).map(drop)
         })
-        .await?;
+        .await
+        .map_err(|error| logging.explain(error))?;
         self.producer = Some(producer);
         Ok(())
     }

@@ -459,10 +459,9 @@ impl Source for KafkaSource {
     /// position); with `partitions` it holds each partition's next offset.
     async fn open(&mut self, state: Option<&[u8]>) -> Result<(), ConnectorError> {
         let config = self.client_config().map_err(ConnectorError::fatal)?;
+        let logging = Logging::new(&self.key);
         let context = SourceContext {
-            logging: Logging {
-                key: self.key.clone(),
-            },
+            logging: logging.clone(),
             shared: self.shared.clone(),
         };
         let consumer: StreamConsumer<SourceContext> = config
@@ -474,7 +473,8 @@ impl Source for KafkaSource {
         blocking("fetching the cluster's metadata", move || {
             checking.fetch_metadata(None, timeout).map(drop)
         })
-        .await?;
+        .await
+        .map_err(|error| logging.explain(error))?;
         if self.grouped() {
             let topics: Vec<&str> = self.config.topics.iter().map(String::as_str).collect();
             consumer
