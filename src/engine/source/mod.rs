@@ -257,6 +257,50 @@ impl SourcePipeline {
             let topics: Vec<&TopicRef> = self.routes.iter().map(|route| &route.topic).collect();
             self.tap.source_records(&topics, &records);
         }
+        let threads = match self.transforms.is_empty() {
+            true => 1,
+            false => prepare_threads(records.len()),
+        };
+        if threads <= 1 {
+            return self.prepare_records(records);
+        }
+        // Transforms cost far more per record than the rest of the pipeline:
+        // the batch is cut into consecutive slices prepared on their own
+        // threads, and the slices' groups are joined back in order.
+        let per_thread = records.len().div_ceil(threads);
+        let mut records = records.into_iter();
+        let slices: Vec<Vec<SourceRecord>> = (0..threads)
+            .map(|_| records.by_ref().take(per_thread).collect())
+            .collect();
+        let prepared = std::thread::scope(|scope| {
+            let mut slices = slices.into_iter();
+            let first = slices.next().unwrap_or_default();
+            let others: Vec<_> = slices
+                .map(|slice| scope.spawn(move || self.prepare_records(slice)))
+                .collect();
+            let mut prepared = vec![self.prepare_records(first)];
+            for other in others {
+                match other.join() {
+                    Ok(slice) => prepared.push(slice),
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
+            }
+            prepared
+        });
+        let mut prepared = prepared.into_iter();
+        let (mut groups, mut rejected) = prepared.next().unwrap_or_default();
+        for (slice_groups, slice_rejected) in prepared {
+            rejected += slice_rejected;
+            for (group, slice_group) in groups.iter_mut().zip(slice_groups) {
+                group.extend(slice_group);
+            }
+        }
+        (groups, rejected)
+    }
+
+    /// Transforms and encodes `records` in order: per route a group of
+    /// messages, then a group of dead letters; and how many were rejected.
+    fn prepare_records(&self, records: Vec<SourceRecord>) -> (Vec<Vec<OutgoingMessage>>, usize) {
         let mut rejected = 0;
         let mut groups: Vec<Vec<OutgoingMessage>> =
             (0..=self.routes.len()).map(|_| Vec::new()).collect();
@@ -554,6 +598,19 @@ fn call_attempt<T>(
 }
 
 /// Why a record is set aside, and the topic it was meant for.
+/// Threads that prepare a batch of `records` with transforms: one per core
+/// (at most 8), each with at least [`PREPARE_SLICE_MIN`] records.
+fn prepare_threads(records: usize) -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cores = *CORES
+        .get_or_init(|| std::thread::available_parallelism().map_or(1, |cores| cores.get().min(8)));
+    cores.min(records / PREPARE_SLICE_MIN).max(1)
+}
+
+/// The fewest records worth a thread of their own: far more work than
+/// starting the thread costs, even for the cheapest transform.
+const PREPARE_SLICE_MIN: usize = 128;
+
 struct Failed<'a> {
     stage: ErrorStage,
     class: ErrorClass,

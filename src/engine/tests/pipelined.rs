@@ -6,12 +6,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use bytes::Bytes;
 
 use super::scripted::{self, STREAM, ScriptedSource, Step, TOPIC};
 use super::{Harness, state_bytes, wait_for};
-use crate::config::KindConfig;
+use crate::config::{DeadLetterTarget, KindConfig};
 use crate::connectors::{BatchPolicy, ConnectorKind};
 use crate::iggy::MemoryBus;
+use crate::message::{Payload, SourceRecord};
 use crate::state::{MemoryStateStore, StateError, StateStore, StoredState};
 
 /// Four batches of three numbers each: 0..12.
@@ -209,5 +211,62 @@ async fn given_batches_acknowledged_during_a_save_when_committing_should_save_on
         vec![covered(3), covered(12), covered(12), covered(12)]
     );
     assert_eq!(harness.numbers_in_topic(TOPIC), (0..12).collect::<Vec<_>>());
+    harness.runtime.shutdown().await;
+}
+
+/// A batch with transforms is prepared in slices on several threads (one
+/// per core): the topic and the dead-letter topic keep the batch's order.
+#[tokio::test]
+async fn given_a_large_batch_with_transforms_when_prepared_in_slices_should_keep_its_order_and_its_dead_letters()
+ {
+    let harness = Harness::new(Duration::from_secs(5));
+    // Every seventh record does not encode as JSON and is dead-lettered.
+    let records = (0..1000u64)
+        .map(|n| match n % 7 {
+            0 => SourceRecord::new(Payload::Raw(Bytes::from(format!("not json {n}")))),
+            _ => SourceRecord::new(Payload::Json(serde_json::json!({ "n": n }))),
+        })
+        .collect();
+    let (source, log) = ScriptedSource::new(
+        vec![Step::Batch {
+            records,
+            state: None,
+        }],
+        BatchPolicy::default(),
+    );
+    harness.factory.source_once("src", source);
+    let mut config = scripted::source_config("src", None);
+    config.transforms = vec![(
+        "add_fields".into(),
+        serde_json::json!({"fields": [{"key": "t", "value": {"static": 1}}]}),
+    )];
+    config.dead_letter = Some(DeadLetterTarget {
+        stream: STREAM.into(),
+        topic: "dlq".into(),
+    });
+    harness.runtime.add(config).unwrap();
+    harness.runtime.start_enabled().await;
+
+    wait_for("the batch to commit", || {
+        log.commits.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    let kept: Vec<u64> = (0..1000).filter(|n| n % 7 != 0).collect();
+    assert_eq!(harness.numbers_in_topic(TOPIC), kept);
+    let transformed = harness.bus.messages(STREAM, TOPIC);
+    assert!(transformed.iter().all(|message| {
+        serde_json::from_slice::<serde_json::Value>(&message.payload).unwrap()["t"] == 1
+    }));
+    let dead: Vec<String> = harness
+        .bus
+        .messages(STREAM, "dlq")
+        .iter()
+        .map(|message| String::from_utf8_lossy(&message.payload).into_owned())
+        .collect();
+    let expected: Vec<String> = (0..1000)
+        .filter(|n| n % 7 == 0)
+        .map(|n| format!("not json {n}"))
+        .collect();
+    assert_eq!(dead, expected);
     harness.runtime.shutdown().await;
 }
