@@ -38,7 +38,8 @@ pub struct ObjectStoreSourceConfig {
     /// Reading order: `key` (lexicographic) or `last_modified` (then key).
     /// State is a watermark in this order: with `key`, an object that appears
     /// later under a key below the watermark is not read; with
-    /// `last_modified`, an object rewritten later is read again.
+    /// `last_modified`, an object written or rewritten later is read (also
+    /// one written in the watermark's second under a smaller key).
     #[serde(default)]
     pub order: Order,
     /// Where to start: a key below the prefix (only keys after it are

@@ -1,5 +1,11 @@
 //! What the source remembers: a watermark in reading order (every object at
-//! or below it is finished) and how far into the object being read it got.
+//! or below it is finished), the keys finished at the watermark's own
+//! last-modified time, and how far into the object being read it got.
+//!
+//! Stores give last-modified times in whole seconds (S3's HTTP dates), so an
+//! object can appear after the watermark with the watermark's time and a
+//! smaller key. By last-modified order, such an object is still read: at the
+//! watermark's time, only the keys listed as finished are left out.
 
 use ::object_store::ObjectMeta;
 use serde::{Deserialize, Serialize};
@@ -14,6 +20,11 @@ pub struct State {
     pub watermark: Option<Mark>,
     /// The object being read, when a batch ended inside it.
     pub current: Option<Current>,
+    /// By last-modified order: the keys finished with the watermark's time
+    /// (empty in a state saved before they were kept: the watermark alone
+    /// then decides, as it did).
+    #[serde(default)]
+    pub at_watermark: Vec<String>,
 }
 
 /// An object's place in the reading order: by key (`modified_ms` 0), or by
@@ -47,11 +58,21 @@ impl Mark {
 }
 
 impl State {
-    /// Whether `meta` is still to be read (above the watermark).
+    /// Whether `meta` is still to be read: above the watermark, or by
+    /// last-modified order at its time and not finished.
     pub fn is_unread(&self, meta: &ObjectMeta, order: Order) -> bool {
-        self.watermark
-            .as_ref()
-            .is_none_or(|watermark| Mark::of(meta, order) > *watermark)
+        let Some(watermark) = &self.watermark else {
+            return true;
+        };
+        let mark = Mark::of(meta, order);
+        match order {
+            Order::LastModified
+                if mark.modified_ms == watermark.modified_ms && !self.at_watermark.is_empty() =>
+            {
+                !self.at_watermark.contains(&mark.key)
+            }
+            _ => mark > *watermark,
+        }
     }
 
     /// The first record of `meta` not yet in a batch.
@@ -68,7 +89,22 @@ impl State {
 
     /// `meta` is read to its end.
     pub fn finish(&mut self, meta: &ObjectMeta, order: Order) {
-        self.watermark = Some(Mark::of(meta, order));
+        let mark = Mark::of(meta, order);
+        if order == Order::LastModified {
+            match &self.watermark {
+                Some(watermark) if watermark.modified_ms == mark.modified_ms => {
+                    self.at_watermark.push(mark.key.clone());
+                }
+                _ => self.at_watermark = vec![mark.key.clone()],
+            }
+        }
+        if self
+            .watermark
+            .as_ref()
+            .is_none_or(|watermark| mark > *watermark)
+        {
+            self.watermark = Some(mark);
+        }
         self.current = None;
     }
 
@@ -119,9 +155,38 @@ mod tests {
         let mut state = State::default();
         state.finish(&meta("in/m", 50, "e"), Order::LastModified);
         assert!(!state.is_unread(&meta("in/z", 49, "e"), Order::LastModified));
-        assert!(!state.is_unread(&meta("in/a", 50, "e"), Order::LastModified));
+        assert!(!state.is_unread(&meta("in/m", 50, "e"), Order::LastModified));
         assert!(state.is_unread(&meta("in/n", 50, "e"), Order::LastModified));
         assert!(state.is_unread(&meta("in/a", 51, "e"), Order::LastModified));
+    }
+
+    #[test]
+    fn given_an_object_late_at_the_watermarks_second_when_checked_by_time_should_read_it_once() {
+        let mut state = State::default();
+        state.finish(&meta("in/m", 50, "e"), Order::LastModified);
+        // Written later in the same second, under a smaller key.
+        let late = meta("in/a", 50, "e");
+        assert!(state.is_unread(&late, Order::LastModified));
+        state.finish(&late, Order::LastModified);
+        assert!(!state.is_unread(&late, Order::LastModified));
+        assert!(!state.is_unread(&meta("in/m", 50, "e"), Order::LastModified));
+        assert_eq!(state.watermark.as_ref().unwrap().key, "in/m");
+        // A later second starts the list again.
+        state.finish(&meta("in/b", 51, "e"), Order::LastModified);
+        assert_eq!(state.at_watermark, vec!["in/b".to_owned()]);
+        assert!(!state.is_unread(&meta("in/z", 50, "e"), Order::LastModified));
+    }
+
+    #[test]
+    fn given_a_state_saved_without_the_keys_at_the_watermark_when_checked_should_use_the_watermark_alone()
+     {
+        let mut state = State::default();
+        state.watermark = Some(Mark {
+            modified_ms: 50_000,
+            key: "in/m".into(),
+        });
+        assert!(!state.is_unread(&meta("in/a", 50, "e"), Order::LastModified));
+        assert!(state.is_unread(&meta("in/n", 50, "e"), Order::LastModified));
     }
 
     #[test]
