@@ -180,11 +180,13 @@ mod tests {
     #[test]
     fn given_a_state_saved_without_the_keys_at_the_watermark_when_checked_should_use_the_watermark_alone()
      {
-        let mut state = State::default();
-        state.watermark = Some(Mark {
-            modified_ms: 50_000,
-            key: "in/m".into(),
-        });
+        let state = State {
+            watermark: Some(Mark {
+                modified_ms: 50_000,
+                key: "in/m".into(),
+            }),
+            ..State::default()
+        };
         assert!(!state.is_unread(&meta("in/a", 50, "e"), Order::LastModified));
         assert!(state.is_unread(&meta("in/n", 50, "e"), Order::LastModified));
     }
