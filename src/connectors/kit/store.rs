@@ -185,6 +185,32 @@ fn cloud<B: CloudBuilder>(
     Ok(Arc::new(store))
 }
 
+/// Checks the S3 fields every S3-speaking connector has: both credentials or
+/// neither (then the `AWS_*` environment variables are used), and an
+/// endpoint that is an HTTP URL.
+pub fn check_s3_fields(
+    has_access_key_id: bool,
+    has_secret_access_key: bool,
+    endpoint: Option<&str>,
+) -> Result<(), crate::connectors::PluginConfigError> {
+    use crate::connectors::PluginConfigError;
+    if has_access_key_id != has_secret_access_key {
+        return Err(PluginConfigError::new(
+            "access_key_id",
+            "set both access_key_id and secret_access_key, or neither (then the AWS_* environment variables are used)",
+        ));
+    }
+    if let Some(endpoint) = endpoint
+        && !(endpoint.starts_with("http://") || endpoint.starts_with("https://"))
+    {
+        return Err(PluginConfigError::new(
+            "endpoint",
+            format!("expected an http:// or https:// URL, found \"{endpoint}\""),
+        ));
+    }
+    Ok(())
+}
+
 /// The S3 options for an S3-compatible `endpoint` (path-style addressing,
 /// `http://` allowed) and explicit credentials.
 pub fn s3_options(

@@ -238,20 +238,11 @@ impl ObjectStoreSourceConfig {
                 "required with after_commit = \"move\"",
             ));
         }
-        if self.access_key_id.is_some() != self.secret_access_key.is_some() {
-            return Err(PluginConfigError::new(
-                "access_key_id",
-                "set both access_key_id and secret_access_key, or neither",
-            ));
-        }
-        if let Some(endpoint) = &self.endpoint
-            && !(endpoint.starts_with("http://") || endpoint.starts_with("https://"))
-        {
-            return Err(PluginConfigError::new(
-                "endpoint",
-                format!("expected an http:// or https:// URL, found \"{endpoint}\""),
-            ));
-        }
+        crate::connectors::kit::store::check_s3_fields(
+            self.access_key_id.is_some(),
+            self.secret_access_key.is_some(),
+            self.endpoint.as_deref(),
+        )?;
         Ok(Checked {
             url,
             glob,

@@ -200,20 +200,11 @@ impl S3SinkConfig {
                 "must not be empty (the default is \"{stream}/{topic}/{date}/{hour}\")",
             ));
         }
-        if self.access_key_id.is_some() != self.secret_access_key.is_some() {
-            return Err(PluginConfigError::new(
-                "access_key_id",
-                "set both access_key_id and secret_access_key, or neither (then the AWS_* environment variables are used)",
-            ));
-        }
-        if let Some(endpoint) = &self.endpoint
-            && !(endpoint.starts_with("http://") || endpoint.starts_with("https://"))
-        {
-            return Err(PluginConfigError::new(
-                "endpoint",
-                format!("expected an http:// or https:// URL, found \"{endpoint}\""),
-            ));
-        }
+        crate::connectors::kit::store::check_s3_fields(
+            self.access_key_id.is_some(),
+            self.secret_access_key.is_some(),
+            self.endpoint.as_deref(),
+        )?;
         let rotation = match self.file_rotation {
             FileRotation::Size => {
                 let bytes = parse_size(&self.max_file_size)
