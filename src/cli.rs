@@ -12,6 +12,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 mod admin;
 mod dlq;
 mod pipe;
+pub mod process;
 mod tap;
 mod testing;
 #[cfg(feature = "top")]

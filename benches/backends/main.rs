@@ -62,6 +62,7 @@ fn main() {
             .into_iter()
             .find(|bench| bench.cases.contains(&case.as_str()))
             .unwrap_or_else(|| panic!("no bench case {case}"));
+        iggy_connect::cli::process::prepare();
         common::run_case((bench.run)(case));
         return;
     }

@@ -157,11 +157,12 @@ fn connector(text: &str) -> ConnectorConfig {
 
 fn source_config(url: &str, stream: &str, table: &str) -> ConnectorConfig {
     connector(&format!(
-        "type = \"source\"\nkey = \"pg_source\"\npath = \"postgres\"\n\n\
+        "type = \"source\"\nkey = \"pg_source\"\npath = \"postgres\"\n{in_flight}\n\
          [[streams]]\nstream = \"{stream}\"\ntopic = \"{TOPIC}\"\nschema = \"json\"\n\
          batch_length = {BATCH}\nlinger_time = \"5ms\"\n\n\
          [plugin_config]\nconnection_string = \"{url}\"\ntables = [\"{table}\"]\n\
-         batch_size = {BATCH}\npoll_interval = \"10ms\"\n"
+         batch_size = {BATCH}\npoll_interval = \"10ms\"\n",
+        in_flight = common::max_in_flight_bytes_line(),
     ))
 }
 

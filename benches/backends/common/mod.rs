@@ -422,6 +422,15 @@ pub fn poll_interval() -> Duration {
         .unwrap_or(Duration::from_millis(1))
 }
 
+/// A source's `max_in_flight_bytes` line when `BENCH_MAX_IN_FLIGHT_BYTES`
+/// (a size such as `8MiB`) is set, for comparing windows without a rebuild;
+/// empty otherwise (the default).
+pub fn max_in_flight_bytes_line() -> String {
+    std::env::var("BENCH_MAX_IN_FLIGHT_BYTES")
+        .map(|size| format!("max_in_flight_bytes = \"{size}\"\n"))
+        .unwrap_or_default()
+}
+
 /// Runs the connector of connector file `file` (its `key` is `key`) through
 /// a [`Pipeline`] until it is done with `messages`, shuts the runtime down
 /// and prints the case's report.
