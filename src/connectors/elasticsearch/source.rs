@@ -499,9 +499,11 @@ impl Source for ElasticsearchSource {
         Ok(())
     }
 
-    /// One page after the newest cursor. A short page (the source is
-    /// caught up) asks the engine to search again `polling_interval` after
-    /// this poll began.
+    /// The next page after the newest cursor that holds new documents (a
+    /// full page of documents already read, after a point in time was
+    /// opened again, is followed by the next one). A short page (the source
+    /// is caught up) asks the engine to search again `polling_interval`
+    /// after this poll began.
     async fn poll(&self) -> Result<SourceBatch, ConnectorError> {
         let started = tokio::time::Instant::now();
         let cursor = self
@@ -509,7 +511,12 @@ impl Source for ElasticsearchSource {
             .back()
             .cloned()
             .unwrap_or_else(|| lock(&self.committed).clone());
-        let (records, next, full) = self.page(&cursor).await?;
+        let (records, next, full) = loop {
+            let (records, next, full) = self.page(&cursor).await?;
+            if !records.is_empty() || !full {
+                break (records, next, full);
+            }
+        };
         let next_poll = (!full).then(|| started + self.config.polling_interval);
         // Staged even when empty: each poll's batch is committed by one
         // `commit`, in order.
