@@ -533,4 +533,71 @@ mod tests {
         );
         assert!(state.tracking_keys.is_empty());
     }
+
+    fn core(stop_when_caught_up: bool) -> PollCore<()> {
+        PollCore::new(
+            "test",
+            PollSettings {
+                poll_interval: Duration::from_secs(5),
+                stop_when_caught_up,
+                verbose_logging: false,
+            },
+        )
+    }
+
+    fn rows(count: usize) -> Vec<SourceRecord> {
+        (0..count)
+            .map(|n| SourceRecord::new(crate::message::Payload::Json(serde_json::json!(n))))
+            .collect()
+    }
+
+    #[test]
+    fn given_a_poll_that_caught_up_when_finished_should_ask_the_engine_to_wait_from_its_start() {
+        let core = core(false);
+        let started = Instant::now();
+        let tables = ["t".to_owned()];
+        let finish = |records, full| {
+            core.finish_poll(
+                PollState::default(),
+                records,
+                Vec::new(),
+                full,
+                &tables,
+                started,
+            )
+            .unwrap()
+        };
+        let waits = started + Duration::from_secs(5);
+        assert_eq!(finish(rows(0), false).next_poll, Some(waits), "empty");
+        assert_eq!(finish(rows(2), false).next_poll, Some(waits), "short");
+        assert_eq!(finish(rows(3), true).next_poll, None, "a table was full");
+    }
+
+    #[test]
+    fn given_stop_when_caught_up_when_a_poll_caught_up_should_finish_without_waiting() {
+        let core = core(true);
+        let tables = ["t".to_owned()];
+        let batch = core
+            .finish_poll(
+                PollState::default(),
+                rows(2),
+                Vec::new(),
+                false,
+                &tables,
+                Instant::now(),
+            )
+            .unwrap();
+        assert_eq!((batch.finished, batch.next_poll), (false, None));
+        let last = core
+            .finish_poll(
+                PollState::default(),
+                rows(0),
+                Vec::new(),
+                false,
+                &tables,
+                Instant::now(),
+            )
+            .unwrap();
+        assert_eq!((last.finished, last.next_poll), (true, None));
+    }
 }

@@ -250,6 +250,28 @@ mod tests {
             .messages_produced
     }
 
+    /// The source never sleeps: each batch asks the engine for the next
+    /// poll `interval` after this one began (rule S8); a zero interval, none.
+    #[tokio::test(start_paused = true)]
+    async fn given_an_interval_when_polled_should_answer_at_once_and_ask_for_the_next_poll_an_interval_later()
+     {
+        let mut random = RandomSource::new(RandomConfig {
+            interval: Duration::from_secs(3),
+            max_count: Some(20),
+            messages_range: [10, 10],
+            payload_size: 16,
+        })
+        .unwrap();
+        random.open(None).await.unwrap();
+        let started = tokio::time::Instant::now();
+        let first = random.poll().await.unwrap();
+        let second = random.poll().await.unwrap();
+        assert_eq!(started.elapsed(), Duration::ZERO, "a poll slept");
+        assert_eq!(first.next_poll, Some(started + Duration::from_secs(3)));
+        assert!(second.finished);
+        assert_eq!(source(None, [1, 1]).poll().await.unwrap().next_poll, None);
+    }
+
     #[tokio::test]
     async fn given_persisted_state_when_opened_should_continue_the_count_up_to_max_count() {
         let mut random = source(Some(1000), [50, 50]);
