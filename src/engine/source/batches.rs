@@ -486,13 +486,18 @@ impl SourcePipeline {
                 _ => Outcome::Rejected,
             };
             std::mem::take(&mut batch.trace).end(batch.count, batch.timings.nacks, outcome);
-            self.committed(
-                batch.routed,
-                batch.count,
-                batch.started,
-                batch.prepared,
-                &batch.timings,
-            );
+            // An empty poll (a caught-up source, rule S8) is no batch to log
+            // or time: it would log a line per poll interval and pull the
+            // batch latencies towards zero.
+            if batch.count > 0 || batch.rejected > 0 {
+                self.committed(
+                    batch.routed,
+                    batch.count,
+                    batch.started,
+                    batch.prepared,
+                    &batch.timings,
+                );
+            }
             finished |= batch.finished;
         }
         finished

@@ -39,6 +39,9 @@ async fn gaps_between_polls(in_flight: usize) -> Vec<Duration> {
         [0, 1, 2, 3, 4],
         "the empty batch sends nothing"
     );
+    let view = harness.runtime.view(ConnectorKind::Source, "src").unwrap();
+    let timed: u64 = view.metrics.batch_durations.counts().iter().sum();
+    assert_eq!(timed, 3, "the empty batch is timed as a batch");
     poll_gaps(&log)
 }
 
