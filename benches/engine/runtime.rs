@@ -262,6 +262,7 @@ impl Source for ReadySource {
             records: self.records.clone(),
             state: Some(left.to_le_bytes().to_vec()),
             finished: left <= 1,
+            next_poll: None,
         })
     }
 

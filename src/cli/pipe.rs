@@ -614,6 +614,7 @@ impl Source for Limited {
                 records: Vec::new(),
                 state: None,
                 finished: true,
+                next_poll: None,
             });
         }
         let mut batch = self.inner.poll().await?;

@@ -57,8 +57,13 @@ pub trait Source: Send + Sync {
     /// instance with the same state; a fatal one stops it with `start_failed`.
     async fn open(&mut self, state: Option<&[u8]>) -> Result<(), ConnectorError>;
 
-    /// Returns the next batch, waiting as long as the source needs to (a poll
-    /// interval, incoming requests). Must be cancel-safe: dropping the future
+    /// Returns the next batch. A source its backend pushes to (a
+    /// subscription, a consumer, incoming requests) may wait inside `poll`
+    /// for the next item. A source that asks its backend (a query, a
+    /// listing, a generator) never sleeps: when it is caught up it returns
+    /// at once, with an empty batch if it found nothing, and says in
+    /// [`SourceBatch::next_poll`] when to ask again; the engine waits (rule
+    /// S8 in docs/ARCHITECTURE.md). Must be cancel-safe: dropping the future
     /// (on shutdown) loses nothing.
     async fn poll(&self) -> Result<SourceBatch, ConnectorError>;
 
@@ -290,6 +295,13 @@ pub struct SourceBatch {
     /// The source has nothing more to produce, ever (a finite generator). The
     /// engine delivers this batch, commits it and stops the source as completed.
     pub finished: bool,
+    /// The source is caught up (it read everything there is for now) or
+    /// paces itself: the earliest time the engine polls it again, usually
+    /// this poll's start plus the source's poll interval. The engine waits
+    /// (a stop request ends the wait at once) while this batch is delivered;
+    /// `None` polls again as soon as the window has room. An empty batch
+    /// still gets its `commit`, but nothing is sent for it.
+    pub next_poll: Option<tokio::time::Instant>,
 }
 
 /// How the engine handles NACKs (failed sends or state saves) for a source.

@@ -1,6 +1,6 @@
 //! The pipelines and their lifecycle. The engine knows no connector by name: it
 //! drives `Source`/`Sink` trait objects over the `Bus` and enforces the delivery
-//! contract whose numbered rules (S1-S7 for sources, K1-K6 for sinks, O1-O2
+//! contract whose numbered rules (S1-S8 for sources, K1-K6 for sinks, O1-O2
 //! for opening) are in docs/ARCHITECTURE.md; the engine tests name the rule
 //! each one proves (`tests/retries.rs`: O1, O2, K3's partial writes and
 //! `Retry-After`).

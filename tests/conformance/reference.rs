@@ -238,6 +238,7 @@ impl Source for MemorySource {
             records,
             state: Some(encode_state(&saved)?),
             finished: false,
+            next_poll: None,
         })
     }
 
@@ -662,6 +663,7 @@ impl Source for WebSource {
                 .collect(),
             state: Some(encode_state(&end)?),
             finished: false,
+            next_poll: None,
         })
     }
 

@@ -17,7 +17,8 @@ pub fn build(name: &str, config: Value) -> Box<dyn Source> {
 }
 
 /// Polls and commits until `done` holds for the JSON payloads produced so
-/// far (within `wait`); returns the last state a batch carried.
+/// far (within `wait`), waiting until a batch's `next_poll` as the engine
+/// does; returns the last state a batch carried.
 pub async fn drain(
     source: &dyn Source,
     payloads: &mut Vec<Value>,
@@ -43,6 +44,10 @@ pub async fn drain(
             state = batch.state;
         }
         source.commit().await.unwrap();
+        // As the engine does: a caught-up source is polled again no sooner.
+        if let Some(due) = batch.next_poll {
+            tokio::time::sleep_until(due.min(deadline)).await;
+        }
     }
     state
 }

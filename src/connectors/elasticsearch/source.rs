@@ -160,8 +160,6 @@ pub struct ElasticsearchSource {
     /// The cursor after each batch polled and not yet committed, oldest first.
     staged: Mutex<VecDeque<Cursor>>,
     session: tokio::sync::Mutex<Option<Session>>,
-    /// The last page was short: wait `polling_interval` before the next search.
-    caught_up: Mutex<bool>,
     key: String,
 }
 
@@ -223,7 +221,6 @@ impl ElasticsearchSource {
             committed: Mutex::new(Cursor::default()),
             staged: Mutex::new(VecDeque::new()),
             session: tokio::sync::Mutex::new(None),
-            caught_up: Mutex::new(false),
             key: "elasticsearch".into(),
         })
     }
@@ -502,29 +499,37 @@ impl Source for ElasticsearchSource {
         Ok(())
     }
 
+    /// The next page after the newest cursor that holds new documents (a
+    /// full page of documents already read, after a point in time was
+    /// opened again, is followed by the next one). A short page (the source
+    /// is caught up) asks the engine to search again `polling_interval`
+    /// after this poll began.
     async fn poll(&self) -> Result<SourceBatch, ConnectorError> {
-        loop {
-            if *lock(&self.caught_up) {
-                tokio::time::sleep(self.config.polling_interval).await;
-            }
-            let cursor = self
-                .lock_staged()
-                .back()
-                .cloned()
-                .unwrap_or_else(|| lock(&self.committed).clone());
+        let started = tokio::time::Instant::now();
+        let cursor = self
+            .lock_staged()
+            .back()
+            .cloned()
+            .unwrap_or_else(|| lock(&self.committed).clone());
+        let (records, next, full) = loop {
             let (records, next, full) = self.page(&cursor).await?;
-            *lock(&self.caught_up) = !full;
-            if records.is_empty() {
-                continue;
+            if !records.is_empty() || !full {
+                break (records, next, full);
             }
-            let state = encode_state(&next)?;
-            self.lock_staged().push_back(next);
-            return Ok(SourceBatch {
-                records,
-                state: Some(state),
-                finished: false,
-            });
-        }
+        };
+        let next_poll = (!full).then(|| started + self.config.polling_interval);
+        // Staged even when empty: each poll's batch is committed by one
+        // `commit`, in order.
+        let state = (!records.is_empty())
+            .then(|| encode_state(&next))
+            .transpose()?;
+        self.lock_staged().push_back(next);
+        Ok(SourceBatch {
+            records,
+            state,
+            finished: false,
+            next_poll,
+        })
     }
 
     async fn commit(&self) -> Result<(), ConnectorError> {

@@ -467,6 +467,7 @@ impl Source for IggySource {
             records,
             state: Some(encode_state(&state)?),
             finished: false,
+            next_poll: None,
         })
     }
 

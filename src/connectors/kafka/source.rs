@@ -530,6 +530,7 @@ impl Source for KafkaSource {
             records,
             state,
             finished: false,
+            next_poll: None,
         })
     }
 

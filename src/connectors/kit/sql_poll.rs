@@ -1,6 +1,7 @@
 //! The polling core the SQL sources (postgres, mysql) share: the cursor state
 //! they persist, the batches staged until their commit, the caught-up and
-//! finish logic, and the config pieces that mean the same in both. What
+//! finish logic (a caught-up poll asks the engine to wait `poll_interval`
+//! before the next one), and the config pieces that mean the same in both. What
 //! differs (the driver, the SQL, the row conversion) stays in each source.
 //!
 //! At-least-once: `poll` stages a batch with the state it leads to and what
@@ -8,11 +9,11 @@
 //! moves the committed cursor, oldest batch first.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
 use tracing::{debug, info};
 
 use crate::connectors::{
@@ -190,8 +191,6 @@ pub struct PollCore<C> {
     committed: Mutex<PollState>,
     /// What each batch in flight applies on commit, oldest first.
     staged: Mutex<VecDeque<Staged<C>>>,
-    /// The last poll found every table caught up: wait `poll_interval` first.
-    caught_up: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -208,7 +207,6 @@ impl<C> PollCore<C> {
             settings,
             committed: Mutex::new(PollState::default()),
             staged: Mutex::new(VecDeque::new()),
-            caught_up: AtomicBool::new(false),
         }
     }
 
@@ -233,14 +231,6 @@ impl<C> PollCore<C> {
         Ok(())
     }
 
-    /// Waits `poll_interval` when the last poll found every table caught up
-    /// (unless the source finishes then).
-    pub async fn pace(&self) {
-        if self.caught_up.load(Ordering::SeqCst) && !self.settings.stop_when_caught_up {
-            tokio::time::sleep(self.settings.poll_interval).await;
-        }
-    }
-
     /// Where the next poll starts: after the newest batch in flight, or after
     /// the last committed one. `true` when batches are in flight.
     pub fn poll_base(&self) -> (PollState, bool) {
@@ -253,7 +243,9 @@ impl<C> PollCore<C> {
 
     /// Stages a poll's batch and answers it: `next` is the state after its
     /// `records`, `consume` what its commit applies, `full` whether some table
-    /// filled a whole batch (so the next poll follows at once).
+    /// filled a whole batch (so the next poll follows at once; otherwise every
+    /// table is caught up and the engine polls again `poll_interval` after
+    /// `started`, the poll's start, unless the source finishes then).
     pub fn finish_poll(
         &self,
         mut next: PollState,
@@ -261,8 +253,10 @@ impl<C> PollCore<C> {
         consume: Vec<C>,
         full: bool,
         tables: &[String],
+        started: Instant,
     ) -> Result<SourceBatch, ConnectorError> {
-        self.caught_up.store(!full, Ordering::SeqCst);
+        let next_poll = (!full && !self.settings.stop_when_caught_up)
+            .then(|| started + self.settings.poll_interval);
         if records.is_empty() {
             // Staged too: each poll's batch is committed, in order, by one
             // `commit`, so an empty one must not take a later batch's turn.
@@ -278,6 +272,7 @@ impl<C> PollCore<C> {
             }
             return Ok(SourceBatch {
                 finished: self.settings.stop_when_caught_up,
+                next_poll,
                 ..SourceBatch::default()
             });
         }
@@ -302,6 +297,7 @@ impl<C> PollCore<C> {
             records,
             state: Some(state),
             finished: false,
+            next_poll,
         })
     }
 
@@ -536,5 +532,72 @@ mod tests {
             Some("6")
         );
         assert!(state.tracking_keys.is_empty());
+    }
+
+    fn core(stop_when_caught_up: bool) -> PollCore<()> {
+        PollCore::new(
+            "test",
+            PollSettings {
+                poll_interval: Duration::from_secs(5),
+                stop_when_caught_up,
+                verbose_logging: false,
+            },
+        )
+    }
+
+    fn rows(count: usize) -> Vec<SourceRecord> {
+        (0..count)
+            .map(|n| SourceRecord::new(crate::message::Payload::Json(serde_json::json!(n))))
+            .collect()
+    }
+
+    #[test]
+    fn given_a_poll_that_caught_up_when_finished_should_ask_the_engine_to_wait_from_its_start() {
+        let core = core(false);
+        let started = Instant::now();
+        let tables = ["t".to_owned()];
+        let finish = |records, full| {
+            core.finish_poll(
+                PollState::default(),
+                records,
+                Vec::new(),
+                full,
+                &tables,
+                started,
+            )
+            .unwrap()
+        };
+        let waits = started + Duration::from_secs(5);
+        assert_eq!(finish(rows(0), false).next_poll, Some(waits), "empty");
+        assert_eq!(finish(rows(2), false).next_poll, Some(waits), "short");
+        assert_eq!(finish(rows(3), true).next_poll, None, "a table was full");
+    }
+
+    #[test]
+    fn given_stop_when_caught_up_when_a_poll_caught_up_should_finish_without_waiting() {
+        let core = core(true);
+        let tables = ["t".to_owned()];
+        let batch = core
+            .finish_poll(
+                PollState::default(),
+                rows(2),
+                Vec::new(),
+                false,
+                &tables,
+                Instant::now(),
+            )
+            .unwrap();
+        assert_eq!((batch.finished, batch.next_poll), (false, None));
+        let last = core
+            .finish_poll(
+                PollState::default(),
+                rows(0),
+                Vec::new(),
+                false,
+                &tables,
+                Instant::now(),
+            )
+            .unwrap();
+        assert_eq!((last.finished, last.next_poll), (true, None));
     }
 }

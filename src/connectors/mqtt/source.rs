@@ -316,6 +316,7 @@ impl MqttSource {
                 records,
                 state: None,
                 finished: false,
+                next_poll: None,
             });
         }
         let state = MqttSourceState {
@@ -335,6 +336,7 @@ impl MqttSource {
             records,
             state: Some(encode_state(&state)?),
             finished: false,
+            next_poll: None,
         })
     }
 }

@@ -47,6 +47,10 @@ pub const ENTRY: SourceEntry = SourceEntry {
 };
 inventory::submit!(ENTRY);
 
+/// How long the engine waits before polling again after the server answered
+/// a waiting pull at once without messages (it is restarting).
+const INSTANT_ANSWER_PAUSE: Duration = Duration::from_millis(50);
+
 connection_fields! {
     /// What to read.
     #[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
@@ -268,13 +272,16 @@ impl NatsSource {
     }
 
     /// Waits for messages and returns up to a batch: what is there now, or
-    /// else the first to arrive with what came right after it. Cancel-safe:
-    /// the request being read and what it delivered so far are kept in
-    /// `pulling`, so a dropped poll is resumed by the next one, in order.
+    /// else the first to arrive with what came right after it. `None` when
+    /// the server answered the wait at once without messages (it is
+    /// restarting): the engine pauses before the next poll, so it does not
+    /// spin. Cancel-safe: the request being read and what it delivered so
+    /// far are kept in `pulling`, so a dropped poll is resumed by the next
+    /// one, in order.
     async fn pull(
         &self,
         consumer: &Consumer<PullConfig>,
-    ) -> Result<Vec<async_nats::jetstream::Message>, ConnectorError> {
+    ) -> Result<Option<Vec<async_nats::jetstream::Message>>, ConnectorError> {
         let batch = self.config.batch_size;
         let mut pulling = self.pulling.lock().await;
         loop {
@@ -331,22 +338,19 @@ impl NatsSource {
             pulling.step = match pulling.step {
                 Step::Fetch | Step::TopUp if received > 0 => {
                     pulling.step = Step::Fetch;
-                    return Ok(std::mem::take(&mut pulling.received));
+                    return Ok(Some(std::mem::take(&mut pulling.received)));
                 }
                 Step::Fetch => Step::Wait,
                 Step::Wait if received > 0 && received < batch => Step::TopUp,
                 Step::Wait if received > 0 => {
                     pulling.step = Step::Fetch;
-                    return Ok(std::mem::take(&mut pulling.received));
+                    return Ok(Some(std::mem::take(&mut pulling.received)));
                 }
-                Step::Wait => {
-                    // A request answered at once without messages (a server
-                    // restarting): do not spin.
-                    if pulling.started.elapsed() < Duration::from_millis(10) {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                    Step::Fetch
+                Step::Wait if pulling.started.elapsed() < Duration::from_millis(10) => {
+                    pulling.step = Step::Fetch;
+                    return Ok(None);
                 }
+                Step::Wait => Step::Fetch,
                 Step::TopUp => Step::Fetch,
             };
         }
@@ -392,6 +396,7 @@ impl NatsSource {
             records,
             state: Some(encode_state(&state)?),
             finished: false,
+            next_poll: None,
         })
     }
 
@@ -417,6 +422,7 @@ impl NatsSource {
             records,
             state: None,
             finished: false,
+            next_poll: None,
         })
     }
 
@@ -510,10 +516,14 @@ impl Source for NatsSource {
 
     async fn poll(&self) -> Result<SourceBatch, ConnectorError> {
         match self.reader.as_ref() {
-            Some(Reader::Jetstream { consumer, stream }) => {
-                let messages = self.pull(consumer).await?;
-                self.poll_jetstream(stream, messages)
-            }
+            Some(Reader::Jetstream { consumer, stream }) => match self.pull(consumer).await? {
+                Some(messages) => self.poll_jetstream(stream, messages),
+                // Nothing staged: its commit has nothing to acknowledge.
+                None => Ok(SourceBatch {
+                    next_poll: Some(tokio::time::Instant::now() + INSTANT_ANSWER_PAUSE),
+                    ..SourceBatch::default()
+                }),
+            },
             Some(Reader::Core(subscriber)) => self.poll_core(subscriber).await,
             None => Err(ConnectorError::fatal(
                 "the nats source was polled before open",

@@ -419,6 +419,7 @@ impl Source for RabbitmqSource {
             records,
             state: None,
             finished: false,
+            next_poll: None,
         })
     }
 

@@ -6,7 +6,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -74,7 +74,6 @@ pub struct RandomSource {
     committed: AtomicU64,
     /// The count once each batch in flight commits, oldest first.
     staged: Mutex<VecDeque<u64>>,
-    polled_once: AtomicBool,
     /// Random alphanumeric text that records take slices of, so generating a
     /// record costs no per-character randomness.
     text_pool: String,
@@ -103,7 +102,6 @@ impl RandomSource {
             config,
             committed: AtomicU64::new(0),
             staged: Mutex::new(VecDeque::new()),
-            polled_once: AtomicBool::new(false),
             text_pool,
         })
     }
@@ -181,8 +179,11 @@ impl Source for RandomSource {
         Ok(())
     }
 
-    /// Polls continue after the newest batch in flight.
+    /// Polls continue after the newest batch in flight. Each batch asks the
+    /// engine for the next one `interval` after this poll began: the engine
+    /// paces the rate, the source never sleeps.
     async fn poll(&self) -> Result<SourceBatch, ConnectorError> {
+        let started = tokio::time::Instant::now();
         let polled = self.polled_up_to();
         let remaining = self
             .config
@@ -196,14 +197,6 @@ impl Source for RandomSource {
                 ..SourceBatch::default()
             });
         }
-        if self.polled_once.swap(true, Ordering::SeqCst) && !self.config.interval.is_zero() {
-            tokio::time::sleep(self.config.interval).await;
-        }
-        let polled = self.polled_up_to();
-        let remaining = self
-            .config
-            .max_count
-            .map_or(u64::MAX, |max| max.saturating_sub(polled));
         let count = self.batch_size(remaining);
         let records = self.records(polled..polled + count);
         let produced = polled + count;
@@ -214,6 +207,7 @@ impl Source for RandomSource {
                 messages_produced: produced,
             })?),
             finished: self.config.max_count.is_some_and(|max| produced >= max),
+            next_poll: (!self.config.interval.is_zero()).then(|| started + self.config.interval),
         })
     }
 
@@ -254,6 +248,28 @@ mod tests {
         decode_state::<RandomState>(batch.state.as_deref().unwrap())
             .unwrap()
             .messages_produced
+    }
+
+    /// The source never sleeps: each batch asks the engine for the next
+    /// poll `interval` after this one began (rule S8); a zero interval, none.
+    #[tokio::test(start_paused = true)]
+    async fn given_an_interval_when_polled_should_answer_at_once_and_ask_for_the_next_poll_an_interval_later()
+     {
+        let mut random = RandomSource::new(RandomConfig {
+            interval: Duration::from_secs(3),
+            max_count: Some(20),
+            messages_range: [10, 10],
+            payload_size: 16,
+        })
+        .unwrap();
+        random.open(None).await.unwrap();
+        let started = tokio::time::Instant::now();
+        let first = random.poll().await.unwrap();
+        let second = random.poll().await.unwrap();
+        assert_eq!(started.elapsed(), Duration::ZERO, "a poll slept");
+        assert_eq!(first.next_poll, Some(started + Duration::from_secs(3)));
+        assert!(second.finished);
+        assert_eq!(source(None, [1, 1]).poll().await.unwrap().next_poll, None);
     }
 
     #[tokio::test]

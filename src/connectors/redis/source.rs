@@ -518,6 +518,7 @@ impl RedisSource {
                 None
             },
             finished: false,
+            next_poll: None,
         })
     }
 
@@ -556,6 +557,7 @@ impl RedisSource {
             records,
             state: None,
             finished: false,
+            next_poll: None,
         })
     }
 

@@ -1,5 +1,9 @@
-//! The source loop (docs/ARCHITECTURE.md, rules S1 to S3 and S7), the same
-//! for one batch in flight as for many.
+//! The source loop (docs/ARCHITECTURE.md, rules S1 to S3, S7 and S8), the
+//! same for one batch in flight as for many.
+//!
+//! A batch that says the source is caught up (`next_poll`) holds the next
+//! poll until then; the batch itself goes on being delivered meanwhile, and
+//! a stop request ends the wait at once (the waiting poll is dropped).
 //!
 //! Three stages run at once, each on at most one batch: the next `poll`
 //! (with its transform and encode) while fewer than `max_in_flight` batches
@@ -45,6 +49,8 @@ struct InFlight {
     /// Payload bytes of `groups`.
     bytes: usize,
     finished: bool,
+    /// The earliest time to poll after this batch (the source is caught up).
+    next_poll: Option<tokio::time::Instant>,
     phase: Phase,
     started: Instant,
     prepared: Duration,
@@ -99,6 +105,9 @@ struct Window<'a> {
     retry_at: Option<tokio::time::Instant>,
     /// A batch that said it is the last one was polled.
     last_polled: bool,
+    /// The last batch polled said the source is caught up: the next poll
+    /// waits until then (rule S8).
+    next_poll: Option<tokio::time::Instant>,
 }
 
 /// What finished in one turn of the loop.
@@ -123,6 +132,7 @@ impl SourcePipeline {
             nacks: 0,
             retry_at: None,
             last_polled: false,
+            next_poll: None,
         };
         let give_up = self.shutdown.grace_expired();
         tokio::pin!(give_up);
@@ -151,7 +161,8 @@ impl SourcePipeline {
     }
 
     /// Starts each stage that is free and has work: a poll while the window
-    /// has room (none once a stop is requested), the send of the oldest
+    /// has room (none once a stop is requested; it first waits out the time
+    /// the last batch asked for), the send of the oldest
     /// batch not sent, the commit of the acknowledged batches at the front.
     /// Sends and commits wait out a NACK's backoff. Returns whether a stop
     /// is requested.
@@ -164,7 +175,8 @@ impl SourcePipeline {
             && window.pending.len() < self.max_in_flight
             && (window.pending.is_empty() || window.bytes < self.max_in_flight_bytes)
         {
-            window.polling = Some(Box::pin(self.poll_in_flight()));
+            let not_before = window.next_poll.take();
+            window.polling = Some(Box::pin(self.poll_in_flight(not_before)));
         }
         if window.retry_at.is_some() {
             return stopping;
@@ -214,6 +226,7 @@ impl SourcePipeline {
                 match polled {
                     Ok(batch) => {
                         window.last_polled = batch.finished;
+                        window.next_poll = batch.next_poll;
                         window.bytes += batch.bytes;
                         self.metrics.in_flight_bytes.set(window.bytes as f64);
                         window.pending.push_back(batch);
@@ -314,13 +327,22 @@ impl SourcePipeline {
         Ok(())
     }
 
-    /// Polls and prepares the next batch.
-    async fn poll_in_flight(&self) -> Result<InFlight, Ended> {
+    /// Polls and prepares the next batch, not before `not_before` (the
+    /// source said it is caught up until then). A stop request drops this
+    /// future, so it never waits the time out.
+    async fn poll_in_flight(
+        &self,
+        not_before: Option<tokio::time::Instant>,
+    ) -> Result<InFlight, Ended> {
+        if let Some(at) = not_before {
+            tokio::time::sleep_until(at).await;
+        }
         let polling = Instant::now();
         let SourceBatch {
             records,
             state,
             finished,
+            next_poll,
         } = self.poll_next().await?;
         let set_aside = self.source.take_rejected();
         let started = Instant::now();
@@ -366,6 +388,7 @@ impl SourcePipeline {
             count,
             bytes,
             finished,
+            next_poll,
             phase,
             started,
             prepared,
@@ -463,13 +486,18 @@ impl SourcePipeline {
                 _ => Outcome::Rejected,
             };
             std::mem::take(&mut batch.trace).end(batch.count, batch.timings.nacks, outcome);
-            self.committed(
-                batch.routed,
-                batch.count,
-                batch.started,
-                batch.prepared,
-                &batch.timings,
-            );
+            // An empty poll (a caught-up source, rule S8) is no batch to log
+            // or time: it would log a line per poll interval and pull the
+            // batch latencies towards zero.
+            if batch.count > 0 || batch.rejected > 0 {
+                self.committed(
+                    batch.routed,
+                    batch.count,
+                    batch.started,
+                    batch.prepared,
+                    &batch.timings,
+                );
+            }
             finished |= batch.finished;
         }
         finished

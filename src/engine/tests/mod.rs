@@ -4,6 +4,7 @@
 mod deferred;
 mod dlq;
 mod fast_paths;
+mod paced;
 mod pipelined;
 mod prefetch;
 mod retries;

@@ -33,9 +33,25 @@ pub enum Step {
     Fail(bool),
     /// `poll` says the source's connection is gone.
     Disconnect,
+    /// The step's batch, saying the source is caught up: poll again this
+    /// long after this poll (rule S8).
+    CaughtUp(Box<Step>, Duration),
 }
 
 impl Step {
+    /// A batch without records or state (a poll that found nothing).
+    pub fn empty() -> Step {
+        Step::Batch {
+            records: Vec::new(),
+            state: None,
+        }
+    }
+
+    /// This step's batch, asking for the next poll `interval` after it.
+    pub fn caught_up(self, interval: Duration) -> Step {
+        Step::CaughtUp(Box::new(self), interval)
+    }
+
     /// A batch of JSON records `{"n": i}` for `range`, whose state is the range end.
     pub fn numbers(range: std::ops::Range<u64>) -> Step {
         Step::Batch {
@@ -54,6 +70,8 @@ impl Step {
 #[derive(Default)]
 pub struct SourceLog {
     pub polls: AtomicUsize,
+    /// When each `poll` was called (the engine's clock, pausable).
+    pub poll_times: Mutex<Vec<tokio::time::Instant>>,
     pub commits: AtomicUsize,
     pub closes: AtomicUsize,
     pub opened_with: Mutex<Option<Option<Vec<u8>>>>,
@@ -109,14 +127,22 @@ impl Source for ScriptedSource {
     }
 
     async fn poll(&self) -> Result<SourceBatch, ConnectorError> {
+        let now = tokio::time::Instant::now();
+        self.log.poll_times.lock().unwrap().push(now);
         self.log.polls.fetch_add(1, Ordering::SeqCst);
         let step = self.steps.lock().unwrap().pop_front();
+        let (step, next_poll) = match step {
+            Some(Step::CaughtUp(step, interval)) => (Some(*step), Some(now + interval)),
+            step => (step, None),
+        };
         match step {
             Some(Step::Batch { records, state }) => Ok(SourceBatch {
                 records,
                 state,
                 finished: false,
+                next_poll,
             }),
+            Some(Step::CaughtUp(..)) => unreachable!("a caught-up step holds a batch"),
             Some(Step::Panic) => panic!("scripted panic"),
             Some(Step::Fail(transient)) if transient => {
                 Err(ConnectorError::transient("scripted poll failure"))

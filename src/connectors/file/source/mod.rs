@@ -70,37 +70,41 @@ impl Source for FileSource {
         Ok(())
     }
 
-    /// Reads what the files hold beyond their checkpoints; waits
-    /// `poll_interval` and looks again while there is nothing.
+    /// Reads what the files hold beyond their checkpoints; when there is
+    /// nothing, an empty batch asks the engine to look again `poll_interval`
+    /// after this poll began.
     async fn poll(&self) -> Result<SourceBatch, ConnectorError> {
-        loop {
-            let shared = Arc::clone(&self.tailer);
-            let ready = Arc::clone(&self.ready);
-            tokio::task::spawn_blocking(move || {
-                let mut slot = lock(&shared);
-                let tailer = slot
-                    .as_mut()
-                    .ok_or_else(|| ConnectorError::fatal("the file source is not open"))?;
-                let mut ready = lock(&ready);
-                if ready.is_none() {
-                    let records = tailer.read_batch();
-                    if !records.is_empty() {
-                        *ready = Some((records, encode_state(&tailer.state())?));
-                    }
+        let started = tokio::time::Instant::now();
+        let shared = Arc::clone(&self.tailer);
+        let ready = Arc::clone(&self.ready);
+        tokio::task::spawn_blocking(move || {
+            let mut slot = lock(&shared);
+            let tailer = slot
+                .as_mut()
+                .ok_or_else(|| ConnectorError::fatal("the file source is not open"))?;
+            let mut ready = lock(&ready);
+            if ready.is_none() {
+                let records = tailer.read_batch();
+                if !records.is_empty() {
+                    *ready = Some((records, encode_state(&tailer.state())?));
                 }
-                Ok::<_, ConnectorError>(())
-            })
-            .await
-            .map_err(ConnectorError::fatal)??;
-            if let Some((records, state)) = lock(&self.ready).take() {
-                return Ok(SourceBatch {
-                    records,
-                    state: Some(state),
-                    finished: false,
-                });
             }
-            tokio::time::sleep(self.poll_interval).await;
-        }
+            Ok::<_, ConnectorError>(())
+        })
+        .await
+        .map_err(ConnectorError::fatal)??;
+        Ok(match lock(&self.ready).take() {
+            Some((records, state)) => SourceBatch {
+                records,
+                state: Some(state),
+                finished: false,
+                next_poll: None,
+            },
+            None => SourceBatch {
+                next_poll: Some(started + self.poll_interval),
+                ..SourceBatch::default()
+            },
+        })
     }
 
     /// Nothing to apply: the files are only read.

@@ -172,6 +172,7 @@ impl Source for HttpSource {
             records,
             state: None,
             finished: false,
+            next_poll: None,
         })
     }
 

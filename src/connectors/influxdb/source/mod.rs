@@ -27,7 +27,6 @@ mod rows;
 mod time;
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -99,8 +98,6 @@ pub struct InfluxDbSource {
     committed: Mutex<Cursor>,
     /// The cursor after each batch polled and not yet committed, oldest first.
     staged: Mutex<VecDeque<Cursor>>,
-    /// The last answer was short: wait `poll_interval` before the next query.
-    caught_up: AtomicBool,
     key: String,
 }
 
@@ -149,7 +146,6 @@ impl InfluxDbSource {
                 seen: Vec::new(),
             }),
             staged: Mutex::new(VecDeque::new()),
-            caught_up: AtomicBool::new(false),
             key: "influxdb".into(),
             config,
         })
@@ -468,35 +464,33 @@ impl Source for InfluxDbSource {
         Ok(())
     }
 
+    /// One query after the newest cursor. A short answer (the source is
+    /// caught up) asks the engine to query again `poll_interval` after this
+    /// poll began.
     async fn poll(&self) -> Result<SourceBatch, ConnectorError> {
-        loop {
-            if self.caught_up.load(Ordering::Relaxed) {
-                tokio::time::sleep(self.config.poll_interval).await;
-            }
-            let cursor = self
-                .lock_staged()
-                .back()
-                .cloned()
-                .unwrap_or_else(|| lock(&self.committed).clone());
-            let (query, limit) = self.query_text(&cursor)?;
-            let answer = self.run(&query).await?;
-            let full = answer.len() >= limit;
-            let (records, next) = self.batch(answer, &cursor)?;
-            // A full answer of rows already read: the query does not select
-            // rows after $cursor; waiting keeps it from spinning.
-            self.caught_up
-                .store(!full || next == cursor, Ordering::Relaxed);
-            if next == cursor {
-                continue;
-            }
-            let state = encode_state(&next)?;
-            self.lock_staged().push_back(next);
-            return Ok(SourceBatch {
-                records,
-                state: Some(state),
-                finished: false,
-            });
-        }
+        let started = tokio::time::Instant::now();
+        let cursor = self
+            .lock_staged()
+            .back()
+            .cloned()
+            .unwrap_or_else(|| lock(&self.committed).clone());
+        let (query, limit) = self.query_text(&cursor)?;
+        let answer = self.run(&query).await?;
+        let full = answer.len() >= limit;
+        let (records, next) = self.batch(answer, &cursor)?;
+        // A full answer of rows already read: the query does not select
+        // rows after $cursor; waiting keeps it from spinning.
+        let next_poll = (!full || next == cursor).then(|| started + self.config.poll_interval);
+        // Staged even when nothing moved: each poll's batch is committed by
+        // one `commit`, in order.
+        let state = (next != cursor).then(|| encode_state(&next)).transpose()?;
+        self.lock_staged().push_back(next);
+        Ok(SourceBatch {
+            records,
+            state,
+            finished: false,
+            next_poll,
+        })
     }
 
     async fn commit(&self) -> Result<(), ConnectorError> {

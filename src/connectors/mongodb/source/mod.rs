@@ -24,7 +24,6 @@ mod config;
 mod lag;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
@@ -36,6 +35,7 @@ use mongodb::error::Error as DriverError;
 use mongodb::options::FullDocumentType;
 use mongodb::{Client, Collection};
 use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 pub use config::{MongoDbSourceConfig, MongoDbSourceMode, parse_value};
@@ -89,8 +89,6 @@ pub struct MongoDbSource {
     committed: Mutex<MongoDbState>,
     /// What each polled batch applies on commit, oldest first.
     staged: Mutex<VecDeque<Staged>>,
-    /// The last poll read less than a batch: wait `poll_interval` first.
-    caught_up: AtomicBool,
     /// `mode = "change_stream"`: the open stream, positioned after the last
     /// polled change (dropped on an error: reopened at the committed token).
     changes: tokio::sync::Mutex<Option<ChangeStream<Document>>>,
@@ -164,7 +162,6 @@ impl MongoDbSource {
             client: None,
             committed: Mutex::new(MongoDbState::default()),
             staged: Mutex::new(VecDeque::new()),
-            caught_up: AtomicBool::new(false),
             changes: tokio::sync::Mutex::new(None),
             position: lag::SharedPosition::default(),
         })
@@ -276,7 +273,7 @@ impl MongoDbSource {
 impl MongoDbSource {
     /// Up to `batch_size` changes from the change stream, opened after the
     /// committed resume token when none is open.
-    async fn poll_changes(&self) -> Result<SourceBatch, ConnectorError> {
+    async fn poll_changes(&self, started: Instant) -> Result<SourceBatch, ConnectorError> {
         let base = self.lock_committed().clone();
         let mut changes = self.changes.lock().await;
         let stream = match changes.as_mut() {
@@ -310,7 +307,6 @@ impl MongoDbSource {
         }
         drop(changes);
         let at_end = events.len() < self.config.batch_size as usize;
-        self.caught_up.store(at_end, Ordering::SeqCst);
         let cluster_time_ms = events
             .last()
             .and_then(|event| event.get("clusterTime"))
@@ -343,6 +339,7 @@ impl MongoDbSource {
             records,
             state,
             finished: false,
+            next_poll: at_end.then(|| started + self.config.poll_interval),
         })
     }
 }
@@ -392,12 +389,13 @@ impl Source for MongoDbSource {
         Ok(())
     }
 
+    /// Up to a batch after the committed cursor (or from the change
+    /// stream); less than a batch (caught up) asks the engine to poll again
+    /// `poll_interval` after this poll began.
     async fn poll(&self) -> Result<SourceBatch, ConnectorError> {
-        if self.caught_up.load(Ordering::SeqCst) {
-            tokio::time::sleep(self.config.poll_interval).await;
-        }
+        let started = Instant::now();
         if self.config.mode == MongoDbSourceMode::ChangeStream {
-            return self.poll_changes().await;
+            return self.poll_changes(started).await;
         }
         let base = self.lock_committed().clone();
         let query = self.query(&base)?;
@@ -411,10 +409,8 @@ impl Source for MongoDbSource {
             .try_collect()
             .await
             .map_err(|error| self.failed(error))?;
-        self.caught_up.store(
-            documents.len() < self.config.batch_size as usize,
-            Ordering::SeqCst,
-        );
+        let next_poll = (documents.len() < self.config.batch_size as usize)
+            .then(|| started + self.config.poll_interval);
         let mut next = base;
         if let Some(last) = documents.last() {
             next.tracking_value =
@@ -458,6 +454,7 @@ impl Source for MongoDbSource {
             records,
             state,
             finished: false,
+            next_poll,
         })
     }
 

@@ -310,7 +310,7 @@ impl Source for MySqlSource {
     }
 
     async fn poll(&self) -> Result<SourceBatch, ConnectorError> {
-        self.core.pace().await;
+        let started = tokio::time::Instant::now();
         let plans = self.plans().await?;
         let (base, in_flight) = self.core.poll_base();
         let now = Now::read();
@@ -344,7 +344,7 @@ impl Source for MySqlSource {
             }
         }
         self.core
-            .finish_poll(next, records, consume, full, &self.config.tables)
+            .finish_poll(next, records, consume, full, &self.config.tables, started)
     }
 
     async fn commit(&self) -> Result<(), ConnectorError> {

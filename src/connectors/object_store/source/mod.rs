@@ -391,7 +391,26 @@ impl ObjectStoreSource {
             records,
             state: Some(encode_state(&reader.state)?),
             finished: false,
+            next_poll: None,
         }))
+    }
+
+    /// When the prefix may be listed again: `poll_interval` after the last
+    /// listing.
+    fn next_listing(&self, reader: &Reader) -> Option<Instant> {
+        reader
+            .listed_at
+            .map(|listed_at| listed_at + self.config.poll_interval)
+    }
+
+    /// An empty batch that asks the engine to poll again at `due`; staged
+    /// like any other, so each poll's batch keeps its own `commit`.
+    fn idle(&self, due: Instant) -> SourceBatch {
+        lock(&self.uncommitted).push_back(Vec::new());
+        SourceBatch {
+            next_poll: Some(due),
+            ..SourceBatch::default()
+        }
     }
 
     fn record(&self, meta: &ObjectMeta, position: usize, payload: &Payload) -> SourceRecord {
@@ -482,22 +501,30 @@ impl Source for ObjectStoreSource {
         Ok(())
     }
 
+    /// The next batch of what the last listing found. The prefix is listed
+    /// again once that is read, at most every `poll_interval` (counted from
+    /// the last listing): until then a poll asks the engine to wait, with
+    /// the batch that emptied the queue or with an empty one.
     async fn poll(&self) -> Result<SourceBatch, ConnectorError> {
         let mut reader = self.reader.lock().await;
-        loop {
-            if reader.queue.is_empty() {
-                if let Some(listed_at) = reader.listed_at {
-                    tokio::time::sleep_until(listed_at + self.config.poll_interval).await;
-                }
-                let unread = self.list(&reader.state).await?;
-                reader.queue = unread.into();
-                reader.listed_at = Some(Instant::now());
-                continue;
+        if reader.queue.is_empty() {
+            if let Some(due) = self.next_listing(&reader)
+                && due > Instant::now()
+            {
+                return Ok(self.idle(due));
             }
-            if let Some(batch) = self.fill(&mut reader).await? {
-                return Ok(batch);
-            }
+            let unread = self.list(&reader.state).await?;
+            reader.queue = unread.into();
+            reader.listed_at = Some(Instant::now());
         }
+        let Some(mut batch) = self.fill(&mut reader).await? else {
+            let due = self.next_listing(&reader).unwrap_or_else(Instant::now);
+            return Ok(self.idle(due));
+        };
+        if reader.queue.is_empty() {
+            batch.next_poll = self.next_listing(&reader);
+        }
+        Ok(batch)
     }
 
     async fn commit(&self) -> Result<(), ConnectorError> {
@@ -558,6 +585,42 @@ mod tests {
             .collect()
     }
 
+    /// Polls as the engine does (waiting until a batch's `next_poll`) up to
+    /// the first batch with records.
+    async fn next_records(source: &ObjectStoreSource) -> SourceBatch {
+        loop {
+            let batch = source.poll().await.unwrap();
+            if !batch.records.is_empty() {
+                return batch;
+            }
+            if let Some(due) = batch.next_poll {
+                tokio::time::sleep_until(due).await;
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn given_a_listing_that_found_nothing_when_polled_should_ask_the_engine_to_wait_the_poll_interval()
+     {
+        let dir = tempfile::tempdir().unwrap();
+        let mut source = source(dir.path(), serde_json::json!({"poll_interval": "1h"}));
+        source.open(None).await.unwrap();
+        let listed_at = source.reader.lock().await.listed_at.unwrap();
+        let batch = source.poll().await.unwrap();
+        assert!(batch.records.is_empty() && batch.state.is_none());
+        assert_eq!(
+            batch.next_poll,
+            Some(listed_at + std::time::Duration::from_secs(3600)),
+            "one listing per poll_interval, counted from the last listing"
+        );
+        write(dir.path(), "a.jsonl", "{\"n\":1}\n");
+        let batch = source.poll().await.unwrap();
+        assert!(batch.records.is_empty(), "listed again before its time");
+        source.commit().await.unwrap();
+        source.commit().await.unwrap();
+        assert!(lock(&source.uncommitted).is_empty(), "one commit per poll");
+    }
+
     #[tokio::test]
     async fn given_no_state_when_opened_should_read_from_the_first_object() {
         let dir = tempfile::tempdir().unwrap();
@@ -586,7 +649,7 @@ mod tests {
         let mut third = source(dir.path(), serde_json::json!({}));
         third.open(Some(&batch.state.unwrap())).await.unwrap();
         write(dir.path(), "c.jsonl", "{\"n\":5}\n");
-        assert_eq!(texts(&third.poll().await.unwrap()), ["{\"n\":5}"]);
+        assert_eq!(texts(&next_records(&third).await), ["{\"n\":5}"]);
     }
 
     #[tokio::test]

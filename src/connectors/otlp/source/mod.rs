@@ -178,6 +178,7 @@ impl Source for OtlpSource {
             records,
             state: None,
             finished: false,
+            next_poll: None,
         })
     }
 

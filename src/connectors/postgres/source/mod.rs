@@ -319,7 +319,7 @@ impl Source for PostgresSource {
     }
 
     async fn poll(&self) -> Result<SourceBatch, ConnectorError> {
-        self.core.pace().await;
+        let started = tokio::time::Instant::now();
         let plans = self.plans().await?;
         let (base, in_flight) = self.core.poll_base();
         let now = Now::read();
@@ -357,7 +357,7 @@ impl Source for PostgresSource {
             }
         }
         self.core
-            .finish_poll(next, records, consume, full, &self.config.tables)
+            .finish_poll(next, records, consume, full, &self.config.tables, started)
     }
 
     async fn commit(&self) -> Result<(), ConnectorError> {

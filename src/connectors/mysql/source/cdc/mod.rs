@@ -661,6 +661,7 @@ impl Source for CdcSource {
             records,
             state,
             finished: false,
+            next_poll: None,
         })
     }
 

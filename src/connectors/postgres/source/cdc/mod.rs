@@ -967,9 +967,7 @@ impl Source for CdcSource {
     }
 
     async fn poll(&self) -> Result<SourceBatch, ConnectorError> {
-        if self.caught_up.load(Ordering::SeqCst) {
-            tokio::time::sleep(self.config.poll_interval).await;
-        }
+        let started = tokio::time::Instant::now();
         let setup = self.ready().await?;
         // After the batches still in flight.
         let base = {
@@ -998,6 +996,11 @@ impl Source for CdcSource {
             records,
             state,
             finished: false,
+            // Caught up: the engine waits `poll_interval` from this poll's start.
+            next_poll: self
+                .caught_up
+                .load(Ordering::SeqCst)
+                .then(|| started + self.config.poll_interval),
         })
     }
 
