@@ -112,9 +112,7 @@ async fn run(case: String) {
         "postgres_cdc_snapshot_to_iggy" => cdc_snapshot(case, &url, &pool, &name, rows).await,
         "postgres_cdc_changes_to_iggy" => cdc_changes(case, &url, &pool, &name, rows).await,
         "pg_recvlogical_reference" => recvlogical_reference(case, &url, &pool, &name, rows).await,
-        "cdc_one_transaction_to_iggy" => {
-            cdc_one_transaction(case, &url, &pool, &name, rows).await
-        }
+        "cdc_one_transaction_to_iggy" => cdc_one_transaction(case, &url, &pool, &name, rows).await,
         other => panic!("unknown case {other}"),
     }
 }
@@ -787,7 +785,11 @@ async fn recvlogical_reference(case: &str, url: &str, pool: &PgPool, name: &str,
     let table = format!("{name}_src");
     create_source_table(pool, &table, 0).await;
     let (slot, publication) = (format!("{name}_ref"), format!("{name}_pub"));
-    execute(pool, format!("CREATE PUBLICATION {publication} FOR TABLE {table}")).await;
+    execute(
+        pool,
+        format!("CREATE PUBLICATION {publication} FOR TABLE {table}"),
+    )
+    .await;
     create_slot(pool, &slot).await;
     let (endpos, wal_mb) = insert_one_transaction(pool, &table, changes).await;
     let (elapsed, child_rss) = recvlogical(url, &slot, &publication, &endpos);

@@ -150,7 +150,9 @@ fn xsd_timestamp(text: &str, with_zone: bool) -> Option<(&str, &str)> {
             .into_iter()
             .all(|at| clock[at].is_ascii_digit());
     let fraction_ok = fraction.is_empty()
-        || (fraction[0] == b'.' && fraction.len() > 1 && fraction[1..].iter().all(u8::is_ascii_digit));
+        || (fraction[0] == b'.'
+            && fraction.len() > 1
+            && fraction[1..].iter().all(u8::is_ascii_digit));
     (is_iso_date(date.as_bytes()) && clock_ok && fraction_ok).then_some((date, time))
 }
 
@@ -405,10 +407,19 @@ mod tests {
 
     #[test]
     fn given_number_texts_when_checked_should_follow_json_grammar() {
-        for good in ["0", "-1", "1.25", "1e+100", "1.5E-3", "123456789012345678901234567890"] {
+        for good in [
+            "0",
+            "-1",
+            "1.25",
+            "1e+100",
+            "1.5E-3",
+            "123456789012345678901234567890",
+        ] {
             assert!(is_json_number(good.as_bytes()), "{good}");
         }
-        for bad in ["", "-", "NaN", "Infinity", "01", "1.", ".5", "1e", "+1", "1 "] {
+        for bad in [
+            "", "-", "NaN", "Infinity", "01", "1.", ".5", "1e", "+1", "1 ",
+        ] {
             assert!(!is_json_number(bad.as_bytes()), "{bad}");
         }
     }
