@@ -810,8 +810,11 @@ impl CdcSource {
                         + 2,
                 );
                 if render::local(relation, values, key_only, &mut out) {
-                    // Only UTF-8 is written: checked values and escapes.
-                    Text::Ready(String::from_utf8(out).unwrap_or_default())
+                    // Only UTF-8 is written (checked values, escapes): the
+                    // lossy branch never runs.
+                    Text::Ready(String::from_utf8(out).unwrap_or_else(|error| {
+                        String::from_utf8_lossy(error.as_bytes()).into_owned()
+                    }))
                 } else {
                     server
                         .entry(change.relation)

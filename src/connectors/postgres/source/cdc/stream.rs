@@ -1,6 +1,6 @@
 //! The replication connection of `mode = "cdc"`: `START_REPLICATION SLOT ..
-//! LOGICAL <lsn>` over `pgwire-replication`, read a batch of whole
-//! transactions at a time.
+//! LOGICAL <lsn>` over `pgwire-replication`, read a batch of changes at a
+//! time.
 //!
 //! The connection is opened at the position after the last batch handed out
 //! and stays open across polls, so each change is decoded once. A batch ends
@@ -60,7 +60,8 @@ pub(super) struct Stream {
     transaction: Option<Txn>,
 }
 
-/// What one poll read: whole transactions only.
+/// What one poll read: whole transactions, the last one cut at the batch's
+/// size when it is larger (`next.partial`).
 pub(super) struct Batch {
     pub changes: Vec<Change>,
     pub next: CdcState,
