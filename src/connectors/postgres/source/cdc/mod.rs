@@ -201,6 +201,10 @@ enum Text {
     Server,
 }
 
+/// A change's tuples: the new row, and the old row with whether it is whole
+/// (`REPLICA IDENTITY FULL`) rather than the key.
+type ChangeTexts = (Option<Text>, Option<(Text, bool)>);
+
 pub struct CdcSource {
     config: PostgresSourceConfig,
     operations: Vec<Operation>,
@@ -783,8 +787,7 @@ impl CdcSource {
         let pool = self.pool()?;
         // Each tuple is rendered here when it can be; the others by
         // PostgreSQL, every such tuple of a relation in one query.
-        let mut texts: Vec<(Option<Text>, Option<(Text, bool)>)> =
-            Vec::with_capacity(changes.len());
+        let mut texts: Vec<ChangeTexts> = Vec::with_capacity(changes.len());
         let mut server: HashMap<u32, Vec<render::Tuple>> = HashMap::new();
         for change in changes {
             let Some(relation) = relations.get(&change.relation) else {
