@@ -24,7 +24,16 @@
 //!   a filled table -> Iggy;
 //! - `postgres_cdc_changes_to_iggy`: `mode = "cdc"`, changes already in the
 //!   slot (inserts in 1000-row transactions, then as many updates) -> Iggy:
-//!   the decode rate of the replication stream.
+//!   the decode rate of the replication stream;
+//! - `pg_recvlogical_reference`: PostgreSQL's own client, `pg_recvlogical
+//!   --start ... -f /dev/null` (pgoutput, protocol 1, `--endpos` the WAL
+//!   position after the insert), streaming one transaction of `2 * rows`
+//!   inserts from a slot created before it: what decoding the WAL costs
+//!   without Iggy, timed from its start to its exit;
+//! - `cdc_one_transaction_to_iggy`: the same transaction through a CDC source
+//!   (`snapshot = "never"`, its slot created beforehand) -> Iggy. The case
+//!   first runs `pg_recvlogical` on a second slot over the same WAL and
+//!   prints `reference_msgs_per_s` and `of_reference` (issue 40: >= 60%).
 #![cfg(all(feature = "postgres-source", feature = "postgres-sink"))]
 
 use std::path::Path;
@@ -58,6 +67,8 @@ const CASES: &[&str] = &[
     "insert_copy_staging",
     "postgres_cdc_snapshot_to_iggy",
     "postgres_cdc_changes_to_iggy",
+    "pg_recvlogical_reference",
+    "cdc_one_transaction_to_iggy",
 ];
 const BATCH: u64 = 1000;
 const TOPIC: &str = "rows";
@@ -100,6 +111,8 @@ async fn run(case: String) {
         "insert_copy_staging" => insert_copy_staging(case, &pool, &name, rows).await,
         "postgres_cdc_snapshot_to_iggy" => cdc_snapshot(case, &url, &pool, &name, rows).await,
         "postgres_cdc_changes_to_iggy" => cdc_changes(case, &url, &pool, &name, rows).await,
+        "pg_recvlogical_reference" => recvlogical_reference(case, &url, &pool, &name, rows).await,
+        "cdc_one_transaction_to_iggy" => cdc_one_transaction(case, &url, &pool, &name, rows).await,
         other => panic!("unknown case {other}"),
     }
 }
@@ -692,6 +705,171 @@ async fn cdc_changes(case: &str, url: &str, pool: &PgPool, name: &str, rows: u64
     }
     execute(pool, "CHECKPOINT".into()).await;
     run_cdc(case, &iggy, state.path(), config, 2 * rows).await;
+    drop_cdc(pool, name).await;
+    let client = raw::topic(&iggy, name, TOPIC).await;
+    raw::drop_stream(&client, name).await;
+    execute(pool, format!("DROP TABLE {table}")).await;
+}
+
+/// `rows` rows of the source table's shape inserted by one statement: one
+/// transaction. The WAL position after its commit (`pg_recvlogical`'s
+/// `--endpos`) and how many MB of WAL it wrote.
+async fn insert_one_transaction(pool: &PgPool, table: &str, rows: u64) -> (String, f64) {
+    let before: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+        .fetch_one(pool)
+        .await
+        .expect("wal position");
+    execute(
+        pool,
+        format!(
+            "INSERT INTO {table} (kind, amount, body) SELECT 'order', n * 1.25, \
+             repeat(md5(n::text), 29) FROM generate_series(1, {rows}) AS n"
+        ),
+    )
+    .await;
+    let (endpos, bytes): (String, i64) = sqlx::query_as(
+        "SELECT pg_current_wal_lsn()::text, pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::int8",
+    )
+    .bind(before)
+    .fetch_one(pool)
+    .await
+    .expect("wal position");
+    // Flushed before the clock starts: the decoding is measured, not a
+    // checkpoint.
+    execute(pool, "CHECKPOINT".into()).await;
+    (endpos, bytes as f64 / 1e6)
+}
+
+/// Runs Debian's `pg_recvlogical` on `slot` (pgoutput, protocol 1,
+/// `publication`) up to `endpos`, writing to /dev/null; the time from its
+/// start to its exit and its peak RSS in MB.
+fn recvlogical(url: &str, slot: &str, publication: &str, endpos: &str) -> (Duration, f64) {
+    let started = Instant::now();
+    let status = std::process::Command::new("/usr/bin/pg_recvlogical")
+        .args(["-d", url, "--start", "--slot", slot, "--plugin", "pgoutput"])
+        .args(["-o", "proto_version=1", "-o"])
+        .arg(format!("publication_names={publication}"))
+        .args(["--endpos", endpos, "--no-loop", "-f", "/dev/null"])
+        .status()
+        .expect("run /usr/bin/pg_recvlogical (Debian's postgresql-client)");
+    let elapsed = started.elapsed();
+    assert!(status.success(), "pg_recvlogical failed: {status}");
+    // SAFETY: getrusage fills the struct it is given.
+    let children_peak_kb = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage);
+        usage.ru_maxrss
+    };
+    (elapsed, children_peak_kb as f64 / 1024.0)
+}
+
+async fn create_slot(pool: &PgPool, slot: &str) {
+    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
+        .bind(slot)
+        .execute(pool)
+        .await
+        .expect("create slot");
+}
+
+async fn drop_slot(pool: &PgPool, slot: &str) {
+    sqlx::query("SELECT pg_drop_replication_slot($1)")
+        .bind(slot)
+        .execute(pool)
+        .await
+        .expect("drop slot");
+}
+
+/// `pg_recvlogical` alone: the table, its publication and a fresh slot, then
+/// `2 * rows` inserts in one transaction, streamed to /dev/null.
+async fn recvlogical_reference(case: &str, url: &str, pool: &PgPool, name: &str, rows: u64) {
+    let changes = 2 * rows;
+    let table = format!("{name}_src");
+    create_source_table(pool, &table, 0).await;
+    let (slot, publication) = (format!("{name}_ref"), format!("{name}_pub"));
+    execute(
+        pool,
+        format!("CREATE PUBLICATION {publication} FOR TABLE {table}"),
+    )
+    .await;
+    create_slot(pool, &slot).await;
+    let (endpos, wal_mb) = insert_one_transaction(pool, &table, changes).await;
+    let (elapsed, child_rss) = recvlogical(url, &slot, &publication, &endpos);
+    Report {
+        name: case,
+        messages: changes,
+        elapsed,
+        latencies: Latencies::new(Vec::new()),
+        extra: vec![
+            ("recvlogical_rss_mb", format!("{child_rss:.1}")),
+            ("wal_mb", format!("{wal_mb:.0}")),
+        ],
+    }
+    .print();
+    drop_slot(pool, &slot).await;
+    execute(pool, format!("DROP PUBLICATION {publication}")).await;
+    execute(pool, format!("DROP TABLE {table}")).await;
+}
+
+/// `2 * rows` inserts in one transaction, read by a CDC source whose slot
+/// was created before; `pg_recvlogical` first reads the same WAL from a slot
+/// of its own, created at the same point, as the reference.
+async fn cdc_one_transaction(case: &str, url: &str, pool: &PgPool, name: &str, rows: u64) {
+    let changes = 2 * rows;
+    let iggy = Iggy::start();
+    let table = format!("{name}_src");
+    create_source_table(pool, &table, 0).await;
+    let state = tempfile::tempdir().expect("state dir");
+    let config = cdc_config(url, name, &table, "never");
+    // The source's slot and publication share its derived name.
+    let slot = iggy_connect::connectors::postgres::source::derived_slot_name(name).expect("slot");
+    {
+        let runtime = runtime(&iggy, state.path());
+        runtime.add(config.clone()).expect("add cdc source");
+        runtime.start_enabled().await;
+        wait_for_slot(pool, &slot).await;
+        runtime.shutdown().await;
+    }
+    let reference_slot = format!("{name}_ref");
+    create_slot(pool, &reference_slot).await;
+    let (endpos, wal_mb) = insert_one_transaction(pool, &table, changes).await;
+    let (reference_elapsed, _) = recvlogical(url, &reference_slot, &slot, &endpos);
+    drop_slot(pool, &reference_slot).await;
+    let reference = changes as f64 / reference_elapsed.as_secs_f64();
+    let key = config.key.clone();
+    let stages = Stages::install();
+    let runtime = runtime(&iggy, state.path());
+    runtime.add(config).expect("add cdc source");
+    let started = Instant::now();
+    runtime.start_enabled().await;
+    wait_until("the cdc source to send every change", || {
+        let view = runtime.view(ConnectorKind::Source, &key);
+        view.is_ok_and(|view| view.metrics.sent.get() >= changes)
+    })
+    .await;
+    let elapsed = started.elapsed();
+    runtime.shutdown().await;
+    let report = Report {
+        name: case,
+        messages: changes,
+        elapsed,
+        latencies: stages.latencies(&key),
+        extra: Vec::new(),
+    };
+    let of_reference = report.rate() / reference;
+    Report {
+        extra: [
+            stages.breakdown(&key),
+            vec![
+                ("server", iggy.kind().into()),
+                ("wal_mb", format!("{wal_mb:.0}")),
+                ("reference_msgs_per_s", format!("{reference:.0}")),
+                ("of_reference", format!("{:.1}%", of_reference * 100.0)),
+            ],
+        ]
+        .concat(),
+        ..report
+    }
+    .print();
     drop_cdc(pool, name).await;
     let client = raw::topic(&iggy, name, TOPIC).await;
     raw::drop_stream(&client, name).await;

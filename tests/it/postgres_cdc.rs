@@ -955,3 +955,164 @@ async fn a_terminated_replication_connection_is_reopened_and_nothing_is_lost_or_
     );
     drop_slot(&pool, &slot).await;
 }
+
+/// A transaction larger than `batch_size` goes out in several batches; the
+/// slot stays before it until its last batch is committed, and a restart
+/// from the state of a batch inside it produces the rest, nothing twice.
+#[tokio::test]
+async fn a_transaction_larger_than_a_batch_is_cut_and_resumed_inside_after_a_restart() {
+    let pool = connect(&database_url()).await;
+    let table = unique("cdc_cut");
+    execute(
+        &pool,
+        &format!("CREATE TABLE {table} (id BIGINT PRIMARY KEY, name TEXT)"),
+    )
+    .await;
+    let slot = unique("cdc_cut_slot");
+    let config = json!({
+        "connection_string": database_url(),
+        "mode": "cdc",
+        "tables": [table],
+        "replication_slot": slot,
+        "snapshot": "never",
+        "poll_interval": "20ms",
+        "batch_size": 10,
+    });
+    let mut source = build("postgres", config.clone());
+    source.open(None).await.unwrap();
+    let start = confirmed_flush(&pool, &slot).await.unwrap();
+    execute(
+        &pool,
+        &format!(
+            "INSERT INTO {table} SELECT n, 'row ' || n FROM generate_series(1, 25) AS n; \
+             INSERT INTO {table} VALUES (26, 'after')"
+        ),
+    )
+    .await;
+    let ids = |records: &[iggy_connect::message::SourceRecord]| -> Vec<i64> {
+        records
+            .iter()
+            .map(|record| {
+                let payload: Value = serde_json::from_slice(&record.payload.to_bytes()).unwrap();
+                payload["data"]["id"].as_i64().unwrap()
+            })
+            .collect()
+    };
+    let first = source.poll().await.unwrap();
+    assert_eq!(ids(&first.records), (1..=10).collect::<Vec<_>>());
+    let saved = first.state.unwrap();
+    let state: CdcState = iggy_connect::connectors::decode_state(&saved).unwrap();
+    assert_eq!(
+        state.partial.as_ref().map(|partial| partial.delivered),
+        Some(10),
+        "the state names the cut transaction"
+    );
+    source.commit().await.unwrap();
+    let second = source.poll().await.unwrap();
+    assert_eq!(ids(&second.records), (11..=20).collect::<Vec<_>>());
+    source.commit().await.unwrap();
+    // Ids: the transaction's commit LSN, positions going on across batches.
+    let (last, next) = (first.records[9].id.unwrap(), second.records[0].id.unwrap());
+    assert_eq!(last >> 64, next >> 64);
+    assert_eq!((last as u32, next as u32), (9, 10));
+    // The third batch (21..25 and the next transaction) is polled, not
+    // committed: the process dies with it in flight.
+    let third = source.poll().await.unwrap();
+    assert_eq!(ids(&third.records), (21..=26).collect::<Vec<_>>());
+    let after_second = second.state.unwrap();
+    source.close().await.unwrap();
+    assert_eq!(
+        confirmed_flush(&pool, &slot).await,
+        Some(start),
+        "the slot does not pass a transaction whose last batch is not committed"
+    );
+
+    let mut source = build("postgres", config);
+    source.open(Some(&after_second)).await.unwrap();
+    let mut again = Vec::new();
+    drain(source.as_ref(), &mut again, WAIT, |payloads| {
+        payloads.len() >= 6
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let more = source.poll().await.unwrap();
+    source.commit().await.unwrap();
+    assert!(more.records.is_empty(), "nothing more after the rest");
+    wait_for("the slot to pass the transactions", WAIT, || async {
+        confirmed_flush(&pool, &slot)
+            .await
+            .is_some_and(|lsn| lsn > start)
+    })
+    .await;
+    source.close().await.unwrap();
+    let ids: Vec<i64> = again
+        .iter()
+        .map(|payload| payload["data"]["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ids, (21..=26).collect::<Vec<_>>(), "the rest, once");
+    drop_slot(&pool, &slot).await;
+}
+
+/// Streamed rows are written by the source itself for common types and by
+/// PostgreSQL for the others; either way `data` is what `row_to_json` gives
+/// for the row (as the polling mode and the snapshot render it).
+#[tokio::test]
+async fn streamed_rows_of_every_common_type_equal_row_to_json_of_the_same_row() {
+    let pool = connect(&database_url()).await;
+    let table = unique("cdc_types");
+    execute(
+        &pool,
+        &format!(
+            "CREATE TABLE {table} (id BIGINT PRIMARY KEY, small SMALLINT, whole INT, \
+               amount NUMERIC(20,4), real_value REAL, double_value DOUBLE PRECISION, flag BOOLEAN, \
+               name TEXT, code CHAR(4), label VARCHAR(20), uid UUID, doc JSON, docb JSONB, \
+               day DATE, at TIMESTAMP, at_tz TIMESTAMPTZ, tags TEXT[], span INTERVAL, raw BYTEA, \
+               \"Mixed \"\"Name\" TEXT)"
+        ),
+    )
+    .await;
+    let key = unique("cdc_types");
+    let pipeline = Pipeline::start_cdc(
+        &key,
+        &cdc_config(&[&table], "snapshot = \"never\""),
+        MemoryBus::new(),
+        Arc::new(MemoryStateStore::new()),
+    )
+    .await;
+    wait_for("the slot", WAIT, || async {
+        confirmed_flush(&pool, &slot_of(&key)).await.is_some()
+    })
+    .await;
+    execute(
+        &pool,
+        &format!(
+            "INSERT INTO {table} VALUES \
+             (1, -32768, 2147483647, -12345678.1234, 1.5e10, 0.1, true, E'quote \" back \\\\ nl \\n tab \\t ctl \\x01 é 😀', \
+              'ab', 'x', 'ae8faaf6-7877-4895-ae4e-f2b230d55023', '{{\"a\" : [1, 2]}}', '{{\"b\": {{\"c\": null}}}}', \
+              '2024-02-29', '2024-01-02 03:04:05.5', '2024-01-02 03:04:05.123456+05:30', NULL, NULL, NULL, 'mixed'), \
+             (2, NULL, 0, 'NaN', '-Infinity', 'Infinity', false, '', NULL, NULL, NULL, 'null', '[]', \
+              'infinity', '-infinity', 'infinity', NULL, NULL, NULL, NULL), \
+             (3, 1, -1, 0.0001, -0.0, 1e-300, NULL, 'x', NULL, NULL, NULL, NULL, NULL, \
+              '2024-01-01', '10000-01-01 00:00:00', '2024-06-30 23:59:59+00', NULL, NULL, NULL, NULL), \
+             (4, 1, 1, 1, 1, 1, true, 'left to PostgreSQL', 'c', 'v', NULL, '{{}}', '{{}}', \
+              '0044-03-15 BC', '2024-01-01 00:00:00', '2024-01-01 00:00:00+00', '{{a,\"b c\"}}', \
+              '1 day 2 hours', '\\x00ff', 'arrays, intervals, bytea, BC dates')"
+        ),
+    )
+    .await;
+    pipeline.wait_for_count(4).await;
+    pipeline.runtime.shutdown().await;
+    let expected: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT row_to_json(t)::text FROM {table} AS t ORDER BY id"
+    )))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let payloads = pipeline.payloads();
+    assert_eq!(payloads.len(), 4);
+    for (payload, expected) in payloads.iter().zip(&expected) {
+        let expected: Value = serde_json::from_str(expected).unwrap();
+        assert_eq!(payload["data"], expected);
+    }
+    drop_slot(&pool, &slot_of(&key)).await;
+}

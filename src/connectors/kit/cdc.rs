@@ -3,6 +3,8 @@
 //! `capture_operations` names, the initial snapshot setting, and upstream's
 //! `DatabaseRecord` envelope around a change.
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 use serde::Deserialize;
 
@@ -91,51 +93,58 @@ impl RecordShape {
     /// The payload of one change: `data` and `old_data` are rows already
     /// rendered as JSON objects (text), kept as they are unless columns are
     /// renamed.
-    pub fn payload(
+    pub fn payload<'a>(
         self,
         table: &str,
         operation: &str,
         timestamp: &str,
-        data: Option<&str>,
-        old_data: Option<&str>,
+        data: Option<&'a str>,
+        old_data: Option<&'a str>,
     ) -> Payload {
-        let rename = |text: &str| -> String {
+        let rename = |text: &'a str| -> Cow<'a, str> {
             if !self.snake_case_columns {
-                return text.to_owned();
+                return Cow::Borrowed(text);
             }
             match serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(text) {
-                Ok(columns) => serde_json::Value::Object(
-                    columns
-                        .into_iter()
-                        .map(|(name, value)| (to_snake_case(&name), value))
-                        .collect(),
-                )
-                .to_string(),
-                Err(_) => text.to_owned(),
+                Ok(columns) => Cow::Owned(
+                    serde_json::Value::Object(
+                        columns
+                            .into_iter()
+                            .map(|(name, value)| (to_snake_case(&name), value))
+                            .collect(),
+                    )
+                    .to_string(),
+                ),
+                Err(_) => Cow::Borrowed(text),
             }
         };
         let data = data.map(rename);
         let old_data = old_data.map(rename);
         if !self.include_metadata {
-            return Payload::JsonBytes(Bytes::from(data.unwrap_or_else(|| "null".into())));
+            let data = data.unwrap_or(Cow::Borrowed("null"));
+            return Payload::JsonBytes(Bytes::from(data.into_owned()));
         }
-        let quoted = |text: &str| serde_json::Value::String(text.to_owned()).to_string();
-        let mut out = String::with_capacity(
+        let mut out = Vec::with_capacity(
             96 + table.len()
-                + data.as_ref().map_or(4, String::len)
-                + old_data.as_ref().map_or(4, String::len),
+                + timestamp.len()
+                + data.as_ref().map_or(4, |data| data.len())
+                + old_data.as_ref().map_or(4, |data| data.len()),
         );
-        out.push_str("{\"table_name\":");
-        out.push_str(&quoted(table));
-        out.push_str(",\"operation_type\":");
-        out.push_str(&quoted(operation));
-        out.push_str(",\"timestamp\":");
-        out.push_str(&quoted(timestamp));
-        out.push_str(",\"data\":");
-        out.push_str(data.as_deref().unwrap_or("null"));
-        out.push_str(",\"old_data\":");
-        out.push_str(old_data.as_deref().unwrap_or("null"));
-        out.push('}');
+        // serde_json writes a &str as a JSON string; a Vec takes every write.
+        let quoted = |out: &mut Vec<u8>, text: &str| {
+            let _ = serde_json::to_writer(out, text);
+        };
+        out.extend_from_slice(b"{\"table_name\":");
+        quoted(&mut out, table);
+        out.extend_from_slice(b",\"operation_type\":");
+        quoted(&mut out, operation);
+        out.extend_from_slice(b",\"timestamp\":");
+        quoted(&mut out, timestamp);
+        out.extend_from_slice(b",\"data\":");
+        out.extend_from_slice(data.as_deref().unwrap_or("null").as_bytes());
+        out.extend_from_slice(b",\"old_data\":");
+        out.extend_from_slice(old_data.as_deref().unwrap_or("null").as_bytes());
+        out.push(b'}');
         Payload::JsonBytes(Bytes::from(out))
     }
 }

@@ -27,7 +27,7 @@ use sqlx::{AssertSqlSafe, Row};
 use tokio::sync::OnceCell;
 use tracing::{info, warn};
 
-pub use cdc::{CdcSource, CdcState, derived_slot_name, format_lsn, parse_lsn};
+pub use cdc::{CdcSource, CdcState, Partial, derived_slot_name, format_lsn, parse_lsn};
 pub use config::{Consume, Mode, PayloadFormat, PostgresSourceConfig, SnapshotMode};
 pub use record::{message_id, to_snake_case};
 

@@ -15,21 +15,25 @@
 //!   snapshot, which still holds everything the first one saw.
 //! - Streaming: one replication connection (`START_REPLICATION SLOT .. LOGICAL
 //!   <lsn>`, opened on the first poll after the snapshot) stays open; each
-//!   poll reads whole transactions, up to `batch_size` rows, and the batch's
-//!   state is the end LSN of its last transaction. `commit` (Iggy has the
-//!   batch, the state is saved) raises the flush LSN the connection reports
-//!   (the slot's `confirmed_flush_lsn`) to that LSN; keepalives are answered
-//!   with it too, never with more. Several batches may be in flight; a lost
+//!   poll reads up to `batch_size` rows, and the batch's state is the end LSN
+//!   of its last whole transaction (plus, when the batch ends inside a larger
+//!   transaction, that transaction's commit LSN and how many of its changes
+//!   were handed out). `commit` (Iggy has the batch, the state is saved)
+//!   raises the flush LSN the connection reports (the slot's
+//!   `confirmed_flush_lsn`) to that LSN; keepalives are answered with it too,
+//!   never with more. Several batches may be in flight; a lost
 //!   connection drops the connection, and the next poll starts replication
 //!   again after the last batch it still holds. Transactions that end before the saved
 //!   LSN (delivered, slot not yet moved when the process died) are skipped,
-//!   so a restart duplicates nothing that was committed.
+//!   and so are the changes a cut transaction handed out already, so a
+//!   restart duplicates nothing that was committed.
 
 mod lag;
 mod pgoutput;
 mod render;
 mod stream;
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -83,6 +87,19 @@ pub struct CdcState {
     pub snapshot: Option<SnapshotProgress>,
     #[serde(default)]
     pub processed_rows: u64,
+    /// The transaction a batch ended inside of, when one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partial: Option<Partial>,
+}
+
+/// A transaction cut across batches: the slot stays before it (`lsn` is the
+/// end of the transaction before) until its last change is delivered.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Partial {
+    /// The transaction's commit LSN (pgoutput's `final_lsn`).
+    pub final_lsn: u64,
+    /// How many of its changes (in order, every kind) were handed out.
+    pub delivered: u32,
 }
 
 /// How far the initial snapshot got. Bounded by the number of tables.
@@ -178,6 +195,16 @@ struct Setup {
     snapshot: Vec<SnapshotPlan>,
 }
 
+/// A tuple's JSON: rendered here, or by PostgreSQL (in the order asked).
+enum Text {
+    Ready(String),
+    Server,
+}
+
+/// A change's tuples: the new row, and the old row with whether it is whole
+/// (`REPLICA IDENTITY FULL`) rather than the key.
+type ChangeTexts = (Option<Text>, Option<(Text, bool)>);
+
 pub struct CdcSource {
     config: PostgresSourceConfig,
     operations: Vec<Operation>,
@@ -201,6 +228,8 @@ pub struct CdcSource {
     /// `advanced`, for the poll holding the stream to pass on at once.
     acknowledged: watch::Sender<u64>,
     caught_up: AtomicBool,
+    /// The server's WAL flush position as last read.
+    flushed: AtomicU64,
     lag_checked: Mutex<Option<Instant>>,
     /// The slot's lag as last read, in bytes.
     lag: AtomicU64,
@@ -224,6 +253,7 @@ impl CdcSource {
             advanced: AtomicU64::new(0),
             acknowledged: watch::Sender::new(0),
             caught_up: AtomicBool::new(false),
+            flushed: AtomicU64::new(0),
             lag_checked: Mutex::new(None),
             lag: AtomicU64::new(0),
         }
@@ -677,22 +707,30 @@ impl CdcSource {
     ) -> Result<(Vec<SourceRecord>, CdcState), CdcError> {
         let pool = self.pool()?;
         let slot = self.slot_name()?;
-        // What the server has flushed now: the poll reads at least up to it.
-        let target: Option<String> =
-            match sqlx::query_scalar("SELECT pg_current_wal_flush_lsn()::text")
-                .fetch_one(pool)
-                .await
-            {
-                Ok(target) => target,
-                Err(error) => {
-                    return Err(CdcError::Database {
-                        what: "reading the WAL position".into(),
-                        source: with_connect_cause(pool, error).await,
-                    });
-                }
-            };
-        let target = target.as_deref().and_then(parse_lsn).unwrap_or(0);
         let mut guard = self.stream.lock().await;
+        // What the server has flushed now: the poll reads at least up to it.
+        // While the stream has not reached the last reading, that one does.
+        let flushed = self.flushed.load(Ordering::SeqCst);
+        let target = if guard.as_ref().is_some_and(|stream| stream.before(flushed)) {
+            flushed
+        } else {
+            let target: Option<String> =
+                match sqlx::query_scalar("SELECT pg_current_wal_flush_lsn()::text")
+                    .fetch_one(pool)
+                    .await
+                {
+                    Ok(target) => target,
+                    Err(error) => {
+                        return Err(CdcError::Database {
+                            what: "reading the WAL position".into(),
+                            source: with_connect_cause(pool, error).await,
+                        });
+                    }
+                };
+            let target = target.as_deref().and_then(parse_lsn).unwrap_or(0);
+            self.flushed.store(target, Ordering::SeqCst);
+            target
+        };
         let mut stream = match guard.take() {
             Some(stream) => stream,
             None => {
@@ -747,26 +785,56 @@ impl CdcSource {
         changes: &[Change],
     ) -> Result<Vec<SourceRecord>, CdcError> {
         let pool = self.pool()?;
-        // Render every tuple of a relation in one query.
-        let mut tuples: HashMap<u32, Vec<render::Tuple>> = HashMap::new();
+        // Each tuple is rendered here when it can be; the others by
+        // PostgreSQL, every such tuple of a relation in one query.
+        let mut texts: Vec<ChangeTexts> = Vec::with_capacity(changes.len());
+        let mut server: HashMap<u32, Vec<render::Tuple>> = HashMap::new();
         for change in changes {
             let Some(relation) = relations.get(&change.relation) else {
+                let empty = || Text::Ready("{}".to_owned());
+                texts.push((
+                    change.new.as_ref().map(|_| empty()),
+                    change
+                        .old
+                        .as_ref()
+                        .map(|old| (empty(), matches!(old, OldTuple::Full(_)))),
+                ));
                 continue;
             };
-            let wanted = tuples.entry(change.relation).or_default();
-            if let Some(new) = &change.new {
-                wanted.push(render::Tuple::new(relation, new, false));
-            }
-            if let Some(old) = &change.old {
-                let (values, key_only) = match old {
-                    OldTuple::Key(values) => (values, true),
-                    OldTuple::Full(values) => (values, false),
-                };
-                wanted.push(render::Tuple::new(relation, values, key_only));
-            }
+            let mut text = |values: &[pgoutput::Value], key_only: bool| {
+                let mut out = Vec::with_capacity(
+                    values
+                        .iter()
+                        .map(|value| match value {
+                            pgoutput::Value::Text(bytes) => bytes.len() + 16,
+                            _ => 16,
+                        })
+                        .sum::<usize>()
+                        + 2,
+                );
+                if render::local(relation, values, key_only, &mut out) {
+                    // Only UTF-8 is written (checked values, escapes): the
+                    // lossy branch never runs.
+                    Text::Ready(String::from_utf8(out).unwrap_or_else(|error| {
+                        String::from_utf8_lossy(error.as_bytes()).into_owned()
+                    }))
+                } else {
+                    server
+                        .entry(change.relation)
+                        .or_default()
+                        .push(render::Tuple::new(relation, values, key_only));
+                    Text::Server
+                }
+            };
+            let new = change.new.as_deref().map(|values| text(values, false));
+            let old = change.old.as_ref().map(|old| match old {
+                OldTuple::Key(values) => (text(values, true), false),
+                OldTuple::Full(values) => (text(values, false), true),
+            });
+            texts.push((new, old));
         }
         let mut rendered: HashMap<u32, std::vec::IntoIter<String>> = HashMap::new();
-        for (id, wanted) in &tuples {
+        for (id, wanted) in &server {
             let Some(relation) = relations.get(id) else {
                 continue;
             };
@@ -780,12 +848,13 @@ impl CdcSource {
         }
         let hash = slot_hash(slot);
         let mut records = Vec::with_capacity(changes.len());
-        for change in changes {
-            let table = setup.names.get(&change.relation).cloned().or_else(|| {
-                relations
-                    .get(&change.relation)
-                    .map(|relation| format!("{}.{}", relation.namespace, relation.name))
-            });
+        for (change, (new, old)) in changes.iter().zip(texts) {
+            let table = match setup.names.get(&change.relation) {
+                Some(name) => Some(Cow::Borrowed(name.as_str())),
+                None => relations.get(&change.relation).map(|relation| {
+                    Cow::Owned(format!("{}.{}", relation.namespace, relation.name))
+                }),
+            };
             let Some(table) = table else {
                 return Err(CdcError::Decode {
                     slot: slot.to_owned(),
@@ -798,17 +867,15 @@ impl CdcSource {
                     },
                 });
             };
-            let mut next_text = || {
-                rendered
+            let mut resolve = |text: Text| match text {
+                Text::Ready(text) => text,
+                Text::Server => rendered
                     .get_mut(&change.relation)
                     .and_then(Iterator::next)
-                    .unwrap_or_else(|| "{}".to_owned())
+                    .unwrap_or_else(|| "{}".to_owned()),
             };
-            let new = change.new.as_ref().map(|_| next_text());
-            let old = change
-                .old
-                .as_ref()
-                .map(|old| (next_text(), matches!(old, OldTuple::Full(_))));
+            let new = new.map(&mut resolve);
+            let old = old.map(|(text, full)| (resolve(text), full));
             let (data, old_data) = match change.operation {
                 Operation::Insert => (new, None),
                 Operation::Update => (new, old.map(|(text, _)| text)),

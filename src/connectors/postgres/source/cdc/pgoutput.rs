@@ -2,11 +2,18 @@
 //! protocol version 1 (PostgreSQL's "Logical Replication Message Formats"):
 //! Begin, Commit, Relation, Insert, Update, Delete, Truncate; Origin, Type and
 //! logical Message are read and ignored.
+//!
+//! Column values are slices of the message (no copy): a change keeps the
+//! frame it came in alive until its record is built.
+
+use bytes::Bytes;
 
 /// One column of a relation as the Relation message describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RelationColumn {
     pub name: String,
+    /// `"name":`, the column's JSON key as `row_to_json` writes it.
+    pub json_key: String,
     /// Part of the replica identity (the key PostgreSQL sends for deletes).
     pub key: bool,
     pub type_oid: u32,
@@ -28,7 +35,9 @@ pub enum Value {
     Null,
     /// A TOASTed value the change did not touch: PostgreSQL does not send it.
     Unchanged,
-    Text(String),
+    /// The value's text output, as PostgreSQL sent it (UTF-8 when the
+    /// database's encoding is).
+    Text(Bytes),
 }
 
 /// The old row of an update or delete, as the replica identity defines it.
@@ -92,14 +101,18 @@ pub struct DecodeError {
 }
 
 /// Decodes one message (the payload of one XLogData frame).
-pub fn decode(bytes: &[u8]) -> Result<Message, DecodeError> {
-    let Some((&tag, body)) = bytes.split_first() else {
+pub fn decode(frame: &Bytes) -> Result<Message, DecodeError> {
+    let Some((&tag, body)) = frame.split_first() else {
         return Err(DecodeError {
             tag: '?',
             reason: "empty message".into(),
         });
     };
-    let mut reader = Reader { bytes: body, tag };
+    let mut reader = Reader {
+        frame,
+        bytes: body,
+        tag,
+    };
     let message = match tag {
         b'B' => Message::Begin {
             final_lsn: reader.u64()?,
@@ -127,6 +140,7 @@ pub fn decode(bytes: &[u8]) -> Result<Message, DecodeError> {
                 let type_oid = reader.u32()?;
                 let _type_modifier = reader.u32()?;
                 columns.push(RelationColumn {
+                    json_key: json_key(&name),
                     name,
                     key: flags & 1 == 1,
                     type_oid,
@@ -210,11 +224,13 @@ pub fn decode(bytes: &[u8]) -> Result<Message, DecodeError> {
 }
 
 struct Reader<'a> {
+    /// The whole message, which values are sliced from.
+    frame: &'a Bytes,
     bytes: &'a [u8],
     tag: u8,
 }
 
-impl Reader<'_> {
+impl<'a> Reader<'a> {
     fn error(&self, reason: impl Into<String>) -> DecodeError {
         DecodeError {
             tag: char::from(self.tag),
@@ -222,7 +238,7 @@ impl Reader<'_> {
         }
     }
 
-    fn take(&mut self, count: usize) -> Result<&[u8], DecodeError> {
+    fn take(&mut self, count: usize) -> Result<&'a [u8], DecodeError> {
         if self.bytes.len() < count {
             return Err(self.error(format!(
                 "needs {count} more bytes, has {}",
@@ -293,7 +309,7 @@ impl Reader<'_> {
                 b't' => {
                     let length = self.u32()? as usize;
                     let bytes = self.take(length)?;
-                    Value::Text(String::from_utf8_lossy(bytes).into_owned())
+                    Value::Text(self.frame.slice_ref(bytes))
                 }
                 other => {
                     return Err(self.error(format!(
@@ -305,6 +321,22 @@ impl Reader<'_> {
         }
         Ok(values)
     }
+}
+
+/// `"name":` with `name` escaped as PostgreSQL's `escape_json` does.
+fn json_key(name: &str) -> String {
+    let mut out = Vec::with_capacity(name.len() + 3);
+    push_json_string(&mut out, name);
+    out.push(b':');
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// `text` as a JSON string: `"`, `\\` and control characters escaped,
+/// `\b \f \n \r \t` by name and the others as `\u00xx`, as PostgreSQL's
+/// `escape_json` writes them (and serde_json: the same rules).
+pub fn push_json_string(out: &mut Vec<u8>, text: &str) {
+    // serde_json escapes exactly these; writing to a Vec cannot fail.
+    let _ = serde_json::to_writer(out, text);
 }
 
 /// `X/Y`, PostgreSQL's text form of an LSN.
@@ -346,6 +378,7 @@ mod tests {
         begin.extend_from_slice(&0x0000_0001_0000_0010u64.to_be_bytes());
         begin.extend_from_slice(&42i64.to_be_bytes());
         begin.extend_from_slice(&7u32.to_be_bytes());
+        let begin = Bytes::from(begin);
         assert_eq!(
             decode(&begin).unwrap(),
             Message::Begin {
@@ -358,6 +391,7 @@ mod tests {
         for value in [16u64, 40, 42] {
             commit.extend_from_slice(&value.to_be_bytes());
         }
+        let commit = Bytes::from(commit);
         assert_eq!(
             decode(&commit).unwrap(),
             Message::Commit {
@@ -367,7 +401,7 @@ mod tests {
             }
         );
         assert!(
-            decode(&commit[..10]).is_err(),
+            decode(&commit.slice(..10)).is_err(),
             "a short message is an error"
         );
     }
@@ -386,13 +420,14 @@ mod tests {
         relation.extend_from_slice(b"body\0");
         relation.extend_from_slice(&25u32.to_be_bytes());
         relation.extend_from_slice(&u32::MAX.to_be_bytes());
-        let Message::Relation(decoded) = decode(&relation).unwrap() else {
+        let Message::Relation(decoded) = decode(&Bytes::from(relation)).unwrap() else {
             panic!("not a relation");
         };
         assert_eq!(decoded.name, "users");
         assert_eq!(decoded.replica_identity, b'f');
         assert!(decoded.columns[0].key && !decoded.columns[1].key);
         assert_eq!(decoded.columns[1].type_oid, 25);
+        assert_eq!(decoded.columns[1].json_key, "\"body\":");
 
         let mut update = vec![b'U'];
         update.extend_from_slice(&16384u32.to_be_bytes());
@@ -401,14 +436,14 @@ mod tests {
         update.push(b'N');
         update.extend(tuple(&[Some("1"), Some("\u{0}toast")]));
         assert_eq!(
-            decode(&update).unwrap(),
+            decode(&Bytes::from(update)).unwrap(),
             Message::Update {
                 relation: 16384,
                 old: Some(OldTuple::Full(vec![
-                    Value::Text("1".into()),
-                    Value::Text("old".into())
+                    Value::Text(Bytes::from_static(b"1")),
+                    Value::Text(Bytes::from_static(b"old"))
                 ])),
-                new: vec![Value::Text("1".into()), Value::Unchanged],
+                new: vec![Value::Text(Bytes::from_static(b"1")), Value::Unchanged],
             }
         );
         let mut delete = vec![b'D'];
@@ -416,10 +451,10 @@ mod tests {
         delete.push(b'K');
         delete.extend(tuple(&[Some("1"), None]));
         assert_eq!(
-            decode(&delete).unwrap(),
+            decode(&Bytes::from(delete)).unwrap(),
             Message::Delete {
                 relation: 16384,
-                old: OldTuple::Key(vec![Value::Text("1".into()), Value::Null]),
+                old: OldTuple::Key(vec![Value::Text(Bytes::from_static(b"1")), Value::Null]),
             }
         );
         let mut truncate = vec![b'T'];
@@ -428,7 +463,7 @@ mod tests {
         truncate.extend_from_slice(&1u32.to_be_bytes());
         truncate.extend_from_slice(&2u32.to_be_bytes());
         assert_eq!(
-            decode(&truncate).unwrap(),
+            decode(&Bytes::from(truncate)).unwrap(),
             Message::Truncate {
                 relations: vec![1, 2]
             }
@@ -442,6 +477,7 @@ mod tests {
         message.extend_from_slice(b"iggy\0");
         message.extend_from_slice(&2u32.to_be_bytes());
         message.extend_from_slice(b"hi");
+        let message = Bytes::from(message);
         assert_eq!(
             decode(&message).unwrap(),
             Message::Logical {
@@ -450,7 +486,7 @@ mod tests {
                 prefix: "iggy".into()
             }
         );
-        assert!(decode(&message[..message.len() - 1]).is_err());
+        assert!(decode(&message.slice(..message.len() - 1)).is_err());
     }
 
     #[test]

@@ -1,9 +1,13 @@
 //! The replication connection of `mode = "cdc"`: `START_REPLICATION SLOT ..
-//! LOGICAL <lsn>` over `pgwire-replication`, read a batch of whole
-//! transactions at a time.
+//! LOGICAL <lsn>` over `pgwire-replication`, read a batch of changes at a
+//! time.
 //!
 //! The connection is opened at the position after the last batch handed out
-//! and stays open across polls, so each change is decoded once. What it
+//! and stays open across polls, so each change is decoded once. A batch ends
+//! at `batch_size` changes, inside a transaction too: its state then names
+//! the transaction and how many of its changes were handed out
+//! ([`Partial`]), and the LSN stays at the end of the transaction before, so
+//! the slot moves past a transaction only with its last batch. What it
 //! reports to the server (write, flush and apply in every standby status
 //! update, and the answer to a keepalive that asks for one) is only ever the
 //! last committed LSN: the source raises it in `commit`, and the poll that
@@ -13,6 +17,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use pgwire_replication::{
@@ -24,7 +29,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::pgoutput::{self, Message, OldTuple, Relation, Value};
-use super::{CdcError, CdcState, HEARTBEAT_PREFIX, XidSnapshot, rfc3339};
+use super::{CdcError, CdcState, HEARTBEAT_PREFIX, Partial, XidSnapshot, rfc3339};
 use crate::connectors::postgres::source::config::Operation;
 
 /// How long a poll waits for the server to send what was committed before
@@ -37,6 +42,9 @@ const STALL_TIMEOUT: Duration = Duration::from_secs(30);
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often the committed position reaches the server when it moved.
 const STATUS_INTERVAL: Duration = Duration::from_secs(1);
+/// What the values' text output depends on, set as sqlx sets it on the SQL
+/// connections: the changes' values arrive as a polled row's would.
+const SESSION_SETTINGS: &str = "-c DateStyle=ISO -c TimeZone=UTC -c extra_float_digits=2";
 
 /// An open replication stream and what it learnt so far.
 pub(super) struct Stream {
@@ -47,9 +55,13 @@ pub(super) struct Stream {
     /// How far the server has sent WAL: the last commit's end, a
     /// keepalive's `wal_end`, a heartbeat's position.
     position: u64,
+    /// The transaction a batch ended inside of: the next read goes on with
+    /// it.
+    transaction: Option<Txn>,
 }
 
-/// What one poll read: whole transactions only.
+/// What one poll read: whole transactions, the last one cut at the batch's
+/// size when it is larger (`next.partial`).
 pub(super) struct Batch {
     pub changes: Vec<Change>,
     pub next: CdcState,
@@ -64,7 +76,8 @@ pub(super) struct Change {
     pub new: Option<Vec<Value>>,
     pub old: Option<OldTuple>,
     pub final_lsn: u64,
-    pub timestamp: String,
+    /// The commit time, shared by the transaction's changes.
+    pub timestamp: Arc<str>,
     pub position: u32,
 }
 
@@ -126,9 +139,12 @@ pub(super) fn replication_config(
             parameter(&["sslcert", "ssl-cert"]).zip(parameter(&["sslkey", "ssl-key"])),
         )),
     };
-    if let Some(session_options) = options.get_options() {
-        config = config.with_options(session_options);
-    }
+    // The text output the local rendering reads (`render.rs`): the SQL
+    // connections' settings; the connection string's own come after and win.
+    config = config.with_options(match options.get_options() {
+        Some(session_options) => format!("{SESSION_SETTINGS} {session_options}"),
+        None => SESSION_SETTINGS.to_owned(),
+    });
     Ok(config
         .with_status_interval(STATUS_INTERVAL)
         .with_application_name(format!("iggy-connect {slot}")))
@@ -186,6 +202,7 @@ impl Stream {
                 client,
                 relations: HashMap::new(),
                 position: start.max(acknowledged),
+                transaction: None,
             }),
             Ok(Err(error)) => Err(replication(error)),
             Err(_) => Err(CdcError::Stalled {
@@ -195,12 +212,18 @@ impl Stream {
         }
     }
 
-    /// Reads whole transactions after `base` until `limit` changes are read
-    /// or the stream has passed `target` (the WAL flushed when the poll
-    /// began), waiting at most [`READ_WAIT`] between transactions.
-    /// Transactions that end at or before `base.lsn` (delivered) and those
-    /// the initial snapshot saw are skipped. Commits made meanwhile
-    /// (`committed`) are passed on to the server.
+    /// Whether the stream has not read up to `lsn` yet.
+    pub fn before(&self, lsn: u64) -> bool {
+        self.position < lsn
+    }
+
+    /// Reads the changes after `base` until `limit` changes are read or the
+    /// stream has passed `target` (the WAL flushed when the poll began),
+    /// waiting at most [`READ_WAIT`] between transactions; it stops inside a
+    /// transaction only at `limit`. Transactions that end at or before
+    /// `base.lsn` (delivered), the changes of `base.partial` already handed
+    /// out, and the transactions the initial snapshot saw are skipped.
+    /// Commits made meanwhile (`committed`) are passed on to the server.
     pub async fn read(
         &mut self,
         base: &CdcState,
@@ -217,13 +240,23 @@ impl Stream {
             .and_then(|progress| progress.visible.as_deref())
             .and_then(XidSnapshot::parse);
         let mut next = base.clone();
-        let mut changes: Vec<Change> = Vec::new();
-        let mut transaction: Option<Txn> = None;
+        let mut changes: Vec<Change> = Vec::with_capacity(limit.min(4096));
+        let mut transaction = self.transaction.take();
+        if let Some(current) = transaction.as_mut() {
+            current.first_change = 0;
+        }
         let deadline = Instant::now() + READ_WAIT;
         let mut acknowledging = true;
         loop {
-            let wait_until = match transaction {
-                None if changes.len() >= limit => {
+            let wait_until = match &transaction {
+                _ if changes.len() >= limit => {
+                    if let Some(current) = &transaction {
+                        next.partial = Some(Partial {
+                            final_lsn: current.final_lsn,
+                            delivered: current.position,
+                        });
+                    }
+                    self.transaction = transaction;
                     return Ok(Batch {
                         changes,
                         next,
@@ -336,6 +369,12 @@ impl Stream {
                 xid,
             } => {
                 let delivered = final_lsn < base.lsn;
+                // Cut by an earlier batch: its first changes were handed out.
+                let handed_out = base
+                    .partial
+                    .as_ref()
+                    .filter(|partial| partial.final_lsn == final_lsn)
+                    .map_or(0, |partial| partial.delivered);
                 let filtering = next
                     .snapshot
                     .as_ref()
@@ -351,8 +390,9 @@ impl Stream {
                 }
                 *transaction = Some(Txn {
                     final_lsn,
-                    timestamp: rfc3339(timestamp),
+                    timestamp: rfc3339(timestamp).into(),
                     skip: delivered || in_snapshot,
+                    handed_out,
                     position: 0,
                     first_change: changes.len(),
                 });
@@ -364,6 +404,7 @@ impl Stream {
                         changes.truncate(done.first_change);
                     }
                     next.lsn = next.lsn.max(end_lsn);
+                    next.partial = None;
                 }
             }
             Message::Relation(relation) => {
@@ -435,8 +476,11 @@ impl Stream {
 /// The transaction being decoded.
 struct Txn {
     final_lsn: u64,
-    timestamp: String,
+    timestamp: Arc<str>,
     skip: bool,
+    /// Its changes before this position went out in earlier batches.
+    handed_out: u32,
+    /// The position of its next change.
     position: u32,
     first_change: usize,
 }
@@ -454,7 +498,7 @@ fn push_change(
     };
     let position = current.position;
     current.position += 1;
-    if current.skip {
+    if current.skip || position < current.handed_out {
         return;
     }
     changes.push(Change {
@@ -513,7 +557,12 @@ mod tests {
             ("p@ss", "orders")
         );
         assert_eq!(config.tls, TlsConfig::disabled());
-        assert_eq!(config.options.as_deref(), Some("-c wal_sender_timeout=1s"));
+        assert_eq!(
+            config.options.as_deref(),
+            Some(
+                "-c DateStyle=ISO -c TimeZone=UTC -c extra_float_digits=2 -c wal_sender_timeout=1s"
+            )
+        );
         assert_eq!(config.slot, "slot_a");
         assert_eq!(
             config.application_name.as_deref(),
