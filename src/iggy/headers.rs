@@ -1,6 +1,5 @@
 //! Conversion between our header values and Iggy's typed user headers.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -88,15 +87,36 @@ pub fn check(headers: &Headers) -> Result<usize, String> {
 const FIELD_OVERHEAD: usize = 1 + 4;
 
 /// A value's kind and bytes as Iggy's `HeaderValue::from` writes them.
-fn wire_value(value: &HeaderValue) -> (HeaderKind, Cow<'_, [u8]>) {
+fn wire_value(value: &HeaderValue) -> (HeaderKind, WireBytes<'_>) {
     match value {
-        HeaderValue::String(text) => (HeaderKind::String, Cow::Borrowed(text.as_bytes())),
-        HeaderValue::Raw(bytes) => (HeaderKind::Raw, Cow::Borrowed(bytes.as_ref())),
-        HeaderValue::Bool(flag) => (HeaderKind::Bool, Cow::Owned(vec![u8::from(*flag)])),
-        HeaderValue::Int(number) => (HeaderKind::Int64, Cow::Owned(number.to_le_bytes().into())),
-        HeaderValue::UInt(number) => (HeaderKind::Uint64, Cow::Owned(number.to_le_bytes().into())),
-        HeaderValue::Float(number) => {
-            (HeaderKind::Float64, Cow::Owned(number.to_le_bytes().into()))
+        HeaderValue::String(text) => (HeaderKind::String, WireBytes::Borrowed(text.as_bytes())),
+        HeaderValue::Raw(bytes) => (HeaderKind::Raw, WireBytes::Borrowed(bytes.as_ref())),
+        HeaderValue::Bool(flag) => (HeaderKind::Bool, WireBytes::Fixed([u8::from(*flag); 8], 1)),
+        HeaderValue::Int(number) => (HeaderKind::Int64, WireBytes::Fixed(number.to_le_bytes(), 8)),
+        HeaderValue::UInt(number) => (
+            HeaderKind::Uint64,
+            WireBytes::Fixed(number.to_le_bytes(), 8),
+        ),
+        HeaderValue::Float(number) => (
+            HeaderKind::Float64,
+            WireBytes::Fixed(number.to_le_bytes(), 8),
+        ),
+    }
+}
+
+/// A value's bytes: borrowed, or a number's on the stack.
+enum WireBytes<'a> {
+    Borrowed(&'a [u8]),
+    Fixed([u8; 8], usize),
+}
+
+impl std::ops::Deref for WireBytes<'_> {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Self::Borrowed(bytes) => bytes,
+            Self::Fixed(bytes, length) => &bytes[..*length],
         }
     }
 }
@@ -211,27 +231,27 @@ mod tests {
             ("r".into(), HeaderValue::Raw(Bytes::from_static(&[0, 1, 2]))),
         ];
         let direct = to_wire(&headers).unwrap().unwrap();
-        let through_map = IggyMessage::builder()
-            .payload(Bytes::from_static(b"x"))
-            .user_headers(to_iggy(&headers).unwrap().unwrap())
-            .build()
-            .unwrap();
-        assert_eq!(
-            direct.len(),
-            through_map.user_headers.as_ref().unwrap().len()
-        );
+        let through_map = || {
+            IggyMessage::builder()
+                .payload(Bytes::from_static(b"x"))
+                .user_headers(to_iggy(&headers).unwrap().unwrap())
+                .build()
+                .unwrap()
+        };
+        let expected = through_map();
+        assert_eq!(direct.len(), expected.user_headers.as_ref().unwrap().len());
         let message = IggyMessage {
             user_headers: Some(direct),
-            ..through_map.clone()
+            ..through_map()
         };
-        assert_eq!(message.user_headers_map(), through_map.user_headers_map());
+        assert_eq!(message.user_headers_map(), expected.user_headers_map());
         let repeated: Headers = vec![
             ("k".into(), HeaderValue::Int(1)),
             ("k".into(), HeaderValue::Int(2)),
         ];
         let message = IggyMessage {
             user_headers: to_wire(&repeated).unwrap(),
-            ..through_map
+            ..through_map()
         };
         assert_eq!(from_iggy(&message), vec![("k".into(), HeaderValue::Int(2))]);
     }
