@@ -898,8 +898,8 @@ async fn a_login_the_broker_refuses_fails_open_with_librdkafkas_reason() {
     // made with `tansu user create`, which cannot log in to such a broker,
     // and are not kept in its storage across the restart needed to turn
     // authentication on), and offers no PLAIN: so every login fails here.
-    // The sink's open error carries librdkafka's reason; the source's does
-    // not yet (its consumer reports errors only when polled, and logs them).
+    // Both open errors carry librdkafka's reason (the source's consumer
+    // queues it until polled, so its open drains that queue on a failure).
     let port = support::ports::free_port();
     let setup = BrokerSetup {
         authentication: true,
@@ -911,16 +911,23 @@ async fn a_login_the_broker_refuses_fails_open_with_librdkafkas_reason() {
             "open_timeout": "3s", "sasl_mechanism": mechanism,
             "sasl_username": "iggy", "sasl_password": "wrong"});
         let mut built = support::sinks::build("kafka", &config);
-        let error = built.open().await.expect_err("the sink opened").to_string();
-        assert!(
-            error.contains(&format!("SASL {}", &mechanism[..5])),
-            "{mechanism}: {error}"
-        );
-        if mechanism.starts_with("SCRAM") {
+        let sink_error = built.open().await.expect_err("the sink opened").to_string();
+        let source = json!({"bootstrap_servers": broker.bootstrap(), "topics": ["t"],
+            "group_id": "g", "open_timeout": "3s", "sasl_mechanism": mechanism,
+            "sasl_username": "iggy", "sasl_password": "wrong"});
+        let mut built = support::drive::build("kafka", source);
+        let source_error = built.open(None).await.expect_err("the source opened");
+        for error in [sink_error, source_error.to_string()] {
             assert!(
-                error.contains("authentication failed"),
+                error.contains(&format!("SASL {}", &mechanism[..5])),
                 "{mechanism}: {error}"
             );
+            if mechanism.starts_with("SCRAM") {
+                assert!(
+                    error.contains("authentication failed"),
+                    "{mechanism}: {error}"
+                );
+            }
         }
     }
 }

@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use futures::{FutureExt as _, StreamExt as _};
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
@@ -141,6 +142,21 @@ fn default_commit_interval() -> Duration {
 /// How long a poll waiting for its first record waits between looks at
 /// what was revoked.
 const LIVENESS: Duration = Duration::from_millis(500);
+
+/// How long an empty consumer queue is waited on when serving its
+/// events after a failed open.
+const QUEUE_DRAINED: Duration = Duration::from_millis(20);
+
+/// How many batches of records librdkafka keeps prefetched per partition
+/// (`queued.min.messages`), and at most how many kilobytes in all
+/// (`queued.max.messages.kbytes`); `client_options` override both.
+const PREFETCH_BATCHES: usize = 10;
+const PREFETCH_KBYTES: usize = 16 * 1024;
+/// How long librdkafka waits to fetch a partition whose prefetch is full.
+const FETCH_QUEUE_BACKOFF_MS: u32 = 10;
+
+/// The `kafka_*` headers the source adds to a record's own.
+const OWN_HEADERS: usize = 5;
 
 /// How many batches may be polled and not yet committed.
 const MAX_IN_FLIGHT: usize = 4;
@@ -290,10 +306,23 @@ impl KafkaSource {
             OffsetReset::Earliest => "earliest",
             OffsetReset::Latest => "latest",
         };
+        // librdkafka prefetches up to 100,000 records or 64 MB (its
+        // defaults); a source slower than the broker keeps that queue full,
+        // 50-90 MB of the process for small records. Ten batches ahead keep
+        // the pipeline fed, provided a partition over the threshold is
+        // fetched again soon: librdkafka waits a second by default
+        // (`fetch.queue.backoff.ms`), which cut the rate to a tenth.
+        let prefetch = self.config.batch_size.saturating_mul(PREFETCH_BATCHES);
         let mut settings = vec![
             ("enable.auto.offset.store", "false".to_owned()),
             ("enable.partition.eof", "false".to_owned()),
             ("auto.offset.reset", reset.to_owned()),
+            (
+                "queued.min.messages",
+                prefetch.clamp(1, 10_000_000).to_string(),
+            ),
+            ("queued.max.messages.kbytes", PREFETCH_KBYTES.to_string()),
+            ("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS.to_string()),
         ];
         if let Some(group) = self.config.group_id.as_ref().filter(|_| self.grouped()) {
             settings.push(("group.id", group.clone()));
@@ -347,30 +376,43 @@ impl KafkaSource {
     }
 
     /// Receives into the buffer until it holds a batch or `batch_linger`
-    /// passed since the first record.
+    /// passed since the first record. Records librdkafka already holds are
+    /// taken without a wait (and without a timer each); only an empty queue
+    /// is waited on.
     async fn fill(
         &self,
         consumer: &StreamConsumer<SourceContext>,
         buffer: &mut Vec<Polled>,
     ) -> Result<(), ConnectorError> {
+        let mut stream = consumer.stream();
         let mut deadline = (!buffer.is_empty()).then(|| Instant::now() + self.config.batch_linger);
         while buffer.len() < self.config.batch_size {
-            let wait = deadline.map_or(LIVENESS, |at| at.saturating_duration_since(Instant::now()));
-            let received = tokio::time::timeout(wait, consumer.recv()).await;
+            let received = match stream.next().now_or_never() {
+                Some(ready) => Ok(ready),
+                None => {
+                    let wait = deadline
+                        .map_or(LIVENESS, |at| at.saturating_duration_since(Instant::now()));
+                    tokio::time::timeout(wait, stream.next()).await
+                }
+            };
             self.drop_revoked(buffer);
             match received {
-                Ok(Ok(message)) => {
+                Ok(Some(Ok(message))) => {
                     buffer.push(self.polled(&message));
                     deadline.get_or_insert_with(|| Instant::now() + self.config.batch_linger);
                 }
-                Ok(Err(error)) if is_fatal(&error) => return Err(classify("consuming", error)),
-                Ok(Err(error)) if buffer.is_empty() => {
+                Ok(Some(Err(error))) if is_fatal(&error) => {
                     return Err(classify("consuming", error));
                 }
-                Ok(Err(error)) => {
+                Ok(Some(Err(error))) if buffer.is_empty() => {
+                    return Err(classify("consuming", error));
+                }
+                Ok(Some(Err(error))) => {
                     tracing::debug!(connector_key = %self.key, %error, "kafka consumer error");
                     return Ok(());
                 }
+                // A consumer's stream never ends.
+                Ok(None) => return Ok(()),
                 Err(_) if buffer.is_empty() => deadline = None,
                 Err(_) => return Ok(()),
             }
@@ -381,7 +423,12 @@ impl KafkaSource {
     fn polled(&self, message: &BorrowedMessage<'_>) -> Polled {
         let topic = message.topic();
         let (partition, offset) = (message.partition(), message.offset());
-        let mut headers = Headers::new();
+        let mut headers = Headers::with_capacity(
+            OWN_HEADERS
+                + message
+                    .headers()
+                    .map_or(0, |kafka_headers| kafka_headers.count()),
+        );
         push_header(
             &mut headers,
             "kafka_topic",
@@ -413,11 +460,7 @@ impl KafkaSource {
             Partitioning::Balanced => None,
         };
         let record = SourceRecord {
-            id: Some(hash_id(&[
-                topic,
-                &partition.to_string(),
-                &offset.to_string(),
-            ])),
+            id: Some(record_id(topic, partition, offset)),
             stream_index: 0,
             headers,
             payload: Payload::Raw(Bytes::copy_from_slice(
@@ -470,11 +513,14 @@ impl Source for KafkaSource {
         let consumer = Arc::new(consumer);
         let timeout = self.config.open_timeout;
         let checking = consumer.clone();
-        blocking("fetching the cluster's metadata", move || {
+        let checked = blocking("fetching the cluster's metadata", move || {
             checking.fetch_metadata(None, timeout).map(drop)
         })
-        .await
-        .map_err(|error| logging.explain(error))?;
+        .await;
+        if let Err(error) = checked {
+            serve_queued_events(&consumer).await;
+            return Err(logging.explain(error));
+        }
         if self.grouped() {
             let topics: Vec<&str> = self.config.topics.iter().map(String::as_str).collect();
             consumer
@@ -585,10 +631,38 @@ impl Source for KafkaSource {
     }
 }
 
+/// Hands the events librdkafka queued for the consumer (its logs and
+/// errors, such as the reason a SASL login was refused) to the context,
+/// which remembers the last error: with a group, librdkafka queues them
+/// beside the records and delivers them only when the consumer is polled.
+/// Called before the subscription, so no record is taken from the queue.
+async fn serve_queued_events(consumer: &StreamConsumer<SourceContext>) {
+    const MOST: usize = 64;
+    for _ in 0..MOST {
+        // An error event is returned; a log event is served and the wait
+        // goes on: the queue is empty when a short wait ends with nothing.
+        let served = tokio::time::timeout(QUEUE_DRAINED, consumer.recv()).await;
+        if served.is_err() {
+            break;
+        }
+    }
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The record's id: FNV-1a-128 of `topic \0 partition \0 offset` (the
+/// numbers in decimal), as `hash_id` makes it, without a string per number.
+fn record_id(topic: &str, partition: i32, offset: i64) -> u128 {
+    let (mut partition_text, mut offset_text) = (itoa::Buffer::new(), itoa::Buffer::new());
+    hash_id(&[
+        topic,
+        partition_text.format(partition),
+        offset_text.format(offset),
+    ])
 }
 
 /// Text when it is UTF-8, bytes otherwise.
@@ -681,6 +755,16 @@ mod tests {
             .map(|element| (element.partition(), element.offset()))
             .collect();
         assert_eq!(offsets, [(0, Offset::Beginning), (1, Offset::Offset(42))]);
+    }
+
+    #[test]
+    fn given_a_record_when_its_id_is_derived_should_match_the_id_of_its_text_parts() {
+        for (partition, offset) in [(0, 0), (7, 123_456_789), (i32::MAX, i64::MAX), (-1, -1)] {
+            assert_eq!(
+                record_id("orders", partition, offset),
+                hash_id(&["orders", &partition.to_string(), &offset.to_string()])
+            );
+        }
     }
 
     #[test]
