@@ -665,6 +665,24 @@ async fn cdc_snapshot(case: &str, url: &str, pool: &PgPool, name: &str, rows: u6
     execute(pool, format!("DROP TABLE {table}")).await;
 }
 
+/// Starts the CDC source of `config` once, so it creates its slot (named
+/// after `name`), and stops it; returns the slot's name.
+async fn create_cdc_slot(
+    iggy: &Iggy,
+    state_dir: &Path,
+    config: &ConnectorConfig,
+    pool: &PgPool,
+    name: &str,
+) -> String {
+    let slot = iggy_connect::connectors::postgres::source::derived_slot_name(name).expect("slot");
+    let runtime = runtime(iggy, state_dir);
+    runtime.add(config.clone()).expect("add cdc source");
+    runtime.start_enabled().await;
+    wait_for_slot(pool, &slot).await;
+    runtime.shutdown().await;
+    slot
+}
+
 /// `rows` inserts then `rows` updates, committed while the source is stopped
 /// (its slot exists), then read by a fresh start: `2 * rows` changes.
 async fn cdc_changes(case: &str, url: &str, pool: &PgPool, name: &str, rows: u64) {
@@ -673,14 +691,7 @@ async fn cdc_changes(case: &str, url: &str, pool: &PgPool, name: &str, rows: u64
     create_source_table(pool, &table, 0).await;
     let state = tempfile::tempdir().expect("state dir");
     let config = cdc_config(url, name, &table, "never");
-    let slot = iggy_connect::connectors::postgres::source::derived_slot_name(name).expect("slot");
-    {
-        let runtime = runtime(&iggy, state.path());
-        runtime.add(config.clone()).expect("add cdc source");
-        runtime.start_enabled().await;
-        wait_for_slot(pool, &slot).await;
-        runtime.shutdown().await;
-    }
+    create_cdc_slot(&iggy, state.path(), &config, pool, name).await;
     for start in (0..rows).step_by(BATCH as usize) {
         execute(
             pool,
@@ -821,14 +832,7 @@ async fn cdc_one_transaction(case: &str, url: &str, pool: &PgPool, name: &str, r
     let state = tempfile::tempdir().expect("state dir");
     let config = cdc_config(url, name, &table, "never");
     // The source's slot and publication share its derived name.
-    let slot = iggy_connect::connectors::postgres::source::derived_slot_name(name).expect("slot");
-    {
-        let runtime = runtime(&iggy, state.path());
-        runtime.add(config.clone()).expect("add cdc source");
-        runtime.start_enabled().await;
-        wait_for_slot(pool, &slot).await;
-        runtime.shutdown().await;
-    }
+    let slot = create_cdc_slot(&iggy, state.path(), &config, pool, name).await;
     let reference_slot = format!("{name}_ref");
     create_slot(pool, &reference_slot).await;
     let (endpos, wal_mb) = insert_one_transaction(pool, &table, changes).await;
