@@ -1,10 +1,11 @@
 //! Process-wide settings made once at start, before any thread exists; the
 //! benches' case processes call [`prepare`] too, so they measure what runs.
 
-/// Raises the open-files limit and keeps glibc's allocator to one arena.
+/// Raises the open-files limit and tunes glibc's allocator (one arena, no
+/// heap trimmed or mapped per batch).
 pub fn prepare() {
     raise_open_files_limit();
-    one_malloc_arena();
+    tune_malloc();
 }
 
 /// Raises the soft limit on open files to the hard limit, so a flood of
@@ -25,22 +26,37 @@ fn raise_open_files_limit() {
     }
 }
 
-/// glibc gives each thread that allocates an arena of its own (up to eight
-/// per core), and each keeps what its thread freed: a batch built on one
-/// worker and dropped on another left 5-6 MB of a Postgres -> Iggy ->
-/// Postgres runtime's 31 MB peak in arenas (BENCHMARKS.md, "Peak RSS at the
-/// defaults"). One arena costs no throughput measurable here: the small
-/// allocations go through each thread's cache without the arena's lock.
-/// `MALLOC_ARENA_MAX` or `GLIBC_TUNABLES` in the environment still decide.
-fn one_malloc_arena() {
+/// Two settings of glibc's allocator, both measured on the pipelines of
+/// BENCHMARKS.md ("Peak RSS at the defaults", "The allocator's thresholds"):
+///
+/// - One arena. glibc gives each thread that allocates an arena of its own
+///   (up to eight per core), and each keeps what its thread freed: a batch
+///   built on one worker and dropped on another left 5-6 MB of a Postgres ->
+///   Iggy -> Postgres runtime's 31 MB peak in arenas. One arena costs no
+///   throughput measurable here: the small allocations go through each
+///   thread's cache without the arena's lock.
+/// - Fixed thresholds: memory blocks under 4 MiB come from the heap, and the
+///   heap gives memory back to the kernel once 16 MiB are free at its top.
+///   With glibc's moving defaults (from 128 KiB) a batch's vectors and its
+///   request buffer (100 KB to a few MB) were mapped and unmapped, or the
+///   heap grown and trimmed, once per batch: a quarter of a random source's
+///   worker time went to page faults (`perf`), and its pipeline to Iggy
+///   gained 10-30% without them, at the same peak RSS.
+///
+/// `MALLOC_ARENA_MAX` or `GLIBC_TUNABLES` in the environment still decide:
+/// the runtime then sets none of them.
+fn tune_malloc() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     if std::env::var_os("MALLOC_ARENA_MAX").is_none()
         && std::env::var_os("GLIBC_TUNABLES").is_none()
     {
+        const MIB: libc::c_int = 1024 * 1024;
         // SAFETY: called once at start, before any other thread exists;
-        // mallopt only sets a parameter of the allocator.
+        // mallopt only sets parameters of the allocator.
         unsafe {
             libc::mallopt(libc::M_ARENA_MAX, 1);
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 4 * MIB);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, 16 * MIB);
         }
     }
 }
