@@ -15,7 +15,7 @@ use iggy_connect::message::{Payload, SinkMessage, SourceRecord, TopicRef};
 use serde_json::{Value, json};
 
 use crate::sink::{SinkBackend, SinkSubject, payload_key, poison_json};
-use crate::source::{SourceBackend, SourceSubject};
+use crate::source::{PollWait, Release, SourceBackend, SourceSubject};
 use crate::{Outcome, ensure, unique};
 
 /// What a reference source gets wrong.
@@ -76,7 +76,6 @@ pub fn source(flaw: SourceFlaw) -> SourceSubject {
                     flaw,
                     cursor: AtomicUsize::new(0),
                     staged: Mutex::new(None),
-                    polled: AtomicBool::new(false),
                 }))
             },
         ),
@@ -98,18 +97,20 @@ pub fn sink(flaw: SinkFlaw) -> SinkSubject {
     }
 }
 
-/// The input of a reference source: items with a consumed flag.
+/// The input of a reference source: items with a consumed flag, and whether
+/// it is held busy (a poll waits until it is not).
 #[derive(Default)]
 pub struct Queue {
     id: String,
     items: Mutex<Vec<(String, bool)>>,
+    held: tokio::sync::watch::Sender<bool>,
 }
 
 impl Queue {
     pub fn new() -> Arc<Self> {
         let queue = Arc::new(Self {
             id: unique("queue"),
-            items: Mutex::default(),
+            ..Self::default()
         });
         queues()
             .lock()
@@ -144,6 +145,18 @@ impl SourceBackend for Arc<Queue> {
     /// to cut.
     fn dials_out(&self) -> bool {
         false
+    }
+
+    fn poll_wait(&self) -> PollWait {
+        PollWait::WhileHeld
+    }
+
+    async fn hold(&self) -> Option<Release> {
+        self.held.send_replace(true);
+        let queue = self.clone();
+        Some(Box::pin(async move {
+            queue.held.send_replace(false);
+        }))
     }
 
     async fn feed(&self, count: usize) -> Vec<String> {
@@ -182,7 +195,6 @@ struct MemorySource {
     cursor: AtomicUsize,
     /// Where the batch in flight ends.
     staged: Mutex<Option<usize>>,
-    polled: AtomicBool,
 }
 
 #[async_trait]
@@ -215,9 +227,8 @@ impl Source for MemorySource {
         } else {
             self.cursor.load(Ordering::SeqCst)
         };
-        if self.polled.swap(true, Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        // Waits while the queue is held busy.
+        let _ = self.queue.held.subscribe().wait_for(|held| !*held).await;
         let mut items = self.queue.items.lock().unwrap();
         let end = items.len();
         if self.flaw == SourceFlaw::DeletesInPoll {

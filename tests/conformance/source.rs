@@ -53,17 +53,43 @@ pub trait SourceBackend: Send + Sync {
     fn keeps_while_away(&self) -> bool {
         true
     }
-    /// Whether a poll waits (for the backend's answer, or for items pushed
-    /// to it), so it can be dropped mid-wait. A generator answers at once
-    /// (the engine paces it, rule S8): there is no wait to cancel.
-    fn poll_waits(&self) -> bool {
-        true
+    /// How a poll can be made to wait for sure, to be dropped mid-wait
+    /// (`cancelled_poll_loses_nothing`).
+    fn poll_wait(&self) -> PollWait {
+        PollWait::ForItems
+    }
+    /// With [`PollWait::WhileHeld`]: holds the backend busy (its table locked
+    /// by a session of the fixture's own, the relay in front of it stalled)
+    /// so that no poll can complete until the returned future, awaited,
+    /// releases it. Called with items fed and not yet polled.
+    async fn hold(&self) -> Option<Release> {
+        None
     }
     /// Called once the source that polled `fed` was closed without `commit`:
     /// fails if the input was consumed (rows deleted or marked, clients
     /// answered with 2xx).
     async fn untouched(&self, fed: &[String]) -> Outcome;
 }
+
+/// How `cancelled_poll_loses_nothing` gets a poll that is waiting for sure
+/// when it drops it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PollWait {
+    /// A generator answers at once (the engine paces it, rule S8): there is
+    /// no wait to cancel, and the check is skipped.
+    Never,
+    /// The poll waits for items pushed to the backend or its client (a
+    /// broker, a listener, a change stream): with nothing new fed it cannot
+    /// complete with items. Items are fed once it was dropped.
+    ForItems,
+    /// The poll waits for the backend's answer, which [`SourceBackend::hold`]
+    /// withholds: items are fed, the backend held, the poll dropped, the
+    /// backend released.
+    WhileHeld,
+}
+
+/// Awaited, releases what [`SourceBackend::hold`] held.
+pub type Release = futures::future::BoxFuture<'static, ()>;
 
 pub type BuildSource =
     Arc<dyn Fn(&Value) -> Result<Box<dyn Source>, PluginConfigError> + Send + Sync>;
@@ -335,79 +361,40 @@ pub async fn nothing_destructive_before_commit(
 
 /// A `poll` dropped while it waits (shutdown) loses nothing: the next polls
 /// still produce every item, from the first one not committed.
+///
+/// The poll is made to wait for sure (a timer would race a fast local
+/// backend, and a query can be answered before the client first reads):
+/// either the backend is held busy with items fed (`WhileHeld`), or nothing
+/// new is fed until the poll was dropped (`ForItems`). The check passes only
+/// once a poll was seen pending and dropped.
 pub async fn cancelled_poll_loses_nothing(
     subject: &SourceSubject,
     backend: &dyn SourceBackend,
 ) -> Outcome {
-    if !backend.poll_waits() {
+    let wait = backend.poll_wait();
+    if wait == PollWait::Never {
         return Ok(());
     }
     let mut source = subject.open(backend, None).await?;
     let first = backend.feed(2).await;
     deliver(source.as_ref(), backend, &first, true).await?;
-    let mut second = backend.feed(3).await;
-    // Polled once, left alone while the backend answers what it asked for
-    // (a broker may hand over a batch whose answer is never read), then
-    // dropped. A timer would race a fast local backend; one poll cannot.
-    // A poll may still complete at once: a caught-up source's empty batch
-    // (rule S8) is committed and its `next_poll` waited for, as the engine
-    // does; a batch that won the race with a fast local backend is
-    // delivered, and more is fed for the next try.
-    let mut completed_at_once = 0;
-    loop {
-        if completed_at_once == 10 {
-            // A query answered before its first read (the client preempted
-            // by the database it woke, on a loaded machine) completes at
-            // once; everything it returned was committed and delivered
-            // below. The cancellation itself went untested in this run:
-            // say so.
-            eprintln!(
-                "{}: every poll completed at once 10 times; cancellation not exercised this run",
-                subject.name
-            );
-            break;
+    let second = match wait {
+        PollWait::WhileHeld => {
+            let second = backend.feed(3).await;
+            let release = backend
+                .hold()
+                .await
+                .ok_or("the fixture says its poll waits while held, but holds nothing")?;
+            let dropped = drop_waiting_poll(source.as_ref(), true).await;
+            release.await;
+            dropped?;
+            second
         }
-        let completed = {
-            let mut cancelled = std::pin::pin!(source.poll());
-            let first =
-                std::future::poll_fn(|context| Poll::Ready(cancelled.as_mut().poll(context))).await;
-            match first {
-                Poll::Pending => {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    None
-                }
-                Poll::Ready(outcome) => Some(outcome.map_err(|error| format!("poll: {error}"))?),
-            }
-        };
-        let Some(batch) = completed else {
-            break;
-        };
-        completed_at_once += 1;
-        source
-            .commit()
-            .await
-            .map_err(|error| format!("commit: {error}"))?;
-        if batch.records.is_empty() {
-            if let Some(due) = batch.next_poll {
-                tokio::time::sleep_until(due).await;
-            }
-            continue;
+        _ => {
+            drop_waiting_poll(source.as_ref(), false).await?;
+            backend.feed(3).await
         }
-        let got: Vec<String> = batch
-            .records
-            .iter()
-            .map(|record| backend.key(&record.payload.to_bytes()))
-            .collect();
-        let rest: Vec<String> = second
-            .iter()
-            .filter(|key| !got.contains(key))
-            .cloned()
-            .collect();
-        if !rest.is_empty() {
-            deliver(source.as_ref(), backend, &rest, true).await?;
-        }
-        second = backend.feed(3).await;
-    }
+    };
     let delivered = deliver(source.as_ref(), backend, &second, true).await?;
     close(source.as_mut()).await?;
     ensure!(
@@ -417,6 +404,68 @@ pub async fn cancelled_poll_loses_nothing(
         delivered.keys.first()
     );
     Ok(())
+}
+
+/// How long a poll of a held backend is driven before it is dropped: time
+/// for its request to reach the backend and wait there. Not a bound on
+/// anything: a held poll cannot complete however long it is driven.
+const HELD_POLL: Duration = Duration::from_millis(300);
+
+/// Polls once and drops the poll while it waits. With the backend `held`,
+/// the poll must be pending and stay so while driven for [`HELD_POLL`].
+/// Otherwise nothing new was fed: a poll that completes at once is a
+/// caught-up answer with no records, committed and its `next_poll` waited
+/// for (as the engine does) before the next try, until one waits.
+async fn drop_waiting_poll(source: &dyn Source, held: bool) -> Outcome {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let completed = {
+            let mut poll = std::pin::pin!(source.poll());
+            match std::future::poll_fn(|context| Poll::Ready(poll.as_mut().poll(context))).await {
+                Poll::Pending if held => {
+                    match tokio::time::timeout(HELD_POLL, poll.as_mut()).await {
+                        Err(_) => None,
+                        Ok(outcome) => {
+                            return Err(format!(
+                                "a poll completed while the backend was held ({}): the fixture's hold does not hold",
+                                outcome.map_or_else(
+                                    |error| format!("poll: {error}"),
+                                    |batch| format!("{} records", batch.records.len())
+                                )
+                            ));
+                        }
+                    }
+                }
+                Poll::Pending => None,
+                Poll::Ready(outcome) => Some(outcome.map_err(|error| format!("poll: {error}"))?),
+            }
+        };
+        let Some(batch) = completed else {
+            return Ok(());
+        };
+        ensure!(
+            !held,
+            "the first poll of a held backend completed at once: the fixture's hold does not hold"
+        );
+        ensure!(
+            batch.records.is_empty(),
+            "with nothing new fed, a poll produced {} records",
+            batch.records.len()
+        );
+        source
+            .commit()
+            .await
+            .map_err(|error| format!("commit: {error}"))?;
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "every poll completed at once for {DEADLINE:?}: no poll waited to be dropped"
+        );
+        if let Some(due) = batch.next_poll {
+            tokio::time::sleep_until(due.min(deadline)).await;
+        } else {
+            tokio::task::yield_now().await;
+        }
+    }
 }
 
 const STREAM: &str = "conformance";

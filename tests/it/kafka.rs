@@ -477,6 +477,94 @@ async fn an_unreachable_bootstrap_server_is_retried_at_open_until_the_broker_com
 
 // ------------------------------------------------------------ both, outage
 
+/// Both pipelines through one broker for the fault tests: the source takes
+/// 1000 records of `input` into Iggy, the sink writes Iggy's 300 messages
+/// to `output`.
+struct BothWays {
+    iggy: IggyTestServer,
+    client: iggy::prelude::IggyClient,
+    runtime: std::sync::Arc<iggy_connect::engine::Runtime>,
+    _state: tempfile::TempDir,
+    input: String,
+    output: String,
+}
+
+impl BothWays {
+    /// Started against `broker`; returns once part of the input is in Iggy.
+    async fn start(broker: &KafkaBroker) -> Self {
+        let iggy = IggyTestServer::start();
+        let (input, output, group) = (unique("in"), unique("out"), unique("group"));
+        create_topic(&broker.bootstrap(), &input, 1).await;
+        create_topic(&broker.bootstrap(), &output, 1).await;
+        produce(&broker.bootstrap(), &input, None, bodies(0..1000)).await;
+        iggy.create_topic("shop", "orders", 1);
+        let client = iggy_client(&iggy).await;
+        produce_ns(&client, "shop", "orders", 1..301).await;
+        let state = tempfile::tempdir().unwrap();
+        let runtime = runtime(&iggy, state.path());
+        let source = source_config("from-kafka", &broker.bootstrap(), &input, &group, "created");
+        runtime.add(connector(&source)).unwrap();
+        let sink = sink_config("to-kafka", &broker.bootstrap(), &output, "", "");
+        runtime.add(connector(&sink)).unwrap();
+        runtime.start_enabled().await;
+        wait_for("part of the input in Iggy", LONG, || {
+            iggy.message_count("orders", "created") >= 100
+        })
+        .await;
+        Self {
+            iggy,
+            client,
+            runtime,
+            _state: state,
+            input,
+            output,
+        }
+    }
+
+    /// The sink's stored offset in Iggy's topic.
+    fn sink_offset(&self) -> Option<u64> {
+        self.iggy
+            .stored_offset("shop", "orders", "iggy-connect-sink-to-kafka", 0)
+    }
+
+    /// After `fault` (said in the report), with Iggy's messages 301 to 600
+    /// written meanwhile: 200 more records in the input, then every input
+    /// record must reach Iggy and every Iggy message the output.
+    async fn finish(self, broker: &KafkaBroker, fault: &str) {
+        produce(&broker.bootstrap(), &self.input, None, bodies(1000..1200)).await;
+        wait_for("all input in Iggy", LONG, || {
+            covers(&in_iggy(&self.iggy, "created"), 0..1200)
+        })
+        .await;
+        eventually_or(
+            "the sink's offset to cover the topic",
+            LONG,
+            async || self.sink_offset() == Some(599),
+            || {
+                format!(
+                    "{:?}",
+                    self.runtime
+                        .view(ConnectorKind::Sink, "to-kafka")
+                        .map(|view| view.status)
+                )
+            },
+        )
+        .await;
+        self.runtime.shutdown().await;
+        let records = read_all(&broker.bootstrap(), &self.output, 1, 600, LONG).await;
+        assert!(
+            covers(&in_kafka(&records), 1..601),
+            "{} read back",
+            records.len()
+        );
+        eprintln!(
+            "{fault}: source repeated {}, sink repeated {}",
+            duplicates(&in_iggy(&self.iggy, "created")),
+            duplicates(&in_kafka(&records))
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_outage_mid_stream_loses_nothing_on_either_side() {
     // The broker's memory storage would not survive a restart: the outage
@@ -484,142 +572,41 @@ async fn a_broker_outage_mid_stream_loses_nothing_on_either_side() {
     let port = support::ports::free_port();
     let proxy = Proxy::start(([127, 0, 0, 1], port).into()).await;
     let broker = KafkaBroker::start_at(port, proxy.addr.port());
-    let iggy = IggyTestServer::start();
-    let (input, output, group) = (unique("in"), unique("out"), unique("group"));
-    create_topic(&broker.bootstrap(), &input, 1).await;
-    create_topic(&broker.bootstrap(), &output, 1).await;
-    produce(&broker.bootstrap(), &input, None, bodies(0..1000)).await;
-    iggy.create_topic("shop", "orders", 1);
-    let client = iggy_client(&iggy).await;
-    produce_ns(&client, "shop", "orders", 1..301).await;
-    let state = tempfile::tempdir().unwrap();
-    let runtime = runtime(&iggy, state.path());
-    let source = source_config("from-kafka", &broker.bootstrap(), &input, &group, "created");
-    runtime.add(connector(&source)).unwrap();
-    let sink = sink_config("to-kafka", &broker.bootstrap(), &output, "", "");
-    runtime.add(connector(&sink)).unwrap();
-    runtime.start_enabled().await;
-    wait_for("part of the input in Iggy", LONG, || {
-        iggy.message_count("orders", "created") >= 100
-    })
-    .await;
+    let run = BothWays::start(&broker).await;
     proxy.set_down(true);
     // Written to Iggy while the broker is unreachable: the sink's writes time
     // out (delivery_timeout 3s) and are written again after.
-    produce_ns(&client, "shop", "orders", 301..601).await;
+    produce_ns(&run.client, "shop", "orders", 301..601).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     proxy.set_down(false);
-    produce(&broker.bootstrap(), &input, None, bodies(1000..1200)).await;
-    wait_for("all input in Iggy", LONG, || {
-        covers(&in_iggy(&iggy, "created"), 0..1200)
-    })
-    .await;
-    eventually_or(
-        "the sink's offset to cover the topic",
-        LONG,
-        async || iggy.stored_offset("shop", "orders", "iggy-connect-sink-to-kafka", 0) == Some(599),
-        || {
-            format!(
-                "{:?}",
-                runtime
-                    .view(ConnectorKind::Sink, "to-kafka")
-                    .map(|view| view.status)
-            )
-        },
-    )
-    .await;
-    runtime.shutdown().await;
-    let records = read_all(&broker.bootstrap(), &output, 1, 600, LONG).await;
-    assert!(
-        covers(&in_kafka(&records), 1..601),
-        "{} read back",
-        records.len()
-    );
-    eprintln!(
-        "outage: source repeated {}, sink repeated {}",
-        duplicates(&in_iggy(&iggy, "created")),
-        duplicates(&in_kafka(&records))
-    );
+    run.finish(&broker, "outage").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_restart_mid_stream_loses_nothing_on_either_side() {
     // tansu keeps its data in an S3 API (moto) here, so a restart of the
     // broker process keeps the topics, the records and the group's offsets.
-    let s3 = S3Server::start().await;
-    let bucket = "tansu";
-    s3.create_bucket(bucket).await;
-    let setup = BrokerSetup {
-        s3: Some((s3.endpoint().to_owned(), bucket.to_owned())),
-        ..BrokerSetup::default()
-    };
-    let port = support::ports::free_port();
-    let mut broker = KafkaBroker::start_with(port, port, setup);
-    let iggy = IggyTestServer::start();
-    let (input, output, group) = (unique("in"), unique("out"), unique("group"));
-    create_topic(&broker.bootstrap(), &input, 1).await;
-    create_topic(&broker.bootstrap(), &output, 1).await;
-    produce(&broker.bootstrap(), &input, None, bodies(0..1000)).await;
-    iggy.create_topic("shop", "orders", 1);
-    let client = iggy_client(&iggy).await;
-    produce_ns(&client, "shop", "orders", 1..301).await;
-    let state = tempfile::tempdir().unwrap();
-    let runtime = runtime(&iggy, state.path());
-    let source = source_config("from-kafka", &broker.bootstrap(), &input, &group, "created");
-    runtime.add(connector(&source)).unwrap();
-    let sink = sink_config("to-kafka", &broker.bootstrap(), &output, "", "");
-    runtime.add(connector(&sink)).unwrap();
-    runtime.start_enabled().await;
-    wait_for("part of the input in Iggy", LONG, || {
-        iggy.message_count("orders", "created") >= 100
-    })
-    .await;
-    let sink_offset = || iggy.stored_offset("shop", "orders", "iggy-connect-sink-to-kafka", 0);
+    let (_s3, mut broker) = persistent_broker().await;
+    let run = BothWays::start(&broker).await;
     // Iggy's first 300 written before the restart: tansu 0.6.0 restarted
     // with a produce in flight can report that batch delivered and lose it
     // (see `KafkaBroker::restart`); the sink's writes after it are queued
     // while the broker is down and sent to the restarted one.
     wait_for("Iggy's first 300 written", LONG, || {
-        sink_offset() == Some(299)
+        run.sink_offset() == Some(299)
     })
     .await;
     broker.kill();
-    let at_kill = (iggy.message_count("orders", "created"), sink_offset());
+    let at_kill = (
+        run.iggy.message_count("orders", "created"),
+        run.sink_offset(),
+    );
     // Written to Iggy while the broker is down: the sink retries them.
-    produce_ns(&client, "shop", "orders", 301..601).await;
+    produce_ns(&run.client, "shop", "orders", 301..601).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     broker.restart();
-    produce(&broker.bootstrap(), &input, None, bodies(1000..1200)).await;
-    wait_for("all input in Iggy", LONG, || {
-        covers(&in_iggy(&iggy, "created"), 0..1200)
-    })
-    .await;
-    eventually_or(
-        "the sink's offset to cover the topic",
-        LONG,
-        async || sink_offset() == Some(599),
-        || {
-            format!(
-                "{:?}",
-                runtime
-                    .view(ConnectorKind::Sink, "to-kafka")
-                    .map(|view| view.status)
-            )
-        },
-    )
-    .await;
-    runtime.shutdown().await;
-    let records = read_all(&broker.bootstrap(), &output, 1, 600, LONG).await;
-    assert!(
-        covers(&in_kafka(&records), 1..601),
-        "{} read back",
-        records.len()
-    );
-    eprintln!(
-        "broker restart at {at_kill:?}: source repeated {}, sink repeated {}",
-        duplicates(&in_iggy(&iggy, "created")),
-        duplicates(&in_kafka(&records))
-    );
+    run.finish(&broker, &format!("broker restart at {at_kill:?}"))
+        .await;
 }
 
 // ------------------------------------------------- many records, both ways

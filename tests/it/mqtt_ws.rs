@@ -8,8 +8,9 @@
 
 use serde_json::json;
 
-use crate::mqtt_tls::{open_errors, pipelines_through, tls_fields};
-use crate::support;
+use crate::mqtt_tls::{
+    open_errors, pipelines_through, tls_fields, wrong_ca_refused_unless_unverified,
+};
 use crate::support::mosquitto::Mosquitto;
 use crate::support::pki::TestPki;
 
@@ -53,26 +54,7 @@ mod a_sink_and_a_source_over_websocket_deliver_each_message_once {
 async fn a_wrong_ca_over_wss_is_refused_at_open_naming_ca_file_and_tls_verify_false_accepts_it() {
     let pki = TestPki::generate();
     let broker = Mosquitto::with_websockets(&pki, false);
-    for version in ["3.1.1", "5"] {
-        let fields = json!({"url": broker.wss_url(), "ca_file": pki.other_ca,
-            "protocol_version": version});
-        for error in open_errors(fields).await {
-            assert!(!error.is_transient(), "{error}");
-            let text = error.to_string();
-            assert!(text.contains("plugin_config.ca_file"), "{text}");
-            assert!(text.contains("UnknownIssuer"), "{text}");
-        }
-    }
-    let mut unverified = support::sinks::build(
-        "mqtt",
-        &json!({"url": broker.wss_url(), "topic": "t", "ca_file": pki.other_ca,
-            "tls_verify": false}),
-    );
-    unverified
-        .open()
-        .await
-        .expect("tls_verify = false connects to any certificate");
-    unverified.close().await.unwrap();
+    wrong_ca_refused_unless_unverified(&pki, &broker.wss_url()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -29,6 +29,41 @@ impl Pipeline {
     ) -> Self {
         Self::launch(key.to_owned(), "changes", "json", plugin_config, bus, state).await
     }
+
+    /// The pipeline `key` on `tables` streaming from now on (`snapshot =
+    /// "never"`, plus the config lines `extra`) into `bus`, its state in
+    /// memory; returns once its slot is made.
+    async fn start_streaming(
+        pool: &PgPool,
+        key: &str,
+        tables: &[&str],
+        extra: &str,
+        bus: MemoryBus,
+    ) -> Self {
+        let config = cdc_config(tables, &format!("snapshot = \"never\"\n{extra}"));
+        let pipeline = Self::start_cdc(key, &config, bus, Arc::new(MemoryStateStore::new())).await;
+        slot_made(pool, &slot_of(key)).await;
+        pipeline
+    }
+}
+
+/// A table of the test's own, `prefix_...` (id BIGINT PRIMARY KEY, name TEXT).
+async fn named_rows(pool: &PgPool, prefix: &str) -> String {
+    let table = unique(prefix);
+    execute(
+        pool,
+        &format!("CREATE TABLE {table} (id BIGINT PRIMARY KEY, name TEXT)"),
+    )
+    .await;
+    table
+}
+
+/// Waits until the replication slot `slot` exists.
+async fn slot_made(pool: &PgPool, slot: &str) {
+    wait_for("the slot", WAIT, || async {
+        confirmed_flush(pool, slot).await.is_some()
+    })
+    .await;
 }
 
 fn cdc_config(tables: &[&str], extra: &str) -> String {
@@ -216,27 +251,12 @@ async fn inserts_updates_deletes_and_truncates_arrive_once_each_in_commit_order(
 #[tokio::test]
 async fn refused_sends_leave_the_slot_where_it_was_and_the_changes_come_once_accepted() {
     let pool = connect(&database_url()).await;
-    let table = unique("cdc_refused");
-    execute(
-        &pool,
-        &format!("CREATE TABLE {table} (id BIGINT PRIMARY KEY, name TEXT)"),
-    )
-    .await;
+    let table = named_rows(&pool, "cdc_refused").await;
     let key = unique("cdc_refused");
     let slot = slot_of(&key);
     let bus = MemoryBus::new();
     bus.refuse_sends(u32::MAX);
-    let pipeline = Pipeline::start_cdc(
-        &key,
-        &cdc_config(&[&table], "snapshot = \"never\""),
-        bus,
-        Arc::new(MemoryStateStore::new()),
-    )
-    .await;
-    wait_for("the slot", WAIT, || async {
-        confirmed_flush(&pool, &slot).await.is_some()
-    })
-    .await;
+    let pipeline = Pipeline::start_streaming(&pool, &key, &[&table], "", bus).await;
     let start = confirmed_flush(&pool, &slot).await.unwrap();
     execute(
         &pool,
@@ -273,27 +293,12 @@ async fn refused_sends_leave_the_slot_where_it_was_and_the_changes_come_once_acc
 #[tokio::test]
 async fn the_wal_past_the_slots_confirmed_position_is_reported_as_lag_until_delivered() {
     let pool = connect(&database_url()).await;
-    let table = unique("cdc_lag");
-    execute(
-        &pool,
-        &format!("CREATE TABLE {table} (id BIGINT PRIMARY KEY, name TEXT)"),
-    )
-    .await;
+    let table = named_rows(&pool, "cdc_lag").await;
     let key = unique("cdc_lag");
     let slot = slot_of(&key);
     let bus = MemoryBus::new();
     bus.refuse_sends(u32::MAX);
-    let pipeline = Pipeline::start_cdc(
-        &key,
-        &cdc_config(&[&table], "snapshot = \"never\""),
-        bus,
-        Arc::new(MemoryStateStore::new()),
-    )
-    .await;
-    wait_for("the slot", WAIT, || async {
-        confirmed_flush(&pool, &slot).await.is_some()
-    })
-    .await;
+    let pipeline = Pipeline::start_streaming(&pool, &key, &[&table], "", bus).await;
     let before = current_wal(&pool).await;
     execute(
         &pool,
@@ -388,12 +393,7 @@ async fn a_restart_resumes_from_the_saved_position_without_loss_or_repeats() {
 #[tokio::test]
 async fn an_interrupted_snapshot_resumes_after_its_last_delivered_key_and_streams_what_changed() {
     let pool = connect(&database_url()).await;
-    let table = unique("cdc_snapshot");
-    execute(
-        &pool,
-        &format!("CREATE TABLE {table} (id BIGINT PRIMARY KEY, name TEXT)"),
-    )
-    .await;
+    let table = named_rows(&pool, "cdc_snapshot").await;
     let slot = unique("cdc_snapshot_slot");
     let config = json!({
         "connection_string": database_url(),
@@ -749,19 +749,13 @@ async fn an_idle_source_lets_its_slot_move_past_other_tables_wal() {
     .await;
     let key = unique("cdc_idle");
     let slot = slot_of(&key);
-    let pipeline = Pipeline::start_cdc(
+    let pipeline = Pipeline::start_streaming(
+        &pool,
         &key,
-        &cdc_config(
-            &[&table],
-            "snapshot = \"never\"\nslot_lag_warning = 2097152",
-        ),
+        &[&table],
+        "slot_lag_warning = 2097152",
         MemoryBus::new(),
-        Arc::new(MemoryStateStore::new()),
     )
-    .await;
-    wait_for("the slot", WAIT, || async {
-        confirmed_flush(&pool, &slot).await.is_some()
-    })
     .await;
     execute(
         &pool,
@@ -815,10 +809,7 @@ async fn an_idle_stream_outlives_wal_sender_timeout_and_confirms_only_committed_
     );
     let state: Arc<dyn StateStore> = Arc::new(MemoryStateStore::new());
     let pipeline = Pipeline::start_cdc(&key, &config, MemoryBus::new(), state.clone()).await;
-    wait_for("the slot", WAIT, || async {
-        confirmed_flush(&pool, &slot).await.is_some()
-    })
-    .await;
+    slot_made(&pool, &slot).await;
     let start = confirmed_flush(&pool, &slot).await.unwrap();
     execute(&pool, &format!("INSERT INTO {table} VALUES (1)")).await;
     pipeline.wait_for_count(1).await;
@@ -897,13 +888,8 @@ async fn a_terminated_replication_connection_is_reopened_and_nothing_is_lost_or_
     .await;
     let key = unique("cdc_terminated");
     let slot = slot_of(&key);
-    let pipeline = Pipeline::start_cdc(
-        &key,
-        &cdc_config(&[&table], "snapshot = \"never\"\nbatch_size = 5"),
-        MemoryBus::new(),
-        Arc::new(MemoryStateStore::new()),
-    )
-    .await;
+    let pipeline =
+        Pipeline::start_streaming(&pool, &key, &[&table], "batch_size = 5", MemoryBus::new()).await;
     let walsender = || async {
         sqlx::query_scalar::<_, Option<i32>>(
             "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
@@ -914,10 +900,6 @@ async fn a_terminated_replication_connection_is_reopened_and_nothing_is_lost_or_
         .unwrap()
         .flatten()
     };
-    wait_for("the slot", WAIT, || async {
-        confirmed_flush(&pool, &slot).await.is_some()
-    })
-    .await;
     let mut terminated = Vec::new();
     for round in 0..3 {
         for id in round * 20 + 1..=round * 20 + 20 {
@@ -962,12 +944,7 @@ async fn a_terminated_replication_connection_is_reopened_and_nothing_is_lost_or_
 #[tokio::test]
 async fn a_transaction_larger_than_a_batch_is_cut_and_resumed_inside_after_a_restart() {
     let pool = connect(&database_url()).await;
-    let table = unique("cdc_cut");
-    execute(
-        &pool,
-        &format!("CREATE TABLE {table} (id BIGINT PRIMARY KEY, name TEXT)"),
-    )
-    .await;
+    let table = named_rows(&pool, "cdc_cut").await;
     let slot = unique("cdc_cut_slot");
     let config = json!({
         "connection_string": database_url(),
@@ -1072,17 +1049,7 @@ async fn streamed_rows_of_every_common_type_equal_row_to_json_of_the_same_row() 
     )
     .await;
     let key = unique("cdc_types");
-    let pipeline = Pipeline::start_cdc(
-        &key,
-        &cdc_config(&[&table], "snapshot = \"never\""),
-        MemoryBus::new(),
-        Arc::new(MemoryStateStore::new()),
-    )
-    .await;
-    wait_for("the slot", WAIT, || async {
-        confirmed_flush(&pool, &slot_of(&key)).await.is_some()
-    })
-    .await;
+    let pipeline = Pipeline::start_streaming(&pool, &key, &[&table], "", MemoryBus::new()).await;
     execute(
         &pool,
         &format!(

@@ -25,6 +25,8 @@ pub struct Proxy {
 
 struct Shared {
     down: watch::Sender<bool>,
+    /// While true, no byte is passed either way.
+    stalled: watch::Sender<bool>,
     /// Client-to-server bytes relayed so far, and the count at which the
     /// relay cuts every connection (`u64::MAX`: never).
     sent: Mutex<(u64, u64)>,
@@ -53,6 +55,7 @@ impl Proxy {
         let addr = listener.local_addr().unwrap();
         let shared = Arc::new(Shared {
             down: watch::channel(false).0,
+            stalled: watch::channel(false).0,
             sent: Mutex::new((0, u64::MAX)),
         });
         let relays = shared.clone();
@@ -79,6 +82,13 @@ impl Proxy {
 
     pub fn set_down(&self, down: bool) {
         self.shared.down.send_replace(down);
+    }
+
+    /// While stalled, the relay passes no byte either way: connections stay
+    /// open and what arrives waits in the relay, so nothing a client asks
+    /// is answered until it is released.
+    pub fn set_stalled(&self, stalled: bool) {
+        self.shared.stalled.send_replace(stalled);
     }
 
     /// Client-to-server bytes relayed so far, over every connection.
@@ -109,6 +119,7 @@ async fn relay(inbound: TcpStream, outbound: TcpStream, shared: Arc<Shared>) {
         let mut buffer = vec![0; 16 * 1024];
         loop {
             let read = client_reader.read(&mut buffer).await?;
+            unstalled(&shared).await;
             if read == 0 {
                 return server_writer.shutdown().await;
             }
@@ -120,11 +131,28 @@ async fn relay(inbound: TcpStream, outbound: TcpStream, shared: Arc<Shared>) {
             }
         }
     };
-    let downstream = tokio::io::copy(&mut server_reader, &mut client_writer);
+    let downstream = async {
+        let mut buffer = vec![0; 16 * 1024];
+        loop {
+            let read = server_reader.read(&mut buffer).await?;
+            unstalled(&shared).await;
+            if read == 0 {
+                return Ok::<_, std::io::Error>(());
+            }
+            client_writer.write_all(&buffer[..read]).await?;
+        }
+    };
     tokio::select! {
         _ = async { tokio::join!(upstream, downstream) } => {}
         _ = down.wait_for(|down| *down) => {}
     }
+}
+
+/// Returns once the relay is not stalled.
+async fn unstalled(shared: &Shared) {
+    let mut stalled = shared.stalled.subscribe();
+    // The sender lives in `shared`: the wait ends only when released.
+    let _ = stalled.wait_for(|stalled| !*stalled).await;
 }
 
 /// A loopback HTTP/1 relay to `target` that, while throttling, answers every

@@ -10,19 +10,13 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 /// A sink `snk` with `on_error = "dlq"` whose backend refuses `"bad"`
 /// messages; returns once the batch of three (the second bad) is committed.
 async fn dead_lettering_sink(harness: &Harness) -> Arc<SinkControl> {
-    let control = Arc::new(SinkControl::default());
-    control.reject_bad.store(true, Ordering::SeqCst);
-    harness.factory.sink("snk", control.clone());
+    let control = harness.rejecting_sink("snk");
     harness
         .produce(&[br#"{"n":0}"#, br#"{"n":1,"bad":true}"#, br#"{"n":2}"#])
         .await;
-    let mut config = scripted::sink_config("snk", OnError::Dlq);
-    config.dead_letter = Some(DeadLetterTarget {
-        stream: STREAM.into(),
-        topic: "dlq".into(),
-    });
-    harness.runtime.add(config).unwrap();
-    harness.runtime.start_enabled().await;
+    harness
+        .start_sink(dead_lettering(scripted::sink_config("snk", OnError::Dlq)))
+        .await;
     wait_for("the batch to commit", || {
         harness.bus.committed_offset(STREAM, TOPIC, GROUP, 0) == Some(2)
     })
@@ -159,24 +153,11 @@ async fn given_target_origin_when_replayed_should_append_to_the_origin_topic_for
 #[tokio::test]
 async fn given_a_source_dead_letter_when_replayed_should_go_to_the_topic_it_was_meant_for() {
     let harness = Harness::new(Duration::from_secs(5));
-    let records = vec![
-        SourceRecord::new(Payload::Json(serde_json::json!({ "n": 1 }))),
-        SourceRecord::new(Payload::Raw(Bytes::from_static(b"{not json"))),
-    ];
-    let (source, log) = ScriptedSource::new(
-        vec![Step::Batch {
-            records,
-            state: None,
-        }],
-        BatchPolicy::default(),
-    );
-    harness.factory.source_once("src", source);
-    let mut config = scripted::source_config("src", None);
-    config.dead_letter = Some(DeadLetterTarget {
-        stream: STREAM.into(),
-        topic: "dlq".into(),
-    });
-    harness.runtime.add(config).unwrap();
+    let log = harness.one_batch_source("src", one_good_one_unencodable());
+    harness
+        .runtime
+        .add(dead_lettering(scripted::source_config("src", None)))
+        .unwrap();
     harness.runtime.start_enabled().await;
     wait_for("the batch to commit", || {
         log.commits.load(Ordering::SeqCst) == 1

@@ -32,6 +32,23 @@ use crate::iggy::{Bus, MemoryBus, ProducerTarget};
 use crate::message::{OutgoingMessage, Payload, SourceRecord};
 use crate::state::{MemoryStateStore, StateStore, StoredState};
 
+/// `config` dead-lettering to the topic `dlq` of the test stream.
+fn dead_lettering(mut config: crate::config::ConnectorConfig) -> crate::config::ConnectorConfig {
+    config.dead_letter = Some(DeadLetterTarget {
+        stream: STREAM.into(),
+        topic: "dlq".into(),
+    });
+    config
+}
+
+/// A record that encodes as JSON (`{"n": 1}`) and one that does not.
+fn one_good_one_unencodable() -> Vec<SourceRecord> {
+    vec![
+        SourceRecord::new(Payload::Json(serde_json::json!({ "n": 1 }))),
+        SourceRecord::new(Payload::Raw(Bytes::from_static(b"{not json"))),
+    ]
+}
+
 const FAST: Backoff = Backoff {
     initial: Duration::from_millis(1),
     max: Duration::from_millis(5),
@@ -107,6 +124,28 @@ impl Harness {
             .add(scripted::source_config(key, nack_limit))
             .unwrap();
         self.runtime.start_enabled().await;
+    }
+
+    /// A sink `key` whose backend refuses the messages marked `"bad"`.
+    fn rejecting_sink(&self, key: &str) -> Arc<SinkControl> {
+        let control = Arc::new(SinkControl::default());
+        control.reject_bad.store(true, Ordering::SeqCst);
+        self.factory.sink(key, control.clone());
+        control
+    }
+
+    /// A source `key`, polled once, whose first poll returns `records` (no
+    /// state); not started.
+    fn one_batch_source(&self, key: &str, records: Vec<SourceRecord>) -> Arc<scripted::SourceLog> {
+        let (source, log) = ScriptedSource::new(
+            vec![Step::Batch {
+                records,
+                state: None,
+            }],
+            BatchPolicy::default(),
+        );
+        self.factory.source_once(key, source);
+        log
     }
 
     async fn start_sink(&self, config: crate::config::ConnectorConfig) {
@@ -538,9 +577,7 @@ async fn given_a_sink_stopped_while_its_writes_fail_when_restarted_should_get_th
 async fn given_a_rejected_message_when_on_error_is_stop_should_stop_with_reason_rejected_and_keep_offsets()
  {
     let harness = Harness::new(Duration::from_secs(5));
-    let control = Arc::new(SinkControl::default());
-    control.reject_bad.store(true, Ordering::SeqCst);
-    harness.factory.sink("snk", control.clone());
+    harness.rejecting_sink("snk");
     harness
         .produce(&[br#"{"n":0}"#, br#"{"n":1,"bad":true}"#])
         .await;
@@ -562,9 +599,7 @@ async fn given_a_rejected_message_when_on_error_is_stop_should_stop_with_reason_
 #[tokio::test]
 async fn given_a_rejected_message_when_on_error_is_skip_should_count_it_and_write_the_rest() {
     let harness = Harness::new(Duration::from_secs(5));
-    let control = Arc::new(SinkControl::default());
-    control.reject_bad.store(true, Ordering::SeqCst);
-    harness.factory.sink("snk", control.clone());
+    let control = harness.rejecting_sink("snk");
     harness
         .produce(&[br#"{"n":0}"#, br#"{"n":1,"bad":true}"#, br#"{"n":2}"#])
         .await;
@@ -595,19 +630,13 @@ async fn given_a_rejected_message_when_on_error_is_skip_should_count_it_and_writ
 async fn given_a_rejected_message_when_on_error_is_dlq_should_dead_letter_it_with_headers_saying_why()
  {
     let harness = Harness::new(Duration::from_secs(5));
-    let control = Arc::new(SinkControl::default());
-    control.reject_bad.store(true, Ordering::SeqCst);
-    harness.factory.sink("snk", control.clone());
+    let control = harness.rejecting_sink("snk");
     harness
         .produce(&[br#"{"n":0}"#, br#"{"n":1,"bad":true}"#])
         .await;
-    let mut config = scripted::sink_config("snk", OnError::Dlq);
-    config.dead_letter = Some(DeadLetterTarget {
-        stream: STREAM.into(),
-        topic: "dlq".into(),
-    });
-    harness.runtime.add(config).unwrap();
-    harness.runtime.start_enabled().await;
+    harness
+        .start_sink(dead_lettering(scripted::sink_config("snk", OnError::Dlq)))
+        .await;
 
     wait_for("the batch to commit", || {
         harness.bus.committed_offset(STREAM, TOPIC, GROUP, 0) == Some(1)

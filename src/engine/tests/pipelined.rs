@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use super::scripted::{self, STREAM, ScriptedSource, Step, TOPIC};
-use super::{Harness, state_bytes, wait_for};
-use crate::config::{DeadLetterTarget, KindConfig};
+use super::{Harness, dead_lettering, state_bytes, wait_for};
+use crate::config::KindConfig;
 use crate::connectors::{BatchPolicy, ConnectorKind};
 use crate::iggy::MemoryBus;
 use crate::message::{Payload, SourceRecord};
@@ -227,23 +227,12 @@ async fn given_a_large_batch_with_transforms_when_prepared_in_slices_should_keep
             _ => SourceRecord::new(Payload::Json(serde_json::json!({ "n": n }))),
         })
         .collect();
-    let (source, log) = ScriptedSource::new(
-        vec![Step::Batch {
-            records,
-            state: None,
-        }],
-        BatchPolicy::default(),
-    );
-    harness.factory.source_once("src", source);
-    let mut config = scripted::source_config("src", None);
+    let log = harness.one_batch_source("src", records);
+    let mut config = dead_lettering(scripted::source_config("src", None));
     config.transforms = vec![(
         "add_fields".into(),
         serde_json::json!({"fields": [{"key": "t", "value": {"static": 1}}]}),
     )];
-    config.dead_letter = Some(DeadLetterTarget {
-        stream: STREAM.into(),
-        topic: "dlq".into(),
-    });
     harness.runtime.add(config).unwrap();
     harness.runtime.start_enabled().await;
 

@@ -32,18 +32,14 @@ fn payloads(frames: &[Arc<TapFrame>]) -> Vec<String> {
 async fn given_a_tapped_sink_when_a_message_is_refused_should_show_it_in_and_dead_lettered_and_the_rest_out()
  {
     let harness = Harness::new(Duration::from_secs(5));
-    let control = Arc::new(SinkControl::default());
-    control.reject_bad.store(true, Ordering::SeqCst);
-    harness.factory.sink("snk", control.clone());
+    harness.rejecting_sink("snk");
     harness
         .produce(&[br#"{"n":0}"#, br#"{"n":1,"bad":true}"#])
         .await;
-    let mut config = scripted::sink_config("snk", OnError::Dlq);
-    config.dead_letter = Some(DeadLetterTarget {
-        stream: STREAM.into(),
-        topic: "dlq".into(),
-    });
-    harness.runtime.add(config).unwrap();
+    harness
+        .runtime
+        .add(dead_lettering(scripted::sink_config("snk", OnError::Dlq)))
+        .unwrap();
     let [mut tapped_in, mut tapped_out, mut tapped_dlq] =
         subscribe_all(&harness, ConnectorKind::Sink, "snk");
     harness.runtime.start_enabled().await;
@@ -86,24 +82,11 @@ async fn given_a_tapped_sink_when_a_message_is_refused_should_show_it_in_and_dea
 async fn given_a_tapped_source_when_a_record_does_not_encode_should_show_it_in_and_dead_lettered_and_the_rest_out()
  {
     let harness = Harness::new(Duration::from_secs(5));
-    let records = vec![
-        SourceRecord::new(Payload::Json(serde_json::json!({ "n": 1 }))),
-        SourceRecord::new(Payload::Raw(Bytes::from_static(b"{not json"))),
-    ];
-    let (source, log) = ScriptedSource::new(
-        vec![Step::Batch {
-            records,
-            state: None,
-        }],
-        BatchPolicy::default(),
-    );
-    harness.factory.source_once("src", source);
-    let mut config = scripted::source_config("src", None);
-    config.dead_letter = Some(DeadLetterTarget {
-        stream: STREAM.into(),
-        topic: "dlq".into(),
-    });
-    harness.runtime.add(config).unwrap();
+    let log = harness.one_batch_source("src", one_good_one_unencodable());
+    harness
+        .runtime
+        .add(dead_lettering(scripted::source_config("src", None)))
+        .unwrap();
     let [mut tapped_in, mut tapped_out, mut tapped_dlq] =
         subscribe_all(&harness, ConnectorKind::Source, "src");
     harness.runtime.start_enabled().await;
