@@ -158,6 +158,10 @@ const FETCH_QUEUE_BACKOFF_MS: u32 = 10;
 /// The `kafka_*` headers the source adds to a record's own.
 const OWN_HEADERS: usize = 5;
 
+/// How many records a poll takes from librdkafka's queue before it lets
+/// the task's other work (the send before it) run.
+const YIELD_EVERY: usize = 128;
+
 /// How many batches may be polled and not yet committed.
 const MAX_IN_FLIGHT: usize = 4;
 
@@ -418,7 +422,17 @@ impl KafkaSource {
         let mut stream = consumer.stream();
         let mut deadline =
             (!buffer.records.is_empty()).then(|| Instant::now() + self.config.batch_linger);
+        let mut taken = 0;
         while buffer.records.len() < self.config.batch_size {
+            if taken == YIELD_EVERY {
+                // The engine runs this poll and the send of the batch
+                // before it in one task: without a pause the send's
+                // acknowledgement waits for the whole batch. Nothing is
+                // held here but the buffer, so a poll dropped at this point
+                // loses nothing.
+                taken = 0;
+                tokio::task::yield_now().await;
+            }
             let received = match stream.next().now_or_never() {
                 Some(ready) => Ok(ready),
                 None => {
@@ -432,6 +446,7 @@ impl KafkaSource {
                 Ok(Some(Ok(message))) => {
                     let polled = self.polled(&message, buffer);
                     buffer.records.push(polled);
+                    taken += 1;
                     deadline.get_or_insert_with(|| Instant::now() + self.config.batch_linger);
                 }
                 Ok(Some(Err(error))) if is_fatal(&error) => {
