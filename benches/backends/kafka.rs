@@ -14,6 +14,15 @@
 //!   -> a one-partition Kafka topic, read back afterwards. The ceiling is a
 //!   raw producer with the sink's settings keeping every record in flight
 //!   librdkafka's queue takes.
+//! - `iggy_send_shapes_200b`: no Kafka; the Iggy producer alone sending
+//!   batches of 1000 records of 200 B in the shapes the sources give it
+//!   (plain, with ids, with a partition per record, with the kafka source's
+//!   headers, all three), one line each: what a send costs by shape.
+//!
+//! `BENCH_KAFKA_SOURCE_TOP`, `BENCH_KAFKA_SOURCE_PLUGIN` and
+//! `BENCH_KAFKA_SOURCE_CLIENT` put lines into the source's config (its top
+//! level, its `[plugin_config]` instead of `batch_size = 1000`, its
+//! `client_options`), for trying settings without a rebuild.
 //!
 //! Each raw loop runs in a child process of its own (so the case's
 //! `rss_mb` is the connector's), prints its own `bench: name=raw_kafka_...`
@@ -47,6 +56,7 @@ const CASES: &[&str] = &[
     "kafka_to_iggy_1kb",
     "iggy_to_kafka_200b",
     "iggy_to_kafka_1kb",
+    "iggy_send_shapes_200b",
 ];
 /// The Iggy topic.
 const TOPIC: &str = "events";
@@ -74,6 +84,10 @@ async fn run(case: String) {
     }
     let size = if case.ends_with("_1kb") { 1024 } else { 200 };
     let messages = common::scaled(200_000, 1000);
+    if case == "iggy_send_shapes_200b" {
+        send_shapes(case, size, messages).await;
+        return;
+    }
     let broker = KafkaBroker::start();
     let bootstrap = broker.bootstrap();
     create_topic(&bootstrap, KAFKA_TOPIC, 1).await;
@@ -285,6 +299,14 @@ async fn source_case(
 ) {
     let client = raw::topic(iggy, stream, TOPIC).await;
     let stages = Stages::install();
+    // Diagnostics: `BENCH_KAFKA_SOURCE_TOP` adds lines to the connector's
+    // top level (`max_in_flight = 1`), `BENCH_KAFKA_SOURCE_PLUGIN` replaces
+    // the lines of its `[plugin_config]` (`batch_size = 5000`).
+    let top = std::env::var("BENCH_KAFKA_SOURCE_TOP").unwrap_or_default();
+    let plugin =
+        std::env::var("BENCH_KAFKA_SOURCE_PLUGIN").unwrap_or_else(|_| "batch_size = 1000".into());
+    // And `BENCH_KAFKA_SOURCE_CLIENT` to its `client_options`.
+    let client_options = std::env::var("BENCH_KAFKA_SOURCE_CLIENT").unwrap_or_default();
     let pipeline = Pipeline::new(
         iggy,
         &format!(
@@ -292,6 +314,7 @@ async fn source_case(
             type = "source"
             key = "bench_source"
             path = "kafka"
+            {top}
             [[streams]]
             stream = "{stream}"
             topic = "{TOPIC}"
@@ -300,10 +323,11 @@ async fn source_case(
             bootstrap_servers = "{bootstrap}"
             topics = ["{KAFKA_TOPIC}"]
             group_id = "bench"
-            batch_size = 1000
+            {plugin}
             [plugin_config.client_options]
             "session.timeout.ms" = "{SESSION_TIMEOUT_MS}"
             "heartbeat.interval.ms" = "1000"
+            {client_options}
             "#
         ),
     );
@@ -423,4 +447,84 @@ async fn sink_case(
         written.len()
     );
     raw::drop_stream(&client, stream).await;
+}
+
+/// The producer's send of batches of 1000 records of `size` bytes in the
+/// shapes the random and the kafka source give it, to the same test server:
+/// `plain` (no id, no header, balanced), `ids` (the kafka source's ids),
+/// `keyed` (a partition per record, as `partitioning = "key"`), `headers`
+/// (the source's `kafka_*` headers plus the bench records' key and
+/// `iggy_id`), `kafka` (all three). One line per shape, `p50_ms` per send.
+async fn send_shapes(case: &str, size: usize, messages: u64) {
+    use iggy_connect::iggy::{Bus, IggyBus, ProducerTarget};
+    use iggy_connect::message::{HeaderValue, OutgoingMessage};
+    let iggy = Iggy::start();
+    let bus = IggyBus::new(iggy.settings());
+    for shape in ["plain", "ids", "keyed", "headers", "kafka", "plain"] {
+        let stream = common::unique(&format!("{case}_{shape}"));
+        let producer = bus
+            .producer(&ProducerTarget {
+                stream: stream.clone(),
+                topic: TOPIC.into(),
+                partitions: 1,
+                batch_length: 1000,
+                linger_time: Duration::from_millis(5),
+            })
+            .await
+            .expect("producer");
+        let (ids, keyed, headers) = match shape {
+            "ids" => (true, false, false),
+            "keyed" => (false, true, false),
+            "headers" => (false, false, true),
+            "kafka" => (true, true, true),
+            _ => (false, false, false),
+        };
+        let record = |n: u64| {
+            let key = n.to_string();
+            let mut message = OutgoingMessage::new(
+                ids.then(|| u128::from(n) << 64 | 0xabcd),
+                Vec::new(),
+                payload(n, size).into(),
+            );
+            if keyed {
+                message.partition = Some(crc32fast::hash(key.as_bytes()));
+            }
+            if headers {
+                message.headers = vec![
+                    (
+                        "kafka_topic".into(),
+                        HeaderValue::String(KAFKA_TOPIC.into()),
+                    ),
+                    ("kafka_partition".into(), HeaderValue::Int(0)),
+                    ("kafka_offset".into(), HeaderValue::Int(n as i64)),
+                    (
+                        "kafka_timestamp".into(),
+                        HeaderValue::Int(1_765_000_000_000),
+                    ),
+                    ("kafka_key".into(), HeaderValue::String(key.clone())),
+                    ("iggy_id".into(), HeaderValue::String(key)),
+                ];
+            }
+            message
+        };
+        let mut samples = Vec::new();
+        let started = Instant::now();
+        for first in (0..messages).step_by(1000) {
+            let batch: Vec<OutgoingMessage> = (first..first + 1000).map(record).collect();
+            let sent = Instant::now();
+            producer.send(&batch).await.expect("send");
+            samples.push(sent.elapsed());
+        }
+        Report {
+            name: &format!("{case}_{shape}"),
+            messages,
+            elapsed: started.elapsed(),
+            latencies: Latencies::from_durations(&samples),
+            extra: vec![("server", iggy.kind().into())],
+        }
+        .print();
+        drop(producer);
+        let client = iggy.settings().connect().await.expect("connect");
+        raw::drop_stream(&client, &stream).await;
+    }
 }

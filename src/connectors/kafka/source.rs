@@ -158,6 +158,10 @@ const FETCH_QUEUE_BACKOFF_MS: u32 = 10;
 /// The `kafka_*` headers the source adds to a record's own.
 const OWN_HEADERS: usize = 5;
 
+/// How many records a poll takes from librdkafka's queue before it lets
+/// the task's other work (the send before it) run.
+const YIELD_EVERY: usize = 128;
+
 /// How many batches may be polled and not yet committed.
 const MAX_IN_FLIGHT: usize = 4;
 
@@ -232,8 +236,36 @@ impl ConsumerContext for SourceContext {
 /// A record received and not yet handed to the engine.
 struct Polled {
     record: SourceRecord,
-    partition: PartitionKey,
+    /// Its partition, an index into [`Buffer::partitions`]: a topic name
+    /// per record, hashed into the batch's positions, was an allocation and
+    /// a hash per record.
+    partition: usize,
     offset: i64,
+}
+
+/// What polls received and the engine has not taken yet.
+#[derive(Default)]
+struct Buffer {
+    records: Vec<Polled>,
+    /// The partitions `records` come from.
+    partitions: Vec<PartitionKey>,
+}
+
+impl Buffer {
+    /// The index of `topic`'s `partition` in [`Buffer::partitions`].
+    fn partition_index(&mut self, topic: &str, partition: i32) -> usize {
+        match self
+            .partitions
+            .iter()
+            .position(|(known, number)| *number == partition && known == topic)
+        {
+            Some(index) => index,
+            None => {
+                self.partitions.push((topic.to_owned(), partition));
+                self.partitions.len() - 1
+            }
+        }
+    }
 }
 
 /// The positions of an explicit assignment, as saved with each batch.
@@ -248,7 +280,7 @@ pub struct KafkaSource {
     key: String,
     consumer: Option<Arc<StreamConsumer<SourceContext>>>,
     shared: Arc<Shared>,
-    buffer: tokio::sync::Mutex<Vec<Polled>>,
+    buffer: tokio::sync::Mutex<Buffer>,
     /// Explicit assignment: each partition's next offset after the last poll.
     positions: Mutex<BTreeMap<PartitionKey, i64>>,
 }
@@ -290,7 +322,7 @@ impl KafkaSource {
             key: String::new(),
             consumer: None,
             shared: Arc::new(Shared::default()),
-            buffer: tokio::sync::Mutex::new(Vec::new()),
+            buffer: tokio::sync::Mutex::new(Buffer::default()),
             positions: Mutex::new(BTreeMap::new()),
         };
         source.client_config()?;
@@ -368,10 +400,13 @@ impl KafkaSource {
     }
 
     /// Drops buffered records of partitions revoked since the last look.
-    fn drop_revoked(&self, buffer: &mut Vec<Polled>) {
+    fn drop_revoked(&self, buffer: &mut Buffer) {
         let revoked = std::mem::take(&mut *lock(&self.shared.revoked));
         if !revoked.is_empty() {
-            buffer.retain(|polled| !revoked.contains(&polled.partition));
+            let partitions = &buffer.partitions;
+            buffer
+                .records
+                .retain(|polled| !revoked.contains(&partitions[polled.partition]));
         }
     }
 
@@ -382,11 +417,22 @@ impl KafkaSource {
     async fn fill(
         &self,
         consumer: &StreamConsumer<SourceContext>,
-        buffer: &mut Vec<Polled>,
+        buffer: &mut Buffer,
     ) -> Result<(), ConnectorError> {
         let mut stream = consumer.stream();
-        let mut deadline = (!buffer.is_empty()).then(|| Instant::now() + self.config.batch_linger);
-        while buffer.len() < self.config.batch_size {
+        let mut deadline =
+            (!buffer.records.is_empty()).then(|| Instant::now() + self.config.batch_linger);
+        let mut taken = 0;
+        while buffer.records.len() < self.config.batch_size {
+            if taken == YIELD_EVERY {
+                // The engine runs this poll and the send of the batch
+                // before it in one task: without a pause the send's
+                // acknowledgement waits for the whole batch. Nothing is
+                // held here but the buffer, so a poll dropped at this point
+                // loses nothing.
+                taken = 0;
+                tokio::task::yield_now().await;
+            }
             let received = match stream.next().now_or_never() {
                 Some(ready) => Ok(ready),
                 None => {
@@ -398,13 +444,15 @@ impl KafkaSource {
             self.drop_revoked(buffer);
             match received {
                 Ok(Some(Ok(message))) => {
-                    buffer.push(self.polled(&message));
+                    let polled = self.polled(&message, buffer);
+                    buffer.records.push(polled);
+                    taken += 1;
                     deadline.get_or_insert_with(|| Instant::now() + self.config.batch_linger);
                 }
                 Ok(Some(Err(error))) if is_fatal(&error) => {
                     return Err(classify("consuming", error));
                 }
-                Ok(Some(Err(error))) if buffer.is_empty() => {
+                Ok(Some(Err(error))) if buffer.records.is_empty() => {
                     return Err(classify("consuming", error));
                 }
                 Ok(Some(Err(error))) => {
@@ -413,41 +461,39 @@ impl KafkaSource {
                 }
                 // A consumer's stream never ends.
                 Ok(None) => return Ok(()),
-                Err(_) if buffer.is_empty() => deadline = None,
+                Err(_) if buffer.records.is_empty() => deadline = None,
                 Err(_) => return Ok(()),
             }
         }
         Ok(())
     }
 
-    fn polled(&self, message: &BorrowedMessage<'_>) -> Polled {
+    fn polled(&self, message: &BorrowedMessage<'_>, buffer: &mut Buffer) -> Polled {
         let topic = message.topic();
         let (partition, offset) = (message.partition(), message.offset());
+        let kafka_headers = message.headers();
         let mut headers = Headers::with_capacity(
-            OWN_HEADERS
-                + message
-                    .headers()
-                    .map_or(0, |kafka_headers| kafka_headers.count()),
+            OWN_HEADERS + kafka_headers.as_ref().map_or(0, |headers| headers.count()),
         );
-        push_header(
-            &mut headers,
-            "kafka_topic",
+        // The connector's own headers have distinct names and values Iggy
+        // carries (a topic name is 1 to 249 bytes): no check needed.
+        headers.push((
+            "kafka_topic".to_owned(),
             HeaderValue::String(topic.to_owned()),
-        );
-        push_header(
-            &mut headers,
-            "kafka_partition",
+        ));
+        headers.push((
+            "kafka_partition".to_owned(),
             HeaderValue::Int(partition.into()),
-        );
-        push_header(&mut headers, "kafka_offset", HeaderValue::Int(offset));
+        ));
+        headers.push(("kafka_offset".to_owned(), HeaderValue::Int(offset)));
         let timestamp = message.timestamp().to_millis();
         if let Some(millis) = timestamp {
-            push_header(&mut headers, "kafka_timestamp", HeaderValue::Int(millis));
+            headers.push(("kafka_timestamp".to_owned(), HeaderValue::Int(millis)));
         }
         if let Some(key) = message.key() {
             push_header(&mut headers, "kafka_key", bytes_value(key));
         }
-        if let Some(kafka_headers) = message.headers() {
+        if let Some(kafka_headers) = kafka_headers {
             for header in kafka_headers.iter() {
                 if let Some(value) = header.value {
                     push_header(&mut headers, header.key, bytes_value(value));
@@ -473,7 +519,7 @@ impl KafkaSource {
         };
         Polled {
             record,
-            partition: (topic.to_owned(), partition),
+            partition: buffer.partition_index(topic, partition),
             offset,
         }
     }
@@ -543,8 +589,11 @@ impl Source for KafkaSource {
         let consumer = self.consumer()?.clone();
         let mut buffer = self.buffer.lock().await;
         self.fill(&consumer, &mut buffer).await?;
-        let polled = std::mem::take(&mut *buffer);
-        let mut next = Positions::new();
+        let Buffer {
+            records: polled,
+            partitions,
+        } = std::mem::take(&mut *buffer);
+        let mut ends = vec![None; partitions.len()];
         let mut records = Vec::with_capacity(polled.len());
         for Polled {
             record,
@@ -552,9 +601,14 @@ impl Source for KafkaSource {
             offset,
         } in polled
         {
-            next.insert(partition, offset + 1);
+            ends[partition] = Some(offset + 1);
             records.push(record);
         }
+        let next: Positions = partitions
+            .into_iter()
+            .zip(ends)
+            .filter_map(|(partition, end)| Some((partition, end?)))
+            .collect();
         let state = if self.grouped() {
             None
         } else {
@@ -604,7 +658,7 @@ impl Source for KafkaSource {
 
     async fn close(&mut self) -> Result<(), ConnectorError> {
         lock(&self.shared.staged).clear();
-        self.buffer.get_mut().clear();
+        *self.buffer.get_mut() = Buffer::default();
         let Some(consumer) = self.consumer.take() else {
             return Ok(());
         };
