@@ -234,22 +234,27 @@ impl Source for MemorySource {
         if self.flaw == SourceFlaw::DeletesInPoll {
             items[start..end].iter_mut().for_each(|item| item.1 = true);
         }
-        let records = items[start..end]
+        let records: Vec<SourceRecord> = items[start..end]
             .iter()
             .map(|(key, _)| SourceRecord::new(Payload::Json(json!({"key": key}))))
             .collect();
         drop(items);
         *self.staged.lock().unwrap() = Some(end);
-        let saved = if self.flaw == SourceFlaw::StaleState {
-            start
-        } else {
-            end
+        let caught_up = records.is_empty();
+        let state = match self.flaw {
+            // Saves where its batch began; a caught-up poll saves nothing,
+            // so an empty batch after the items cannot put it right by
+            // chance (its start is the items' end).
+            SourceFlaw::StaleState if caught_up => None,
+            SourceFlaw::StaleState => Some(encode_state(&start)?),
+            _ => Some(encode_state(&end)?),
         };
         Ok(SourceBatch {
             records,
-            state: Some(encode_state(&saved)?),
+            state,
             finished: false,
-            next_poll: None,
+            // Caught up: the engine polls again a little later (rule S8).
+            next_poll: caught_up.then(|| tokio::time::Instant::now() + Duration::from_millis(20)),
         })
     }
 
