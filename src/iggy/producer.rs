@@ -2,13 +2,21 @@
 //! send batches, reporting success only when the server acknowledged them.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
 use iggy::prelude::{
     Client, Durability, Identifier, IggyClient, IggyError, IggyMessage, IggyMessageHeader,
     IggyTimestamp, MessageClient, Partitioning, StreamClient, TopicClient, TopicCreateOptions,
+    TransportProtocol,
 };
+use iggy_binary_protocol::codes::SEND_MESSAGES_CODE;
+use iggy_binary_protocol::requests::messages::{RawMessage, SendMessagesEncoder};
+use iggy_binary_protocol::{WireError, WireIdentifier, WirePartitioning};
+use iggy_common::wire_conversions::identifier_to_wire;
+use rand::RngExt;
 use tracing::info;
 
 use crate::config::runtime::TopicDurability;
@@ -30,6 +38,13 @@ pub struct IggyProducer {
     /// The topic's partition count when the producer opened: where a message
     /// that keeps its origin's partition goes (`partition % partitions`).
     partitions: u32,
+    /// The stream and topic in wire form when the client speaks Iggy's
+    /// binary protocol (TCP, QUIC, WebSocket): requests are then encoded here,
+    /// straight from the outgoing messages. `None` over HTTP.
+    wire: Option<(WireIdentifier, WireIdentifier)>,
+    /// The next partition of a balanced request, round robin as the client's
+    /// own balancing does.
+    balanced: AtomicU32,
 }
 
 impl IggyProducer {
@@ -113,6 +128,19 @@ impl IggyProducer {
                 Err(error) => return Err(refused("the topic", target, &error)),
             }
         }
+        let binary = client.get_connection_info().await.protocol != TransportProtocol::Http;
+        let wire = if binary {
+            let wire = |id: &Identifier| {
+                identifier_to_wire(id).map_err(|error| BusError::Setup {
+                    stream: target.stream.clone(),
+                    topic: target.topic.clone(),
+                    reason: format!("invalid name \"{id}\": {error}"),
+                })
+            };
+            Some((wire(&stream)?, wire(&topic)?))
+        } else {
+            None
+        };
         Ok(Self {
             client,
             stream,
@@ -122,30 +150,59 @@ impl IggyProducer {
             request_timeout,
             created_volatile_topic,
             partitions: partitions.max(1),
+            wire,
+            balanced: AtomicU32::new(0),
         })
     }
 
-    /// Sends `messages` with one partitioning, in requests of `batch_length`.
+    /// Sends `messages` to `partition` (`None`: balanced), in requests of
+    /// `batch_length`.
     async fn send_to(
         &self,
-        partitioning: &Partitioning,
+        partition: Option<u32>,
         messages: &[OutgoingMessage],
     ) -> Result<(), BusError> {
         for chunk in messages.chunks(self.batch_length) {
             let origin_timestamp = IggyTimestamp::now().as_micros();
-            let mut batch = chunk
-                .iter()
-                .map(|message| to_iggy_message(message, origin_timestamp))
-                .collect::<Result<Vec<IggyMessage>, String>>()
-                .map_err(BusError::Send)?;
-            let sent = tokio::time::timeout(
-                self.request_timeout,
-                self.client
-                    .send_messages(&self.stream, &self.topic, partitioning, &mut batch),
-            )
-            .await;
+            let sent = match &self.wire {
+                Some((stream, topic)) => {
+                    // Balanced as the client balances: round robin over the
+                    // topic's partitions, one request at a time.
+                    let partition = partition.unwrap_or_else(|| {
+                        self.balanced.fetch_add(1, Ordering::Relaxed) % self.partitions
+                    });
+                    let request = encode(stream, topic, partition, chunk, origin_timestamp)
+                        .map_err(BusError::Send)?;
+                    tokio::time::timeout(
+                        self.request_timeout,
+                        self.client.send_binary_request(SEND_MESSAGES_CODE, request),
+                    )
+                    .await
+                    .map(|answer| answer.map(drop))
+                }
+                None => {
+                    let partitioning =
+                        partition.map_or_else(Partitioning::balanced, Partitioning::partition_id);
+                    let mut batch = chunk
+                        .iter()
+                        .map(|message| to_iggy_message(message, origin_timestamp))
+                        .collect::<Result<Vec<IggyMessage>, String>>()
+                        .map_err(BusError::Send)?;
+                    tokio::time::timeout(
+                        self.request_timeout,
+                        self.client.send_messages(
+                            &self.stream,
+                            &self.topic,
+                            &partitioning,
+                            &mut batch,
+                        ),
+                    )
+                    .await
+                    .map(|answer| answer.map(drop))
+                }
+            };
             match sent {
-                Ok(Ok(_)) => {}
+                Ok(Ok(())) => {}
                 Ok(Err(error)) => {
                     return Err(BusError::Send(format!(
                         "{}: {error} (code {})",
@@ -179,11 +236,7 @@ impl Producer for IggyProducer {
                 .map(|partition| partition % self.partitions)
         };
         for run in messages.chunk_by(|a, b| target(a) == target(b)) {
-            let partitioning = match run.first().and_then(target) {
-                Some(partition) => Partitioning::partition_id(partition),
-                None => Partitioning::balanced(),
-            };
-            self.send_to(&partitioning, run).await?;
+            self.send_to(run.first().and_then(target), run).await?;
         }
         Ok(())
     }
@@ -215,6 +268,58 @@ impl Drop for IggyProducer {
             });
         }
     }
+}
+
+/// A send request for `messages`, encoded straight from them: the client's
+/// `send_messages` takes its own message type (a vector of them per request,
+/// a payload handle cloned and dropped per message) and turns it into the
+/// same borrowed form first. A message without an id gets a random one, as
+/// the client would give it, from the thread's generator rather than a
+/// system call per message. `check` already refused what Iggy cannot store.
+fn encode(
+    stream: &WireIdentifier,
+    topic: &WireIdentifier,
+    partition: u32,
+    messages: &[OutgoingMessage],
+    origin_timestamp: u64,
+) -> Result<Bytes, String> {
+    if messages.iter().any(|message| message.payload.is_empty()) {
+        return Err("invalid message: empty payload".into());
+    }
+    let headers = messages
+        .iter()
+        .map(|message| headers::to_wire(&message.headers))
+        .collect::<Result<Vec<Option<Bytes>>, String>>()?;
+    let mut rng = rand::rng();
+    let raw = messages
+        .iter()
+        .zip(&headers)
+        .map(|(message, headers)| RawMessage {
+            id: message
+                .id
+                .filter(|id| *id != 0)
+                .unwrap_or_else(|| rng.random::<u128>().max(1)),
+            origin_timestamp: message.origin_timestamp.unwrap_or(origin_timestamp),
+            headers: headers.as_deref(),
+            payload: &message.payload,
+        })
+        .collect::<Vec<_>>();
+    let partitioning = WirePartitioning::PartitionId(partition);
+    let mut request = BytesMut::with_capacity(SendMessagesEncoder::encoded_size(
+        stream,
+        topic,
+        &partitioning,
+        &raw,
+    ));
+    SendMessagesEncoder::encode(&mut request, stream, topic, &partitioning, &raw).map_err(
+        |error| match error {
+            WireError::InvalidMessageTimestampDelta(delta) => {
+                IggyError::InvalidMessageTimestampDelta(delta).to_string()
+            }
+            other => format!("cannot encode the request: {other}"),
+        },
+    )?;
+    Ok(request.freeze())
 }
 
 /// The message as the client sends it, built directly: `check` already
