@@ -383,3 +383,59 @@ fn refused(what: &str, target: &ProducerTarget, error: &IggyError) -> BusError {
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use iggy_binary_protocol::WireDecode;
+    use iggy_binary_protocol::batch::decode_batch_slice;
+    use iggy_binary_protocol::requests::messages::SendMessagesHeader;
+
+    use super::*;
+    use crate::message::HeaderValue;
+
+    #[test]
+    fn given_outgoing_messages_when_encoded_should_decode_as_the_server_reads_them() {
+        let stream = WireIdentifier::named("s").unwrap();
+        let topic = WireIdentifier::named("t").unwrap();
+        let mut keyed = OutgoingMessage::new(
+            Some(7),
+            vec![("k".into(), HeaderValue::String("v".into()))],
+            Bytes::from_static(b"second"),
+        );
+        keyed.origin_timestamp = Some(1_500);
+        let messages = [
+            OutgoingMessage::new(None, Vec::new(), Bytes::from_static(b"first")),
+            keyed,
+        ];
+
+        let request = encode(&stream, &topic, 3, &messages, 1_000).unwrap();
+
+        let metadata = u32::from_le_bytes(request[..4].try_into().unwrap()) as usize;
+        let (header, _) = SendMessagesHeader::decode(&request[4..4 + metadata]).unwrap();
+        assert_eq!(
+            (header.stream_id, header.topic_id, header.partitioning),
+            (stream, topic, WirePartitioning::PartitionId(3))
+        );
+        assert_eq!(header.messages_count, 2);
+        let batch = decode_batch_slice(&request[4 + metadata..]).unwrap();
+        let frames: Vec<_> = batch.iter().collect();
+        assert_ne!(frames[0].header.id, 0, "a message without an id gets one");
+        assert_eq!(frames[0].payload, b"first");
+        assert_eq!(frames[0].user_headers, b"");
+        assert_eq!(frames[1].header.id, 7);
+        assert_eq!(frames[1].payload, b"second");
+        assert_eq!(
+            Some(Bytes::copy_from_slice(frames[1].user_headers)),
+            headers::to_wire(&messages[1].headers).unwrap()
+        );
+        assert_eq!(batch.header.origin_timestamp, 1_000);
+        assert_eq!(frames[1].header.timestamp_delta, 500);
+    }
+
+    #[test]
+    fn given_an_empty_payload_when_encoded_should_refuse_the_request() {
+        let name = WireIdentifier::named("s").unwrap();
+        let messages = [OutgoingMessage::new(None, Vec::new(), Bytes::new())];
+        assert!(encode(&name, &name, 0, &messages, 0).is_err());
+    }
+}
