@@ -13,7 +13,8 @@
 //! in poll order, so the topic keeps the source's order. The commit of
 //! several acknowledged batches is one group: one state save of the newest
 //! state among them, then their `commit`s in poll order; nothing is
-//! committed before the save that covers it.
+//! committed before the save that covers it. Acknowledged batches may wait
+//! a little to join a group ([`COMMIT_LINGER`]).
 //!
 //! A failed send or state save is a NACK, retried in place: after the
 //! backoff the same batch is sent again (only the streams Iggy has not
