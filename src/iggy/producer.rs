@@ -8,9 +8,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use iggy::prelude::{
-    Client, Durability, Identifier, IggyClient, IggyError, IggyMessage, IggyMessageHeader,
-    IggyTimestamp, MessageClient, Partitioning, StreamClient, TopicClient, TopicCreateOptions,
-    TransportProtocol,
+    Client, Durability, Identifier, IggyClient, IggyError, IggyTimestamp, StreamClient,
+    TopicClient, TopicCreateOptions,
 };
 use iggy_binary_protocol::codes::SEND_MESSAGES_CODE;
 use iggy_binary_protocol::requests::messages::{RawMessage, SendMessagesEncoder};
@@ -28,9 +27,12 @@ use crate::message::OutgoingMessage;
 const MAX_PAYLOAD_SIZE: usize = 64_000_000;
 
 pub struct IggyProducer {
+    /// Over TCP (`connection.rs` makes no other client): requests are
+    /// encoded here and sent as bytes.
     client: Arc<IggyClient>,
-    stream: Identifier,
-    topic: Identifier,
+    /// The stream and topic in wire form.
+    stream: WireIdentifier,
+    topic: WireIdentifier,
     target: String,
     batch_length: usize,
     request_timeout: Duration,
@@ -38,10 +40,6 @@ pub struct IggyProducer {
     /// The topic's partition count when the producer opened: where a message
     /// that keeps its origin's partition goes (`partition % partitions`).
     partitions: u32,
-    /// The stream and topic in wire form when the client speaks Iggy's
-    /// binary protocol (TCP, QUIC, WebSocket): requests are then encoded here,
-    /// straight from the outgoing messages. `None` over HTTP.
-    wire: Option<(WireIdentifier, WireIdentifier)>,
     /// The next partition of a balanced request, round robin as the client's
     /// own balancing does.
     balanced: AtomicU32,
@@ -128,19 +126,14 @@ impl IggyProducer {
                 Err(error) => return Err(refused("the topic", target, &error)),
             }
         }
-        let binary = client.get_connection_info().await.protocol != TransportProtocol::Http;
-        let wire = if binary {
-            let wire = |id: &Identifier| {
-                identifier_to_wire(id).map_err(|error| BusError::Setup {
-                    stream: target.stream.clone(),
-                    topic: target.topic.clone(),
-                    reason: format!("invalid name \"{id}\": {error}"),
-                })
-            };
-            Some((wire(&stream)?, wire(&topic)?))
-        } else {
-            None
+        let wire = |id: &Identifier| {
+            identifier_to_wire(id).map_err(|error| BusError::Setup {
+                stream: target.stream.clone(),
+                topic: target.topic.clone(),
+                reason: format!("invalid name \"{id}\": {error}"),
+            })
         };
+        let (stream, topic) = (wire(&stream)?, wire(&topic)?);
         Ok(Self {
             client,
             stream,
@@ -150,7 +143,6 @@ impl IggyProducer {
             request_timeout,
             created_volatile_topic,
             partitions: partitions.max(1),
-            wire,
             balanced: AtomicU32::new(0),
         })
     }
@@ -163,46 +155,26 @@ impl IggyProducer {
         messages: &[OutgoingMessage],
     ) -> Result<(), BusError> {
         for chunk in messages.chunks(self.batch_length) {
+            // Balanced as the client balances: round robin over the topic's
+            // partitions, one request at a time.
+            let partition = partition
+                .unwrap_or_else(|| self.balanced.fetch_add(1, Ordering::Relaxed) % self.partitions);
             let origin_timestamp = IggyTimestamp::now().as_micros();
-            let sent = match &self.wire {
-                Some((stream, topic)) => {
-                    // Balanced as the client balances: round robin over the
-                    // topic's partitions, one request at a time.
-                    let partition = partition.unwrap_or_else(|| {
-                        self.balanced.fetch_add(1, Ordering::Relaxed) % self.partitions
-                    });
-                    let request = encode(stream, topic, partition, chunk, origin_timestamp)
-                        .map_err(BusError::Send)?;
-                    tokio::time::timeout(
-                        self.request_timeout,
-                        self.client.send_binary_request(SEND_MESSAGES_CODE, request),
-                    )
-                    .await
-                    .map(|answer| answer.map(drop))
-                }
-                None => {
-                    let partitioning =
-                        partition.map_or_else(Partitioning::balanced, Partitioning::partition_id);
-                    let mut batch = chunk
-                        .iter()
-                        .map(|message| to_iggy_message(message, origin_timestamp))
-                        .collect::<Result<Vec<IggyMessage>, String>>()
-                        .map_err(BusError::Send)?;
-                    tokio::time::timeout(
-                        self.request_timeout,
-                        self.client.send_messages(
-                            &self.stream,
-                            &self.topic,
-                            &partitioning,
-                            &mut batch,
-                        ),
-                    )
-                    .await
-                    .map(|answer| answer.map(drop))
-                }
-            };
+            let request = encode(
+                &self.stream,
+                &self.topic,
+                partition,
+                chunk,
+                origin_timestamp,
+            )
+            .map_err(BusError::Send)?;
+            let sent = tokio::time::timeout(
+                self.request_timeout,
+                self.client.send_binary_request(SEND_MESSAGES_CODE, request),
+            )
+            .await;
             match sent {
-                Ok(Ok(())) => {}
+                Ok(Ok(_)) => {}
                 Ok(Err(error)) => {
                     return Err(BusError::Send(format!(
                         "{}: {error} (code {})",
@@ -275,7 +247,9 @@ impl Drop for IggyProducer {
 /// a payload handle cloned and dropped per message) and turns it into the
 /// same borrowed form first. A message without an id gets a random one, as
 /// the client would give it, from the thread's generator rather than a
-/// system call per message. `check` already refused what Iggy cannot store.
+/// system call per message; one without an origin timestamp gets the
+/// request's, read once (a clock read per message was about 5% of a
+/// source's CPU time). `check` already refused what Iggy cannot store.
 fn encode(
     stream: &WireIdentifier,
     topic: &WireIdentifier,
@@ -320,35 +294,6 @@ fn encode(
         },
     )?;
     Ok(request.freeze())
-}
-
-/// The message as the client sends it, built directly: `check` already
-/// refused what Iggy cannot store, the builder's clock read per message (the
-/// origin timestamp, here one per request) was about 5% of a source's CPU
-/// time (perf, `cargo bench --bench backends -- pipeline`), and its header
-/// map a fifth of a keyed one's (`-- kafka`).
-fn to_iggy_message(
-    message: &OutgoingMessage,
-    origin_timestamp: u64,
-) -> Result<IggyMessage, String> {
-    if message.payload.is_empty() {
-        return Err("invalid message: empty payload".into());
-    }
-    let user_headers = headers::to_wire(&message.headers)?;
-    Ok(IggyMessage {
-        header: IggyMessageHeader {
-            checksum: 0,
-            id: message.id.unwrap_or(0),
-            offset: 0,
-            timestamp: 0,
-            origin_timestamp: message.origin_timestamp.unwrap_or(origin_timestamp),
-            user_headers_length: user_headers.as_ref().map_or(0, |wire| wire.len() as u32),
-            payload_length: message.payload.len() as u32,
-            reserved: 0,
-        },
-        payload: message.payload.clone(),
-        user_headers,
-    })
 }
 
 fn identifier(name: &str, target: &ProducerTarget) -> Result<Identifier, BusError> {
