@@ -259,3 +259,36 @@ async fn given_a_large_batch_with_transforms_when_prepared_in_slices_should_keep
     assert_eq!(dead, expected);
     harness.runtime.shutdown().await;
 }
+
+/// S3: acknowledged batches that follow each other closely share state
+/// saves (up to half a window each); the first batch, after no commit at
+/// all, is saved at once. The clock is paused, so no linger runs out while
+/// batches flow: only the half-window rule and the source's last batch
+/// start a save.
+#[tokio::test(start_paused = true)]
+async fn given_batches_acknowledged_close_together_when_committed_should_share_state_saves() {
+    let harness = Harness::new(Duration::from_secs(5));
+    let steps = (0..16).map(|k| Step::numbers(k * 3..k * 3 + 3)).collect();
+    let (source, log) = ScriptedSource::new(steps, BatchPolicy::default());
+    harness.start_source("src", source.in_flight(8), None).await;
+
+    wait_for("every batch to commit", || {
+        log.commits.load(Ordering::SeqCst) == 16
+    })
+    .await;
+    let saves: Vec<Vec<u8>> = harness
+        .state
+        .saves()
+        .into_iter()
+        .map(|(_, data)| data)
+        .collect();
+    assert_eq!(saves.first(), Some(&state_bytes(3)), "{saves:?}");
+    assert_eq!(saves.last(), Some(&state_bytes(48)), "{saves:?}");
+    assert!(
+        saves.len() <= 1 + 15_usize.div_ceil(4),
+        "{} saves for 16 batches: {saves:?}",
+        saves.len()
+    );
+    assert_eq!(harness.numbers_in_topic(TOPIC), (0..48).collect::<Vec<_>>());
+    harness.runtime.shutdown().await;
+}
