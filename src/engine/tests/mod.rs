@@ -153,6 +153,15 @@ impl Harness {
         self.runtime.start_enabled().await;
     }
 
+    /// The states saved so far, oldest first (their data).
+    fn saved_states(&self) -> Vec<Vec<u8>> {
+        self.state
+            .saves()
+            .into_iter()
+            .map(|(_, data)| data)
+            .collect()
+    }
+
     fn numbers_in_topic(&self, topic: &str) -> Vec<u64> {
         self.bus
             .messages(STREAM, topic)
@@ -280,12 +289,7 @@ async fn given_refused_sends_when_retried_should_resend_the_same_batch_and_never
         vec!["polls=1".to_string(), "polls=2".to_string()]
     );
     // Saves happened only after each batch was sent, in order.
-    let saves: Vec<Vec<u8>> = harness
-        .state
-        .saves()
-        .into_iter()
-        .map(|(_, data)| data)
-        .collect();
+    let saves = harness.saved_states();
     assert_eq!(saves, vec![state_bytes(3), state_bytes(6)]);
     assert_eq!(harness.numbers_in_topic(TOPIC), vec![0, 1, 2, 3, 4, 5]);
     let view = harness.runtime.view(ConnectorKind::Source, "src").unwrap();

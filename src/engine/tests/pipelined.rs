@@ -197,12 +197,7 @@ async fn given_batches_acknowledged_during_a_save_when_committing_should_save_on
         log.commits.load(Ordering::SeqCst) == 4
     })
     .await;
-    let saves: Vec<Vec<u8>> = harness
-        .state
-        .saves()
-        .into_iter()
-        .map(|(_, data)| data)
-        .collect();
+    let saves = harness.saved_states();
     assert_eq!(saves, vec![state_bytes(3), state_bytes(12)]);
     // Each commit came after the save covering its batch, in poll order.
     let covered = |end| format!("{:?}", Some(state_bytes(end)));
@@ -276,12 +271,7 @@ async fn given_batches_acknowledged_close_together_when_committed_should_share_s
         log.commits.load(Ordering::SeqCst) == 16
     })
     .await;
-    let saves: Vec<Vec<u8>> = harness
-        .state
-        .saves()
-        .into_iter()
-        .map(|(_, data)| data)
-        .collect();
+    let saves = harness.saved_states();
     assert_eq!(saves.first(), Some(&state_bytes(3)), "{saves:?}");
     assert_eq!(saves.last(), Some(&state_bytes(48)), "{saves:?}");
     assert!(
