@@ -122,8 +122,9 @@ struct Window<'a> {
 /// as PostgreSQL's `commit_delay` groups WAL flushes. Half a window of
 /// acknowledged batches, a window whose sends wait for room to poll, a
 /// stop and the source's last batch commit at once; so does a batch after
-/// a quiet spell. On a disk where a save took 0.4 ms, the random source sent up to
-/// a tenth more with it (BENCHMARKS.md, "Group commits that wait").
+/// a quiet spell. On a disk where a save took 0.4 ms, the random source
+/// made a seventh of the saves with it, for a sixth less CPU and the same
+/// rate (BENCHMARKS.md, "Group commits that wait").
 const COMMIT_LINGER: Duration = Duration::from_millis(5);
 
 /// What finished in one turn of the loop.
