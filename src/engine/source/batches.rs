@@ -223,23 +223,8 @@ impl SourcePipeline {
                 .take_while(|batch| batch.phase == Phase::Acked)
                 .count();
             let now = tokio::time::Instant::now();
-            let linger_until = window.last_commit + COMMIT_LINGER;
-            // With no room to poll and nothing polled left to send, the
-            // sends wait for this commit.
-            let sends_starve = !self.has_room(window)
-                && !window
-                    .pending
-                    .iter()
-                    .any(|batch| batch.phase == Phase::Polled);
-            let commit_now = stopping
-                || window.last_polled
-                || now >= linger_until
-                || 2 * acked >= self.max_in_flight
-                || sends_starve;
-            if acked > 0 && !commit_now {
-                window.commit_at = Some(linger_until);
-            } else if acked > 0 {
-                window.commit_at = None;
+            window.commit_at = self.commit_waits(window, acked, stopping, now);
+            if acked > 0 && window.commit_at.is_none() {
                 window.last_commit = now;
                 // Group commit: the newest state covers every batch before it.
                 let state = window
@@ -253,6 +238,31 @@ impl SourcePipeline {
             }
         }
         stopping
+    }
+
+    /// Until when `acked` acknowledged batches wait to join a later group
+    /// commit ([`COMMIT_LINGER`]); `None`: none wait, or they commit now.
+    fn commit_waits(
+        &self,
+        window: &Window<'_>,
+        acked: usize,
+        stopping: bool,
+        now: tokio::time::Instant,
+    ) -> Option<tokio::time::Instant> {
+        let until = window.last_commit + COMMIT_LINGER;
+        let commit_now = acked == 0
+            || stopping
+            || window.last_polled
+            || now >= until
+            || 2 * acked >= self.max_in_flight
+            // With no room to poll and nothing polled left to send, the
+            // sends wait for this commit.
+            || (!self.has_room(window)
+                && !window
+                    .pending
+                    .iter()
+                    .any(|batch| batch.phase == Phase::Polled));
+        (!commit_now).then_some(until)
     }
 
     /// Whether the window may take another batch: fewer than `max_in_flight`
