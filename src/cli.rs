@@ -32,6 +32,9 @@ use crate::telemetry::Telemetry;
 /// Exit code for configuration errors.
 const EXIT_CONFIG: u8 = 2;
 
+/// How long the exit waits for blocking tasks a command left running.
+const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 #[derive(Debug, Parser)]
 #[command(
     name = "iggy-connect",
@@ -320,13 +323,18 @@ where
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(main()) {
+    let code = match runtime.block_on(main()) {
         Ok(code) => code,
         Err(error) => {
             eprintln!("error: {error:#}");
             ExitCode::FAILURE
         }
-    }
+    };
+    // What the command awaited is done; a blocking task still running (a
+    // client's close waiting for a backend that is gone) must not hold the
+    // exit for ever, as dropping the runtime would.
+    runtime.shutdown_timeout(EXIT_WAIT);
+    code
 }
 
 fn validate(path: &Path) -> ExitCode {

@@ -219,6 +219,30 @@ async fn while_iggy_refuses_sends_no_offset_is_committed_and_everything_arrives_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigterm_while_the_broker_is_gone_stops_the_binary_without_waiting_for_the_broker() {
+    let (mut broker, iggy) = (KafkaBroker::start(), IggyTestServer::start());
+    let (topic, group) = (unique("in"), unique("group"));
+    create_topic(&broker.bootstrap(), &topic, 1).await;
+    produce(&broker.bootstrap(), &topic, None, bodies(0..20)).await;
+    let workspace = Workspace::new(&iggy.address().to_string(), "");
+    // Offsets stored and not committed yet when the broker goes.
+    let config = source_config("from-kafka", &broker.bootstrap(), &topic, &group, "created")
+        .replace(r#"commit_interval = "200ms""#, r#"commit_interval = "1h""#);
+    workspace.add_connector("source.toml", &config);
+    let running = workspace.run();
+    wait_for("every record in Iggy", LONG, || {
+        covers(&in_iggy(&iggy, "created"), 0..20)
+    })
+    .await;
+    broker.kill();
+    // librdkafka's close waits for a gone coordinator for about the session
+    // timeout, sometimes for minutes; a synchronous commit waits for ever.
+    running.terminate();
+    let status = running.wait_exit(Duration::from_secs(60));
+    assert!(status.success(), "{status:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_source_reports_the_records_its_group_has_not_committed_as_lag_until_they_are() {
     const RECORDS: u64 = 20;
     let (broker, iggy) = (KafkaBroker::start(), IggyTestServer::start());

@@ -1,9 +1,11 @@
 //! The kafka source's lag for the engine's lag sampler: per assigned
 //! partition, the high watermark minus the group's committed offset (with
 //! `partitions` and no group: minus the consumer's position, as the source
-//! saves it with each batch), read off the async threads.
+//! saves it with each batch), read off the async threads. The probe holds
+//! the consumer weakly: the source's `close` drops the last handle, which
+//! closes the consumer, and never an async thread dropping the probe.
 
-use std::sync::Arc;
+use std::sync::Weak;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -16,7 +18,7 @@ use crate::connectors::{ConnectorError, LagProbe};
 use crate::lag::{BackendPartitionLag, SourceLag};
 
 pub(crate) struct ConsumerLag<C: ConsumerContext + 'static> {
-    pub(crate) consumer: Arc<StreamConsumer<C>>,
+    pub(crate) consumer: Weak<StreamConsumer<C>>,
     pub(crate) grouped: bool,
     pub(crate) timeout: Duration,
 }
@@ -26,6 +28,7 @@ impl<C: ConsumerContext + 'static> LagProbe for ConsumerLag<C> {
     async fn measure(&self) -> Result<SourceLag, ConnectorError> {
         let (consumer, grouped, timeout) = (self.consumer.clone(), self.grouped, self.timeout);
         let partitions = blocking("measuring the kafka lag", move || {
+            let consumer = consumer.upgrade().ok_or(KafkaError::Canceled)?;
             partition_lags(&consumer, grouped, timeout)
         })
         .await?;

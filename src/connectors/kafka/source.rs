@@ -5,8 +5,9 @@
 //! With a group, the group's committed offsets are the position: librdkafka
 //! runs with `enable.auto.offset.store=false`, `commit` stores each
 //! partition's next offset of the batch the engine reports durable, and
-//! librdkafka commits what is stored every `commit_interval`, synchronously
-//! when partitions are revoked, and at `close`. What was polled and never
+//! librdkafka commits what is stored every `commit_interval`, and before it
+//! gives partitions up: on a revoke, and in `close`, which waits for that
+//! commit (at most about `session.timeout.ms` when the broker is gone). What was polled and never
 //! committed (Iggy refusing it until the engine gives up, a crash, a
 //! rebalance) is read again by whoever owns the partition next: duplicates,
 //! never a gap. On a revoke, records buffered for the revoked partitions are
@@ -27,9 +28,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::{FutureExt as _, StreamExt as _};
-use rdkafka::consumer::{
-    BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
-};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Headers as _, Message};
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
@@ -155,6 +154,12 @@ const PREFETCH_KBYTES: usize = 16 * 1024;
 /// How long librdkafka waits to fetch a partition whose prefetch is full.
 const FETCH_QUEUE_BACKOFF_MS: u32 = 10;
 
+/// How long a stop waits for the consumer's close (its last commit,
+/// leaving the group). A broker that does not answer by then is left
+/// behind: the group expires the member after `session.timeout.ms` and the
+/// partitions' next owner reads again from the last commit.
+const CLOSE_WAIT: Duration = Duration::from_secs(10);
+
 /// The `kafka_*` headers the source adds to a record's own.
 const OWN_HEADERS: usize = 5;
 
@@ -198,7 +203,7 @@ impl ClientContext for SourceContext {
 }
 
 impl ConsumerContext for SourceContext {
-    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         let Rebalance::Revoke(partitions) = rebalance else {
             return;
         };
@@ -212,13 +217,12 @@ impl ConsumerContext for SourceContext {
                 positions.remove(partition);
             }
         }
-        tracing::info!(connector_key = %self.logging.key, partitions = ?revoked, "kafka partitions revoked; committing stored offsets");
+        // librdkafka itself commits the offsets stored for the revoked
+        // partitions (auto commit is on) before it gives them up. A
+        // synchronous commit here would wait for ever on a broker that is
+        // gone, inside the close of the consumer too.
+        tracing::info!(connector_key = %self.logging.key, partitions = ?revoked, "kafka partitions revoked; librdkafka commits their stored offsets");
         lock(&self.shared.revoked).extend(revoked);
-        // Inside librdkafka's poll, before the partitions go: what Iggy has
-        // is committed now rather than read again by the next owner.
-        if let Err(error) = consumer.commit_consumer_state(CommitMode::Sync) {
-            tracing::debug!(connector_key = %self.logging.key, %error, "commit on revoke");
-        }
     }
 
     fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -650,7 +654,7 @@ impl Source for KafkaSource {
 
     fn lag_probe(&self) -> Option<Arc<dyn LagProbe>> {
         Some(Arc::new(ConsumerLag {
-            consumer: self.consumer.clone()?,
+            consumer: Arc::downgrade(self.consumer.as_ref()?),
             grouped: self.grouped(),
             timeout: self.config.open_timeout,
         }))
@@ -662,24 +666,26 @@ impl Source for KafkaSource {
         let Some(consumer) = self.consumer.take() else {
             return Ok(());
         };
-        let grouped = self.grouped();
-        // Commits what is stored (only durable batches are) and leaves the
-        // group, off the async threads: both wait for the broker.
-        let closed = blocking("closing the kafka consumer", move || {
-            if grouped {
-                match consumer.commit_consumer_state(CommitMode::Sync) {
-                    Err(KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {
-                    }
-                    Err(error) => tracing::warn!(%error, "committing offsets at close"),
-                    Ok(()) => {}
-                }
-            }
+        // librdkafka's close commits what is stored (only durable batches
+        // are) and leaves the group. It waits for the broker (about
+        // `session.timeout.ms` when the broker is gone, sometimes longer), so
+        // off the async threads and for `CLOSE_WAIT` at most. The lag probe
+        // holds the consumer only weakly: this is its last owner, and the
+        // close happens now rather than whenever the probe's task is dropped.
+        let closing = blocking("closing the kafka consumer", move || {
             drop(consumer);
             Ok(())
-        })
-        .await;
-        if let Err(error) = closed {
-            tracing::warn!(connector_key = %self.key, %error, "closing the kafka consumer");
+        });
+        match tokio::time::timeout(CLOSE_WAIT, closing).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                tracing::warn!(connector_key = %self.key, %error, "closing the kafka consumer");
+            }
+            Err(_) => tracing::warn!(
+                connector_key = %self.key,
+                "the kafka consumer did not close within {CLOSE_WAIT:?} (is the broker gone?); \
+                 its group expires it after session.timeout.ms and the next owner reads again from the last commit"
+            ),
         }
         Ok(())
     }
