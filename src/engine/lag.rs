@@ -34,6 +34,13 @@ impl LagSampler {
             }
         }))
     }
+
+    /// Ends the task and waits until it is gone, with its probe (which may
+    /// hold the source's client): dropping a sampler only asks for that.
+    pub async fn stop(mut self) {
+        self.0.abort();
+        let _ = (&mut self.0).await;
+    }
 }
 
 impl Drop for LagSampler {

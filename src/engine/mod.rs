@@ -90,6 +90,24 @@ impl Shutdown {
     }
 }
 
+/// How long a connector's `close` may take before it is left behind.
+pub const CLOSE_WAIT: Duration = Duration::from_secs(10);
+
+/// A connector's `close`, a panic caught as in [`catch_panic`], for at most
+/// [`CLOSE_WAIT`]: a close waiting for a backend that does not answer would
+/// hold a stop, or a reopen, for ever. `None` when it did not end in time;
+/// the connector is then dropped unclosed, which loses nothing: what the
+/// engine committed was acknowledged, the rest is read or written again.
+pub async fn close_within<F: Future>(key: &str, close: F) -> Option<Result<F::Output, String>> {
+    let closed = tokio::time::timeout(CLOSE_WAIT, catch_panic(close))
+        .await
+        .ok();
+    if closed.is_none() {
+        tracing::warn!(connector_key = %key, "the connector did not close within {CLOSE_WAIT:?}; left behind unclosed");
+    }
+    closed
+}
+
 /// Runs a connector call, turning a panic inside it into an error message so a
 /// misbehaving connector stops alone instead of taking the process down.
 pub async fn catch_panic<F: Future>(future: F) -> Result<F::Output, String> {

@@ -154,12 +154,6 @@ const PREFETCH_KBYTES: usize = 16 * 1024;
 /// How long librdkafka waits to fetch a partition whose prefetch is full.
 const FETCH_QUEUE_BACKOFF_MS: u32 = 10;
 
-/// How long a stop waits for the consumer's close (its last commit,
-/// leaving the group). A broker that does not answer by then is left
-/// behind: the group expires the member after `session.timeout.ms` and the
-/// partitions' next owner reads again from the last commit.
-const CLOSE_WAIT: Duration = Duration::from_secs(10);
-
 /// The `kafka_*` headers the source adds to a record's own.
 const OWN_HEADERS: usize = 5;
 
@@ -668,26 +662,16 @@ impl Source for KafkaSource {
         };
         // librdkafka's close commits what is stored (only durable batches
         // are) and leaves the group. It waits for the broker (about
-        // `session.timeout.ms` when the broker is gone, sometimes longer), so
-        // off the async threads and for `CLOSE_WAIT` at most. The lag probe
-        // holds the consumer only weakly: this is its last owner, and the
-        // close happens now rather than whenever the probe's task is dropped.
-        let closing = blocking("closing the kafka consumer", move || {
+        // `session.timeout.ms` when the broker is gone, sometimes minutes;
+        // the engine stops waiting after its `CLOSE_WAIT`), so off the async
+        // threads. The lag probe holds the consumer only weakly: this is its
+        // last owner, and the close happens now rather than whenever the
+        // probe's task is dropped.
+        blocking("closing the kafka consumer", move || {
             drop(consumer);
             Ok(())
-        });
-        match tokio::time::timeout(CLOSE_WAIT, closing).await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => {
-                tracing::warn!(connector_key = %self.key, %error, "closing the kafka consumer");
-            }
-            Err(_) => tracing::warn!(
-                connector_key = %self.key,
-                "the kafka consumer did not close within {CLOSE_WAIT:?} (is the broker gone?); \
-                 its group expires it after session.timeout.ms and the next owner reads again from the last commit"
-            ),
-        }
-        Ok(())
+        })
+        .await
     }
 }
 

@@ -21,7 +21,7 @@ use crate::engine::lag::{LagSampler, SOURCE_LAG_INTERVAL};
 use crate::engine::retry::{Attempt, Until, retry};
 use crate::engine::sink::{SinkContext, SinkPipeline, TopicReader};
 use crate::engine::source::{Route, SourcePipeline};
-use crate::engine::{Shutdown, catch_panic};
+use crate::engine::{Shutdown, catch_panic, close_within};
 use crate::iggy::{BusError, ConsumerSpec, Producer, ProducerTarget};
 use crate::message::TopicRef;
 use crate::state::StoredState;
@@ -79,7 +79,7 @@ impl Runtime {
         let (routes, dead_letter) = match producers {
             Ok(producers) => producers,
             Err(error) => {
-                let _ = catch_panic(source.close()).await;
+                let _ = close_within(&config.key, source.close()).await;
                 return Err(error);
             }
         };
@@ -155,7 +155,7 @@ impl Runtime {
             Ok(consumers) => consumers,
             Err(error) => {
                 let mut sink = sink;
-                let _ = catch_panic(sink.close()).await;
+                let _ = close_within(&config.key, sink.close()).await;
                 return Err(error);
             }
         };
@@ -371,7 +371,7 @@ impl Runtime {
                 Ok(Err(error)) => return Err(open_failed(restoring_from, error.to_string())),
                 Err(panic) => return Err(open_failed(restoring_from, panic)),
             };
-            let _ = catch_panic(connector.close()).await;
+            let _ = close_within(&slot.key, connector.close()).await;
             attempts += 1;
             if self
                 .options

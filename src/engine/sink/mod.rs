@@ -33,7 +33,7 @@ use crate::engine::metrics::ConnectorMetrics;
 use crate::engine::source::Ended;
 use crate::engine::status::StatusCell;
 use crate::engine::tap::Tap;
-use crate::engine::{Shutdown, catch_panic};
+use crate::engine::{Shutdown, close_within};
 use crate::iggy::{Consumer, Producer};
 use crate::message::{OutgoingMessage, SinkMessage, TopicRef};
 use crate::telemetry::BatchSpan;
@@ -155,10 +155,12 @@ impl SinkPipeline {
                 warn!(connector_key = %context.key, topic = %reader.topic, %error, "leaving the consumer group failed");
             }
         }
-        match catch_panic(context.sink.close()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => warn!(connector_key = %context.key, %error, "sink close failed"),
-            Err(panic) => warn!(connector_key = %context.key, %panic, "sink close panicked"),
+        match close_within(&context.key, context.sink.close()).await {
+            Some(Ok(Ok(()))) | None => {}
+            Some(Ok(Err(error))) => {
+                warn!(connector_key = %context.key, %error, "sink close failed")
+            }
+            Some(Err(panic)) => warn!(connector_key = %context.key, %panic, "sink close panicked"),
         }
         context.report_end(&ended);
         ended

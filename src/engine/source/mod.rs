@@ -25,7 +25,7 @@ use crate::engine::metrics::{ConnectorMetrics, ErrorStage, Stage};
 use crate::engine::retry::{Attempt, Failure, Until, retry};
 use crate::engine::status::{StatusCell, StopReason};
 use crate::engine::tap::{Tap, TapStage};
-use crate::engine::{BENCHMARK_TARGET, Shutdown, catch_panic, dead_letter};
+use crate::engine::{BENCHMARK_TARGET, Shutdown, catch_panic, close_within, dead_letter};
 use crate::iggy::Producer;
 use crate::message::{Headers, OutgoingMessage, Payload, SourceRecord, TopicRef};
 use crate::state::StateStore;
@@ -141,11 +141,13 @@ impl SourcePipeline {
         info!(connector_key = %self.key, connector = %self.connector, "source running");
         let ended = self.run_batches().await;
         // The probe may hold the source's client: it goes first.
-        drop(self.lag_sampler.take());
-        match catch_panic(self.source.close()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => warn!(connector_key = %self.key, %error, "source close failed"),
-            Err(panic) => warn!(connector_key = %self.key, %panic, "source close panicked"),
+        if let Some(sampler) = self.lag_sampler.take() {
+            sampler.stop().await;
+        }
+        match close_within(&self.key, self.source.close()).await {
+            Some(Ok(Ok(()))) | None => {}
+            Some(Ok(Err(error))) => warn!(connector_key = %self.key, %error, "source close failed"),
+            Some(Err(panic)) => warn!(connector_key = %self.key, %panic, "source close panicked"),
         }
         match &ended {
             Ended::Shutdown => {

@@ -10,7 +10,7 @@ use super::scripted::{self, Answer, GROUP, STREAM, ScriptedSource, SinkControl, 
 use super::{FAST, Harness, state_bytes, wait_for};
 use crate::config::OnError;
 use crate::connectors::{BatchPolicy, ConnectorKind, Rejection, RetrySettings, SinkError};
-use crate::engine::{Status, StopReason};
+use crate::engine::{CLOSE_WAIT, Status, StopReason};
 use crate::state::{StateStore, StoredState};
 
 /// Rule 5: a sink whose backend is down when it starts is opened again and
@@ -353,5 +353,45 @@ async fn given_a_connector_retry_policy_when_writes_keep_failing_should_report_d
     let view = harness.runtime.view(ConnectorKind::Sink, "snk").unwrap();
     assert_eq!(view.degraded, None);
     assert_eq!(view.status.status, Status::Running);
+    harness.runtime.shutdown().await;
+}
+
+/// O3: a source whose connection is lost and whose close then never ends
+/// (its backend does not answer) is left behind after `CLOSE_WAIT`, and a
+/// fresh one opens from committed state.
+#[tokio::test(start_paused = true)]
+async fn given_a_close_that_never_ends_when_reopening_should_leave_it_after_the_close_wait() {
+    let harness = Harness::new(Duration::from_secs(5));
+    let (first, log) = ScriptedSource::new(
+        vec![Step::numbers(0..3), Step::Disconnect],
+        BatchPolicy::default(),
+    );
+    log.close_hangs.store(1, Ordering::SeqCst);
+    let first = std::sync::Mutex::new(Some(first));
+    let fresh = log.clone();
+    harness
+        .factory
+        .source_with("src", move || match first.lock().unwrap().take() {
+            Some(source) => Box::new(source),
+            None => Box::new(ScriptedSource::with_log(
+                vec![Step::numbers(3..5)],
+                BatchPolicy::default(),
+                fresh.clone(),
+            )),
+        });
+    harness
+        .runtime
+        .add(scripted::source_config("src", None))
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    harness.runtime.start_enabled().await;
+
+    wait_for("both batches to commit", || {
+        log.commits.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    assert!(started.elapsed() >= CLOSE_WAIT, "{:?}", started.elapsed());
+    assert_eq!(*log.opens.lock().unwrap(), vec![None, Some(state_bytes(3))]);
+    assert_eq!(harness.numbers_in_topic(TOPIC), vec![0, 1, 2, 3, 4]);
     harness.runtime.shutdown().await;
 }

@@ -74,6 +74,8 @@ pub struct SourceLog {
     pub poll_times: Mutex<Vec<tokio::time::Instant>>,
     pub commits: AtomicUsize,
     pub closes: AtomicUsize,
+    /// The next n closes never end (a backend that does not answer).
+    pub close_hangs: AtomicU32,
     pub opened_with: Mutex<Option<Option<Vec<u8>>>>,
     /// The state of every `open` call, failed ones included, in order.
     pub opens: Mutex<Vec<Option<Vec<u8>>>>,
@@ -173,6 +175,9 @@ impl Source for ScriptedSource {
 
     async fn close(&mut self) -> Result<(), ConnectorError> {
         self.log.closes.fetch_add(1, Ordering::SeqCst);
+        if countdown(&self.log.close_hangs) {
+            std::future::pending::<()>().await;
+        }
         Ok(())
     }
 }
