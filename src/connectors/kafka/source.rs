@@ -7,10 +7,10 @@
 //! partition's next offset of the batch the engine reports durable, and
 //! librdkafka commits what is stored every `commit_interval`, and before it
 //! gives partitions up: on a revoke, and in `close`, which waits for that
-//! commit (at most about `session.timeout.ms` when the broker is gone). What was polled and never
-//! committed (Iggy refusing it until the engine gives up, a crash, a
-//! rebalance) is read again by whoever owns the partition next: duplicates,
-//! never a gap. On a revoke, records buffered for the revoked partitions are
+//! commit (the engine stops waiting for a close after `CLOSE_WAIT`). What
+//! was polled and never committed (Iggy refusing it until the engine gives
+//! up, a crash, a rebalance) is read again by whoever owns the partition
+//! next: duplicates, never a gap. On a revoke, records buffered for the revoked partitions are
 //! dropped and the batches in flight stop storing offsets for them, so an
 //! offset is never stored past a record that was not delivered.
 //!
