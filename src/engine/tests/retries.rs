@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::scripted::{self, Answer, GROUP, STREAM, ScriptedSource, SinkControl, Step, TOPIC};
+use super::scripted::{
+    self, Answer, GROUP, STREAM, ScriptedSource, SinkControl, SourceLog, Step, TOPIC,
+};
 use super::{FAST, Harness, state_bytes, wait_for};
 use crate::config::OnError;
 use crate::connectors::{BatchPolicy, ConnectorKind, Rejection, RetrySettings, SinkError};
@@ -159,27 +161,7 @@ async fn given_saved_state_and_a_backend_down_at_open_when_retried_should_open_e
 #[tokio::test]
 async fn given_a_lost_connection_when_the_source_polls_should_reopen_it_from_committed_state() {
     let harness = Harness::new(Duration::from_secs(5));
-    let (first, log) = ScriptedSource::new(
-        vec![Step::numbers(0..3), Step::Disconnect],
-        BatchPolicy::default(),
-    );
-    let first = std::sync::Mutex::new(Some(first));
-    let fresh = log.clone();
-    harness
-        .factory
-        .source_with("src", move || match first.lock().unwrap().take() {
-            Some(source) => Box::new(source),
-            None => Box::new(ScriptedSource::with_log(
-                vec![Step::numbers(3..5)],
-                BatchPolicy::default(),
-                fresh.clone(),
-            )),
-        });
-    harness
-        .runtime
-        .add(scripted::source_config("src", None))
-        .unwrap();
-    harness.runtime.start_enabled().await;
+    let log = start_source_that_reconnects(&harness, 0).await;
 
     wait_for("both batches to commit", || {
         log.commits.load(Ordering::SeqCst) == 2
@@ -362,11 +344,28 @@ async fn given_a_connector_retry_policy_when_writes_keep_failing_should_report_d
 #[tokio::test(start_paused = true)]
 async fn given_a_close_that_never_ends_when_reopening_should_leave_it_after_the_close_wait() {
     let harness = Harness::new(Duration::from_secs(5));
+    let started = tokio::time::Instant::now();
+    let log = start_source_that_reconnects(&harness, 1).await;
+
+    wait_for("both batches to commit", || {
+        log.commits.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    assert!(started.elapsed() >= CLOSE_WAIT, "{:?}", started.elapsed());
+    assert_eq!(*log.opens.lock().unwrap(), vec![None, Some(state_bytes(3))]);
+    assert_eq!(harness.numbers_in_topic(TOPIC), vec![0, 1, 2, 3, 4]);
+    harness.runtime.shutdown().await;
+}
+
+/// Starts source `src`: it delivers 0..3 and loses its connection, and the
+/// instances built after it deliver 3..5; its first `close_hangs` closes
+/// never end.
+async fn start_source_that_reconnects(harness: &Harness, close_hangs: u32) -> Arc<SourceLog> {
     let (first, log) = ScriptedSource::new(
         vec![Step::numbers(0..3), Step::Disconnect],
         BatchPolicy::default(),
     );
-    log.close_hangs.store(1, Ordering::SeqCst);
+    log.close_hangs.store(close_hangs, Ordering::SeqCst);
     let first = std::sync::Mutex::new(Some(first));
     let fresh = log.clone();
     harness
@@ -383,15 +382,6 @@ async fn given_a_close_that_never_ends_when_reopening_should_leave_it_after_the_
         .runtime
         .add(scripted::source_config("src", None))
         .unwrap();
-    let started = tokio::time::Instant::now();
     harness.runtime.start_enabled().await;
-
-    wait_for("both batches to commit", || {
-        log.commits.load(Ordering::SeqCst) == 2
-    })
-    .await;
-    assert!(started.elapsed() >= CLOSE_WAIT, "{:?}", started.elapsed());
-    assert_eq!(*log.opens.lock().unwrap(), vec![None, Some(state_bytes(3))]);
-    assert_eq!(harness.numbers_in_topic(TOPIC), vec![0, 1, 2, 3, 4]);
-    harness.runtime.shutdown().await;
+    log
 }
