@@ -137,6 +137,15 @@ pub async fn pipe(args: PipeArgs) -> anyhow::Result<ExitCode> {
                 .map_or(0, |view| view.metrics.processed.get())
         }
     };
+    let read = {
+        let runtime = runtime.clone();
+        let source_key = source_key.clone();
+        move || {
+            runtime
+                .view(ConnectorKind::Source, &source_key)
+                .map_or(0, |view| view.metrics.produced.get())
+        }
+    };
     let progress = {
         let delivered = delivered.clone();
         let interval = args.progress_interval.max(Duration::from_millis(100));
@@ -145,11 +154,12 @@ pub async fn pipe(args: PipeArgs) -> anyhow::Result<ExitCode> {
             loop {
                 tokio::time::sleep(interval).await;
                 let (now, at) = (delivered(), Instant::now());
+                let read = read();
                 let rate = (now - last.min(now)) as f64 / at.duration_since(last_at).as_secs_f64();
                 out.line(
                     "INFO",
-                    &format!("pipe: {now} records delivered, {rate:.0} records/s"),
-                    serde_json::json!({"records": now, "rate": rate.round()}),
+                    &format!("pipe: {read} records read, {now} delivered, {rate:.0} records/s"),
+                    serde_json::json!({"records": now, "read": read, "rate": rate.round()}),
                 );
                 (last, last_at) = (now, at);
             }

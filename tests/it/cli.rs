@@ -6,6 +6,7 @@
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
 fn iggy_connect(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_iggy-connect"))
@@ -311,23 +312,45 @@ fn an_interrupted_pipe_with_records_in_flight_exits_130_and_counts_them() {
             "source.interval=0ms",
             "--set",
             "sink.print_payload=true",
+            "--progress-interval",
+            "100ms",
         ])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let errors = lines_of(child.stderr.take().unwrap());
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    // The first record is out; the source runs on while this test reads nothing,
-    // so the sink blocks on a full pipe and records wait in the topic.
-    let mut first = String::new();
-    stdout.read_line(&mut first).unwrap();
-    assert!(!first.is_empty());
+    let (lines, errors) = std::sync::mpsc::channel();
+    let stderr_reader = {
+        let stream = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                let _ = lines.send(line);
+            }
+        })
+    };
+    let stdout = child.stdout.take().unwrap();
+    // This test reads nothing from stdout yet: the sink blocks on the full
+    // pipe while the source reads on, so records wait in the topic. Signal
+    // once the progress line says so.
+    let mut report = Vec::new();
+    loop {
+        let line = errors
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("no progress line with records waiting: {report:?}"));
+        let waiting =
+            progress_counts(&line).is_some_and(|(read, delivered)| read > delivered + 5000);
+        report.push(line);
+        if waiting {
+            break;
+        }
+    }
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let printed = 1 + lines_of(stdout).join().unwrap().len();
+    let printed = lines_of(stdout).join().unwrap().len();
     let status = child.wait().unwrap();
-    let report = errors.join().unwrap().join("\n");
+    stderr_reader.join().unwrap();
+    report.extend(errors.try_iter());
+    let report = report.join("\n");
     assert_eq!(status.code(), Some(130), "{report}");
     let undelivered: u64 = report
         .lines()
@@ -343,6 +366,13 @@ fn an_interrupted_pipe_with_records_in_flight_exits_130_and_counts_them() {
         printed as u64 >= summary,
         "{printed} printed, summary says {summary}: {report}"
     );
+}
+
+/// The records read and delivered of a `pipe` progress line.
+fn progress_counts(line: &str) -> Option<(u64, u64)> {
+    let (read, rest) = line.strip_prefix("pipe: ")?.split_once(" records read, ")?;
+    let (delivered, _) = rest.split_once(" delivered, ")?;
+    Some((read.parse().ok()?, delivered.parse().ok()?))
 }
 
 /// The record count of `pipe`'s summary line.
@@ -387,7 +417,7 @@ fn pipe_with_a_duration_stops_delivers_everything_and_reports_progress_and_a_sum
     assert!(
         report
             .lines()
-            .any(|line| line.starts_with("pipe: ") && line.ends_with(" records/s")),
+            .any(|line| progress_counts(line).is_some() && line.ends_with(" records/s")),
         "no progress line: {report}"
     );
 }
@@ -766,7 +796,7 @@ fn a_refused_postgres_connection_names_the_cause_and_the_address() {
                 }
             }
         });
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
         let mut seen = Vec::new();
         let found = loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());

@@ -400,14 +400,17 @@ impl SourcePipeline {
             finished,
             next_poll,
         } = self.poll_next().await?;
+        // The send of the batch before this one runs in this task: let it
+        // take in Iggy's answer (and the next send start) before the
+        // prepare, which holds the thread. With nothing to deliver, this
+        // also lets the source finish whatever it staged. A stop request
+        // that drops the poll here leaves the batch uncommitted: read again.
+        tokio::task::yield_now().await;
         let set_aside = self.source.take_rejected();
         let started = Instant::now();
         let count = records.len();
         let mut trace = BatchSpan::default();
-        if count == 0 && state.is_none() {
-            // Nothing to deliver; let the source finish whatever it staged.
-            tokio::task::yield_now().await;
-        } else {
+        if count > 0 || state.is_some() {
             trace = BatchSpan::start("source", &self.key, polling);
             if trace.is_recording() {
                 trace.stage("poll", polling, started, None);
