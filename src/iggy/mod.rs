@@ -15,6 +15,7 @@ mod tls;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 
 use crate::connectors::Degraded;
 use crate::lag::LagCell;
@@ -122,6 +123,24 @@ impl OffsetReset {
     }
 }
 
+/// Messages made ready for a send ahead of it ([`Producer::prepare`]).
+#[derive(Debug, Clone, Default)]
+pub struct Prepared {
+    pub messages: Vec<OutgoingMessage>,
+    /// The requests the producer encoded for `messages`; empty when it
+    /// encodes them at the send.
+    requests: Vec<Bytes>,
+}
+
+impl From<Vec<OutgoingMessage>> for Prepared {
+    fn from(messages: Vec<OutgoingMessage>) -> Self {
+        Self {
+            messages,
+            requests: Vec::new(),
+        }
+    }
+}
+
 /// Sends batches to one topic.
 #[async_trait]
 pub trait Producer: Send + Sync {
@@ -129,6 +148,19 @@ pub trait Producer: Send + Sync {
     /// After an error some of them may be stored; the caller retries the whole
     /// slice (at-least-once).
     async fn send(&self, messages: &[OutgoingMessage]) -> Result<(), BusError>;
+
+    /// Does what a send of `messages` needs before it talks to the bus
+    /// (encoding its requests), so that a pipeline can do it while the send
+    /// before it waits for its answer. Sent with [`Producer::send_prepared`],
+    /// as often as it takes: the same requests each time.
+    fn prepare(&self, messages: Vec<OutgoingMessage>) -> Prepared {
+        Prepared::from(messages)
+    }
+
+    /// [`Producer::send`] of what [`Producer::prepare`] made ready.
+    async fn send_prepared(&self, prepared: &Prepared) -> Result<(), BusError> {
+        self.send(&prepared.messages).await
+    }
 
     /// Whether the bus can ever store this message (size limits, header rules).
     /// A message it cannot is a per-message error, not a failed send.

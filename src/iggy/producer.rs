@@ -20,7 +20,7 @@ use tracing::info;
 
 use crate::config::runtime::TopicDurability;
 use crate::iggy::headers;
-use crate::iggy::{BusError, Producer, ProducerTarget};
+use crate::iggy::{BusError, Prepared, Producer, ProducerTarget};
 use crate::message::OutgoingMessage;
 
 /// Iggy refuses payloads larger than this (bytes).
@@ -147,30 +147,49 @@ impl IggyProducer {
         })
     }
 
-    /// Sends `messages` to `partition` (`None`: balanced), in requests of
-    /// `batch_length`.
-    async fn send_to(
-        &self,
-        partition: Option<u32>,
-        messages: &[OutgoingMessage],
-    ) -> Result<(), BusError> {
-        for chunk in messages.chunks(self.batch_length) {
-            // Balanced as the client balances: round robin over the topic's
-            // partitions, one request at a time.
-            let partition = partition
-                .unwrap_or_else(|| self.balanced.fetch_add(1, Ordering::Relaxed) % self.partitions);
-            let origin_timestamp = IggyTimestamp::now().as_micros();
-            let request = encode(
-                &self.stream,
-                &self.topic,
-                partition,
-                chunk,
-                origin_timestamp,
-            )
-            .map_err(BusError::Send)?;
+    /// The requests for `messages`: a run of one target partition at a
+    /// time (a message that keeps its origin's partition goes to the
+    /// partition it maps to; the rest are balanced), in requests of
+    /// `batch_length`. Runs are cut where the target partition changes, not
+    /// the origin's value: a key hash is a different value per key, and a
+    /// request per message made a keyed source 40 times slower.
+    fn requests(&self, messages: &[OutgoingMessage]) -> Result<Vec<Bytes>, BusError> {
+        let target = |message: &OutgoingMessage| {
+            message
+                .partition
+                .map(|partition| partition % self.partitions)
+        };
+        let origin_timestamp = IggyTimestamp::now().as_micros();
+        let mut requests = Vec::new();
+        for run in messages.chunk_by(|a, b| target(a) == target(b)) {
+            for chunk in run.chunks(self.batch_length) {
+                // Balanced as the client balances: round robin over the
+                // topic's partitions, one request at a time.
+                let partition = target(&chunk[0]).unwrap_or_else(|| {
+                    self.balanced.fetch_add(1, Ordering::Relaxed) % self.partitions
+                });
+                let request = encode(
+                    &self.stream,
+                    &self.topic,
+                    partition,
+                    chunk,
+                    origin_timestamp,
+                )
+                .map_err(BusError::Send)?;
+                requests.push(request);
+            }
+        }
+        Ok(requests)
+    }
+
+    /// Sends the requests one after the other, each acknowledged before the
+    /// next.
+    async fn send_requests(&self, requests: &[Bytes]) -> Result<(), BusError> {
+        for request in requests {
             let sent = tokio::time::timeout(
                 self.request_timeout,
-                self.client.send_binary_request(SEND_MESSAGES_CODE, request),
+                self.client
+                    .send_binary_request(SEND_MESSAGES_CODE, request.clone()),
             )
             .await;
             match sent {
@@ -197,20 +216,24 @@ impl IggyProducer {
 #[async_trait]
 impl Producer for IggyProducer {
     async fn send(&self, messages: &[OutgoingMessage]) -> Result<(), BusError> {
-        // Messages that keep their origin's partition go, a run of one
-        // target partition at a time, to the partition it maps to; the rest
-        // are balanced. Runs are cut where the target partition changes, not
-        // the origin's value: a key hash is a different value per key, and a
-        // request per message made a keyed source 40 times slower.
-        let target = |message: &OutgoingMessage| {
-            message
-                .partition
-                .map(|partition| partition % self.partitions)
-        };
-        for run in messages.chunk_by(|a, b| target(a) == target(b)) {
-            self.send_to(run.first().and_then(target), run).await?;
+        self.send_requests(&self.requests(messages)?).await
+    }
+
+    /// Encodes the requests now. Sent again after a failure, they go to the
+    /// same partitions with the same ids and timestamps. A batch that cannot
+    /// be encoded is left to the send, which reports why.
+    fn prepare(&self, messages: Vec<OutgoingMessage>) -> Prepared {
+        match self.requests(&messages) {
+            Ok(requests) => Prepared { messages, requests },
+            Err(_) => Prepared::from(messages),
         }
-        Ok(())
+    }
+
+    async fn send_prepared(&self, prepared: &Prepared) -> Result<(), BusError> {
+        if prepared.requests.is_empty() {
+            return self.send(&prepared.messages).await;
+        }
+        self.send_requests(&prepared.requests).await
     }
 
     fn created_volatile_topic(&self) -> bool {

@@ -32,7 +32,7 @@ use super::{Ended, Nack, SourcePipeline, Timings, link_requests};
 use crate::connectors::SourceBatch;
 use crate::engine::metrics::{ErrorStage, Stage};
 use crate::engine::status::StopReason;
-use crate::message::OutgoingMessage;
+use crate::iggy::Prepared;
 use crate::state::StoredState;
 use crate::telemetry::{BatchSpan, Outcome};
 
@@ -40,7 +40,7 @@ use crate::telemetry::{BatchSpan, Outcome};
 struct InFlight {
     /// Emptied once Iggy acknowledged every group: nothing sends them again,
     /// and a batch waits for its state save without its payloads.
-    groups: Arc<Vec<Vec<OutgoingMessage>>>,
+    groups: Arc<Vec<Prepared>>,
     /// Messages sent to the connector's streams (not its dead-letter topic).
     routed: usize,
     /// Per group: acknowledged by Iggy (a retried send skips those).
@@ -425,9 +425,6 @@ impl SourcePipeline {
             .flatten()
             .map(|message| message.payload.len())
             .sum();
-        let prepared = started.elapsed();
-        self.metrics.record_duration(Stage::Prepare, prepared);
-        trace.stage("transform", started, started + prepared, None);
         let routed = groups
             .get(..self.routes.len())
             .map_or(0, |routes| routes.iter().map(Vec::len).sum());
@@ -436,6 +433,20 @@ impl SourcePipeline {
         } else {
             Phase::Polled
         };
+        let transformed = started.elapsed();
+        // Again, before the encoding holds the thread: the send before this
+        // batch may have its answer by now.
+        tokio::task::yield_now().await;
+        let encoding = Instant::now();
+        let groups = self.prepare_sends(groups);
+        let prepared = transformed + encoding.elapsed();
+        self.metrics.record_duration(Stage::Prepare, prepared);
+        trace.stage(
+            "transform",
+            started,
+            encoding + (prepared - transformed),
+            None,
+        );
         Ok(InFlight {
             sent: vec![false; groups.len()],
             groups: Arc::new(groups),
@@ -463,7 +474,7 @@ impl SourcePipeline {
     /// Sends the groups of a batch Iggy has not acknowledged yet.
     async fn send_batch(
         &self,
-        groups: Arc<Vec<Vec<OutgoingMessage>>>,
+        groups: Arc<Vec<Prepared>>,
         mut sent: Vec<bool>,
         traced: bool,
     ) -> Sent {

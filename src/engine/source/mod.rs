@@ -26,7 +26,7 @@ use crate::engine::retry::{Attempt, Failure, Until, retry};
 use crate::engine::status::{StatusCell, StopReason};
 use crate::engine::tap::{Tap, TapStage};
 use crate::engine::{BENCHMARK_TARGET, Shutdown, catch_panic, close_within, dead_letter};
-use crate::iggy::Producer;
+use crate::iggy::{Prepared, Producer};
 use crate::message::{Headers, OutgoingMessage, Payload, SourceRecord, TopicRef};
 use crate::state::StateStore;
 use crate::telemetry::{self, BatchSpan};
@@ -468,25 +468,47 @@ impl SourcePipeline {
         count
     }
 
+    /// Where group `index` of a batch goes: the route's producer, or for the
+    /// group after the routes the dead-letter topic's (`None`: no such
+    /// topic).
+    fn producer(&self, index: usize) -> Option<(&dyn Producer, ErrorStage)> {
+        match self.routes.get(index) {
+            Some(route) => Some((route.producer.as_ref(), ErrorStage::Send)),
+            None => self
+                .dead_letter
+                .as_deref()
+                .map(|producer| (producer, ErrorStage::DeadLetter)),
+        }
+    }
+
+    /// Each group made ready for its producer ([`Producer::prepare`]).
+    fn prepare_sends(&self, groups: Vec<Vec<OutgoingMessage>>) -> Vec<Prepared> {
+        groups
+            .into_iter()
+            .enumerate()
+            .map(|(index, messages)| match self.producer(index) {
+                Some((producer, _)) if !messages.is_empty() => producer.prepare(messages),
+                _ => Prepared::from(messages),
+            })
+            .collect()
+    }
+
     async fn send_all(
         &self,
-        groups: &[Vec<OutgoingMessage>],
+        groups: &[Prepared],
         sent: &mut [bool],
         timings: &mut Timings,
     ) -> Result<(), Nack> {
-        for (index, messages) in groups.iter().enumerate() {
+        for (index, prepared) in groups.iter().enumerate() {
+            let messages = &prepared.messages;
             if sent[index] || messages.is_empty() {
                 continue;
             }
-            let (producer, stage) = match self.routes.get(index) {
-                Some(route) => (route.producer.as_ref(), ErrorStage::Send),
-                None => match &self.dead_letter {
-                    Some(producer) => (producer.as_ref(), ErrorStage::DeadLetter),
-                    None => continue,
-                },
+            let Some((producer, stage)) = self.producer(index) else {
+                continue;
             };
             let started = Instant::now();
-            let sent_now = producer.send(messages).await;
+            let sent_now = producer.send_prepared(prepared).await;
             timings.mark(
                 match stage {
                     ErrorStage::Send => "send",
