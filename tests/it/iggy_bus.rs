@@ -6,12 +6,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use iggy_binary_protocol::codes::SEND_MESSAGES_CODE;
 use iggy_connect::config::ConnectorConfig;
 use iggy_connect::config::connector::parse_connector_file;
 use iggy_connect::config::env::EnvVars;
 use iggy_connect::connectors::ConnectorKind;
 use iggy_connect::engine::{Runtime, Status, StopReason};
-use iggy_connect::iggy::{ConnectionSettings, IggyBus};
+use iggy_connect::iggy::{Bus, ConnectionSettings, IggyBus, ProducerTarget};
+use iggy_connect::message::OutgoingMessage;
 use iggy_connect::state::FileStateStore;
 
 use crate::support::accounting::{self, Seen, seqs_in_file};
@@ -666,4 +669,62 @@ async fn a_stopped_sinks_group_offsets_move_and_the_sink_reads_from_there() {
     let seen = seqs_in_file(&output);
     assert_eq!(seen.len(), 200);
     assert_eq!(seen.values().filter(|&&times| times == 2).count(), 50);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepared_batch_sent_again_after_a_lost_reply_stores_the_same_ids_in_the_same_partitions()
+{
+    let server = IggyTestServer::start();
+    let mut settings = settings(&server);
+    settings.request_timeout = Duration::from_millis(300);
+    let bus = IggyBus::new(settings);
+    let producer = bus
+        .producer(&ProducerTarget {
+            stream: "prepared".into(),
+            topic: "events".into(),
+            partitions: 4,
+            batch_length: 2,
+            linger_time: Duration::ZERO,
+        })
+        .await
+        .unwrap();
+    // No ids, balanced: the producer picks both when it prepares.
+    let messages = (0..4)
+        .map(|n| OutgoingMessage::new(None, Vec::new(), Bytes::from(format!("m{n}"))))
+        .collect();
+    let prepared = producer.prepare(messages);
+
+    server.faults().lose_replies(SEND_MESSAGES_CODE, 1);
+    producer
+        .send_prepared(&prepared)
+        .await
+        .expect_err("the first request's reply is lost");
+    // Sent again as the engine does, until acknowledged (the client may
+    // need a few tries to be back in step after the lost reply).
+    let mut attempts = 1;
+    while let Err(error) = producer.send_prepared(&prepared).await {
+        attempts += 1;
+        assert!(attempts < 50, "never acknowledged: {error}");
+    }
+
+    let stored = server.messages("prepared", "events");
+    let copies = |payload: &str| -> Vec<(u32, u128)> {
+        stored
+            .iter()
+            .filter(|message| message.payload.as_ref() == payload.as_bytes())
+            .map(|message| (message.partition_id, message.id))
+            .collect()
+    };
+    // The first request (m0, m1) was stored with its reply lost, then again:
+    // every copy is the same message in the same partition.
+    for payload in ["m0", "m1", "m2", "m3"] {
+        let copies = copies(payload);
+        assert!(!copies.is_empty(), "{payload}: {stored:?}");
+        assert!(
+            copies.iter().all(|copy| *copy == copies[0]),
+            "{payload} after {attempts} sends: {stored:?}"
+        );
+    }
+    assert!(copies("m0").len() >= 2, "{stored:?}");
+    assert_ne!(copies("m0")[0].0, copies("m2")[0].0, "balanced per request");
 }
