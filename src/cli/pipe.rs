@@ -22,6 +22,7 @@ use crate::config::{ConfigIssue, ConnectorConfig, KindConfig, OnError, SinkStrea
 use crate::connectors::{
     BatchPolicy, BuildError, ConnectorContext, ConnectorError, ConnectorKind, Source, SourceBatch,
 };
+use crate::engine::metrics::{ConnectorMetrics, DualCounter};
 use crate::engine::runtime::{ConnectorFactory, RegistryFactory, RuntimeOptions};
 use crate::engine::{Runtime, Status};
 use crate::iggy::MemoryBus;
@@ -128,33 +129,32 @@ pub async fn pipe(args: PipeArgs) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
     runtime.start_enabled().await;
 
-    let delivered = {
+    // What the source read and the sink delivered so far.
+    let counts = {
         let runtime = runtime.clone();
-        let sink_key = sink_key.clone();
+        let (source_key, sink_key) = (source_key.clone(), sink_key.clone());
         move || {
-            runtime
-                .view(ConnectorKind::Sink, &sink_key)
-                .map_or(0, |view| view.metrics.processed.get())
-        }
-    };
-    let read = {
-        let runtime = runtime.clone();
-        let source_key = source_key.clone();
-        move || {
-            runtime
-                .view(ConnectorKind::Source, &source_key)
-                .map_or(0, |view| view.metrics.produced.get())
+            let count = |kind, key: &str, metric: fn(&ConnectorMetrics) -> &DualCounter| {
+                runtime
+                    .view(kind, key)
+                    .map_or(0, |view| metric(&view.metrics).get())
+            };
+            (
+                count(ConnectorKind::Source, &source_key, |metrics| {
+                    &metrics.produced
+                }),
+                count(ConnectorKind::Sink, &sink_key, |metrics| &metrics.processed),
+            )
         }
     };
     let progress = {
-        let delivered = delivered.clone();
+        let counts = counts.clone();
         let interval = args.progress_interval.max(Duration::from_millis(100));
         tokio::spawn(async move {
             let (mut last, mut last_at) = (0, Instant::now());
             loop {
                 tokio::time::sleep(interval).await;
-                let (now, at) = (delivered(), Instant::now());
-                let read = read();
+                let ((read, now), at) = (counts(), Instant::now());
                 let rate = (now - last.min(now)) as f64 / at.duration_since(last_at).as_secs_f64();
                 out.line(
                     "INFO",
@@ -215,14 +215,14 @@ pub async fn pipe(args: PipeArgs) -> anyhow::Result<ExitCode> {
         .map(|(stream, topic, group)| bus.undelivered(stream, topic, group))
         .sum();
     let views = runtime.views();
-    let total = |count: fn(&crate::engine::metrics::ConnectorMetrics) -> u64| -> u64 {
+    let total = |count: fn(&ConnectorMetrics) -> u64| -> u64 {
         views.iter().map(|view| count(&view.metrics)).sum()
     };
     let errors = total(|metrics| metrics.errors.get());
     let dropped = total(|metrics| {
         metrics.filtered.get() + metrics.skipped.get() + metrics.dead_lettered.get()
     });
-    let records = delivered();
+    let (_, records) = counts();
     let seconds = started.elapsed().as_secs_f64();
     out.line(
         "INFO",
