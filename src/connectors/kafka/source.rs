@@ -10,9 +10,10 @@
 //! commit (the engine stops waiting for a close after `CLOSE_WAIT`). What
 //! was polled and never committed (Iggy refusing it until the engine gives
 //! up, a crash, a rebalance) is read again by whoever owns the partition
-//! next: duplicates, never a gap. On a revoke, records buffered for the revoked partitions are
-//! dropped and the batches in flight stop storing offsets for them, so an
-//! offset is never stored past a record that was not delivered.
+//! next: duplicates, never a gap. On a revoke, records buffered for the
+//! revoked partitions are dropped and the batches in flight stop storing
+//! offsets for them, so an offset is never stored past a record that was
+//! not delivered.
 //!
 //! With `partitions` (no group), the source's state holds each partition's
 //! next offset, saved by the engine with every batch.

@@ -439,14 +439,10 @@ impl SourcePipeline {
         tokio::task::yield_now().await;
         let encoding = Instant::now();
         let groups = self.prepare_sends(groups);
-        let prepared = transformed + encoding.elapsed();
+        let encoded = Instant::now();
+        let prepared = transformed + (encoded - encoding);
         self.metrics.record_duration(Stage::Prepare, prepared);
-        trace.stage(
-            "transform",
-            started,
-            encoding + (prepared - transformed),
-            None,
-        );
+        trace.stage("transform", started, encoded, None);
         Ok(InFlight {
             sent: vec![false; groups.len()],
             groups: Arc::new(groups),
