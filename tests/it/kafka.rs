@@ -19,8 +19,8 @@ use crate::support::binary::Workspace;
 use crate::support::harness::{connector, iggy_client, produce_ns, runtime};
 use crate::support::iggy_server::{IggyTestServer, StoredMessage};
 use crate::support::kafka::{
-    BrokerSetup, KafkaBroker, Record, SESSION_TIMEOUT_MS, committed, create_topic, produce,
-    read_all, read_until_idle_within, unique,
+    BrokerSetup, KafkaBroker, Record, SESSION_TIMEOUT_MS, TlsFront, committed, create_topic,
+    produce, read_all, read_until_idle_within, unique,
 };
 use crate::support::proxy::Proxy;
 use crate::support::s3::S3Server;
@@ -869,6 +869,112 @@ fn with(base: &Value, extra: Value) -> Value {
     };
     config_fields.extend(extra);
     config
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_with_client_certificates_both_ways_deliver_and_a_refused_certificate_fails_open_naming_the_field()
+ {
+    // tansu 0.6.0 serves no TLS: a TLS front on the port it advertises
+    // terminates the connectors' sessions (the test CA's server
+    // certificate, a client certificate required) and relays the raw
+    // clients' plaintext.
+    let pki = support::pki::TestPki::generate();
+    let port = support::ports::free_port();
+    let front = TlsFront::start(port, &pki).await;
+    let broker = KafkaBroker::start_at(port, front.port);
+    let (bootstrap, iggy) = (broker.bootstrap(), IggyTestServer::start());
+    let (inbound, outbound, group) = (unique("in"), unique("out"), unique("group"));
+    create_topic(&bootstrap, &inbound, 1).await;
+    create_topic(&bootstrap, &outbound, 1).await;
+    produce(&bootstrap, &inbound, None, bodies(0..100)).await;
+    iggy.create_topic("shop", "orders", 1);
+    produce_ns(&iggy_client(&iggy).await, "shop", "orders", 0..100).await;
+    let tls = |ca: &std::path::Path| {
+        format!(
+            "ca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}\n[plugin_config.client_options]",
+            ca, pki.client_cert, pki.client_key
+        )
+    };
+    let options = "[plugin_config.client_options]";
+    let state = tempfile::tempdir().unwrap();
+    let runtime = runtime(&iggy, state.path());
+    let source = source_config("from-kafka", &bootstrap, &inbound, &group, "created");
+    let sink = sink_config("to-kafka", &bootstrap, &outbound, "", "");
+    runtime
+        .add(connector(&source.replace(options, &tls(&pki.ca))))
+        .unwrap();
+    runtime
+        .add(connector(&sink.replace(options, &tls(&pki.ca))))
+        .unwrap();
+    runtime.start_enabled().await;
+    wait_for("every Kafka record in Iggy", LONG, || {
+        covers(&in_iggy(&iggy, "created"), 0..100)
+    })
+    .await;
+    wait_for("the sink's offset to cover the topic", LONG, || {
+        iggy.stored_offset("shop", "orders", "iggy-connect-sink-to-kafka", 0) == Some(99)
+    })
+    .await;
+    runtime.shutdown().await;
+    let records = read_all(&bootstrap, &outbound, 1, 100, LONG).await;
+    assert!(
+        covers(&in_kafka(&records), 0..100),
+        "{:?}",
+        in_kafka(&records)
+    );
+    assert!(
+        front.sessions() >= 2,
+        "the connectors spoke TLS: {} sessions",
+        front.sessions()
+    );
+
+    // The broker's certificate checked against another CA: open fails for
+    // good, naming the field.
+    let sessions = front.sessions();
+    let sink = json!({"bootstrap_servers": bootstrap, "topic": outbound, "open_timeout": "2s",
+        "ca_file": pki.other_ca, "cert_file": pki.client_cert, "key_file": pki.client_key});
+    let mut built = support::sinks::build("kafka", &sink);
+    let sink_error = built.open().await.expect_err("the sink opened");
+    let source = json!({"bootstrap_servers": bootstrap, "topics": [inbound], "group_id": group,
+        "open_timeout": "2s", "ca_file": pki.other_ca, "cert_file": pki.client_cert,
+        "key_file": pki.client_key});
+    let mut built = support::drive::build("kafka", source);
+    let source_error = built.open(None).await.expect_err("the source opened");
+    for error in [sink_error, source_error] {
+        assert!(!error.is_transient(), "{error}");
+        let error = error.to_string();
+        assert!(
+            error.starts_with("plugin_config.ca_file:")
+                && error.contains("certificate verify failed"),
+            "{error}"
+        );
+    }
+    // No client certificate, or one another CA signed (which OpenSSL does
+    // not offer to a broker that named its CA): the broker's alert.
+    let no_certificate = json!({"ca_file": pki.ca});
+    let other_certificate = json!({"ca_file": pki.ca, "cert_file": pki.other_client_cert,
+        "key_file": pki.other_client_key});
+    for extra in [no_certificate, other_certificate] {
+        let sink = json!({"bootstrap_servers": bootstrap, "topic": outbound, "open_timeout": "2s"});
+        let mut built = support::sinks::build("kafka", &with(&sink, extra.clone()));
+        let sink_error = built.open().await.expect_err("the sink opened");
+        let source = json!({"bootstrap_servers": bootstrap, "topics": [inbound],
+            "group_id": group, "open_timeout": "2s"});
+        let mut built = support::drive::build("kafka", with(&source, extra.clone()));
+        let source_error = built.open(None).await.expect_err("the source opened");
+        for error in [sink_error, source_error] {
+            assert!(!error.is_transient(), "{extra}: {error}");
+            assert!(
+                error.to_string().starts_with("plugin_config.cert_file:"),
+                "{extra}: {error}"
+            );
+        }
+    }
+    assert_eq!(
+        front.sessions(),
+        sessions,
+        "no session with a refused certificate"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

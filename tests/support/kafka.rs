@@ -422,3 +422,103 @@ pub async fn committed(
     .await
     .unwrap()
 }
+
+/// A TLS terminator on the port a broker advertises, in front of its
+/// listener: tansu 0.6.0 serves no TLS. A connection that opens with a TLS
+/// handshake record (first byte 0x16; a Kafka request opens with its
+/// length, whose first byte is 0 for any request under 16 MiB) is
+/// terminated here with the test PKI's server certificate, which requires
+/// a client certificate the test CA signed; any other connection is relayed
+/// as it is, so the raw clients of this module keep speaking plaintext to
+/// the same advertised address. Counts the TLS sessions it relays.
+pub struct TlsFront {
+    /// The port to advertise.
+    pub port: u16,
+    sessions: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TlsFront {
+    /// Listens on a port of its own (for the broker to advertise) and
+    /// relays to the broker listening on `broker`.
+    pub async fn start(broker: u16, pki: &super::pki::TestPki) -> Self {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        use std::sync::Arc;
+        let certificates = |path: &PathBuf| -> Vec<CertificateDer<'static>> {
+            CertificateDer::pem_file_iter(path)
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap()
+        };
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        for certificate in certificates(&pki.ca) {
+            roots.add(certificate).unwrap();
+        }
+        let clients = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider.clone(),
+        )
+        .build()
+        .unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_client_cert_verifier(clients)
+            .with_single_cert(
+                certificates(&pki.server_cert),
+                PrivateKeyDer::from_pem_file(&pki.server_key).unwrap(),
+            )
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let sessions = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = sessions.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let (acceptor, counted) = (acceptor.clone(), counted.clone());
+                tokio::spawn(async move {
+                    let mut first = [0u8; 1];
+                    if inbound.peek(&mut first).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let Ok(mut outbound) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", broker)).await
+                    else {
+                        return;
+                    };
+                    if first[0] == 0x16 {
+                        // A handshake that fails (the client refused our
+                        // certificate, or sent none) ends the connection.
+                        let Ok(mut inbound) = acceptor.accept(inbound).await else {
+                            return;
+                        };
+                        counted.fetch_add(1, Ordering::Relaxed);
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    } else {
+                        let mut inbound = inbound;
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        });
+        Self {
+            port,
+            sessions,
+            task,
+        }
+    }
+
+    /// TLS sessions established so far (handshake completed).
+    pub fn sessions(&self) -> usize {
+        self.sessions.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for TlsFront {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

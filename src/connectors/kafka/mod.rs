@@ -273,6 +273,34 @@ pub fn is_fatal(error: &KafkaError) -> bool {
     })
 }
 
+/// What a TLS handshake librdkafka reported as failed says to fix, naming
+/// the field: OpenSSL's reason for a broker certificate it refused, or the
+/// alert of a broker that refused the client's certificate (or wanted one).
+fn tls_refusal(librdkafka: &str) -> Option<String> {
+    const CLIENT_REFUSED: [&str; 4] = [
+        "alert certificate required",
+        "alert bad certificate",
+        "alert unknown ca",
+        "alert certificate unknown",
+    ];
+    if librdkafka.contains("certificate verify failed") {
+        Some(format!(
+            "plugin_config.ca_file: the broker's TLS certificate was refused ({librdkafka}); set \
+             ca_file to the CA that signed it, and connect by a name the certificate holds"
+        ))
+    } else if CLIENT_REFUSED
+        .iter()
+        .any(|alert| librdkafka.contains(alert))
+    {
+        Some(format!(
+            "plugin_config.cert_file: the broker refused the TLS session ({librdkafka}); it \
+             wants a client certificate (cert_file and key_file) signed by a CA it trusts"
+        ))
+    } else {
+        None
+    }
+}
+
 /// librdkafka's logs and errors, as this process's tracing events with the
 /// connector's key.
 #[derive(Debug, Clone, Default)]
@@ -299,7 +327,9 @@ impl Logging {
     }
 
     /// `error` with the last client error librdkafka reported, if any, so
-    /// that a login the broker refused reads as such in the status.
+    /// that a login the broker refused reads as such in the status. A TLS
+    /// certificate refused either way is fatal and names the field to fix:
+    /// retrying cannot change a certificate.
     pub fn explain(&self, error: ConnectorError) -> ConnectorError {
         let last = self
             .last_error
@@ -309,6 +339,9 @@ impl Logging {
         let Some(last) = last else {
             return error;
         };
+        if let Some(refused) = tls_refusal(&last) {
+            return ConnectorError::fatal(refused);
+        }
         let message = format!("{error} (last librdkafka error: {last})");
         if error.is_transient() {
             ConnectorError::transient(message)
