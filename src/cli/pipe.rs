@@ -383,6 +383,12 @@ fn plan(args: &PipeArgs) -> Result<Plan, String> {
             },
         ),
     };
+    // `pipe --sink stdout` is for seeing what flows: it prints the payloads
+    // unless `--set sink.print_payload=false` (a runtime's stdout sink, and
+    // one from `--sink-file`, keep upstream's default of a summary only).
+    if args.sink_file.is_none() && args.sink.as_deref() == Some("stdout") {
+        sink.plugin_config["print_payload"] = true.into();
+    }
     merge(&mut source.plugin_config, source_settings);
     merge(&mut sink.plugin_config, sink_settings);
     for config in [&mut source, &mut sink] {

@@ -50,6 +50,20 @@ fn pipe_with_max_count_prints_exactly_that_many_messages_and_exits_zero() {
 }
 
 #[test]
+fn pipe_into_stdout_prints_the_payloads_unless_told_not_to() {
+    let pipe = |extra: &[&str]| {
+        let mut args = vec!["pipe", "--source", "random", "--sink", "stdout"];
+        args.extend(["--set", "source.max_count=5"]);
+        args.extend(extra);
+        let output = iggy_connect(&args);
+        assert!(output.status.success(), "{}", stderr(&output));
+        String::from_utf8_lossy(&output.stdout).lines().count()
+    };
+    assert_eq!(pipe(&[]), 5);
+    assert_eq!(pipe(&["--set", "sink.print_payload=false"]), 0);
+}
+
+#[test]
 fn pipe_names_the_bad_setting_and_exits_non_zero() {
     let output = iggy_connect(&[
         "pipe",
