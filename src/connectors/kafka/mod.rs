@@ -273,32 +273,45 @@ pub fn is_fatal(error: &KafkaError) -> bool {
     })
 }
 
-/// What a TLS handshake librdkafka reported as failed says to fix, naming
-/// the field: OpenSSL's reason for a broker certificate it refused, or the
-/// alert of a broker that refused the client's certificate (or wanted one).
-fn tls_refusal(librdkafka: &str) -> Option<String> {
+/// What a refusal librdkafka reported says to fix, naming the field: a SASL
+/// login the broker refused, a mechanism it does not offer, a broker
+/// certificate OpenSSL refused, or the alert of a broker that refused the
+/// client's certificate (or wanted one). `None` for anything else.
+fn refusal(librdkafka: &str) -> Option<String> {
     const CLIENT_REFUSED: [&str; 4] = [
         "alert certificate required",
         "alert bad certificate",
         "alert unknown ca",
         "alert certificate unknown",
     ];
-    if librdkafka.contains("certificate verify failed") {
-        Some(format!(
-            "plugin_config.ca_file: the broker's TLS certificate was refused ({librdkafka}); set \
-             ca_file to the CA that signed it, and connect by a name the certificate holds"
-        ))
+    let (field, fix) = if librdkafka.contains("Unsupported SASL mechanism") {
+        ("sasl_mechanism", "choose a mechanism the broker offers")
+    } else if librdkafka.contains("SASL authentication error") {
+        (
+            "sasl_password",
+            "the broker refused the login: check sasl_username and sasl_password",
+        )
+    } else if librdkafka.contains("certificate verify failed") {
+        (
+            "ca_file",
+            "the broker's TLS certificate was refused: set ca_file to the CA that signed it, \
+             and connect by a name the certificate holds",
+        )
     } else if CLIENT_REFUSED
         .iter()
         .any(|alert| librdkafka.contains(alert))
     {
-        Some(format!(
-            "plugin_config.cert_file: the broker refused the TLS session ({librdkafka}); it \
-             wants a client certificate (cert_file and key_file) signed by a CA it trusts"
-        ))
+        (
+            "cert_file",
+            "the broker refused the TLS session: it wants a client certificate (cert_file and \
+             key_file) signed by a CA it trusts",
+        )
     } else {
-        None
-    }
+        return None;
+    };
+    Some(format!(
+        "plugin_config.{field}: {fix} (librdkafka: {librdkafka})"
+    ))
 }
 
 /// librdkafka's logs and errors, as this process's tracing events with the
@@ -327,9 +340,9 @@ impl Logging {
     }
 
     /// `error` with the last client error librdkafka reported, if any, so
-    /// that a login the broker refused reads as such in the status. A TLS
-    /// certificate refused either way is fatal and names the field to fix:
-    /// retrying cannot change a certificate.
+    /// that a login the broker refused reads as such in the status. A login
+    /// or a TLS certificate refused either way is fatal and names the field
+    /// to fix: retrying cannot change a password or a certificate.
     pub fn explain(&self, error: ConnectorError) -> ConnectorError {
         let last = self
             .last_error
@@ -339,7 +352,7 @@ impl Logging {
         let Some(last) = last else {
             return error;
         };
-        if let Some(refused) = tls_refusal(&last) {
+        if let Some(refused) = refusal(&last) {
             return ConnectorError::fatal(refused);
         }
         let message = format!("{error} (last librdkafka error: {last})");
@@ -432,6 +445,58 @@ mod tests {
             let error = fields(&options).config("k", &[]).unwrap_err();
             assert_eq!(error.field, "client_options", "{error}");
             assert!(error.message.contains(name), "{error}");
+        }
+    }
+
+    #[test]
+    fn given_librdkafkas_refusals_when_explained_should_be_fatal_and_name_the_field() {
+        // The shapes of librdkafka 2.12's messages (rdkafka_broker.c,
+        // rdkafka_sasl_scram.c, rdkafka_ssl.c); the TLS and SCRAM ones are
+        // also met for real in tests/it/kafka.rs.
+        let cases = [
+            (
+                "127.0.0.1:9092/bootstrap: SASL PLAIN mechanism handshake failed: Broker: \
+                 Unsupported SASL mechanism: broker's supported mechanisms: SCRAM-SHA-256",
+                Some("sasl_mechanism"),
+            ),
+            (
+                "127.0.0.1:9092/bootstrap: SASL authentication error: SASL SCRAM \
+                 authentication failed: broker responded with unknown-user",
+                Some("sasl_password"),
+            ),
+            (
+                "ssl://127.0.0.1:9093/bootstrap: SSL handshake failed: error:0A000086:SSL \
+                 routines::certificate verify failed: broker certificate could not be verified",
+                Some("ca_file"),
+            ),
+            (
+                "ssl://127.0.0.1:9093/bootstrap: Receive failed: error:0A00045C:SSL \
+                 routines::tlsv13 alert certificate required: SSL alert number 116",
+                Some("cert_file"),
+            ),
+            (
+                "127.0.0.1:9092/bootstrap: Connect to ipv4#127.0.0.1:9092 failed: Connection \
+                 refused",
+                None,
+            ),
+        ];
+        for (last, field) in cases {
+            let logging = Logging::new("k");
+            logging.remember(last);
+            let error =
+                logging.explain(ConnectorError::transient("fetching the cluster's metadata"));
+            match field {
+                Some(field) => {
+                    assert!(!error.is_transient(), "{last}");
+                    let text = error.to_string();
+                    assert!(
+                        text.starts_with(&format!("plugin_config.{field}: ")),
+                        "{text}"
+                    );
+                    assert!(text.contains(last), "{text}");
+                }
+                None => assert!(error.is_transient(), "{last}"),
+            }
         }
     }
 
