@@ -19,8 +19,8 @@ use crate::support::binary::Workspace;
 use crate::support::harness::{connector, iggy_client, produce_ns, runtime};
 use crate::support::iggy_server::{IggyTestServer, StoredMessage};
 use crate::support::kafka::{
-    BrokerSetup, KafkaBroker, Record, SESSION_TIMEOUT_MS, TlsFront, committed, create_topic,
-    produce, read_all, read_until_idle_within, unique,
+    BrokerSetup, KafkaBroker, Record, SESSION_TIMEOUT_MS, SaslFront, TlsFront, committed,
+    create_topic, produce, read_all, read_until_idle_within, unique,
 };
 use crate::support::proxy::Proxy;
 use crate::support::s3::S3Server;
@@ -1007,6 +1007,91 @@ async fn tls_files_librdkafka_cannot_use_fail_open_for_good_with_the_reason() {
             "source {extra}: {error}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_login_delivers_both_ways_and_a_wrong_password_or_mechanism_fails_open_for_good() {
+    // tansu 0.6.0 offers no PLAIN: a SASL front on the port it advertises
+    // answers the logins (support::kafka::SaslFront) and relays the rest.
+    let port = support::ports::free_port();
+    let front = SaslFront::start(port, "iggy", "s3cret").await;
+    let broker = KafkaBroker::start_at(port, front.port);
+    let (bootstrap, iggy) = (broker.bootstrap(), IggyTestServer::start());
+    let (inbound, outbound, group) = (unique("in"), unique("out"), unique("group"));
+    create_topic(&bootstrap, &inbound, 1).await;
+    create_topic(&bootstrap, &outbound, 1).await;
+    produce(&bootstrap, &inbound, None, bodies(0..100)).await;
+    iggy.create_topic("shop", "orders", 1);
+    produce_ns(&iggy_client(&iggy).await, "shop", "orders", 0..100).await;
+    let options = "[plugin_config.client_options]";
+    let login = "sasl_mechanism = \"PLAIN\"\nsasl_username = \"iggy\"\nsasl_password = \"s3cret\"\n[plugin_config.client_options]";
+    let state = tempfile::tempdir().unwrap();
+    let runtime = runtime(&iggy, state.path());
+    let source = source_config("from-kafka", &bootstrap, &inbound, &group, "created");
+    let sink = sink_config("to-kafka", &bootstrap, &outbound, "", "");
+    runtime
+        .add(connector(&source.replace(options, login)))
+        .unwrap();
+    runtime
+        .add(connector(&sink.replace(options, login)))
+        .unwrap();
+    runtime.start_enabled().await;
+    wait_for("every Kafka record in Iggy", LONG, || {
+        covers(&in_iggy(&iggy, "created"), 0..100)
+    })
+    .await;
+    wait_for("the sink's offset to cover the topic", LONG, || {
+        iggy.stored_offset("shop", "orders", "iggy-connect-sink-to-kafka", 0) == Some(99)
+    })
+    .await;
+    runtime.shutdown().await;
+    let records = read_all(&bootstrap, &outbound, 1, 100, LONG).await;
+    assert!(
+        covers(&in_kafka(&records), 0..100),
+        "{:?}",
+        in_kafka(&records)
+    );
+    assert!(
+        front.logins() >= 2,
+        "the connectors logged in: {}",
+        front.logins()
+    );
+
+    let logins = front.logins();
+    let cases = [
+        (
+            json!({"sasl_mechanism": "PLAIN", "sasl_username": "iggy",
+            "sasl_password": "wrong"}),
+            "sasl_password",
+        ),
+        (
+            json!({"sasl_mechanism": "SCRAM-SHA-256", "sasl_username": "iggy",
+            "sasl_password": "s3cret"}),
+            "sasl_mechanism",
+        ),
+    ];
+    for (login, field) in cases {
+        let sink = json!({"bootstrap_servers": bootstrap, "topic": outbound, "open_timeout": "2s"});
+        let mut built = support::sinks::build("kafka", &with(&sink, login.clone()));
+        let sink_error = built.open().await.expect_err("the sink opened");
+        let source = json!({"bootstrap_servers": bootstrap, "topics": [inbound],
+            "group_id": group, "open_timeout": "2s"});
+        let mut built = support::drive::build("kafka", with(&source, login.clone()));
+        let source_error = built.open(None).await.expect_err("the source opened");
+        for error in [sink_error, source_error] {
+            assert!(!error.is_transient(), "{login}: {error}");
+            let text = error.to_string();
+            assert!(
+                text.starts_with(&format!("plugin_config.{field}:")),
+                "{login}: {text}"
+            );
+            assert!(
+                !text.contains("s3cret"),
+                "the password is not shown: {text}"
+            );
+        }
+    }
+    assert_eq!(front.logins(), logins, "no login accepted with either");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

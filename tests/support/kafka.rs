@@ -522,3 +522,175 @@ impl Drop for TlsFront {
         self.task.abort();
     }
 }
+
+/// A SASL/PLAIN front on the port a broker advertises: tansu 0.6.0 offers
+/// no PLAIN, and no SCRAM user can log in to it. It answers a client's
+/// `SaslHandshake` (v0-1, offering PLAIN only) and `SaslAuthenticate` (v0-1,
+/// the versions librdkafka speaks) itself, from the Kafka protocol's
+/// documentation, checking the one user and password it was given, and
+/// relays everything else to the broker: the `ApiVersions` before the login
+/// (tansu's answer lists both SASL requests), and the whole connection
+/// after it. A connection whose first request after `ApiVersions` is not a
+/// login (the raw test clients) is relayed as it is. Counts the logins it
+/// accepted.
+pub struct SaslFront {
+    /// The port to advertise.
+    pub port: u16,
+    logins: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+const SASL_HANDSHAKE: i16 = 17;
+const SASL_AUTHENTICATE: i16 = 36;
+const API_VERSIONS: i16 = 18;
+/// Kafka's error codes for a mechanism not offered and a refused login.
+const UNSUPPORTED_SASL_MECHANISM: i16 = 33;
+const SASL_AUTHENTICATION_FAILED: i16 = 58;
+
+impl SaslFront {
+    /// Listens on a port of its own (for the broker to advertise), accepts
+    /// `user` with `password`, and relays to the broker listening on `broker`.
+    pub async fn start(broker: u16, user: &str, password: &str) -> Self {
+        use std::sync::Arc;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let logins = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = logins.clone();
+        let accepted = Arc::new(format!("\0{user}\0{password}").into_bytes());
+        let task = tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let (counted, accepted) = (counted.clone(), accepted.clone());
+                tokio::spawn(async move {
+                    let _ = sasl_relay(inbound, broker, &accepted, &counted).await;
+                });
+            }
+        });
+        Self { port, logins, task }
+    }
+
+    /// Logins accepted so far.
+    pub fn logins(&self) -> usize {
+        self.logins.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for SaslFront {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// One connection through a [`SaslFront`].
+async fn sasl_relay(
+    mut inbound: tokio::net::TcpStream,
+    broker: u16,
+    accepted: &[u8],
+    logins: &std::sync::atomic::AtomicUsize,
+) -> std::io::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let mut outbound = tokio::net::TcpStream::connect(("127.0.0.1", broker)).await?;
+    loop {
+        let request = read_frame(&mut inbound).await?;
+        let (api_key, version, correlation, body) = parse_request(&request)?;
+        match api_key {
+            API_VERSIONS => {
+                outbound.write_all(&frame(&request)).await?;
+                let response = read_frame(&mut outbound).await?;
+                inbound.write_all(&frame(&response)).await?;
+            }
+            SASL_HANDSHAKE => {
+                let mechanism = kafka_string(body)?;
+                let error = if mechanism == "PLAIN" {
+                    0
+                } else {
+                    UNSUPPORTED_SASL_MECHANISM
+                };
+                let mut response = correlation.to_be_bytes().to_vec();
+                response.extend(error.to_be_bytes());
+                response.extend(1i32.to_be_bytes());
+                response.extend(5i16.to_be_bytes());
+                response.extend(b"PLAIN");
+                inbound.write_all(&frame(&response)).await?;
+            }
+            SASL_AUTHENTICATE => {
+                // PLAIN: `authzid \0 authcid \0 password`, the authzid empty.
+                let length =
+                    i32::from_be_bytes(body.get(..4).ok_or_else(short)?.try_into().unwrap());
+                let token = body
+                    .get(4..4 + usize::try_from(length).map_err(|_| short())?)
+                    .ok_or_else(short)?;
+                let ok = token == accepted;
+                let mut response = correlation.to_be_bytes().to_vec();
+                if ok {
+                    response.extend(0i16.to_be_bytes());
+                    response.extend((-1i16).to_be_bytes());
+                } else {
+                    let message = b"Authentication failed: Invalid username or password";
+                    response.extend(SASL_AUTHENTICATION_FAILED.to_be_bytes());
+                    response.extend((message.len() as i16).to_be_bytes());
+                    response.extend(message);
+                }
+                response.extend(0i32.to_be_bytes());
+                if version >= 1 {
+                    response.extend(0i64.to_be_bytes());
+                }
+                inbound.write_all(&frame(&response)).await?;
+                if !ok {
+                    return Ok(());
+                }
+                logins.fetch_add(1, Ordering::Relaxed);
+                break;
+            }
+            _ => {
+                outbound.write_all(&frame(&request)).await?;
+                break;
+            }
+        }
+    }
+    tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await?;
+    Ok(())
+}
+
+fn short() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, "short Kafka request")
+}
+
+/// One size-prefixed Kafka frame, without its size.
+async fn read_frame(stream: &mut tokio::net::TcpStream) -> std::io::Result<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let size = stream.read_i32().await?;
+    let mut frame = vec![0; usize::try_from(size).map_err(|_| short())?];
+    stream.read_exact(&mut frame).await?;
+    Ok(frame)
+}
+
+fn frame(payload: &[u8]) -> Vec<u8> {
+    let mut framed = (payload.len() as i32).to_be_bytes().to_vec();
+    framed.extend(payload);
+    framed
+}
+
+/// A request header v1 (`api_key`, `api_version`, `correlation_id`,
+/// `client_id`), as the SASL requests and `ApiVersions` are sent, and the
+/// body after it.
+fn parse_request(request: &[u8]) -> std::io::Result<(i16, i16, i32, &[u8])> {
+    let field = |range: std::ops::Range<usize>| request.get(range).ok_or_else(short);
+    let api_key = i16::from_be_bytes(field(0..2)?.try_into().unwrap());
+    let version = i16::from_be_bytes(field(2..4)?.try_into().unwrap());
+    let correlation = i32::from_be_bytes(field(4..8)?.try_into().unwrap());
+    let client_id = i16::from_be_bytes(field(8..10)?.try_into().unwrap()).max(0) as usize;
+    Ok((
+        api_key,
+        version,
+        correlation,
+        field(10 + client_id..request.len())?,
+    ))
+}
+
+fn kafka_string(body: &[u8]) -> std::io::Result<String> {
+    let length = i16::from_be_bytes(body.get(..2).ok_or_else(short)?.try_into().unwrap());
+    let text = body
+        .get(2..2 + usize::try_from(length).map_err(|_| short())?)
+        .ok_or_else(short)?;
+    Ok(String::from_utf8_lossy(text).into_owned())
+}
