@@ -1010,11 +1010,13 @@ async fn tls_files_librdkafka_cannot_use_fail_open_for_good_with_the_reason() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plain_login_delivers_both_ways_and_a_wrong_password_or_mechanism_fails_open_for_good() {
-    // tansu 0.6.0 offers no PLAIN: a SASL front on the port it advertises
-    // answers the logins (support::kafka::SaslFront) and relays the rest.
+async fn sasl_logins_deliver_both_ways_and_a_wrong_password_or_mechanism_fails_open_for_good() {
+    // tansu 0.6.0 offers no PLAIN and lets no SCRAM user in: a SASL front on
+    // the port it advertises answers the logins (support::kafka::SaslFront)
+    // and relays the rest.
     let port = support::ports::free_port();
-    let front = SaslFront::start(port, "iggy", "s3cret").await;
+    let all = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"];
+    let front = SaslFront::start(port, "iggy", "s3cret", &all).await;
     let broker = KafkaBroker::start_at(port, front.port);
     let (bootstrap, iggy) = (broker.bootstrap(), IggyTestServer::start());
     let (inbound, outbound, group) = (unique("in"), unique("out"), unique("group"));
@@ -1024,17 +1026,20 @@ async fn a_plain_login_delivers_both_ways_and_a_wrong_password_or_mechanism_fail
     iggy.create_topic("shop", "orders", 1);
     produce_ns(&iggy_client(&iggy).await, "shop", "orders", 0..100).await;
     let options = "[plugin_config.client_options]";
-    let login = "sasl_mechanism = \"PLAIN\"\nsasl_username = \"iggy\"\nsasl_password = \"s3cret\"\n[plugin_config.client_options]";
+    let login = |mechanism: &str| {
+        format!(
+            "sasl_mechanism = \"{mechanism}\"\nsasl_username = \"iggy\"\n\
+             sasl_password = \"s3cret\"\n{options}"
+        )
+    };
     let state = tempfile::tempdir().unwrap();
     let runtime = runtime(&iggy, state.path());
     let source = source_config("from-kafka", &bootstrap, &inbound, &group, "created");
     let sink = sink_config("to-kafka", &bootstrap, &outbound, "", "");
-    runtime
-        .add(connector(&source.replace(options, login)))
-        .unwrap();
-    runtime
-        .add(connector(&sink.replace(options, login)))
-        .unwrap();
+    let source = source.replace(options, &login("SCRAM-SHA-256"));
+    runtime.add(connector(&source)).unwrap();
+    let sink = sink.replace(options, &login("SCRAM-SHA-512"));
+    runtime.add(connector(&sink)).unwrap();
     runtime.start_enabled().await;
     wait_for("every Kafka record in Iggy", LONG, || {
         covers(&in_iggy(&iggy, "created"), 0..100)
@@ -1057,27 +1062,42 @@ async fn a_plain_login_delivers_both_ways_and_a_wrong_password_or_mechanism_fail
         front.logins()
     );
 
+    let sink = |bootstrap: &str, login: Value| {
+        let config =
+            json!({"bootstrap_servers": bootstrap, "topic": outbound, "open_timeout": "2s"});
+        support::sinks::build("kafka", &with(&config, login))
+    };
+    let source = |bootstrap: &str, login: Value| {
+        let config = json!({"bootstrap_servers": bootstrap, "topics": [inbound],
+            "group_id": group, "open_timeout": "2s"});
+        support::drive::build("kafka", with(&config, login))
+    };
+    let plain =
+        json!({"sasl_mechanism": "PLAIN", "sasl_username": "iggy", "sasl_password": "s3cret"});
+    let mut built = sink(&bootstrap, plain);
+    built.open().await.expect("a PLAIN login opens the sink");
+    built.close().await.unwrap();
+
+    // A front that offers PLAIN only, for the mechanism it does not offer.
+    let plain_only = SaslFront::start(port, "iggy", "s3cret", &["PLAIN"]).await;
+    let elsewhere = format!("127.0.0.1:{}", plain_only.port);
     let logins = front.logins();
     let cases = [
-        (
-            json!({"sasl_mechanism": "PLAIN", "sasl_username": "iggy",
-            "sasl_password": "wrong"}),
-            "sasl_password",
-        ),
-        (
-            json!({"sasl_mechanism": "SCRAM-SHA-256", "sasl_username": "iggy",
-            "sasl_password": "s3cret"}),
-            "sasl_mechanism",
-        ),
+        (&bootstrap, "PLAIN", "wrong", "sasl_password"),
+        (&bootstrap, "SCRAM-SHA-256", "wrong", "sasl_password"),
+        (&elsewhere, "SCRAM-SHA-512", "s3cret", "sasl_mechanism"),
     ];
-    for (login, field) in cases {
-        let sink = json!({"bootstrap_servers": bootstrap, "topic": outbound, "open_timeout": "2s"});
-        let mut built = support::sinks::build("kafka", &with(&sink, login.clone()));
-        let sink_error = built.open().await.expect_err("the sink opened");
-        let source = json!({"bootstrap_servers": bootstrap, "topics": [inbound],
-            "group_id": group, "open_timeout": "2s"});
-        let mut built = support::drive::build("kafka", with(&source, login.clone()));
-        let source_error = built.open(None).await.expect_err("the source opened");
+    for (bootstrap, mechanism, password, field) in cases {
+        let login = json!({"sasl_mechanism": mechanism, "sasl_username": "iggy",
+            "sasl_password": password});
+        let sink_error = sink(bootstrap, login.clone())
+            .open()
+            .await
+            .expect_err("the sink opened");
+        let source_error = source(bootstrap, login.clone())
+            .open(None)
+            .await
+            .expect_err("the source opened");
         for error in [sink_error, source_error] {
             assert!(!error.is_transient(), "{login}: {error}");
             let text = error.to_string();
@@ -1086,12 +1106,17 @@ async fn a_plain_login_delivers_both_ways_and_a_wrong_password_or_mechanism_fail
                 "{login}: {text}"
             );
             assert!(
-                !text.contains("s3cret"),
+                !text.contains(password),
                 "the password is not shown: {text}"
             );
         }
     }
-    assert_eq!(front.logins(), logins, "no login accepted with either");
+    assert_eq!(
+        front.logins(),
+        logins,
+        "no login accepted with a wrong password"
+    );
+    assert_eq!(plain_only.logins(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -523,16 +523,16 @@ impl Drop for TlsFront {
     }
 }
 
-/// A SASL/PLAIN front on the port a broker advertises: tansu 0.6.0 offers
-/// no PLAIN, and no SCRAM user can log in to it. It answers a client's
-/// `SaslHandshake` (v0-1, offering PLAIN only) and `SaslAuthenticate` (v0-1,
-/// the versions librdkafka speaks) itself, from the Kafka protocol's
-/// documentation, checking the one user and password it was given, and
-/// relays everything else to the broker: the `ApiVersions` before the login
-/// (tansu's answer lists both SASL requests), and the whole connection
-/// after it. A connection whose first request after `ApiVersions` is not a
-/// login (the raw test clients) is relayed as it is. Counts the logins it
-/// accepted.
+/// A SASL front on the port a broker advertises: tansu 0.6.0 offers no
+/// PLAIN, and no SCRAM user can log in to it. It answers a client's
+/// `SaslHandshake` (v0-1) and `SaslAuthenticate` (v0-1, the versions
+/// librdkafka speaks) itself, from the Kafka protocol's documentation and
+/// RFC 5802/7677 for SCRAM, accepting one user and password with the
+/// mechanisms it offers, and relays everything else to the broker: the
+/// `ApiVersions` before the login (tansu's answer lists both SASL
+/// requests), and the whole connection after it. A connection whose first
+/// request after `ApiVersions` is not a login (the raw test clients) is
+/// relayed as it is. Counts the logins it accepted.
 pub struct SaslFront {
     /// The port to advertise.
     pub port: u16,
@@ -546,22 +546,36 @@ const API_VERSIONS: i16 = 18;
 /// Kafka's error codes for a mechanism not offered and a refused login.
 const UNSUPPORTED_SASL_MECHANISM: i16 = 33;
 const SASL_AUTHENTICATION_FAILED: i16 = 58;
+const SCRAM_ITERATIONS: u32 = 4096;
+
+/// Who a [`SaslFront`] lets in, and how.
+struct Login {
+    user: String,
+    password: String,
+    mechanisms: Vec<String>,
+}
 
 impl SaslFront {
     /// Listens on a port of its own (for the broker to advertise), accepts
-    /// `user` with `password`, and relays to the broker listening on `broker`.
-    pub async fn start(broker: u16, user: &str, password: &str) -> Self {
+    /// `user` with `password` through any of `mechanisms` (`PLAIN`,
+    /// `SCRAM-SHA-256`, `SCRAM-SHA-512`), and relays to the broker
+    /// listening on `broker`.
+    pub async fn start(broker: u16, user: &str, password: &str, mechanisms: &[&str]) -> Self {
         use std::sync::Arc;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let logins = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counted = logins.clone();
-        let accepted = Arc::new(format!("\0{user}\0{password}").into_bytes());
+        let login = Arc::new(Login {
+            user: user.to_owned(),
+            password: password.to_owned(),
+            mechanisms: mechanisms.iter().map(|&name| name.to_owned()).collect(),
+        });
         let task = tokio::spawn(async move {
             while let Ok((inbound, _)) = listener.accept().await {
-                let (counted, accepted) = (counted.clone(), accepted.clone());
+                let (counted, login) = (counted.clone(), login.clone());
                 tokio::spawn(async move {
-                    let _ = sasl_relay(inbound, broker, &accepted, &counted).await;
+                    let _ = sasl_relay(inbound, broker, &login, &counted).await;
                 });
             }
         });
@@ -580,66 +594,102 @@ impl Drop for SaslFront {
     }
 }
 
+/// What a login through a [`SaslFront`] came to after one `SaslAuthenticate`.
+enum Step {
+    /// Send these bytes back and wait for the client's next message.
+    Challenge(Vec<u8>),
+    /// Logged in: send these bytes back, then relay the connection.
+    Accepted(Vec<u8>),
+    Refused,
+}
+
 /// One connection through a [`SaslFront`].
 async fn sasl_relay(
     mut inbound: tokio::net::TcpStream,
     broker: u16,
-    accepted: &[u8],
+    login: &Login,
     logins: &std::sync::atomic::AtomicUsize,
 ) -> std::io::Result<()> {
     use tokio::io::AsyncWriteExt;
     let mut outbound = tokio::net::TcpStream::connect(("127.0.0.1", broker)).await?;
+    let mut mechanism = String::new();
+    let mut scram: Option<Scram> = None;
     loop {
         let request = read_frame(&mut inbound).await?;
         let (api_key, version, correlation, body) = parse_request(&request)?;
+        let mut response = correlation.to_be_bytes().to_vec();
         match api_key {
             API_VERSIONS => {
                 outbound.write_all(&frame(&request)).await?;
-                let response = read_frame(&mut outbound).await?;
-                inbound.write_all(&frame(&response)).await?;
+                let answer = read_frame(&mut outbound).await?;
+                inbound.write_all(&frame(&answer)).await?;
+                continue;
             }
             SASL_HANDSHAKE => {
-                let mechanism = kafka_string(body)?;
-                let error = if mechanism == "PLAIN" {
+                mechanism = String::from_utf8_lossy(kafka_bytes(body, 2)?).into_owned();
+                let offered = login.mechanisms.contains(&mechanism);
+                let error = if offered {
                     0
                 } else {
                     UNSUPPORTED_SASL_MECHANISM
                 };
-                let mut response = correlation.to_be_bytes().to_vec();
                 response.extend(error.to_be_bytes());
-                response.extend(1i32.to_be_bytes());
-                response.extend(5i16.to_be_bytes());
-                response.extend(b"PLAIN");
+                response.extend((login.mechanisms.len() as i32).to_be_bytes());
+                for name in &login.mechanisms {
+                    response.extend((name.len() as i16).to_be_bytes());
+                    response.extend(name.as_bytes());
+                }
                 inbound.write_all(&frame(&response)).await?;
             }
             SASL_AUTHENTICATE => {
-                // PLAIN: `authzid \0 authcid \0 password`, the authzid empty.
-                let length =
-                    i32::from_be_bytes(body.get(..4).ok_or_else(short)?.try_into().unwrap());
-                let token = body
-                    .get(4..4 + usize::try_from(length).map_err(|_| short())?)
-                    .ok_or_else(short)?;
-                let ok = token == accepted;
-                let mut response = correlation.to_be_bytes().to_vec();
-                if ok {
-                    response.extend(0i16.to_be_bytes());
-                    response.extend((-1i16).to_be_bytes());
-                } else {
-                    let message = b"Authentication failed: Invalid username or password";
-                    response.extend(SASL_AUTHENTICATION_FAILED.to_be_bytes());
-                    response.extend((message.len() as i16).to_be_bytes());
-                    response.extend(message);
+                let token = kafka_bytes(body, 4)?;
+                let step = match mechanism.as_str() {
+                    // `authzid \0 authcid \0 password`, the authzid empty.
+                    "PLAIN"
+                        if token == format!("\0{}\0{}", login.user, login.password).as_bytes() =>
+                    {
+                        Step::Accepted(Vec::new())
+                    }
+                    "SCRAM-SHA-256" | "SCRAM-SHA-512" => match scram.take() {
+                        None => {
+                            let (state, challenge) = Scram::first(&mechanism, login, token);
+                            scram = state;
+                            challenge
+                        }
+                        Some(state) => state.last(login, token),
+                    },
+                    _ => Step::Refused,
+                };
+                let (error, message, bytes) = match &step {
+                    Step::Challenge(bytes) | Step::Accepted(bytes) => (0, None, bytes.as_slice()),
+                    Step::Refused => (
+                        SASL_AUTHENTICATION_FAILED,
+                        Some("Authentication failed: Invalid username or password"),
+                        &[][..],
+                    ),
+                };
+                response.extend(error.to_be_bytes());
+                match message {
+                    Some(text) => {
+                        response.extend((text.len() as i16).to_be_bytes());
+                        response.extend(text.as_bytes());
+                    }
+                    None => response.extend((-1i16).to_be_bytes()),
                 }
-                response.extend(0i32.to_be_bytes());
+                response.extend((bytes.len() as i32).to_be_bytes());
+                response.extend(bytes);
                 if version >= 1 {
                     response.extend(0i64.to_be_bytes());
                 }
                 inbound.write_all(&frame(&response)).await?;
-                if !ok {
-                    return Ok(());
+                match step {
+                    Step::Challenge(_) => {}
+                    Step::Accepted(_) => {
+                        logins.fetch_add(1, Ordering::Relaxed);
+                        break;
+                    }
+                    Step::Refused => return Ok(()),
                 }
-                logins.fetch_add(1, Ordering::Relaxed);
-                break;
             }
             _ => {
                 outbound.write_all(&frame(&request)).await?;
@@ -649,6 +699,121 @@ async fn sasl_relay(
     }
     tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await?;
     Ok(())
+}
+
+/// A SCRAM exchange between the client's first message and its last.
+struct Scram {
+    hash: ScramHash,
+    /// `n=USER,r=CLIENT_NONCE`, the server's first message, and the nonce.
+    client_first_bare: String,
+    server_first: String,
+    nonce: String,
+    salt: Vec<u8>,
+}
+
+/// The hash functions of one SCRAM mechanism.
+struct ScramHash {
+    hmac: fn(&[u8], &[u8]) -> Vec<u8>,
+    hash: fn(&[u8]) -> Vec<u8>,
+    salted: fn(&[u8], &[u8], u32) -> Vec<u8>,
+}
+
+macro_rules! scram_hash {
+    ($digest:ty) => {
+        ScramHash {
+            hmac: |key, data| {
+                use hmac::{KeyInit as _, Mac as _};
+                let mut mac = hmac::Hmac::<$digest>::new_from_slice(key).unwrap();
+                mac.update(data);
+                mac.finalize().into_bytes().to_vec()
+            },
+            hash: |data| <$digest as sha2::Digest>::digest(data).to_vec(),
+            salted: |password, salt, rounds| {
+                let mut out = vec![0; <$digest as sha2::Digest>::output_size()];
+                pbkdf2::pbkdf2::<hmac::Hmac<$digest>>(password, salt, rounds, &mut out).unwrap();
+                out
+            },
+        }
+    };
+}
+
+impl Scram {
+    /// Takes `n,,n=USER,r=CLIENT_NONCE` and answers `r=NONCE,s=SALT,i=N`.
+    fn first(mechanism: &str, login: &Login, token: &[u8]) -> (Option<Self>, Step) {
+        let text = String::from_utf8_lossy(token);
+        let Some(bare) = text.strip_prefix("n,,") else {
+            return (None, Step::Refused);
+        };
+        let fields = scram_fields(bare);
+        let (Some(user), Some(client_nonce)) = (fields.get("n"), fields.get("r")) else {
+            return (None, Step::Refused);
+        };
+        if *user != login.user {
+            return (None, Step::Refused);
+        }
+        let nonce = format!("{client_nonce}{:016x}", rand::random::<u64>());
+        let salt = rand::random::<[u8; 16]>().to_vec();
+        let server_first = format!("r={nonce},s={},i={SCRAM_ITERATIONS}", base64_encode(&salt));
+        let hash = match mechanism {
+            "SCRAM-SHA-512" => scram_hash!(sha2::Sha512),
+            _ => scram_hash!(sha2::Sha256),
+        };
+        let challenge = Step::Challenge(server_first.clone().into_bytes());
+        let state = Self {
+            hash,
+            client_first_bare: bare.to_owned(),
+            server_first,
+            nonce,
+            salt,
+        };
+        (Some(state), challenge)
+    }
+
+    /// Takes `c=biws,r=NONCE,p=PROOF`, checks the proof against the
+    /// password, and answers `v=SERVER_SIGNATURE`.
+    fn last(self, login: &Login, token: &[u8]) -> Step {
+        let text = String::from_utf8_lossy(token);
+        let Some((without_proof, proof)) = text.rsplit_once(",p=") else {
+            return Step::Refused;
+        };
+        if scram_fields(without_proof).get("r") != Some(&self.nonce.as_str()) {
+            return Step::Refused;
+        }
+        let Some(proof) = base64_decode(proof) else {
+            return Step::Refused;
+        };
+        let ScramHash { hmac, hash, salted } = self.hash;
+        let auth_message = format!(
+            "{},{},{without_proof}",
+            self.client_first_bare, self.server_first
+        );
+        let salted = salted(login.password.as_bytes(), &self.salt, SCRAM_ITERATIONS);
+        let stored_key = hash(&hmac(&salted, b"Client Key"));
+        let signature = hmac(&stored_key, auth_message.as_bytes());
+        let client_key: Vec<u8> = proof.iter().zip(&signature).map(|(a, b)| a ^ b).collect();
+        if proof.len() != signature.len() || hash(&client_key) != stored_key {
+            return Step::Refused;
+        }
+        let server_signature = hmac(&hmac(&salted, b"Server Key"), auth_message.as_bytes());
+        Step::Accepted(format!("v={}", base64_encode(&server_signature)).into_bytes())
+    }
+}
+
+/// `a=1,b=2` as a map.
+fn scram_fields(text: &str) -> BTreeMap<&str, &str> {
+    text.split(',')
+        .filter_map(|field| field.split_once('='))
+        .collect()
+}
+
+fn base64_encode(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.decode(text).ok()
 }
 
 fn short() -> std::io::Error {
@@ -687,10 +852,11 @@ fn parse_request(request: &[u8]) -> std::io::Result<(i16, i16, i32, &[u8])> {
     ))
 }
 
-fn kafka_string(body: &[u8]) -> std::io::Result<String> {
-    let length = i16::from_be_bytes(body.get(..2).ok_or_else(short)?.try_into().unwrap());
-    let text = body
-        .get(2..2 + usize::try_from(length).map_err(|_| short())?)
-        .ok_or_else(short)?;
-    Ok(String::from_utf8_lossy(text).into_owned())
+/// The bytes of a Kafka `STRING` (`size` 2) or `BYTES` (`size` 4) at the
+/// start of `body`.
+fn kafka_bytes(body: &[u8], size: usize) -> std::io::Result<&[u8]> {
+    let mut length = [0u8; 4];
+    length[4 - size..].copy_from_slice(body.get(..size).ok_or_else(short)?);
+    let length = usize::try_from(i32::from_be_bytes(length)).map_err(|_| short())?;
+    body.get(size..size + length).ok_or_else(short)
 }
