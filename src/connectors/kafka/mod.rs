@@ -174,6 +174,17 @@ impl ClientFields<'_> {
             config.set(*name, value);
         }
         check(&config, "")?;
+        // Each option on its own first, so that every one librdkafka
+        // refuses is named at once (it stops at the first).
+        let mut refused = self.client_options.iter().filter_map(|(name, value)| {
+            let mut alone = config.clone();
+            alone.set(name, value);
+            check(&alone, "client_options").err()
+        });
+        if let Some(mut first) = refused.next() {
+            first.more = refused.collect();
+            return Err(first);
+        }
         for (name, value) in self.client_options {
             config.set(name, value);
         }
@@ -446,6 +457,20 @@ mod tests {
             assert_eq!(error.field, "client_options", "{error}");
             assert!(error.message.contains(name), "{error}");
         }
+    }
+
+    #[test]
+    fn given_several_refused_client_options_when_built_should_name_each() {
+        let options = BTreeMap::from([
+            ("linger.ms".to_owned(), "abc".to_owned()),
+            ("no.such.property".to_owned(), "1".to_owned()),
+            ("session.timeout.ms".to_owned(), "6000".to_owned()),
+        ]);
+        let error = fields(&options).config("k", &[]).unwrap_err();
+        let named: Vec<String> = error.all().map(ToString::to_string).collect();
+        assert_eq!(named.len(), 2, "{named:?}");
+        assert!(named[0].contains("linger.ms"), "{named:?}");
+        assert!(named[1].contains("no.such.property"), "{named:?}");
     }
 
     #[test]
