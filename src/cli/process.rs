@@ -1,11 +1,13 @@
 //! Process-wide settings made once at start, before any thread exists; the
 //! benches' case processes call [`prepare`] too, so they measure what runs.
 
-/// Raises the open-files limit and tunes glibc's allocator (one arena, no
-/// heap trimmed or mapped per batch).
+/// Raises the open-files limit, tunes glibc's allocator (one arena, no
+/// heap trimmed or mapped per batch) and installs rustls's default crypto
+/// provider (`connectors::kit::crypto`).
 pub fn prepare() {
     raise_open_files_limit();
     tune_malloc();
+    crate::connectors::kit::crypto::ensure_default_provider();
 }
 
 /// Raises the soft limit on open files to the hard limit, so a flood of

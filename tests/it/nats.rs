@@ -265,6 +265,70 @@ async fn a_subject_no_stream_captures_is_fatal_at_open_naming_the_field() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_both_ways_deliver_and_a_wrong_ca_fails_open_for_good_naming_the_field() {
+    // Iggy -> sink -> a TLS-only nats-server -> source -> Iggy, both
+    // connectors trusting the test CA that signed the server's certificate.
+    let pki = support::pki::TestPki::generate();
+    let (nats, iggy) = (NatsServer::start_tls(&pki), IggyTestServer::start());
+    iggy.create_topic("shop", "orders", 1);
+    produce_ns(&iggy_client(&iggy).await, "shop", "orders", 0..100).await;
+    let trust = |ca: &std::path::Path| format!("tls_ca_file = {ca:?}");
+    // The sink first: it makes the stream the source reads.
+    let state = tempfile::tempdir().unwrap();
+    let sinking = runtime(&iggy, state.path());
+    let sink = sink_config("to-nats", &nats, &trust(&pki.ca));
+    sinking.add(connector(&sink)).unwrap();
+    sinking.start_enabled().await;
+    wait_for("the sink's offset to cover the topic", LONG, || {
+        iggy.stored_offset("shop", "orders", "iggy-connect-sink-to-nats", 0) == Some(99)
+    })
+    .await;
+    sinking.shutdown().await;
+    let sourcing = runtime(&iggy, state.path());
+    let source = source_config("from-nats", &nats, &trust(&pki.ca))
+        .replace(r#"stream = "ORDERS""#, r#"stream = "SHOP""#)
+        .replace(r#"subject = "orders.>""#, r#"subject = "iggy.>""#);
+    sourcing.add(connector(&source)).unwrap();
+    sourcing.start_enabled().await;
+    wait_for("every message back in Iggy", LONG, || {
+        covers(&ns(&iggy.messages("orders", "created")), 0..100)
+    })
+    .await;
+    sourcing.shutdown().await;
+
+    let wrong = json!({"url": nats.url(), "tls_ca_file": pki.other_ca});
+    let sink = with(
+        &wrong,
+        json!({"subject": "iggy.shop.orders", "stream": "SHOP"}),
+    );
+    let sink_error = support::sinks::build("nats", &sink)
+        .open()
+        .await
+        .expect_err("the sink opened");
+    let source = with(&wrong, json!({"stream": "SHOP", "subject": "iggy.>"}));
+    let source_error = support::drive::build("nats", source)
+        .open(None)
+        .await
+        .expect_err("the source opened");
+    for error in [sink_error, source_error] {
+        assert!(!error.is_transient(), "{error}");
+        assert!(
+            error.to_string().contains("plugin_config.tls_ca_file"),
+            "{error}"
+        );
+    }
+}
+
+/// `base` with the fields of `extra` added.
+fn with(base: &Value, extra: Value) -> Value {
+    let mut config = base.clone();
+    if let (Some(fields), Value::Object(extra)) = (config.as_object_mut(), extra) {
+        fields.extend(extra);
+    }
+    config
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nats_restart_mid_stream_leaves_every_message_in_the_stream_exactly_once() {
     let (mut nats, iggy) = (NatsServer::start(), IggyTestServer::start());
     iggy.create_topic("shop", "orders", 1);

@@ -11,12 +11,24 @@ pub struct NatsServer {
     child: Option<Child>,
     dir: tempfile::TempDir,
     pub port: u16,
+    /// The certificate and key it serves TLS with (clients must use TLS).
+    tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 const BINARY: &str = "/usr/sbin/nats-server";
 
 impl NatsServer {
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// A server that takes TLS connections only, with the test PKI's server
+    /// certificate.
+    pub fn start_tls(pki: &super::pki::TestPki) -> Self {
+        Self::start_with(Some((pki.server_cert.clone(), pki.server_key.clone())))
+    }
+
+    fn start_with(tls: Option<(std::path::PathBuf, std::path::PathBuf)>) -> Self {
         assert!(
             std::path::Path::new(BINARY).exists(),
             "nats-server is not installed: run scripts/ensure-debian-packages (scripts/test does)"
@@ -25,6 +37,7 @@ impl NatsServer {
             child: None,
             dir: tempfile::tempdir().unwrap(),
             port: super::ports::free_port(),
+            tls,
         };
         server.spawn();
         server
@@ -67,6 +80,15 @@ impl NatsServer {
             .arg(self.port.to_string())
             .arg("-sd")
             .arg(self.dir.path())
+            .args(self.tls.iter().flat_map(|(cert, key)| {
+                [
+                    "--tls".as_ref(),
+                    "--tlscert".as_ref(),
+                    cert.as_os_str(),
+                    "--tlskey".as_ref(),
+                    key.as_os_str(),
+                ]
+            }))
             .current_dir(self.dir.path())
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -4,6 +4,7 @@
 //!
 //! - [`backoff`]: capped exponential backoff with jitter (the engine's too);
 //! - [`breaker`]: a circuit breaker for an endpoint that keeps failing;
+//! - [`crypto`]: rustls's process-wide provider, for client crates that need one;
 //! - [`failure`]: one request's failure, classified (transient with an
 //!   optional wait, refused, fatal), and the engine errors it becomes;
 //! - [`batch`]: one request body from many encoded items, split by count and bytes;
@@ -42,6 +43,7 @@ pub mod batch;
 pub mod breaker;
 #[cfg(feature = "kit-cdc")]
 pub mod cdc;
+pub mod crypto;
 pub mod failure;
 #[cfg(feature = "kit-http")]
 pub mod http;

@@ -114,6 +114,7 @@ impl NatsConnection {
     /// own after a connection is lost; what was in flight then fails and the
     /// engine retries it.
     pub async fn connect(&self, name: &str) -> Result<async_nats::Client, ConnectorError> {
+        crate::connectors::kit::crypto::ensure_default_provider();
         let mut options = ConnectOptions::new()
             .name(name)
             .connection_timeout(self.connect_timeout)
@@ -151,6 +152,15 @@ impl NatsConnection {
                     "nats server {}: {error}; check plugin_config.tls_ca_file",
                     self.url
                 )),
+                // A certificate rustls refused comes back as an I/O error;
+                // retrying cannot change it.
+                ConnectErrorKind::Io if error.to_string().contains("invalid peer certificate") => {
+                    ConnectorError::fatal(format!(
+                        "plugin_config.tls_ca_file: nats server {}: {error}; set tls_ca_file to \
+                         the CA that signed the server's certificate",
+                        self.url
+                    ))
+                }
                 _ => ConnectorError::transient(format!("nats server {}: {error}", self.url)),
             })
     }

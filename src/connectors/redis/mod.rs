@@ -32,6 +32,7 @@ impl Connection {
         connect_timeout: Duration,
         response_timeout: Duration,
     ) -> Result<Self, PluginConfigError> {
+        crate::connectors::kit::crypto::ensure_default_provider();
         let client = redis::Client::open(url.expose_secret()).map_err(|error| {
             PluginConfigError::new(
                 "url",
