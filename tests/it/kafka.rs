@@ -871,40 +871,30 @@ fn with(base: &Value, extra: Value) -> Value {
     config
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn over_tls_with_client_certificates_both_ways_deliver_and_a_refused_certificate_fails_open_naming_the_field()
- {
-    // tansu 0.6.0 serves no TLS: a TLS front on the port it advertises
-    // terminates the connectors' sessions (the test CA's server
-    // certificate, a client certificate required) and relays the raw
-    // clients' plaintext.
-    let pki = support::pki::TestPki::generate();
-    let port = support::ports::free_port();
-    let front = TlsFront::start(port, &pki).await;
-    let broker = KafkaBroker::start_at(port, front.port);
-    let (bootstrap, iggy) = (broker.bootstrap(), IggyTestServer::start());
+/// Kafka -> Iggy and Iggy -> Kafka at once through the broker at
+/// `bootstrap`, 100 records each way, with `source_fields` and
+/// `sink_fields` (TOML lines) in the connectors' `plugin_config`; returns
+/// once each side holds every record, read back by raw clients.
+async fn both_ways(bootstrap: &str, source_fields: &str, sink_fields: &str) {
+    let iggy = IggyTestServer::start();
     let (inbound, outbound, group) = (unique("in"), unique("out"), unique("group"));
-    create_topic(&bootstrap, &inbound, 1).await;
-    create_topic(&bootstrap, &outbound, 1).await;
-    produce(&bootstrap, &inbound, None, bodies(0..100)).await;
+    create_topic(bootstrap, &inbound, 1).await;
+    create_topic(bootstrap, &outbound, 1).await;
+    produce(bootstrap, &inbound, None, bodies(0..100)).await;
     iggy.create_topic("shop", "orders", 1);
     produce_ns(&iggy_client(&iggy).await, "shop", "orders", 0..100).await;
-    let tls = |ca: &std::path::Path| {
-        format!(
-            "ca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}\n[plugin_config.client_options]",
-            ca, pki.client_cert, pki.client_key
-        )
-    };
     let options = "[plugin_config.client_options]";
+    let with_fields =
+        |config: String, fields: &str| config.replace(options, &format!("{fields}\n{options}"));
     let state = tempfile::tempdir().unwrap();
     let runtime = runtime(&iggy, state.path());
-    let source = source_config("from-kafka", &bootstrap, &inbound, &group, "created");
-    let sink = sink_config("to-kafka", &bootstrap, &outbound, "", "");
+    let source = source_config("from-kafka", bootstrap, &inbound, &group, "created");
     runtime
-        .add(connector(&source.replace(options, &tls(&pki.ca))))
+        .add(connector(&with_fields(source, source_fields)))
         .unwrap();
+    let sink = sink_config("to-kafka", bootstrap, &outbound, "", "");
     runtime
-        .add(connector(&sink.replace(options, &tls(&pki.ca))))
+        .add(connector(&with_fields(sink, sink_fields)))
         .unwrap();
     runtime.start_enabled().await;
     wait_for("every Kafka record in Iggy", LONG, || {
@@ -916,57 +906,76 @@ async fn over_tls_with_client_certificates_both_ways_deliver_and_a_refused_certi
     })
     .await;
     runtime.shutdown().await;
-    let records = read_all(&bootstrap, &outbound, 1, 100, LONG).await;
+    let records = read_all(bootstrap, &outbound, 1, 100, LONG).await;
     assert!(
         covers(&in_kafka(&records), 0..100),
         "{:?}",
         in_kafka(&records)
     );
+}
+
+/// Opens a kafka sink and a kafka source on `bootstrap` with `fields` in
+/// their `plugin_config`, each expected to fail: their errors.
+async fn open_errors(
+    bootstrap: &str,
+    fields: &Value,
+) -> [iggy_connect::connectors::ConnectorError; 2] {
+    let sink = json!({"bootstrap_servers": bootstrap, "topic": "out", "open_timeout": "2s"});
+    let mut built = support::sinks::build("kafka", &with(&sink, fields.clone()));
+    let sink_error = built.open().await.expect_err("the sink opened");
+    let source = json!({"bootstrap_servers": bootstrap, "topics": ["in"], "group_id": "group",
+        "open_timeout": "2s"});
+    let mut built = support::drive::build("kafka", with(&source, fields.clone()));
+    let source_error = built.open(None).await.expect_err("the source opened");
+    [sink_error, source_error]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_both_ways_deliver_and_a_refused_certificate_fails_open_naming_the_field() {
+    // tansu 0.6.0 serves no TLS: a TLS front on the port it advertises
+    // terminates the connectors' sessions (the test CA's server
+    // certificate, a client certificate required) and relays the raw
+    // clients' plaintext.
+    let pki = support::pki::TestPki::generate();
+    let port = support::ports::free_port();
+    let front = TlsFront::start(port, &pki).await;
+    let broker = KafkaBroker::start_at(port, front.port);
+    let bootstrap = broker.bootstrap();
+    let tls = format!(
+        "ca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}",
+        pki.ca, pki.client_cert, pki.client_key
+    );
+    both_ways(&bootstrap, &tls, &tls).await;
     assert!(
         front.sessions() >= 2,
         "the connectors spoke TLS: {} sessions",
         front.sessions()
     );
-
     // The broker's certificate checked against another CA: open fails for
-    // good, naming the field.
+    // good, naming the field. Then no client certificate, or one another CA
+    // signed (which OpenSSL does not offer to a broker that named its CA):
+    // the broker's alert.
     let sessions = front.sessions();
-    let sink = json!({"bootstrap_servers": bootstrap, "topic": outbound, "open_timeout": "2s",
-        "ca_file": pki.other_ca, "cert_file": pki.client_cert, "key_file": pki.client_key});
-    let mut built = support::sinks::build("kafka", &sink);
-    let sink_error = built.open().await.expect_err("the sink opened");
-    let source = json!({"bootstrap_servers": bootstrap, "topics": [inbound], "group_id": group,
-        "open_timeout": "2s", "ca_file": pki.other_ca, "cert_file": pki.client_cert,
-        "key_file": pki.client_key});
-    let mut built = support::drive::build("kafka", source);
-    let source_error = built.open(None).await.expect_err("the source opened");
-    for error in [sink_error, source_error] {
-        assert!(!error.is_transient(), "{error}");
-        let error = error.to_string();
-        assert!(
-            error.starts_with("plugin_config.ca_file:")
-                && error.contains("certificate verify failed"),
-            "{error}"
-        );
-    }
-    // No client certificate, or one another CA signed (which OpenSSL does
-    // not offer to a broker that named its CA): the broker's alert.
-    let no_certificate = json!({"ca_file": pki.ca});
-    let other_certificate = json!({"ca_file": pki.ca, "cert_file": pki.other_client_cert,
-        "key_file": pki.other_client_key});
-    for extra in [no_certificate, other_certificate] {
-        let sink = json!({"bootstrap_servers": bootstrap, "topic": outbound, "open_timeout": "2s"});
-        let mut built = support::sinks::build("kafka", &with(&sink, extra.clone()));
-        let sink_error = built.open().await.expect_err("the sink opened");
-        let source = json!({"bootstrap_servers": bootstrap, "topics": [inbound],
-            "group_id": group, "open_timeout": "2s"});
-        let mut built = support::drive::build("kafka", with(&source, extra.clone()));
-        let source_error = built.open(None).await.expect_err("the source opened");
-        for error in [sink_error, source_error] {
-            assert!(!error.is_transient(), "{extra}: {error}");
+    let cases = [
+        (
+            json!({"ca_file": pki.other_ca, "cert_file": pki.client_cert,
+                "key_file": pki.client_key}),
+            "ca_file",
+        ),
+        (json!({"ca_file": pki.ca}), "cert_file"),
+        (
+            json!({"ca_file": pki.ca, "cert_file": pki.other_client_cert,
+                "key_file": pki.other_client_key}),
+            "cert_file",
+        ),
+    ];
+    for (fields, field) in cases {
+        for error in open_errors(&bootstrap, &fields).await {
+            assert!(!error.is_transient(), "{fields}: {error}");
+            let text = error.to_string();
             assert!(
-                error.to_string().starts_with("plugin_config.cert_file:"),
-                "{extra}: {error}"
+                text.starts_with(&format!("plugin_config.{field}:")),
+                "{fields}: {text}"
             );
         }
     }
@@ -1018,63 +1027,22 @@ async fn sasl_logins_deliver_both_ways_and_a_wrong_password_or_mechanism_fails_o
     let all = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"];
     let front = SaslFront::start(port, "iggy", "s3cret", &all).await;
     let broker = KafkaBroker::start_at(port, front.port);
-    let (bootstrap, iggy) = (broker.bootstrap(), IggyTestServer::start());
-    let (inbound, outbound, group) = (unique("in"), unique("out"), unique("group"));
-    create_topic(&bootstrap, &inbound, 1).await;
-    create_topic(&bootstrap, &outbound, 1).await;
-    produce(&bootstrap, &inbound, None, bodies(0..100)).await;
-    iggy.create_topic("shop", "orders", 1);
-    produce_ns(&iggy_client(&iggy).await, "shop", "orders", 0..100).await;
-    let options = "[plugin_config.client_options]";
+    let bootstrap = broker.bootstrap();
     let login = |mechanism: &str| {
         format!(
-            "sasl_mechanism = \"{mechanism}\"\nsasl_username = \"iggy\"\n\
-             sasl_password = \"s3cret\"\n{options}"
+            "sasl_mechanism = {mechanism:?}\nsasl_username = \"iggy\"\nsasl_password = \"s3cret\""
         )
     };
-    let state = tempfile::tempdir().unwrap();
-    let runtime = runtime(&iggy, state.path());
-    let source = source_config("from-kafka", &bootstrap, &inbound, &group, "created");
-    let sink = sink_config("to-kafka", &bootstrap, &outbound, "", "");
-    let source = source.replace(options, &login("SCRAM-SHA-256"));
-    runtime.add(connector(&source)).unwrap();
-    let sink = sink.replace(options, &login("SCRAM-SHA-512"));
-    runtime.add(connector(&sink)).unwrap();
-    runtime.start_enabled().await;
-    wait_for("every Kafka record in Iggy", LONG, || {
-        covers(&in_iggy(&iggy, "created"), 0..100)
-    })
-    .await;
-    wait_for("the sink's offset to cover the topic", LONG, || {
-        iggy.stored_offset("shop", "orders", "iggy-connect-sink-to-kafka", 0) == Some(99)
-    })
-    .await;
-    runtime.shutdown().await;
-    let records = read_all(&bootstrap, &outbound, 1, 100, LONG).await;
-    assert!(
-        covers(&in_kafka(&records), 0..100),
-        "{:?}",
-        in_kafka(&records)
-    );
+    both_ways(&bootstrap, &login("SCRAM-SHA-256"), &login("SCRAM-SHA-512")).await;
     assert!(
         front.logins() >= 2,
         "the connectors logged in: {}",
         front.logins()
     );
-
-    let sink = |bootstrap: &str, login: Value| {
-        let config =
-            json!({"bootstrap_servers": bootstrap, "topic": outbound, "open_timeout": "2s"});
-        support::sinks::build("kafka", &with(&config, login))
-    };
-    let source = |bootstrap: &str, login: Value| {
-        let config = json!({"bootstrap_servers": bootstrap, "topics": [inbound],
-            "group_id": group, "open_timeout": "2s"});
-        support::drive::build("kafka", with(&config, login))
-    };
     let plain =
         json!({"sasl_mechanism": "PLAIN", "sasl_username": "iggy", "sasl_password": "s3cret"});
-    let mut built = sink(&bootstrap, plain);
+    let sink = json!({"bootstrap_servers": bootstrap, "topic": "out", "open_timeout": "2s"});
+    let mut built = support::sinks::build("kafka", &with(&sink, plain));
     built.open().await.expect("a PLAIN login opens the sink");
     built.close().await.unwrap();
 
@@ -1090,15 +1058,7 @@ async fn sasl_logins_deliver_both_ways_and_a_wrong_password_or_mechanism_fails_o
     for (bootstrap, mechanism, password, field) in cases {
         let login = json!({"sasl_mechanism": mechanism, "sasl_username": "iggy",
             "sasl_password": password});
-        let sink_error = sink(bootstrap, login.clone())
-            .open()
-            .await
-            .expect_err("the sink opened");
-        let source_error = source(bootstrap, login.clone())
-            .open(None)
-            .await
-            .expect_err("the source opened");
-        for error in [sink_error, source_error] {
+        for error in open_errors(bootstrap, &login).await {
             assert!(!error.is_transient(), "{login}: {error}");
             let text = error.to_string();
             assert!(
