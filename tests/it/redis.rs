@@ -579,6 +579,33 @@ async fn sink_appends_each_message_once_with_its_metadata() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sink_appends_over_tls_to_a_rediss_url() {
+    // The redis crate trusts the system's roots only (it loads them with
+    // rustls-native-certs, which reads SSL_CERT_FILE): this test process
+    // trusts the test CA that way. It panicked before the runtime installed
+    // a rustls provider.
+    let pki = support::pki::TestPki::generate();
+    // SAFETY: nextest runs this test in a process of its own, and nothing
+    // else reads the environment while it is set.
+    unsafe { std::env::set_var("SSL_CERT_FILE", &pki.ca) };
+    let (redis, iggy) = (RedisServer::with_tls(&pki), IggyTestServer::start());
+    iggy.create_topic("to_redis", "orders", 1);
+    produce(&iggy, "orders", 0..20).await;
+    let state = tempfile::tempdir().unwrap();
+    let runtime = runtime(&iggy, state.path());
+    let sink = sink_file(&redis, "orders", "out").replace(&redis.url(), &redis.tls_url());
+    assert!(sink.contains("rediss://"), "{sink}");
+    runtime.add(connector(&sink)).unwrap();
+    runtime.start_enabled().await;
+    let mut client = redis.client().await;
+    eventually("every message in the stream", LONG, async || {
+        stream_ids(&mut client, "out").await.len() == 20
+    })
+    .await;
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sink_survives_a_redis_restart_and_loses_nothing() {
     let (mut redis, iggy) = (RedisServer::start(), IggyTestServer::start());
     iggy.create_topic("to_redis", "events", 1);

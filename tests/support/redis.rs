@@ -17,24 +17,41 @@ pub struct RedisServer {
     dir: tempfile::TempDir,
     pub port: u16,
     password: Option<String>,
+    /// A second port that takes TLS, with this certificate and key.
+    tls: Option<(u16, std::path::PathBuf, std::path::PathBuf)>,
 }
 
 impl RedisServer {
     pub fn start() -> Self {
-        Self::launch(None)
+        Self::launch(None, None)
     }
 
     /// A server that wants `requirepass`.
     pub fn with_password(password: &str) -> Self {
-        Self::launch(Some(password.to_owned()))
+        Self::launch(Some(password.to_owned()), None)
     }
 
-    fn launch(password: Option<String>) -> Self {
+    /// A server that also takes TLS (`rediss://`, [`RedisServer::tls_url`])
+    /// with the test PKI's server certificate, besides its plain port.
+    pub fn with_tls(pki: &super::pki::TestPki) -> Self {
+        let tls = (
+            super::ports::free_port(),
+            pki.server_cert.clone(),
+            pki.server_key.clone(),
+        );
+        Self::launch(None, Some(tls))
+    }
+
+    fn launch(
+        password: Option<String>,
+        tls: Option<(u16, std::path::PathBuf, std::path::PathBuf)>,
+    ) -> Self {
         let mut server = Self {
             child: None,
             dir: tempfile::tempdir().unwrap(),
             port: super::ports::free_port(),
             password,
+            tls,
         };
         server.spawn();
         server
@@ -64,6 +81,16 @@ impl RedisServer {
         if let Some(password) = &self.password {
             command.args(["--requirepass", password]);
         }
+        if let Some((port, cert, key)) = &self.tls {
+            command
+                .arg("--tls-port")
+                .arg(port.to_string())
+                .arg("--tls-cert-file")
+                .arg(cert)
+                .arg("--tls-key-file")
+                .arg(key)
+                .args(["--tls-auth-clients", "no"]);
+        }
         command
             .current_dir(self.dir.path())
             .stdin(Stdio::null())
@@ -81,6 +108,12 @@ impl RedisServer {
         }
         self.child = Some(command.spawn().expect("start redis-server"));
         self.wait_ready();
+    }
+
+    /// `rediss://` to the TLS port of a server [`RedisServer::with_tls`].
+    pub fn tls_url(&self) -> String {
+        let (port, ..) = self.tls.as_ref().expect("a server with TLS");
+        format!("rediss://127.0.0.1:{port}")
     }
 
     pub fn url(&self) -> String {
