@@ -4,6 +4,7 @@
 use std::fmt;
 
 use bytes::Bytes;
+use compact_str::CompactString;
 
 /// A message payload as connectors and transforms see it.
 ///
@@ -66,7 +67,7 @@ impl Payload {
 /// 128-bit integers travel as raw bytes.
 #[derive(Debug, Clone, PartialEq)]
 pub enum HeaderValue {
-    String(String),
+    String(HeaderText),
     Bool(bool),
     Int(i64),
     UInt(u64),
@@ -92,18 +93,26 @@ impl fmt::Display for HeaderValue {
 
 impl From<&str> for HeaderValue {
     fn from(value: &str) -> Self {
-        HeaderValue::String(value.to_owned())
+        HeaderValue::String(value.into())
     }
 }
 
 impl From<String> for HeaderValue {
     fn from(value: String) -> Self {
-        HeaderValue::String(value)
+        HeaderValue::String(value.into())
     }
 }
 
+/// A header's name. Up to 24 bytes it is held inline: a record's usual
+/// headers cost no allocation each (a Kafka record's six headers were half
+/// the allocations of the source's conversion).
+pub type HeaderName = CompactString;
+
+/// A header's text value, inline up to 24 bytes like [`HeaderName`].
+pub type HeaderText = CompactString;
+
 /// User headers in insertion order. Keys are unique; an empty list does not allocate.
-pub type Headers = Vec<(String, HeaderValue)>;
+pub type Headers = Vec<(HeaderName, HeaderValue)>;
 
 /// One record produced by a source, before transforms and encoding.
 #[derive(Debug, Clone, PartialEq)]

@@ -501,8 +501,8 @@ async fn send_shapes(case: &str, size: usize, messages: u64) {
                         "kafka_timestamp".into(),
                         HeaderValue::Int(1_765_000_000_000),
                     ),
-                    ("kafka_key".into(), HeaderValue::String(key.clone())),
-                    ("iggy_id".into(), HeaderValue::String(key)),
+                    ("kafka_key".into(), HeaderValue::String(key.as_str().into())),
+                    ("iggy_id".into(), HeaderValue::String(key.into())),
                 ];
             }
             message

@@ -192,12 +192,12 @@ fn render(dead: &DeadLetter, redacted: &[String], max_bytes: usize) -> Value {
         .headers
         .iter()
         .map(|(name, value)| {
-            let shown = if redacted.contains(&name.to_ascii_lowercase()) {
+            let shown = if redacted.contains(&name.as_str().to_ascii_lowercase()) {
                 REDACTED.to_owned()
             } else {
                 value.to_string()
             };
-            (name.clone(), Value::String(shown))
+            (name.to_string(), Value::String(shown))
         })
         .collect();
     let stored = UNIX_EPOCH + Duration::from_micros(dead.timestamp);

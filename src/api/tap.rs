@@ -263,12 +263,12 @@ fn render_frame(request: &Request, redacted: &[String], frame: &TapFrame) -> Val
         .headers
         .iter()
         .map(|(name, value)| {
-            let shown = if redacted.contains(&name.to_ascii_lowercase()) {
+            let shown = if redacted.contains(&name.as_str().to_ascii_lowercase()) {
                 REDACTED.to_owned()
             } else {
                 value.to_string()
             };
-            (name.clone(), Value::String(shown))
+            (name.to_string(), Value::String(shown))
         })
         .collect();
     let (payload, encoding) = excerpt(&frame.payload, request.max_bytes);

@@ -628,16 +628,16 @@ fn input_headers(headers: &Map<String, Value>) -> Headers {
         .iter()
         .map(|(name, value)| {
             let value = match value {
-                Value::String(text) => HeaderValue::String(text.clone()),
+                Value::String(text) => HeaderValue::String(text.into()),
                 Value::Bool(flag) => HeaderValue::Bool(*flag),
                 Value::Number(number) => match (number.as_i64(), number.as_u64()) {
                     (Some(number), _) => HeaderValue::Int(number),
                     (None, Some(number)) => HeaderValue::UInt(number),
                     _ => HeaderValue::Float(number.as_f64().unwrap_or_default()),
                 },
-                other => HeaderValue::String(other.to_string()),
+                other => HeaderValue::String(other.to_string().into()),
             };
-            (name.clone(), value)
+            (name.into(), value)
         })
         .collect()
 }

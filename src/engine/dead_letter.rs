@@ -128,7 +128,7 @@ pub fn message(
     let attempts = attempts(&headers) + 1;
     let mut set = |key: &str, value: HeaderValue| {
         headers.retain(|(existing, _)| existing != key);
-        headers.push((key.to_owned(), value));
+        headers.push((key.into(), value));
     };
     set(HEADER_ERROR, failure.error.into());
     set(HEADER_ERROR_CLASS, failure.class.as_str().into());
@@ -136,7 +136,7 @@ pub fn message(
     set(HEADER_ATTEMPTS, HeaderValue::UInt(attempts));
     let time = UNIX_EPOCH + Duration::from_micros(now_micros());
     let time = humantime::format_rfc3339_micros(time).to_string();
-    set(HEADER_TIME, HeaderValue::String(time));
+    set(HEADER_TIME, HeaderValue::String(time.into()));
     set(HEADER_CONNECTOR, failure.connector_key.into());
     set(
         HEADER_CONNECTOR_TYPE,
@@ -242,7 +242,7 @@ mod tests {
             stream: "s".into(),
             topic: "t".into(),
         };
-        let original = vec![("trace".to_owned(), HeaderValue::from("abc"))];
+        let original = vec![("trace".into(), HeaderValue::from("abc"))];
         let dead = message(
             &failure(),
             Some(7),

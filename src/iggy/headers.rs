@@ -1,6 +1,7 @@
 //! Conversion between our header values and Iggy's typed user headers.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use iggy::prelude::{
@@ -33,26 +34,32 @@ pub fn to_iggy(headers: &Headers) -> Result<Option<BTreeMap<HeaderKey, IggyHeade
     Ok(Some(map))
 }
 
-/// Our headers in Iggy's wire form (what `IggyMessage::user_headers` holds),
-/// encoded straight from ours: building Iggy's map first costs two
+/// Appends our headers in Iggy's wire form (what `IggyMessage::user_headers`
+/// holds) to `out`; the range of `out` they took, `None` when there are
+/// none. Encoded straight from ours: building Iggy's map first costs two
 /// allocations per header and a tree per message, a fifth of a keyed
-/// source's CPU time (perf, `cargo bench --bench backends -- kafka`).
-/// Headers with a repeated name go through the map (the last one wins).
-pub fn to_wire(headers: &Headers) -> Result<Option<Bytes>, String> {
+/// source's CPU time (perf, `cargo bench --bench backends -- kafka`); and a
+/// batch's headers share one buffer rather than an allocation each. Headers
+/// with a repeated name go through the map (the last one wins).
+pub fn put_wire(headers: &Headers, out: &mut BytesMut) -> Result<Option<Range<usize>>, String> {
     if headers.is_empty() {
         return Ok(None);
     }
+    let start = out.len();
     if has_repeated_name(headers) {
-        return Ok(to_iggy(headers)?
-            .map(|map| iggy_common::wire_conversions::user_headers_to_wire(&map).into_bytes()));
+        if let Some(map) = to_iggy(headers)? {
+            let wire = iggy_common::wire_conversions::user_headers_to_wire(&map);
+            out.extend_from_slice(wire.as_bytes());
+        }
+    } else {
+        out.reserve(check(headers)?);
+        for (key, value) in headers {
+            put_field(out, HeaderKind::String, key.as_bytes());
+            let (kind, bytes) = wire_value(value);
+            put_field(out, kind, &bytes);
+        }
     }
-    let mut wire = BytesMut::with_capacity(check(headers)?);
-    for (key, value) in headers {
-        put_field(&mut wire, HeaderKind::String, key.as_bytes());
-        let (kind, bytes) = wire_value(value);
-        put_field(&mut wire, kind, &bytes);
-    }
-    Ok(Some(wire.freeze()))
+    Ok(Some(start..out.len()))
 }
 
 /// Whether Iggy can carry these headers (names and values of 1 to 255
@@ -147,7 +154,7 @@ pub fn from_iggy(message: &IggyMessage) -> Headers {
         }
     };
     map.into_iter()
-        .map(|(key, value)| (key.to_string_value(), convert_value(&value)))
+        .map(|(key, value)| (key.to_string_value().into(), convert_value(&value)))
         .collect()
 }
 
@@ -155,7 +162,7 @@ fn convert_value(value: &IggyHeaderValue) -> HeaderValue {
     let converted = match value.kind() {
         HeaderKind::String => value
             .as_str()
-            .map(|text| HeaderValue::String(text.to_owned()))
+            .map(|text| HeaderValue::String(text.into()))
             .ok(),
         HeaderKind::Bool => value.as_bool().map(HeaderValue::Bool).ok(),
         HeaderKind::Int8 => value
@@ -195,8 +202,14 @@ fn convert_value(value: &IggyHeaderValue) -> HeaderValue {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// One message's headers in their own buffer.
+    pub(crate) fn to_wire(headers: &Headers) -> Result<Option<Bytes>, String> {
+        let mut wire = BytesMut::new();
+        Ok(put_wire(headers, &mut wire)?.map(|_| wire.freeze()))
+    }
 
     #[test]
     fn given_headers_of_each_kind_when_round_tripped_should_keep_their_values() {
@@ -258,9 +271,9 @@ mod tests {
 
     #[test]
     fn given_a_name_or_value_iggy_cannot_carry_when_checked_should_name_it() {
-        let empty_value: Headers = vec![("k".into(), HeaderValue::String(String::new()))];
+        let empty_value: Headers = vec![("k".into(), HeaderValue::String(Default::default()))];
         assert!(check(&empty_value).unwrap_err().contains("\"k\""));
-        let long_name: Headers = vec![("n".repeat(256), HeaderValue::Int(1))];
+        let long_name: Headers = vec![("n".repeat(256).into(), HeaderValue::Int(1))];
         assert!(check(&long_name).is_err());
         assert!(to_wire(&long_name).is_err());
         assert_eq!(to_wire(&Headers::new()), Ok(None));

@@ -283,21 +283,23 @@ fn encode(
     if messages.iter().any(|message| message.payload.is_empty()) {
         return Err("invalid message: empty payload".into());
     }
+    let mut wire = BytesMut::new();
     let headers = messages
         .iter()
-        .map(|message| headers::to_wire(&message.headers))
-        .collect::<Result<Vec<Option<Bytes>>, String>>()?;
+        .map(|message| headers::put_wire(&message.headers, &mut wire))
+        .collect::<Result<Vec<_>, String>>()?;
+    let wire = wire.freeze();
     let mut rng = rand::rng();
     let raw = messages
         .iter()
-        .zip(&headers)
+        .zip(headers)
         .map(|(message, headers)| RawMessage {
             id: message
                 .id
                 .filter(|id| *id != 0)
                 .unwrap_or_else(|| rng.random::<u128>().max(1)),
             origin_timestamp: message.origin_timestamp.unwrap_or(origin_timestamp),
-            headers: headers.as_deref(),
+            headers: headers.map(|range| &wire[range]),
             payload: &message.payload,
         })
         .collect::<Vec<_>>();
@@ -374,6 +376,11 @@ mod tests {
         let messages = [
             OutgoingMessage::new(None, Vec::new(), Bytes::from_static(b"first")),
             keyed,
+            OutgoingMessage::new(
+                None,
+                vec![("n".into(), HeaderValue::Int(3))],
+                Bytes::from_static(b"third"),
+            ),
         ];
 
         let request = encode(&stream, &topic, 3, &messages, 1_000).unwrap();
@@ -384,7 +391,7 @@ mod tests {
             (header.stream_id, header.topic_id, header.partitioning),
             (stream, topic, WirePartitioning::PartitionId(3))
         );
-        assert_eq!(header.messages_count, 2);
+        assert_eq!(header.messages_count, 3);
         let batch = decode_batch_slice(&request[4 + metadata..]).unwrap();
         let frames: Vec<_> = batch.iter().collect();
         assert_ne!(frames[0].header.id, 0, "a message without an id gets one");
@@ -392,10 +399,13 @@ mod tests {
         assert_eq!(frames[0].user_headers, b"");
         assert_eq!(frames[1].header.id, 7);
         assert_eq!(frames[1].payload, b"second");
-        assert_eq!(
-            Some(Bytes::copy_from_slice(frames[1].user_headers)),
-            headers::to_wire(&messages[1].headers).unwrap()
-        );
+        // The batch's headers share one buffer: each frame gets its own.
+        for index in [1, 2] {
+            assert_eq!(
+                Some(Bytes::copy_from_slice(frames[index].user_headers)),
+                headers::tests::to_wire(&messages[index].headers).unwrap()
+            );
+        }
         assert_eq!(batch.header.origin_timestamp, 1_000);
         assert_eq!(frames[1].header.timestamp_delta, 500);
     }

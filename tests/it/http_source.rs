@@ -182,10 +182,7 @@ async fn a_client_that_got_200_finds_its_message_in_the_topic() {
     assert_eq!(messages[0].id, message_id(b"order-42", 0));
     assert_eq!(
         messages[0].headers,
-        vec![(
-            "x-request-id".to_owned(),
-            HeaderValue::String("req-7".into())
-        )]
+        vec![("x-request-id".into(), HeaderValue::String("req-7".into()))]
     );
     assert_eq!(harness.payloads(0), vec![json!({"order": 42})]);
     harness.runtime.shutdown().await;
@@ -223,11 +220,11 @@ async fn a_requests_w3c_trace_context_is_copied_into_each_of_its_messages() {
         .collect();
     let context = vec![
         (
-            "traceparent".to_owned(),
+            "traceparent".into(),
             HeaderValue::String(traceparent.into()),
         ),
         (
-            "tracestate".to_owned(),
+            "tracestate".into(),
             HeaderValue::String("vendor=opaque".into()),
         ),
     ];

@@ -288,7 +288,7 @@ async fn the_sdks_grpc_exporters_deliver_logs_traces_and_metrics_each_to_its_str
     for (topic, signal) in [(0, "logs"), (1, "traces"), (2, "metrics")] {
         assert_eq!(
             harness.messages(topic)[0].headers,
-            vec![("otlp-signal".to_owned(), HeaderValue::String(signal.into()))]
+            vec![("otlp-signal".into(), HeaderValue::String(signal.into()))]
         );
     }
     harness.runtime.shutdown().await;

@@ -228,7 +228,7 @@ if mod(to_int!(.seq), 10) == 3 { .n = to_int!("not a number") }
         assert!(
             message
                 .headers
-                .contains(&("pipeline".to_owned(), HeaderValue::from("remap"))),
+                .contains(&("pipeline".into(), HeaderValue::from("remap"))),
             "{:?}",
             message.headers
         );

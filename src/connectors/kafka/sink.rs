@@ -454,14 +454,14 @@ impl Sink for KafkaSink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::Payload;
+    use crate::message::{Headers, Payload};
     use serde_json::json;
 
     fn build(config: serde_json::Value) -> Result<KafkaSink, PluginConfigError> {
         KafkaSink::new(parse_plugin_config(&config)?)
     }
 
-    fn message(headers: Vec<(String, HeaderValue)>, payload: serde_json::Value) -> SinkMessage {
+    fn message(headers: Headers, payload: serde_json::Value) -> SinkMessage {
         SinkMessage {
             id: 42,
             offset: 0,

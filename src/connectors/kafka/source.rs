@@ -475,19 +475,14 @@ impl KafkaSource {
             OWN_HEADERS + kafka_headers.as_ref().map_or(0, |headers| headers.count()),
         );
         // The connector's own headers have distinct names and values Iggy
-        // carries (a topic name is 1 to 249 bytes): no check needed.
-        headers.push((
-            "kafka_topic".to_owned(),
-            HeaderValue::String(topic.to_owned()),
-        ));
-        headers.push((
-            "kafka_partition".to_owned(),
-            HeaderValue::Int(partition.into()),
-        ));
-        headers.push(("kafka_offset".to_owned(), HeaderValue::Int(offset)));
+        // carries (a topic name is 1 to 249 bytes): no check needed. Names
+        // (and a topic name) of up to 24 bytes allocate nothing.
+        headers.push(("kafka_topic".into(), HeaderValue::String(topic.into())));
+        headers.push(("kafka_partition".into(), HeaderValue::Int(partition.into())));
+        headers.push(("kafka_offset".into(), HeaderValue::Int(offset)));
         let timestamp = message.timestamp().to_millis();
         if let Some(millis) = timestamp {
-            headers.push(("kafka_timestamp".to_owned(), HeaderValue::Int(millis)));
+            headers.push(("kafka_timestamp".into(), HeaderValue::Int(millis)));
         }
         if let Some(key) = message.key() {
             push_header(&mut headers, "kafka_key", bytes_value(key));
@@ -713,7 +708,7 @@ fn record_id(topic: &str, partition: i32, offset: i64) -> u128 {
 /// Text when it is UTF-8, bytes otherwise.
 fn bytes_value(bytes: &[u8]) -> HeaderValue {
     match std::str::from_utf8(bytes) {
-        Ok(text) => HeaderValue::String(text.to_owned()),
+        Ok(text) => HeaderValue::String(text.into()),
         Err(_) => HeaderValue::Raw(Bytes::copy_from_slice(bytes)),
     }
 }
@@ -730,7 +725,7 @@ fn push_header(headers: &mut Headers, name: &str, value: HeaderValue) {
         && (1..=255).contains(&length)
         && !headers.iter().any(|(taken, _)| taken == name)
     {
-        headers.push((name.to_owned(), value));
+        headers.push((name.into(), value));
     }
 }
 
@@ -834,9 +829,9 @@ mod tests {
         assert_eq!(
             headers,
             vec![
-                ("kafka_topic".to_owned(), HeaderValue::String("t".into())),
+                ("kafka_topic".into(), HeaderValue::String("t".into())),
                 (
-                    "binary".to_owned(),
+                    "binary".into(),
                     HeaderValue::Raw(Bytes::from_static(&[0xff, 0]))
                 ),
             ]

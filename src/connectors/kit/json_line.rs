@@ -37,7 +37,7 @@ pub fn payload_json(payload: &Payload, out: &mut Vec<u8>) {
 
 pub fn header_json(value: &HeaderValue) -> Value {
     match value {
-        HeaderValue::String(text) => Value::String(text.clone()),
+        HeaderValue::String(text) => Value::String(text.to_string()),
         HeaderValue::Bool(flag) => Value::Bool(*flag),
         HeaderValue::Int(number) => Value::from(*number),
         HeaderValue::UInt(number) => Value::from(*number),

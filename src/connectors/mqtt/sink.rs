@@ -268,7 +268,7 @@ impl MqttSink {
                 Protocol::V5 => message
                     .headers
                     .iter()
-                    .map(|(key, value)| (key.clone(), value.to_string()))
+                    .map(|(key, value)| (key.to_string(), value.to_string()))
                     .collect(),
                 Protocol::V311 => Vec::new(),
             };

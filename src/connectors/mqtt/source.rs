@@ -52,7 +52,7 @@ use crate::connectors::{
     BatchPolicy, ConnectorContext, ConnectorError, PluginConfigError, Source, SourceBatch,
     SourceEntry, decode_state, encode_state, parse_plugin_config, schema_of,
 };
-use crate::message::{HeaderValue, Payload, SourceRecord};
+use crate::message::{HeaderValue, Headers, Payload, SourceRecord};
 
 pub const ENTRY: SourceEntry = SourceEntry {
     name: "mqtt",
@@ -365,15 +365,15 @@ const OWN_HEADERS: [&str; 4] = ["mqtt_topic", "mqtt_retain", "mqtt_dup", "mqtt_c
 /// user properties and content type.
 fn record(message: &Incoming) -> SourceRecord {
     let fits = |text: &str| (1..=255).contains(&text.len());
-    let mut headers: Vec<(String, HeaderValue)> = message
+    let mut headers: Headers = message
         .user_properties()
         .iter()
         .filter(|(name, value)| fits(name) && fits(value) && !OWN_HEADERS.contains(&name.as_str()))
-        .map(|(name, value)| (name.clone(), HeaderValue::String(value.clone())))
+        .map(|(name, value)| (name.into(), HeaderValue::String(value.into())))
         .collect();
     headers.push((
-        "mqtt_topic".to_owned(),
-        HeaderValue::String(message.topic().into_owned()),
+        "mqtt_topic".into(),
+        HeaderValue::String(message.topic().into()),
     ));
     if message.retain() {
         headers.push(("mqtt_retain".into(), HeaderValue::Bool(true)));

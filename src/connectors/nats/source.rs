@@ -459,15 +459,15 @@ fn headers(message: &async_nats::Message) -> Headers {
         for (name, values) in map.iter() {
             if let Some(value) = values.first() {
                 headers.push((
-                    name.to_string(),
-                    HeaderValue::String(value.as_str().to_owned()),
+                    name.to_string().into(),
+                    HeaderValue::String(value.as_str().into()),
                 ));
             }
         }
     }
     headers.push((
         "nats_subject".into(),
-        HeaderValue::String(message.subject.to_string()),
+        HeaderValue::String(message.subject.as_str().into()),
     ));
     headers
 }

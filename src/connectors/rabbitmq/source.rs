@@ -299,12 +299,12 @@ impl RabbitmqSource {
             push_header(
                 &mut headers,
                 "amqp_routing_key",
-                HeaderValue::String(deliver.routing_key().clone()),
+                HeaderValue::String(deliver.routing_key().as_str().into()),
             );
             push_header(
                 &mut headers,
                 "amqp_exchange",
-                HeaderValue::String(deliver.exchange().clone()),
+                HeaderValue::String(deliver.exchange().as_str().into()),
             );
         }
         SourceRecord {
@@ -348,7 +348,7 @@ fn copy_headers(table: &FieldTable, headers: &mut Headers) {
     entries.sort_by(|(left, _), (right, _)| left.as_ref().cmp(right.as_ref()));
     for (name, value) in entries {
         let value = match value {
-            FieldValue::S(text) => HeaderValue::String(text.as_ref().clone()),
+            FieldValue::S(text) => HeaderValue::String(text.as_ref().as_str().into()),
             FieldValue::t(flag) => HeaderValue::Bool(*flag),
             FieldValue::b(number) => HeaderValue::Int(i64::from(*number)),
             FieldValue::B(number) => HeaderValue::UInt(u64::from(*number)),
@@ -361,7 +361,7 @@ fn copy_headers(table: &FieldTable, headers: &mut Headers) {
             FieldValue::f(number) => HeaderValue::Float(f64::from(*number)),
             FieldValue::d(number) => HeaderValue::Float(*number),
             FieldValue::x(bytes) => HeaderValue::Raw(Bytes::from(Vec::<u8>::from(bytes.clone()))),
-            other => HeaderValue::String(other.to_string()),
+            other => HeaderValue::String(other.to_string().into()),
         };
         push_header(headers, name.as_ref(), value);
     }
@@ -376,7 +376,7 @@ fn push_header(headers: &mut Headers, name: &str, value: HeaderValue) {
         _ => 1,
     };
     if !name.is_empty() && (1..=255).contains(&length) {
-        headers.push((name.to_owned(), value));
+        headers.push((name.into(), value));
     }
 }
 
@@ -546,9 +546,9 @@ mod tests {
         assert_eq!(
             headers,
             vec![
-                ("count".to_owned(), HeaderValue::Int(-3)),
-                ("flag".to_owned(), HeaderValue::Bool(true)),
-                ("text".to_owned(), HeaderValue::String("a".into())),
+                ("count".into(), HeaderValue::Int(-3)),
+                ("flag".into(), HeaderValue::Bool(true)),
+                ("text".into(), HeaderValue::String("a".into())),
             ]
         );
     }

@@ -497,8 +497,11 @@ impl RedisSource {
                 id: Some(message_id(stream, &entry.id)),
                 stream_index: 0,
                 headers: vec![
-                    ("redis_stream".into(), HeaderValue::String(stream.clone())),
-                    ("redis_id".into(), HeaderValue::String(entry.id)),
+                    (
+                        "redis_stream".into(),
+                        HeaderValue::String(stream.as_str().into()),
+                    ),
+                    ("redis_id".into(), HeaderValue::String(entry.id.into())),
                 ],
                 payload: payload_of(fields, &self.config.payload_field),
                 partition: None,
@@ -816,7 +819,7 @@ fn message_id(stream: &str, entry_id: &str) -> u128 {
 }
 
 fn channel_record(message: redis::Msg) -> SourceRecord {
-    let channel = message.get_channel_name().to_owned();
+    let channel = message.get_channel_name().into();
     SourceRecord {
         id: None,
         stream_index: 0,

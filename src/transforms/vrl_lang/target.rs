@@ -406,15 +406,15 @@ fn from_headers_value(map: ObjectMap) -> Result<Headers, String> {
     for (name, value) in map {
         let value = match value {
             Value::Null => continue,
-            Value::String(text) => HeaderValue::String(text.to_string()),
+            Value::String(text) => HeaderValue::String(text.to_string().into()),
             Value::Bytes(bytes) => match std::str::from_utf8(&bytes) {
-                Ok(text) => HeaderValue::String(text.to_owned()),
+                Ok(text) => HeaderValue::String(text.into()),
                 Err(_) => HeaderValue::Raw(bytes),
             },
             Value::Boolean(flag) => HeaderValue::Bool(flag),
             Value::Integer(number) => HeaderValue::Int(number),
             Value::Float(number) => HeaderValue::Float(number.into_inner()),
-            Value::Timestamp(time) => HeaderValue::String(time.to_rfc3339()),
+            Value::Timestamp(time) => HeaderValue::String(time.to_rfc3339().into()),
             other => {
                 return Err(format!(
                     "header \"{name}\" must be a string, number or boolean, found {}",
@@ -422,7 +422,7 @@ fn from_headers_value(map: ObjectMap) -> Result<Headers, String> {
                 ));
             }
         };
-        headers.push((name.into(), value));
+        headers.push((String::from(name).into(), value));
     }
     Ok(headers)
 }

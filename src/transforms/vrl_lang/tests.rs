@@ -39,7 +39,7 @@ fn given_a_remap_when_applied_should_rename_mask_parse_and_set_the_key_and_a_hea
 "#}),
     );
     let topic = topic();
-    let mut headers = vec![("tenant".to_owned(), HeaderValue::from("acme"))];
+    let mut headers = vec![("tenant".into(), HeaderValue::from("acme"))];
     let mut meta = source_meta(&topic, &mut headers);
     let mut payload = Payload::Json(
         json!({"uid": "u-7", "email": "ann@example.com", "at": "2026-01-02 03:04:05"}),
@@ -61,8 +61,8 @@ fn given_a_remap_when_applied_should_rename_mask_parse_and_set_the_key_and_a_hea
     assert_eq!(
         headers,
         vec![
-            ("origin".to_owned(), HeaderValue::from("shop/orders")),
-            ("tenant".to_owned(), HeaderValue::from("acme")),
+            ("origin".into(), HeaderValue::from("shop/orders")),
+            ("tenant".into(), HeaderValue::from("acme")),
         ]
     );
 }
@@ -74,7 +74,7 @@ fn given_the_metadata_when_read_should_show_the_message_id_topic_and_timestamps(
         json!({"source": r#". = { "id": %id, "stream": %stream, "offset": %offset, "origin": to_unix_timestamp!(%origin_timestamp), "tenant": %headers.tenant }"#}),
     );
     let topic = topic();
-    let mut headers = vec![("tenant".to_owned(), HeaderValue::from("acme"))];
+    let mut headers = vec![("tenant".into(), HeaderValue::from("acme"))];
     let mut payload = Payload::Json(json!({}));
     chain
         .apply_with(&mut payload, &mut source_meta(&topic, &mut headers))
@@ -263,8 +263,8 @@ fn given_a_filter_on_headers_when_applied_should_read_the_metadata() {
         json!({"condition": r#"%headers.tenant == "acme""#}),
     );
     let topic = topic();
-    let mut acme = vec![("tenant".to_owned(), HeaderValue::from("acme"))];
-    let mut other = vec![("tenant".to_owned(), HeaderValue::from("other"))];
+    let mut acme = vec![("tenant".into(), HeaderValue::from("acme"))];
+    let mut other = vec![("tenant".into(), HeaderValue::from("other"))];
     let mut payload = Payload::Json(json!({}));
     assert_eq!(
         chain

@@ -53,7 +53,7 @@ pub fn document(
             let headers: Map<String, Value> = message
                 .headers
                 .iter()
-                .map(|(name, value)| (name.clone(), header_json(value)))
+                .map(|(name, value)| (name.to_string(), header_json(value)))
                 .collect();
             object.insert("_iggy_headers".into(), Value::Object(headers));
         }

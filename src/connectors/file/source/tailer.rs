@@ -489,7 +489,7 @@ impl Tailer {
             let headers: Headers = vec![
                 (
                     "file".into(),
-                    HeaderValue::String(tracked.path.display().to_string()),
+                    HeaderValue::String(tracked.path.display().to_string().into()),
                 ),
                 ("offset".into(), HeaderValue::UInt(offset)),
             ];

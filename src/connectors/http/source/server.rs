@@ -268,10 +268,10 @@ fn records(
         .filter_map(|(header, name)| {
             headers.get(header).map(|value| {
                 let value = match value.to_str() {
-                    Ok(text) => HeaderValue::String(text.to_owned()),
+                    Ok(text) => HeaderValue::String(text.into()),
                     Err(_) => HeaderValue::Raw(Bytes::copy_from_slice(value.as_bytes())),
                 };
-                (name.clone(), value)
+                (name.as_str().into(), value)
             })
         })
         .collect();
@@ -310,12 +310,9 @@ fn with_trace_context(mut user_headers: Headers, headers: &HeaderMap) -> Headers
     if user_headers.iter().any(|(name, _)| name == TRACEPARENT) {
         return user_headers;
     }
-    user_headers.push((
-        TRACEPARENT.to_owned(),
-        HeaderValue::String(parent.to_owned()),
-    ));
+    user_headers.push((TRACEPARENT.into(), HeaderValue::String(parent.into())));
     if let Some(state) = text(TRACESTATE) {
-        user_headers.push((TRACESTATE.to_owned(), HeaderValue::String(state.to_owned())));
+        user_headers.push((TRACESTATE.into(), HeaderValue::String(state.into())));
     }
     user_headers
 }

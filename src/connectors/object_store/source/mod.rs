@@ -277,14 +277,14 @@ impl ObjectStoreSource {
     fn rejected_item(&self, meta: &ObjectMeta, reason: &str) -> RejectedItem {
         let key = meta.location.as_ref();
         let identity = state::identity(meta);
-        let mut headers = vec![("object_key".to_owned(), key.into())];
+        let mut headers = vec![("object_key".into(), key.into())];
         if let Some(etag) = &meta.e_tag {
-            headers.push(("object_etag".to_owned(), etag.as_str().into()));
+            headers.push(("object_etag".into(), etag.as_str().into()));
         }
         if let Some(version) = &meta.version {
-            headers.push(("object_version".to_owned(), version.as_str().into()));
+            headers.push(("object_version".into(), version.as_str().into()));
         }
-        headers.push(("object_size".to_owned(), HeaderValue::UInt(meta.size)));
+        headers.push(("object_size".into(), HeaderValue::UInt(meta.size)));
         let payload = serde_json::json!({
             "url": self.config.url,
             "object_key": key,
@@ -423,21 +423,20 @@ impl ObjectStoreSource {
             &position.to_string(),
         ]));
         record.headers.reserve(4);
-        record.headers.push(("object_key".to_owned(), key.into()));
+        record.headers.push(("object_key".into(), key.into()));
         if let Some(etag) = &meta.e_tag {
             record
                 .headers
-                .push(("object_etag".to_owned(), etag.as_str().into()));
+                .push(("object_etag".into(), etag.as_str().into()));
         }
         if let Some(version) = &meta.version {
             record
                 .headers
-                .push(("object_version".to_owned(), version.as_str().into()));
+                .push(("object_version".into(), version.as_str().into()));
         }
-        record.headers.push((
-            "object_record".to_owned(),
-            HeaderValue::UInt(position as u64),
-        ));
+        record
+            .headers
+            .push(("object_record".into(), HeaderValue::UInt(position as u64)));
         record.origin_timestamp = u64::try_from(meta.last_modified.timestamp_micros()).ok();
         record
     }

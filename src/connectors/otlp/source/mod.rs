@@ -366,7 +366,7 @@ impl Shared {
             .map(|(index, bytes)| SourceRecord {
                 id: Some(message_id(S::NAME, &bytes, index)),
                 stream_index,
-                headers: vec![(SIGNAL_HEADER.to_owned(), HeaderValue::from(S::NAME))],
+                headers: vec![(SIGNAL_HEADER.into(), HeaderValue::from(S::NAME))],
                 payload: match encoding {
                     Encoding::Json => Payload::JsonBytes(bytes.into()),
                     Encoding::Protobuf => Payload::Raw(bytes.into()),

@@ -118,7 +118,7 @@ fn encode(layout: &Layout, topic: &TopicRef, message: &SinkMessage, out: &mut Ve
         let headers: serde_json::Map<String, Value> = message
             .headers
             .iter()
-            .map(|(key, value)| (key.clone(), header_json(value)))
+            .map(|(key, value)| (key.to_string(), header_json(value)))
             .collect();
         out.extend_from_slice(b"\"headers\":");
         out.extend_from_slice(&serde_json::to_vec(&headers).unwrap_or_default());

@@ -67,11 +67,11 @@ pub fn record_json(
         );
     }
     if config.include_headers && !message.headers.is_empty() {
-        let mut headers: Vec<&(String, HeaderValue)> = message.headers.iter().collect();
+        let mut headers: Vec<_> = message.headers.iter().collect();
         headers.sort_by(|a, b| a.0.cmp(&b.0));
         let headers: Map<String, Value> = headers
             .into_iter()
-            .map(|(key, value)| (key.clone(), header_json(value)))
+            .map(|(key, value)| (key.to_string(), header_json(value)))
             .collect();
         record.insert("iggy_headers".into(), Value::Object(headers));
     }
