@@ -24,6 +24,7 @@ use iggy_connect::engine::Runtime;
 use iggy_connect::iggy::{ConnectionSettings, IggyBus};
 use iggy_connect::state::FileStateStore;
 use redis::aio::MultiplexedConnection;
+use serde_json::json;
 
 use crate::support;
 use crate::support::binary::Workspace;
@@ -579,30 +580,75 @@ async fn sink_appends_each_message_once_with_its_metadata() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sink_appends_over_tls_to_a_rediss_url() {
-    // The redis crate trusts the system's roots only (it loads them with
-    // rustls-native-certs, which reads SSL_CERT_FILE): this test process
-    // trusts the test CA that way. It panicked before the runtime installed
-    // a rustls provider.
+async fn over_tls_with_a_client_certificate_both_ways_deliver_and_a_wrong_ca_or_none_fails_open_for_good()
+ {
+    // redis-server's TLS port with the test CA's server certificate,
+    // requiring a client certificate it signed. Before the runtime
+    // installed a rustls provider, the first TLS connection panicked.
     let pki = support::pki::TestPki::generate();
-    // SAFETY: nextest runs this test in a process of its own, and nothing
-    // else reads the environment while it is set.
-    unsafe { std::env::set_var("SSL_CERT_FILE", &pki.ca) };
     let (redis, iggy) = (RedisServer::with_tls(&pki), IggyTestServer::start());
+    let tls = format!(
+        "ca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}\n",
+        pki.ca, pki.client_cert, pki.client_key
+    );
+    let over_tls = |file: String| file.replace(&redis.url(), &redis.tls_url()) + &tls;
     iggy.create_topic("to_redis", "orders", 1);
     produce(&iggy, "orders", 0..20).await;
+    let mut client = redis.client().await;
+    append(&mut client, "events", 0..20).await;
     let state = tempfile::tempdir().unwrap();
     let runtime = runtime(&iggy, state.path());
-    let sink = sink_file(&redis, "orders", "out").replace(&redis.url(), &redis.tls_url());
+    let sink = over_tls(sink_file(&redis, "orders", "out"));
     assert!(sink.contains("rediss://"), "{sink}");
     runtime.add(connector(&sink)).unwrap();
+    runtime
+        .add(connector(&over_tls(source_file(&redis, "events", ""))))
+        .unwrap();
     runtime.start_enabled().await;
-    let mut client = redis.client().await;
     eventually("every message in the stream", LONG, async || {
         stream_ids(&mut client, "out").await.len() == 20
     })
     .await;
+    wait_for("every entry in Iggy", LONG, || {
+        distinct(&iggy.messages("from_redis", "events")) == expected(0..20)
+    })
+    .await;
     runtime.shutdown().await;
+
+    // Another CA's certificate, or none where the server asks for one:
+    // refused for good at open, naming the field.
+    let url = redis.tls_url();
+    let wrong_ca = json!({"ca_file": pki.other_ca, "cert_file": pki.client_cert,
+        "key_file": pki.client_key});
+    let no_certificate = json!({"ca_file": pki.ca});
+    for (fields, field) in [(wrong_ca, "ca_file"), (no_certificate, "cert_file")] {
+        let mut sink = json!({"url": url, "stream": "out", "connect_timeout": "2s"});
+        sink.as_object_mut()
+            .unwrap()
+            .extend(fields.as_object().unwrap().clone());
+        let mut source = json!({"url": url, "streams": ["events"], "group": "other",
+            "connect_timeout": "2s"});
+        source
+            .as_object_mut()
+            .unwrap()
+            .extend(fields.as_object().unwrap().clone());
+        let sink_error = support::sinks::build("redis", &sink)
+            .open()
+            .await
+            .expect_err("the sink opened");
+        let source_error = support::drive::build("redis", source)
+            .open(None)
+            .await
+            .expect_err("the source opened");
+        for error in [sink_error, source_error] {
+            assert!(!error.is_transient(), "{field}: {error}");
+            let text = error.to_string();
+            assert!(
+                text.starts_with(&format!("plugin_config.{field}:")),
+                "{text}"
+            );
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,6 +7,7 @@
 #![cfg(any(feature = "redis-sink", feature = "redis-source"))]
 
 use std::io::{Read, Write};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -17,8 +18,16 @@ pub struct RedisServer {
     dir: tempfile::TempDir,
     pub port: u16,
     password: Option<String>,
-    /// A second port that takes TLS, with this certificate and key.
-    tls: Option<(u16, std::path::PathBuf, std::path::PathBuf)>,
+    tls: Option<Tls>,
+}
+
+/// A second port that takes TLS: the server's certificate and key, and the
+/// CA its clients' certificates must be signed by.
+struct Tls {
+    port: u16,
+    cert: PathBuf,
+    key: PathBuf,
+    ca: PathBuf,
 }
 
 impl RedisServer {
@@ -32,20 +41,19 @@ impl RedisServer {
     }
 
     /// A server that also takes TLS (`rediss://`, [`RedisServer::tls_url`])
-    /// with the test PKI's server certificate, besides its plain port.
+    /// with the test PKI's server certificate, besides its plain port; a
+    /// TLS client must present a certificate the test CA signed.
     pub fn with_tls(pki: &super::pki::TestPki) -> Self {
-        let tls = (
-            super::ports::free_port(),
-            pki.server_cert.clone(),
-            pki.server_key.clone(),
-        );
+        let tls = Tls {
+            port: super::ports::free_port(),
+            cert: pki.server_cert.clone(),
+            key: pki.server_key.clone(),
+            ca: pki.ca.clone(),
+        };
         Self::launch(None, Some(tls))
     }
 
-    fn launch(
-        password: Option<String>,
-        tls: Option<(u16, std::path::PathBuf, std::path::PathBuf)>,
-    ) -> Self {
+    fn launch(password: Option<String>, tls: Option<Tls>) -> Self {
         let mut server = Self {
             child: None,
             dir: tempfile::tempdir().unwrap(),
@@ -81,15 +89,17 @@ impl RedisServer {
         if let Some(password) = &self.password {
             command.args(["--requirepass", password]);
         }
-        if let Some((port, cert, key)) = &self.tls {
+        if let Some(tls) = &self.tls {
             command
                 .arg("--tls-port")
-                .arg(port.to_string())
+                .arg(tls.port.to_string())
                 .arg("--tls-cert-file")
-                .arg(cert)
+                .arg(&tls.cert)
                 .arg("--tls-key-file")
-                .arg(key)
-                .args(["--tls-auth-clients", "no"]);
+                .arg(&tls.key)
+                .arg("--tls-ca-cert-file")
+                .arg(&tls.ca)
+                .args(["--tls-auth-clients", "yes"]);
         }
         command
             .current_dir(self.dir.path())
@@ -112,8 +122,8 @@ impl RedisServer {
 
     /// `rediss://` to the TLS port of a server [`RedisServer::with_tls`].
     pub fn tls_url(&self) -> String {
-        let (port, ..) = self.tls.as_ref().expect("a server with TLS");
-        format!("rediss://127.0.0.1:{port}")
+        let tls = self.tls.as_ref().expect("a server with TLS");
+        format!("rediss://127.0.0.1:{}", tls.port)
     }
 
     pub fn url(&self) -> String {

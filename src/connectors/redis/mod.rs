@@ -7,13 +7,19 @@ pub mod sink;
 #[cfg(feature = "redis-source")]
 pub mod source;
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind};
+use redis::{
+    AsyncConnectionConfig, ClientTlsConfig, ErrorKind, RedisError, ServerErrorKind, TlsCertificates,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use secrecy::{ExposeSecret, SecretString};
 
-use crate::connectors::PluginConfigError;
+use crate::connectors::kit::tls::TlsOptions;
+use crate::connectors::{ConnectorError, PluginConfigError};
 
 /// A connection to one Redis server, opened on first use and again after a
 /// transport error (a restarted server, a dropped socket).
@@ -21,19 +27,23 @@ pub struct Connection {
     client: redis::Client,
     settings: AsyncConnectionConfig,
     current: tokio::sync::Mutex<Option<MultiplexedConnection>>,
+    /// The CA file a `rediss://` server's certificate must be signed by
+    /// (`None`: the system's CAs).
+    ca_file: Option<PathBuf>,
 }
 
 impl Connection {
     /// Parses `url` (`redis://[user:password@]host:port[/db]`, `rediss://` for
-    /// TLS); `response_timeout` bounds every command (a blocking read adds
-    /// its own block time to it).
+    /// TLS) and reads the TLS files; `response_timeout` bounds every command
+    /// (a blocking read adds its own block time to it).
     pub fn new(
         url: &SecretString,
+        tls: &TlsOptions,
         connect_timeout: Duration,
         response_timeout: Duration,
     ) -> Result<Self, PluginConfigError> {
         crate::connectors::kit::crypto::ensure_default_provider();
-        let client = redis::Client::open(url.expose_secret()).map_err(|error| {
+        let url_error = |error: RedisError| {
             PluginConfigError::new(
                 "url",
                 format!(
@@ -41,7 +51,13 @@ impl Connection {
                     error.detail().unwrap_or(error.category())
                 ),
             )
-        })?;
+        };
+        let client = if tls.any_file() {
+            let certificates = certificates(url, tls)?;
+            redis::Client::build_with_tls(url.expose_secret(), certificates).map_err(url_error)?
+        } else {
+            redis::Client::open(url.expose_secret()).map_err(url_error)?
+        };
         let settings = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(Some(response_timeout));
@@ -49,6 +65,40 @@ impl Connection {
             client,
             settings,
             current: tokio::sync::Mutex::new(None),
+            ca_file: tls.ca_file.clone(),
+        })
+    }
+
+    /// What a failed connect means when a certificate is to blame: fatal,
+    /// naming the field to fix (retrying cannot change a certificate).
+    /// rustls's refusals reach us as the text of an I/O error.
+    pub fn tls_refusal(&self, error: &RedisError) -> Option<ConnectorError> {
+        let text = error.to_string();
+        if text.contains("invalid peer certificate") {
+            let trusted = match &self.ca_file {
+                Some(path) => format!("the CA in {}", path.display()),
+                None => "the system's CAs".to_owned(),
+            };
+            return Some(ConnectorError::fatal(format!(
+                "plugin_config.ca_file: the redis server's TLS certificate was refused against \
+                 {trusted} ({text}); set ca_file to the CA that signed it"
+            )));
+        }
+        let alert = text.split("received fatal alert: ").nth(1)?;
+        [
+            "CertificateRequired",
+            "BadCertificate",
+            "UnknownCA",
+            "AccessDenied",
+        ]
+        .iter()
+        .any(|name| alert.starts_with(name))
+        .then(|| {
+            ConnectorError::fatal(format!(
+                "plugin_config.cert_file: the redis server refused the TLS handshake \
+                     ({text}); it wants a client certificate (cert_file and key_file) signed \
+                     by a CA it trusts"
+            ))
         })
     }
 
@@ -92,6 +142,63 @@ impl Connection {
         }
         answer
     }
+}
+
+/// The TLS files as the redis client takes them, each checked here so a
+/// bad one is named by its field.
+fn certificates(
+    url: &SecretString,
+    tls: &TlsOptions,
+) -> Result<TlsCertificates, PluginConfigError> {
+    tls.check()?;
+    if !url.expose_secret().starts_with("rediss://") {
+        return Err(PluginConfigError::new(
+            "url",
+            "expected a rediss:// url: ca_file, cert_file and key_file are for TLS",
+        ));
+    }
+    let root_cert = tls
+        .ca_file
+        .as_deref()
+        .map(|path| certificate_file("ca_file", path))
+        .transpose()?;
+    let client_tls = match (&tls.cert_file, &tls.key_file) {
+        (Some(cert_file), Some(key_file)) => {
+            let client_key = read("key_file", key_file)?;
+            PrivateKeyDer::from_pem_slice(&client_key).map_err(|error| {
+                file_error("key_file", key_file, format!("no private key: {error}"))
+            })?;
+            Some(ClientTlsConfig {
+                client_cert: certificate_file("cert_file", cert_file)?,
+                client_key,
+            })
+        }
+        _ => None,
+    };
+    Ok(TlsCertificates {
+        client_tls,
+        root_cert,
+    })
+}
+
+/// A PEM file holding at least one certificate, as read.
+fn certificate_file(field: &str, path: &Path) -> Result<Vec<u8>, PluginConfigError> {
+    let pem = read(field, path)?;
+    let certificates = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|error| file_error(field, path, format!("not a PEM certificate: {error}")))?;
+    if certificates.is_empty() {
+        return Err(file_error(field, path, "holds no certificate".into()));
+    }
+    Ok(pem)
+}
+
+fn read(field: &str, path: &Path) -> Result<Vec<u8>, PluginConfigError> {
+    std::fs::read(path).map_err(|error| file_error(field, path, error.to_string()))
+}
+
+fn file_error(field: &str, path: &Path, reason: String) -> PluginConfigError {
+    PluginConfigError::new(field, format!("{}: {reason}", path.display()))
 }
 
 /// What an error from Redis means for the work that met it.
@@ -155,15 +262,96 @@ mod tests {
         assert_eq!(classify(&error), Class::Fatal);
     }
 
+    fn no_tls() -> TlsOptions {
+        TlsOptions {
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            verify: true,
+        }
+    }
+
     #[test]
     fn given_bad_url_when_built_should_name_the_field() {
         let error = Connection::new(
             &SecretString::from("http://nowhere"),
+            &no_tls(),
             Duration::from_secs(1),
             Duration::from_secs(1),
         )
         .err()
         .unwrap();
         assert_eq!(error.field, "url");
+    }
+
+    #[test]
+    fn given_tls_files_when_built_should_need_rediss_and_name_each_bad_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "").unwrap();
+        let build = |url: &str, tls: TlsOptions| {
+            Connection::new(
+                &SecretString::from(url),
+                &tls,
+                Duration::from_secs(1),
+                Duration::from_secs(1),
+            )
+            .err()
+            .map(|error| error.field)
+        };
+        let with_ca = |path: &Path| TlsOptions {
+            ca_file: Some(path.to_owned()),
+            ..no_tls()
+        };
+        assert_eq!(
+            build("redis://127.0.0.1:1", with_ca(&empty)).as_deref(),
+            Some("url")
+        );
+        let missing = dir.path().join("missing.pem");
+        assert_eq!(
+            build("rediss://127.0.0.1:1", with_ca(&missing)).as_deref(),
+            Some("ca_file")
+        );
+        assert_eq!(
+            build("rediss://127.0.0.1:1", with_ca(&empty)).as_deref(),
+            Some("ca_file")
+        );
+        let cert_alone = TlsOptions {
+            cert_file: Some(empty.clone()),
+            ..no_tls()
+        };
+        assert_eq!(
+            build("rediss://127.0.0.1:1", cert_alone).as_deref(),
+            Some("key_file")
+        );
+        assert_eq!(build("rediss://127.0.0.1:1", no_tls()), None);
+    }
+
+    #[test]
+    fn given_a_refused_certificate_when_explained_should_be_fatal_naming_the_field() {
+        let connection = Connection::new(
+            &SecretString::from("rediss://127.0.0.1:1"),
+            &no_tls(),
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+        )
+        .unwrap();
+        let io = |text: &str| RedisError::from(std::io::Error::other(text.to_owned()));
+        let refused = connection
+            .tls_refusal(&io("invalid peer certificate: UnknownIssuer"))
+            .unwrap();
+        assert!(!refused.is_transient());
+        assert!(
+            refused.to_string().contains("plugin_config.ca_file"),
+            "{refused}"
+        );
+        let alert = connection
+            .tls_refusal(&io("received fatal alert: CertificateRequired"))
+            .unwrap();
+        assert!(
+            alert.to_string().contains("plugin_config.cert_file"),
+            "{alert}"
+        );
+        assert!(connection.tls_refusal(&io("connection refused")).is_none());
     }
 }

@@ -24,6 +24,7 @@
 //! and topics may feed one stream) do: a reordered id would be refused as a
 //! duplicate and lost. Readers deduplicate by the entry's `iggy_id` field.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -31,6 +32,7 @@ use secrecy::SecretString;
 use serde::Deserialize;
 use tracing::warn;
 
+use crate::connectors::kit::tls::TlsOptions;
 use crate::connectors::redis::{Class, Connection, classify};
 use crate::connectors::{
     ConnectorError, PluginConfigError, Rejection, Sink, SinkEntry, SinkError, parse_plugin_config,
@@ -57,6 +59,17 @@ pub struct RedisSinkConfig {
     /// TLS; a secret (it may hold the password).
     #[schemars(with = "String")]
     pub url: SecretString,
+    /// PEM file of the CA certificates a `rediss://` server's certificate
+    /// must be signed by (default: the system's).
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// PEM file of the client certificate, for a server that asks for one
+    /// (`tls-auth-clients`).
+    #[serde(default)]
+    pub cert_file: Option<PathBuf>,
+    /// PEM file of the client certificate's private key.
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
     /// The stream (key) every message is appended to, or those without
     /// `stream_field`.
     #[serde(default)]
@@ -87,6 +100,17 @@ pub struct RedisSinkConfig {
     #[serde(default = "default_timeout", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub timeout: Duration,
+}
+
+impl RedisSinkConfig {
+    fn tls(&self) -> TlsOptions {
+        TlsOptions {
+            ca_file: self.ca_file.clone(),
+            cert_file: self.cert_file.clone(),
+            key_file: self.key_file.clone(),
+            verify: true,
+        }
+    }
 }
 
 fn default_payload_field() -> String {
@@ -126,7 +150,12 @@ impl RedisSink {
                 "expected a field name",
             ));
         }
-        let connection = Connection::new(&config.url, config.connect_timeout, config.timeout)?;
+        let connection = Connection::new(
+            &config.url,
+            &config.tls(),
+            config.connect_timeout,
+            config.timeout,
+        )?;
         Ok(Self { config, connection })
     }
 
@@ -236,10 +265,13 @@ impl Sink for RedisSink {
         let ping = redis::cmd("PING");
         match self.connection.query::<String>(&ping).await {
             Ok(_) => Ok(()),
-            Err(error) if classify(&error) == Class::Fatal => Err(ConnectorError::fatal(format!(
-                "redis refused the credentials of plugin_config.url: {error}"
-            ))),
-            Err(error) => Err(ConnectorError::transient(format!("redis: {error}"))),
+            Err(error) => Err(match self.connection.tls_refusal(&error) {
+                Some(refused) => refused,
+                None if classify(&error) == Class::Fatal => ConnectorError::fatal(format!(
+                    "redis refused the credentials of plugin_config.url: {error}"
+                )),
+                None => ConnectorError::transient(format!("redis: {error}")),
+            }),
         }
     }
 

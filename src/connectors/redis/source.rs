@@ -32,6 +32,7 @@
 //! false`, stops naming the field).
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -44,6 +45,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use crate::connectors::kit::tls::TlsOptions;
 use crate::connectors::redis::{Class, Connection, classify};
 use crate::connectors::{
     ConnectorContext, ConnectorError, PluginConfigError, Source, SourceBatch, SourceEntry,
@@ -70,6 +72,17 @@ pub struct RedisSourceConfig {
     /// TLS; a secret (it may hold the password).
     #[schemars(with = "String")]
     pub url: SecretString,
+    /// PEM file of the CA certificates a `rediss://` server's certificate
+    /// must be signed by (default: the system's).
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// PEM file of the client certificate, for a server that asks for one
+    /// (`tls-auth-clients`).
+    #[serde(default)]
+    pub cert_file: Option<PathBuf>,
+    /// PEM file of the client certificate's private key.
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
     /// `streams` (consumer group, at-least-once) or `pubsub` (channels,
     /// at-most-once).
     #[serde(default)]
@@ -124,6 +137,17 @@ pub struct RedisSourceConfig {
     #[serde(default = "default_timeout", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub timeout: Duration,
+}
+
+impl RedisSourceConfig {
+    fn tls(&self) -> TlsOptions {
+        TlsOptions {
+            ca_file: self.ca_file.clone(),
+            cert_file: self.cert_file.clone(),
+            key_file: self.key_file.clone(),
+            verify: true,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
@@ -230,6 +254,7 @@ impl RedisSource {
         // A blocking read must not hit the response timeout.
         let connection = Connection::new(
             &config.url,
+            &config.tls(),
             config.connect_timeout,
             config.timeout + config.block,
         )?;
@@ -270,7 +295,7 @@ impl RedisSource {
                     info!(stream = %stream, group = %self.config.group, "created the consumer group")
                 }
                 Err(error) if error.code() == Some("BUSYGROUP") => {}
-                Err(error) => return Err(open_error(&error)),
+                Err(error) => return Err(open_error(&self.connection, &error)),
             }
         }
         Ok(())
@@ -284,7 +309,7 @@ impl RedisSource {
             let groups: Value = match self.connection.query(&command).await {
                 Ok(groups) => groups,
                 Err(error) if classify(&error) == Class::Refused => Value::Array(Vec::new()),
-                Err(error) => return Err(open_error(&error)),
+                Err(error) => return Err(open_error(&self.connection, &error)),
             };
             let found = match &groups {
                 Value::Array(groups) => groups
@@ -569,6 +594,7 @@ impl RedisSource {
     async fn subscribe(&mut self) -> Result<(), ConnectorError> {
         let connection = Connection::new(
             &self.config.url,
+            &self.config.tls(),
             self.config.connect_timeout,
             self.config.timeout,
         )
@@ -576,12 +602,12 @@ impl RedisSource {
         let mut pubsub = connection
             .pubsub()
             .await
-            .map_err(|error| subscribe_error(&error))?;
+            .map_err(|error| subscribe_error(&connection, &error))?;
         for channel in &self.config.channels {
             pubsub
                 .subscribe(channel)
                 .await
-                .map_err(|error| subscribe_error(&error))?;
+                .map_err(|error| subscribe_error(&connection, &error))?;
         }
         let (sender, receiver) = mpsc::channel(self.config.batch_size as usize * 4);
         self.subscriber = Some(tokio::spawn(forward(pubsub, sender)));
@@ -830,7 +856,10 @@ fn channel_record(message: redis::Msg) -> SourceRecord {
     }
 }
 
-fn open_error(error: &redis::RedisError) -> ConnectorError {
+fn open_error(connection: &Connection, error: &redis::RedisError) -> ConnectorError {
+    if let Some(refused) = connection.tls_refusal(error) {
+        return refused;
+    }
     match classify(error) {
         Class::Fatal => ConnectorError::fatal(format!(
             "redis refused the credentials or permissions of plugin_config.url: {error}"
@@ -855,7 +884,10 @@ fn poll_error(error: &redis::RedisError) -> ConnectorError {
     }
 }
 
-fn subscribe_error(error: &redis::RedisError) -> ConnectorError {
+fn subscribe_error(connection: &Connection, error: &redis::RedisError) -> ConnectorError {
+    if let Some(refused) = connection.tls_refusal(error) {
+        return refused;
+    }
     match classify(error) {
         Class::Fatal => ConnectorError::fatal(format!(
             "redis refused the credentials or permissions of plugin_config.url: {error}"
