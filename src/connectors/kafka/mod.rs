@@ -11,8 +11,9 @@ pub mod sink;
 #[cfg(feature = "kafka-source")]
 pub mod source;
 
-use std::collections::BTreeMap;
-use std::time::Duration;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
 use rdkafka::client::ClientContext;
@@ -325,22 +326,58 @@ fn refusal(librdkafka: &str) -> Option<String> {
     ))
 }
 
+/// How long a librdkafka warning or error repeating one already logged is
+/// logged at debug level only. With a broker down, librdkafka reports the
+/// same refused connection through its log and its error callbacks, and
+/// "1/1 brokers are down" sixty times per attempt to open.
+const REPEAT_QUIET: Duration = Duration::from_secs(30);
+
 /// librdkafka's logs and errors, as this process's tracing events with the
-/// connector's key.
+/// connector's key; a repeat within [`REPEAT_QUIET`] at debug level.
 #[derive(Debug, Clone, Default)]
 pub struct Logging {
     pub key: String,
     /// The last error librdkafka reported for the whole client, such as a
     /// refused login: a failed request says only "transport failure" then.
-    last_error: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+    last_error: Arc<Mutex<Option<String>>>,
 }
+
+/// When each recent librdkafka warning or error was last logged, by
+/// connector key and its text without librdkafka's thread and timing
+/// details. For the whole process: the engine builds a connector anew for
+/// each attempt to open it.
+static LOGGED: LazyLock<Mutex<HashMap<(String, String), Instant>>> = LazyLock::new(Mutex::default);
 
 impl Logging {
     pub fn new(key: &str) -> Self {
         Self {
             key: key.to_owned(),
-            last_error: Default::default(),
+            ..Self::default()
         }
+    }
+
+    /// Whether `message` repeats one logged less than [`REPEAT_QUIET`] ago
+    /// (and if not, notes it as logged now).
+    fn repeated(&self, message: &str) -> bool {
+        let text = message
+            .split_once("]: ")
+            .filter(|(thread, _)| thread.starts_with("[thrd:"))
+            .map_or(message, |(_, text)| text);
+        let text = text.split(" (after ").next().unwrap_or(text);
+        let now = Instant::now();
+        let mut logged = LOGGED
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let seen = (self.key.clone(), text.to_owned());
+        if logged
+            .get(&seen)
+            .is_some_and(|at| now.duration_since(*at) < REPEAT_QUIET)
+        {
+            return true;
+        }
+        logged.retain(|_, at| now.duration_since(*at) < REPEAT_QUIET);
+        logged.insert(seen, now);
+        false
     }
 
     fn remember(&self, message: &str) {
@@ -383,10 +420,17 @@ impl ClientContext for Logging {
             | RDKafkaLogLevel::Alert
             | RDKafkaLogLevel::Critical
             | RDKafkaLogLevel::Error => {
-                tracing::error!(connector_key = key, facility, "librdkafka: {message}");
+                if self.repeated(message) {
+                    tracing::debug!(connector_key = key, facility, "librdkafka: {message}");
+                } else {
+                    tracing::error!(connector_key = key, facility, "librdkafka: {message}");
+                }
                 // Logged from librdkafka's own threads right away (a
                 // consumer's error events wait for it to be polled).
                 self.remember(message);
+            }
+            RDKafkaLogLevel::Warning if self.repeated(message) => {
+                tracing::debug!(connector_key = key, facility, "librdkafka: {message}")
             }
             RDKafkaLogLevel::Warning => {
                 tracing::warn!(connector_key = key, facility, "librdkafka: {message}")
@@ -401,7 +445,11 @@ impl ClientContext for Logging {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        tracing::warn!(connector_key = %self.key, %error, "librdkafka: {reason}");
+        if self.repeated(reason) {
+            tracing::debug!(connector_key = %self.key, %error, "librdkafka: {reason}");
+        } else {
+            tracing::warn!(connector_key = %self.key, %error, "librdkafka: {reason}");
+        }
         // "All brokers are down" follows the error that took them down.
         if error.rdkafka_error_code() != Some(RDKafkaErrorCode::AllBrokersDown) {
             self.remember(reason);
@@ -563,5 +611,21 @@ mod tests {
         assert!(!classify("open", denied).is_transient());
         let down = KafkaError::MetadataFetch(RDKafkaErrorCode::BrokerTransportFailure);
         assert!(classify("open", down).is_transient());
+    }
+
+    #[test]
+    fn given_a_repeated_librdkafka_message_when_logged_should_be_quiet_for_a_while() {
+        let logging = Logging::new("repeat-test");
+        let refused = "Connect to ipv4#127.0.0.1:1 failed: Connection refused";
+        assert!(!logging.repeated(&format!(
+            "[thrd:127.0.0.1:1/bootstrap]: 127.0.0.1:1/bootstrap: {refused} (after 0ms in state CONNECT)"
+        )));
+        // The error callback's form of it, and the next attempt's.
+        assert!(logging.repeated(&format!(
+            "127.0.0.1:1/bootstrap: {refused} (after 1ms in state CONNECT, 1 identical error(s) suppressed)"
+        )));
+        assert!(!logging.repeated("1/1 brokers are down"));
+        assert!(logging.repeated("1/1 brokers are down"));
+        assert!(!logging.repeated("SASL authentication error: Authentication failed"));
     }
 }
