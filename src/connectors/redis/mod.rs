@@ -144,6 +144,21 @@ impl Connection {
     }
 }
 
+/// A connector's `ca_file`, `cert_file` and `key_file` (the check of the
+/// server's certificate cannot be turned off).
+pub fn tls_files(
+    ca_file: &Option<PathBuf>,
+    cert_file: &Option<PathBuf>,
+    key_file: &Option<PathBuf>,
+) -> TlsOptions {
+    TlsOptions {
+        ca_file: ca_file.clone(),
+        cert_file: cert_file.clone(),
+        key_file: key_file.clone(),
+        verify: true,
+    }
+}
+
 /// The TLS files as the redis client takes them, each checked here so a
 /// bad one is named by its field.
 fn certificates(
@@ -263,12 +278,7 @@ mod tests {
     }
 
     fn no_tls() -> TlsOptions {
-        TlsOptions {
-            ca_file: None,
-            cert_file: None,
-            key_file: None,
-            verify: true,
-        }
+        tls_files(&None, &None, &None)
     }
 
     #[test]

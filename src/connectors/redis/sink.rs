@@ -32,8 +32,7 @@ use secrecy::SecretString;
 use serde::Deserialize;
 use tracing::warn;
 
-use crate::connectors::kit::tls::TlsOptions;
-use crate::connectors::redis::{Class, Connection, classify};
+use crate::connectors::redis::{Class, Connection, classify, tls_files};
 use crate::connectors::{
     ConnectorError, PluginConfigError, Rejection, Sink, SinkEntry, SinkError, parse_plugin_config,
     schema_of,
@@ -102,17 +101,6 @@ pub struct RedisSinkConfig {
     pub timeout: Duration,
 }
 
-impl RedisSinkConfig {
-    fn tls(&self) -> TlsOptions {
-        TlsOptions {
-            ca_file: self.ca_file.clone(),
-            cert_file: self.cert_file.clone(),
-            key_file: self.key_file.clone(),
-            verify: true,
-        }
-    }
-}
-
 fn default_payload_field() -> String {
     "payload".into()
 }
@@ -152,7 +140,7 @@ impl RedisSink {
         }
         let connection = Connection::new(
             &config.url,
-            &config.tls(),
+            &tls_files(&config.ca_file, &config.cert_file, &config.key_file),
             config.connect_timeout,
             config.timeout,
         )?;

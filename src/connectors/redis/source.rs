@@ -45,8 +45,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::connectors::kit::tls::TlsOptions;
-use crate::connectors::redis::{Class, Connection, classify};
+use crate::connectors::redis::{Class, Connection, classify, tls_files};
 use crate::connectors::{
     ConnectorContext, ConnectorError, PluginConfigError, Source, SourceBatch, SourceEntry,
     decode_state, encode_state, parse_plugin_config, schema_of,
@@ -137,17 +136,6 @@ pub struct RedisSourceConfig {
     #[serde(default = "default_timeout", with = "crate::config::duration")]
     #[schemars(with = "crate::config::duration::Text")]
     pub timeout: Duration,
-}
-
-impl RedisSourceConfig {
-    fn tls(&self) -> TlsOptions {
-        TlsOptions {
-            ca_file: self.ca_file.clone(),
-            cert_file: self.cert_file.clone(),
-            key_file: self.key_file.clone(),
-            verify: true,
-        }
-    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
@@ -254,7 +242,7 @@ impl RedisSource {
         // A blocking read must not hit the response timeout.
         let connection = Connection::new(
             &config.url,
-            &config.tls(),
+            &tls_files(&config.ca_file, &config.cert_file, &config.key_file),
             config.connect_timeout,
             config.timeout + config.block,
         )?;
@@ -594,7 +582,11 @@ impl RedisSource {
     async fn subscribe(&mut self) -> Result<(), ConnectorError> {
         let connection = Connection::new(
             &self.config.url,
-            &self.config.tls(),
+            &tls_files(
+                &self.config.ca_file,
+                &self.config.cert_file,
+                &self.config.key_file,
+            ),
             self.config.connect_timeout,
             self.config.timeout,
         )
