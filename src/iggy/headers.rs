@@ -9,7 +9,7 @@ use iggy::prelude::{
     MAX_USER_HEADERS_SIZE,
 };
 
-use crate::message::{HeaderValue, Headers};
+use crate::message::{HeaderName, HeaderValue, Headers};
 
 /// Our headers as Iggy's map; `None` when there are none.
 pub fn to_iggy(headers: &Headers) -> Result<Option<BTreeMap<HeaderKey, IggyHeaderValue>>, String> {
@@ -154,7 +154,12 @@ pub fn from_iggy(message: &IggyMessage) -> Headers {
         }
     };
     map.into_iter()
-        .map(|(key, value)| (key.to_string_value().into(), convert_value(&value)))
+        .map(|(key, value)| {
+            let name = key
+                .as_str()
+                .map_or_else(|_| key.to_string_value().into(), HeaderName::from);
+            (name, convert_value(&value))
+        })
         .collect()
 }
 
