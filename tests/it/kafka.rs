@@ -18,6 +18,7 @@ use crate::support;
 use crate::support::binary::Workspace;
 use crate::support::harness::{connector, iggy_client, produce_ns, runtime};
 use crate::support::iggy_server::{IggyTestServer, StoredMessage};
+use crate::support::json::with;
 use crate::support::kafka::{
     BrokerSetup, KafkaBroker, Record, SESSION_TIMEOUT_MS, SaslFront, TlsFront, committed,
     create_topic, produce, read_all, read_until_idle_within, unique,
@@ -861,16 +862,6 @@ async fn many_records_from_iggy_land_once_in_a_clean_run_and_without_gap_across_
 
 // --------------------------------------------------------------- TLS, SASL
 
-/// `base` with the fields of `extra` added.
-fn with(base: &Value, extra: Value) -> Value {
-    let mut config = base.clone();
-    let (Some(config_fields), Value::Object(extra)) = (config.as_object_mut(), extra) else {
-        unreachable!("both are objects")
-    };
-    config_fields.extend(extra);
-    config
-}
-
 /// Kafka -> Iggy and Iggy -> Kafka at once through the broker at
 /// `bootstrap`, 100 records each way, with `source_fields` and
 /// `sink_fields` (TOML lines) in the connectors' `plugin_config`; returns
@@ -935,13 +926,7 @@ async fn open_errors(
 async fn refused(bootstrap: &str, fields: &Value, field: &str) -> Vec<String> {
     let mut texts = Vec::new();
     for error in open_errors(bootstrap, fields).await {
-        assert!(!error.is_transient(), "{fields}: {error}");
-        let text = error.to_string();
-        assert!(
-            text.starts_with(&format!("plugin_config.{field}:")),
-            "{fields}: {text}"
-        );
-        texts.push(text);
+        texts.push(support::pki::assert_refused(&error, field));
     }
     texts
 }

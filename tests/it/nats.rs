@@ -17,6 +17,7 @@ use crate::support;
 use crate::support::binary::Workspace;
 use crate::support::harness::{connector, iggy_client, produce_ns, runtime};
 use crate::support::iggy_server::{IggyTestServer, StoredMessage};
+use crate::support::json::with;
 use crate::support::nats_server::{NatsServer, create_stream, stream_messages};
 use crate::support::wait::{eventually, wait_for};
 
@@ -311,21 +312,8 @@ async fn over_tls_both_ways_deliver_and_a_wrong_ca_fails_open_for_good_naming_th
         .await
         .expect_err("the source opened");
     for error in [sink_error, source_error] {
-        assert!(!error.is_transient(), "{error}");
-        assert!(
-            error.to_string().contains("plugin_config.tls_ca_file"),
-            "{error}"
-        );
+        support::pki::assert_refused(&error, "tls_ca_file");
     }
-}
-
-/// `base` with the fields of `extra` added.
-fn with(base: &Value, extra: Value) -> Value {
-    let mut config = base.clone();
-    if let (Some(fields), Value::Object(extra)) = (config.as_object_mut(), extra) {
-        fields.extend(extra);
-    }
-    config
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

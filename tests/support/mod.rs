@@ -20,6 +20,7 @@ pub mod iceberg_rest;
 pub mod iggy_server;
 pub mod influxdb;
 pub mod influxdb_http;
+pub mod json;
 pub mod kafka;
 pub mod mariadb;
 pub mod meilisearch;

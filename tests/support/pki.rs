@@ -89,3 +89,16 @@ fn leaf(
     let certificate = params.signed_by(&key, issuer).unwrap();
     (certificate.pem(), key.serialize_pem())
 }
+
+/// Asserts that `error` (a connector's failed `open`) is for good and names
+/// `plugin_config.FIELD` first: what a refused certificate or login must
+/// give. Its text.
+pub fn assert_refused(error: &iggy_connect::connectors::ConnectorError, field: &str) -> String {
+    assert!(!error.is_transient(), "{field}: {error}");
+    let text = error.to_string();
+    assert!(
+        text.starts_with(&format!("plugin_config.{field}:")),
+        "{field}: {text}"
+    );
+    text
+}
