@@ -142,6 +142,32 @@ impl TlsOptions {
     }
 }
 
+/// Whether a client crate's error text is rustls refusing the server's
+/// certificate (for a crate that takes no verifier of ours).
+pub fn refused_their_certificate(error: &str) -> bool {
+    error.contains("invalid peer certificate")
+}
+
+/// Whether a client crate's error text is the server's TLS alert about our
+/// certificate (missing, unknown, refused).
+pub fn refused_our_certificate(error: &str) -> bool {
+    let Some(alert) = error.split("received fatal alert: ").nth(1) else {
+        return false;
+    };
+    [
+        "BadCertificate",
+        "UnsupportedCertificate",
+        "CertificateRevoked",
+        "CertificateExpired",
+        "CertificateUnknown",
+        "UnknownCA",
+        "AccessDenied",
+        "CertificateRequired",
+    ]
+    .iter()
+    .any(|name| alert.starts_with(name))
+}
+
 impl TlsClient {
     /// What a failed connect means when the TLS handshake is to blame: the
     /// server's certificate refused here (naming `ca_file`, or `name_field`
@@ -158,20 +184,7 @@ impl TlsClient {
                 self.describe(name_field, server, &refused),
             ));
         }
-        let alert = error.split("received fatal alert: ").nth(1)?;
-        let certificate_alert = [
-            "BadCertificate",
-            "UnsupportedCertificate",
-            "CertificateRevoked",
-            "CertificateExpired",
-            "CertificateUnknown",
-            "UnknownCA",
-            "AccessDenied",
-            "CertificateRequired",
-        ]
-        .iter()
-        .any(|name| alert.starts_with(name));
-        certificate_alert.then(|| {
+        refused_our_certificate(error).then(|| {
             ConnectorError::fatal(format!(
                 "plugin_config.cert_file: {server} refused the TLS handshake ({error}); it wants \
                  a client certificate (cert_file and key_file) signed by a CA it trusts"

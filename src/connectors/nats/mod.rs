@@ -154,7 +154,11 @@ impl NatsConnection {
                 )),
                 // A certificate rustls refused comes back as an I/O error;
                 // retrying cannot change it.
-                ConnectErrorKind::Io if error.to_string().contains("invalid peer certificate") => {
+                ConnectErrorKind::Io
+                    if crate::connectors::kit::tls::refused_their_certificate(
+                        &error.to_string(),
+                    ) =>
+                {
                     ConnectorError::fatal(format!(
                         "plugin_config.tls_ca_file: nats server {}: {error}; set tls_ca_file to \
                          the CA that signed the server's certificate",

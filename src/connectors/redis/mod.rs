@@ -18,7 +18,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use secrecy::{ExposeSecret, SecretString};
 
-use crate::connectors::kit::tls::TlsOptions;
+use crate::connectors::kit::tls::{self, TlsOptions};
 use crate::connectors::{ConnectorError, PluginConfigError};
 
 /// A connection to one Redis server, opened on first use and again after a
@@ -74,7 +74,7 @@ impl Connection {
     /// rustls's refusals reach us as the text of an I/O error.
     pub fn tls_refusal(&self, error: &RedisError) -> Option<ConnectorError> {
         let text = error.to_string();
-        if text.contains("invalid peer certificate") {
+        if tls::refused_their_certificate(&text) {
             let trusted = match &self.ca_file {
                 Some(path) => format!("the CA in {}", path.display()),
                 None => "the system's CAs".to_owned(),
@@ -84,20 +84,11 @@ impl Connection {
                  {trusted} ({text}); set ca_file to the CA that signed it"
             )));
         }
-        let alert = text.split("received fatal alert: ").nth(1)?;
-        [
-            "CertificateRequired",
-            "BadCertificate",
-            "UnknownCA",
-            "AccessDenied",
-        ]
-        .iter()
-        .any(|name| alert.starts_with(name))
-        .then(|| {
+        tls::refused_our_certificate(&text).then(|| {
             ConnectorError::fatal(format!(
                 "plugin_config.cert_file: the redis server refused the TLS handshake \
-                     ({text}); it wants a client certificate (cert_file and key_file) signed \
-                     by a CA it trusts"
+                 ({text}); it wants a client certificate (cert_file and key_file) signed \
+                 by a CA it trusts"
             ))
         })
     }
