@@ -101,7 +101,8 @@ pub enum Command {
     /// encode, with no Iggy server and no backend. Exits 1 when a test
     /// fails, 2 when a file or a test cannot be read.
     Test {
-        /// Connector files (or their `NAME.test.toml`).
+        /// Connector files (or their `NAME.test.toml`), or directories: every
+        /// connector file with tests under them.
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },

@@ -17,7 +17,9 @@ use std::time::UNIX_EPOCH;
 use toml::{Table, Value};
 
 use crate::config::env::EnvVars;
-use crate::config::{ConfigIssue, ConfigIssues, ConnectorConfig, parse_connector_file};
+use crate::config::{
+    ConfigIssue, ConfigIssues, ConnectorConfig, is_connector_file, parse_connector_file,
+};
 use crate::connectors::ConnectorKind;
 
 pub const ACTIVE_VERSIONS_FILE: &str = ".active_versions.toml";
@@ -400,13 +402,6 @@ fn check_key(key: &str) -> Result<(), ProviderError> {
             "invalid key \"{key}\": expected letters, digits, '_' or '-'"
         )))
     }
-}
-
-fn is_connector_file(path: &Path) -> bool {
-    let Some(name) = path.file_name().and_then(|name| name.to_str()) else {
-        return false;
-    };
-    name.ends_with(".toml") && !name.starts_with('.') && name != "Cargo.toml" && path.is_file()
 }
 
 fn created_at(path: &Path) -> u64 {

@@ -39,6 +39,7 @@ use super::EXIT_CONFIG;
 use crate::codec::Schema;
 use crate::config::connector::{parse_connector_file, toml_to_json};
 use crate::config::env::EnvVars;
+use crate::config::is_connector_file;
 use crate::config::{ConnectorConfig, KindConfig};
 use crate::message::{HeaderValue, Headers, Payload, TopicRef};
 use crate::transforms::{MessageMeta, Side, TransformChain, Verdict};
@@ -122,10 +123,17 @@ struct Harness {
     transforms: TransformChain,
 }
 
-pub fn test(files: &[PathBuf]) -> ExitCode {
+pub fn test(paths: &[PathBuf]) -> ExitCode {
     let vars = EnvVars::from_process();
+    let files = match connector_files(paths) {
+        Ok(files) => files,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
     let (mut passed, mut failed) = (0, 0);
-    for file in files {
+    for file in &files {
         match load(file, &vars) {
             Ok((harness, tests)) => {
                 println!("\nrunning {} test(s) from {}", tests.len(), file.display());
@@ -156,12 +164,85 @@ pub fn test(files: &[PathBuf]) -> ExitCode {
     }
 }
 
+/// The connector files `paths` name, each once, in the order given: a file,
+/// the connector file of a `NAME.test.toml`, or every connector file with
+/// tests under a directory (as `rpk connect test ./dir/...` walks one), so a
+/// shell glob over a file and its tests runs them once.
+fn connector_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
+    let mut files = Vec::new();
+    for path in paths {
+        let found = if path.is_dir() {
+            let found = tested_files_under(path)?;
+            if found.is_empty() {
+                return Err(format!(
+                    "{}: no connector file with tests in this directory",
+                    path.display()
+                ));
+            }
+            found
+        } else {
+            vec![connector_file_of(path)]
+        };
+        for file in found {
+            if !files.contains(&file) {
+                files.push(file);
+            }
+        }
+    }
+    Ok(files)
+}
+
+/// The connector files under `dir`, sorted, that have `[[tests]]` or a
+/// `NAME.test.toml` beside them; a tests file without its connector file is
+/// an error, since its tests would silently never run.
+fn tested_files_under(dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|error| format!("cannot read {}: {error}", dir.display()))?
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .collect();
+    entries.sort();
+    let mut files = Vec::new();
+    for path in entries {
+        let hidden = path
+            .file_name()
+            .and_then(|name| name.to_str())
+            .is_none_or(|name| name.starts_with('.'));
+        if hidden {
+            continue;
+        }
+        if path.is_dir() {
+            files.extend(tested_files_under(&path)?);
+        } else if is_connector_file(&path) {
+            let text = std::fs::read_to_string(&path)
+                .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
+            let inline = toml::from_str::<toml::Table>(&text)
+                .map_err(|error| format!("{}: not valid TOML: {error}", path.display()))?
+                .contains_key("tests");
+            if inline || tests_file_of(&path).is_file() {
+                files.push(path);
+            }
+        } else if path
+            .to_str()
+            .is_some_and(|name| name.ends_with(".test.toml"))
+        {
+            let file = connector_file_of(&path);
+            if !file.is_file() {
+                return Err(format!(
+                    "{}: no connector file {} beside it",
+                    path.display(),
+                    file.display()
+                ));
+            }
+        }
+    }
+    Ok(files)
+}
+
 /// The connector file's pipeline and its tests (in the file, then beside it).
 fn load(file: &Path, vars: &EnvVars) -> Result<(Harness, Vec<TestCase>), String> {
-    let file = connector_file_of(file);
-    let text = std::fs::read_to_string(&file)
+    let text = std::fs::read_to_string(file)
         .map_err(|error| format!("cannot read {}: {error}", file.display()))?;
-    let (config, _warnings) = parse_connector_file(&file, &text, vars).map_err(|issues| {
+    let (config, _warnings) = parse_connector_file(file, &text, vars).map_err(|issues| {
         issues
             .0
             .iter()
@@ -170,8 +251,8 @@ fn load(file: &Path, vars: &EnvVars) -> Result<(Harness, Vec<TestCase>), String>
             .join("\n")
     })?;
     let harness = Harness::new(&config)?;
-    let mut tests = read_tests(&file, &text)?;
-    let beside = tests_file_of(&file);
+    let mut tests = read_tests(file, &text)?;
+    let beside = tests_file_of(file);
     if beside.exists() {
         let text = std::fs::read_to_string(&beside)
             .map_err(|error| format!("cannot read {}: {error}", beside.display()))?;

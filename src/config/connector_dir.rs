@@ -14,8 +14,7 @@ use crate::config::env::EnvVars;
 use crate::config::reader::describe;
 use crate::connectors::ConnectorKind;
 
-/// Reads every connector file of `dir` (`*.toml`, not hidden, not `Cargo.toml`)
-/// and picks the active version of each key (`.active_versions.toml`, else the
+/// Reads every connector file of `dir` (see [`is_connector_file`]) and picks the active version of each key (`.active_versions.toml`, else the
 /// highest). Returns the chosen configs and every issue found.
 pub fn load_connector_dir(dir: &Path, vars: &EnvVars) -> (Vec<ConnectorConfig>, Vec<ConfigIssue>) {
     let mut issues = Vec::new();
@@ -101,11 +100,18 @@ pub fn load_connector_dir(dir: &Path, vars: &EnvVars) -> (Vec<ConnectorConfig>, 
 
 const ACTIVE_VERSIONS_FILE: &str = ".active_versions.toml";
 
-fn is_connector_file(path: &Path) -> bool {
+/// A connector file of a connector directory: `*.toml`, not hidden, not
+/// `Cargo.toml`, and not the tests of one (`NAME.test.toml`, which
+/// `iggy-connect test` reads beside `NAME.toml`).
+pub fn is_connector_file(path: &Path) -> bool {
     let Some(name) = path.file_name().and_then(|name| name.to_str()) else {
         return false;
     };
-    path.is_file() && name.ends_with(".toml") && !name.starts_with('.') && name != "Cargo.toml"
+    name.ends_with(".toml")
+        && !name.ends_with(".test.toml")
+        && !name.starts_with('.')
+        && name != "Cargo.toml"
+        && path.is_file()
 }
 
 fn read_active_versions(

@@ -19,7 +19,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 pub use connector::{ConnectorConfig, DeadLetterTarget, KindConfig, OnError, parse_connector_file};
-pub use connector_dir::load_connector_dir;
+pub use connector_dir::{is_connector_file, load_connector_dir};
 pub use runtime::RuntimeConfig;
 pub use streams::{SinkStream, SourceStream};
 

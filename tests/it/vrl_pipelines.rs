@@ -152,6 +152,85 @@ fn a_program_that_does_not_compile_is_a_config_error_with_vrls_diagnostic_in_tes
 }
 
 #[test]
+fn test_command_runs_a_files_tests_once_however_often_a_glob_or_a_directory_names_it() {
+    let output = iggy_connect(&[
+        "test",
+        EXAMPLE,
+        "examples/remap/users.test.toml",
+        "examples",
+    ]);
+    let stdout = text(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{stdout}{}",
+        text(&output.stderr)
+    );
+    assert_eq!(
+        stdout.matches("running 4 test(s) from").count(),
+        1,
+        "{stdout}"
+    );
+    assert_eq!(
+        stdout.lines().last(),
+        Some("4 passed, 0 failed"),
+        "{stdout}"
+    );
+
+    // A directory without tests, or tests without their connector file, is
+    // an error, not a pass that ran nothing.
+    let empty = iggy_connect(&["test", "examples/connectors"]);
+    assert_eq!(empty.status.code(), Some(2));
+    assert!(
+        text(&empty.stderr).contains("examples/connectors: no connector file with tests"),
+        "{}",
+        text(&empty.stderr)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("orphan.test.toml"), "[[tests]]\n").unwrap();
+    let orphan = iggy_connect(&["test", dir.path().to_str().unwrap()]);
+    assert_eq!(orphan.status.code(), Some(2));
+    assert!(
+        text(&orphan.stderr).contains("orphan.test.toml: no connector file"),
+        "{}",
+        text(&orphan.stderr)
+    );
+}
+
+#[test]
+fn validate_leaves_out_a_files_tests_beside_it_in_the_connectors_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let connectors = dir.path().join("connectors");
+    std::fs::create_dir(&connectors).unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for name in ["users.toml", "users.test.toml"] {
+        std::fs::copy(
+            root.join("examples/remap").join(name),
+            connectors.join(name),
+        )
+        .unwrap();
+    }
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[iggy]\naddress = \"localhost:8090\"\n[connectors]\nconfig_type = \"local\"\nconfig_dir = \"{}\"\n",
+            connectors.display()
+        ),
+    )
+    .unwrap();
+    let validated = iggy_connect(&["validate", "--config", config.to_str().unwrap()]);
+    let stdout = text(&validated.stdout);
+    assert_eq!(
+        validated.status.code(),
+        Some(0),
+        "{stdout}{}",
+        text(&validated.stderr)
+    );
+    assert!(stdout.contains("config OK: 1 connector(s)"), "{stdout}");
+}
+
+#[test]
 fn pipe_runs_the_example_file_through_its_filter_and_remap() {
     let output = iggy_connect(&[
         "pipe",
