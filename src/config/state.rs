@@ -169,13 +169,13 @@ impl StateConfig {
     /// the field (`state.server.timeout`) and what is wrong with it.
     pub fn settings<T: DeserializeOwned>(&self) -> Result<T, SettingsError> {
         serde_path_to_error::deserialize(self.settings.clone()).map_err(|error| {
-            let path = error.path().to_string();
+            let (field, message) = super::serde_field(error);
             SettingsError {
-                field: match path.as_str() {
-                    "." | "" => "state".to_owned(),
-                    path => format!("state.{path}"),
+                field: match field.as_str() {
+                    "" => "state".to_owned(),
+                    field => format!("state.{field}"),
                 },
-                message: error.into_inner().to_string(),
+                message,
             }
         })
     }

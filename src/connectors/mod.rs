@@ -577,14 +577,8 @@ pub fn parse_plugin_config<T: DeserializeOwned>(
     let mut found = Vec::new();
     loop {
         let taken_out = remove_at(&mut rest, error.path());
-        let field = match error.path().to_string() {
-            path if path == "." => String::new(),
-            path => path,
-        };
-        found.push(PluginConfigError::new(
-            field,
-            error.into_inner().to_string(),
-        ));
+        let (field, message) = crate::config::serde_field(error);
+        found.push(PluginConfigError::new(field, message));
         if !taken_out || found.len() == 20 {
             break;
         }

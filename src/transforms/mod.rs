@@ -391,20 +391,7 @@ fn boxed<T: Transform + 'static>(transform: T) -> Box<dyn Transform> {
 /// the field that does not fit.
 fn parse<T: DeserializeOwned>(settings: &serde_json::Value) -> Result<T, FieldError> {
     serde_path_to_error::deserialize(settings).map_err(|error| {
-        let path = error.path().to_string();
-        let message = error.into_inner().to_string();
-        // serde names a missing field in its message only; the path stops at
-        // the table that lacks it, so add the field to the path.
-        let missing = message
-            .strip_prefix("missing field `")
-            .and_then(|rest| rest.split_once('`'))
-            .map(|(field, _)| field.to_owned());
-        let field = match (path.as_str(), missing) {
-            (".", Some(field)) => field,
-            (".", None) => String::new(),
-            (path, Some(field)) => format!("{path}.{field}"),
-            (path, None) => path.to_owned(),
-        };
+        let (field, message) = crate::config::serde_field(error);
         FieldError { field, message }
     })
 }

@@ -176,7 +176,8 @@ fn example(dir: &Path, info: &ConnectorInfo) -> String {
 const RUNTIME_CONFIG: &str = "[iggy]\naddress = \"127.0.0.1:8090\"\nusername = \"iggy\"\npassword = \"iggy\"\n[state]\npath = \"state\"\n[connectors]\nconfig_type = \"local\"\nconfig_dir = \"connectors\"\n";
 
 #[test]
-fn describe_example_is_a_connector_file_validate_accepts_unchanged() {
+fn describe_example_is_a_connector_file_validate_accepts_unchanged_and_without_a_required_field_names_it()
+ {
     for info in Registry::all() {
         let dir = tempfile::tempdir().unwrap();
         let file = example(dir.path(), &info);
@@ -191,6 +192,41 @@ fn describe_example_is_a_connector_file_validate_accepts_unchanged() {
             info.name,
             String::from_utf8_lossy(&output.stderr)
         );
+
+        let parsed: toml::Table = toml::from_str(&file).unwrap();
+        // Top-level fields: `describe` also lists nested ones (`endpoints[].path`).
+        let required = describe::fields(&info)
+            .into_iter()
+            .filter(|field| field.required && !field.name.contains(['.', '[']));
+        for field in required {
+            let mut without = parsed.clone();
+            without["plugin_config"]
+                .as_table_mut()
+                .unwrap()
+                .remove(&field.name);
+            std::fs::write(
+                dir.path().join("connectors/example.toml"),
+                toml::to_string(&without).unwrap(),
+            )
+            .unwrap();
+            let output = iggy_connect(dir.path(), &["validate", "--config", "config.toml"]);
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert_eq!(
+                output.status.code(),
+                Some(2),
+                "{} {}: without `{}` validate passes:\n{stderr}",
+                info.kind,
+                info.name,
+                field.name
+            );
+            assert!(
+                stderr.contains(&format!("field `plugin_config.{}`", field.name)),
+                "{} {}: without `{}`:\n{stderr}",
+                info.kind,
+                info.name,
+                field.name
+            );
+        }
     }
 }
 

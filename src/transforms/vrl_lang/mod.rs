@@ -91,7 +91,7 @@ impl ProgramText {
             )),
             (None, None) => Err(FieldError::new(
                 "source",
-                "missing field `source` (a VRL program; or `file` naming a .vrl file)",
+                "missing required field, expected a VRL program (or `file` naming a .vrl file)",
             )),
         }
     }
