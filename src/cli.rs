@@ -32,6 +32,10 @@ use crate::telemetry::Telemetry;
 /// Exit code for configuration errors.
 const EXIT_CONFIG: u8 = 2;
 
+/// Exit code of a `pipe` interrupted with records undelivered, and of a `run`
+/// stopped at once by a second signal (128 + SIGINT).
+const EXIT_INTERRUPTED: u8 = 130;
+
 /// How long the exit waits for blocking tasks a command left running.
 const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -517,11 +521,22 @@ async fn run_logged(
         false => None,
     };
     reload_until_stopped(&runtime, &source, watch, signals).await;
-    tracing::info!("shutting down");
-    if let Some(server) = server {
-        server.shutdown().await;
+    tracing::info!("shutting down; a second Ctrl-C or SIGTERM stops at once");
+    let graceful = signals
+        .unless_stopped(async {
+            if let Some(server) = server {
+                server.shutdown().await;
+            }
+            runtime.shutdown().await;
+        })
+        .await;
+    if graceful.is_none() {
+        tracing::warn!(
+            "second stop signal: stopping at once; the batches in flight are not committed \
+             and will be delivered again"
+        );
+        return Ok(ExitCode::from(EXIT_INTERRUPTED));
     }
-    runtime.shutdown().await;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -738,6 +753,15 @@ impl Signals {
             _ = self.interrupt.recv() => Received::Stop,
             _ = self.terminate.recv() => Received::Stop,
             _ = hangup => Received::Reload,
+        }
+    }
+
+    /// `work`, unless SIGINT or SIGTERM arrives first: `None` then. A graceful
+    /// shutdown runs through this, so a second Ctrl-C need not wait for it.
+    pub async fn unless_stopped<T>(&mut self, work: impl Future<Output = T>) -> Option<T> {
+        tokio::select! {
+            done = work => Some(done),
+            () = self.recv() => None,
         }
     }
 

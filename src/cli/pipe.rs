@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use super::{EXIT_CONFIG, Signals};
+use super::{EXIT_CONFIG, EXIT_INTERRUPTED, Signals};
 use crate::codec::Schema;
 use crate::config::connector::{
     DEFAULT_BATCH_LENGTH, DEFAULT_LINGER_TIME, DEFAULT_POLL_INTERVAL, parse_connector_file,
@@ -28,8 +28,6 @@ use crate::engine::{Runtime, Status};
 use crate::iggy::MemoryBus;
 use crate::state::MemoryStateStore;
 
-/// Exit code of an interrupted `pipe` that left records undelivered (128 + SIGINT).
-const EXIT_INTERRUPTED: u8 = 130;
 /// Uncommitted messages the in-memory topic holds before the source waits.
 const TOPIC_CAPACITY: usize = 20_000;
 
@@ -205,9 +203,20 @@ pub async fn pipe(args: PipeArgs) -> anyhow::Result<ExitCode> {
     }
     progress.abort();
     if interrupted {
-        out.line("INFO", "pipe: interrupted, stopping", serde_json::json!({}));
+        out.line(
+            "INFO",
+            "pipe: interrupted, stopping (Ctrl-C again stops at once)",
+            serde_json::json!({}),
+        );
     }
-    runtime.shutdown().await;
+    if signals.unless_stopped(runtime.shutdown()).await.is_none() {
+        interrupted = true;
+        out.line(
+            "WARN",
+            "pipe: interrupted again, stopping at once",
+            serde_json::json!({}),
+        );
+    }
 
     let undelivered: u64 = plan
         .reads

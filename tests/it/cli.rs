@@ -382,6 +382,66 @@ fn an_interrupted_pipe_with_records_in_flight_exits_130_and_counts_them() {
     );
 }
 
+#[test]
+fn a_second_interrupt_stops_a_pipe_at_once_instead_of_waiting_for_its_sink() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_iggy-connect"))
+        .args([
+            "pipe",
+            "--source",
+            "random",
+            "--sink",
+            "stdout",
+            "--set",
+            "source.interval=0ms",
+            "--progress-interval",
+            "100ms",
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (lines, errors) = std::sync::mpsc::channel();
+    let stderr_reader = {
+        let stream = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                let _ = lines.send(line);
+            }
+        })
+    };
+    // Nothing reads stdout until the end: the sink stays blocked on the full
+    // pipe, so the graceful shutdown the first SIGINT starts cannot finish
+    // by itself before its grace period.
+    let mut report = Vec::new();
+    let mut wait_for = |wanted: &dyn Fn(&str) -> bool| loop {
+        let line = errors
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("no such line: {report:?}"));
+        let found = wanted(&line);
+        report.push(line);
+        if found {
+            break;
+        }
+    };
+    wait_for(&|line| progress_counts(line).is_some_and(|(read, delivered)| read > delivered));
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    wait_for(&|line| line.starts_with("pipe: interrupted, stopping"));
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    wait_for(&|line| line == "pipe: interrupted again, stopping at once");
+    let stdout = lines_of(child.stdout.take().unwrap());
+    let status = child.wait().unwrap();
+    stdout.join().unwrap();
+    stderr_reader.join().unwrap();
+    report.extend(errors.try_iter());
+    let report = report.join("\n");
+    assert_eq!(status.code(), Some(130), "{report}");
+    assert!(
+        report.contains("records read from the source were not delivered"),
+        "{report}"
+    );
+}
+
 /// The records read and delivered of a `pipe` progress line.
 fn progress_counts(line: &str) -> Option<(u64, u64)> {
     let (read, rest) = line.strip_prefix("pipe: ")?.split_once(" records read, ")?;

@@ -96,6 +96,36 @@ fn run_moves_records_from_an_upstream_source_file_through_iggy_to_an_upstream_si
 }
 
 #[test]
+fn a_second_sigterm_stops_a_run_at_once_instead_of_waiting_for_its_grace_period() {
+    let server = IggyTestServer::start();
+    // Every send refused: the source's batch stays in flight, so the graceful
+    // shutdown would wait out its minute.
+    server.faults().refuse_sends_until_cleared();
+    let workspace = Workspace::new(
+        &server.address().to_string(),
+        "[engine]\nshutdown_timeout = \"60s\"\n",
+    );
+    workspace.add_connector("random_source.toml", RANDOM_SOURCE);
+    let running = workspace.run();
+    wait_until("a send refused", LONG, || {
+        workspace.stderr().contains("retrying")
+    });
+    running.terminate();
+    wait_until("the graceful shutdown", LONG, || {
+        workspace.stderr().contains("shutting down")
+    });
+    running.terminate();
+    let status = running.wait_exit(LONG);
+    let log = workspace.stderr();
+    assert_eq!(status.code(), Some(130), "{log}");
+    assert!(
+        log.contains("second stop signal: stopping at once"),
+        "{log}"
+    );
+    assert_eq!(server.message_count("example_stream", "example_topic"), 0);
+}
+
+#[test]
 fn run_refuses_a_config_with_errors_naming_file_and_field() {
     let server = IggyTestServer::start();
     let workspace = Workspace::new(&server.address().to_string(), "");
