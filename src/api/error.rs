@@ -42,6 +42,10 @@ pub enum ApiError {
     InvalidBody { status: StatusCode, reason: String },
     #[error("no endpoint {method} {path}")]
     NoEndpoint { method: String, path: String },
+    /// A known path asked with a method it does not take (the answer's
+    /// `Allow` header lists those it takes).
+    #[error("{path} does not take {method} (see the Allow header)")]
+    MethodNotAllowed { method: String, path: String },
     /// Upstream answers a config it cannot render in the asked format with 400
     /// and code `error`.
     #[error("cannot convert the configuration: {0}")]
@@ -92,6 +96,9 @@ impl ApiError {
             ApiError::Running { .. } => (StatusCode::CONFLICT, "connector_running".into()),
             ApiError::InvalidBody { status, .. } => (*status, "invalid_body".into()),
             ApiError::NoEndpoint { .. } => (StatusCode::NOT_FOUND, "not_found".into()),
+            ApiError::MethodNotAllowed { .. } => {
+                (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed".into())
+            }
             ApiError::CannotConvert(_) => (StatusCode::BAD_REQUEST, "error".into()),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "error".into()),
             ApiError::TapDisabled => (StatusCode::FORBIDDEN, "tap_disabled".into()),

@@ -127,6 +127,7 @@ pub fn router(config: &HttpConfig, state: Arc<ApiState>) -> Result<Router, ApiSe
         ));
     let routes = ui::route(routes, config.ui)
         .fallback(no_endpoint)
+        .layer(axum::middleware::from_fn(method_not_allowed))
         .with_state(state);
     match server::cors_layer(&config.cors)? {
         Some(cors) => Ok(routes.layer(cors)),
@@ -164,6 +165,25 @@ async fn no_endpoint(method: axum::http::Method, uri: axum::http::Uri) -> ApiErr
         method: method.to_string(),
         path: uri.path().to_owned(),
     }
+}
+
+/// axum answers a known path asked with another method 405 with an empty
+/// body (its `Allow` header is added outside this layer): this gives it the
+/// JSON error every other answer has.
+async fn method_not_allowed(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let (method, path) = (
+        request.method().to_string(),
+        request.uri().path().to_owned(),
+    );
+    let response = next.run(request).await;
+    if response.status() != axum::http::StatusCode::METHOD_NOT_ALLOWED {
+        return response;
+    }
+    ApiError::MethodNotAllowed { method, path }.into_response()
 }
 
 async fn root() -> &'static str {

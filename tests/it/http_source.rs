@@ -417,7 +417,7 @@ async fn a_request_without_the_endpoints_token_gets_401_and_produces_nothing() {
 }
 
 #[tokio::test]
-async fn malformed_bodies_get_400_naming_the_problem() {
+async fn malformed_bodies_get_400_naming_the_problem_and_a_wrong_method_a_json_405() {
     let harness = Harness::start("malformed", json!({}), 1).await;
     let json_error = harness
         .post("/messages")
@@ -447,6 +447,13 @@ async fn malformed_bodies_get_400_naming_the_problem() {
         body["message"].as_str().unwrap().contains("line 2"),
         "{body}"
     );
+    let wrong_method = reqwest::get(format!("{}/messages", harness.base))
+        .await
+        .unwrap();
+    assert_eq!(wrong_method.status(), 405);
+    assert_eq!(wrong_method.headers()["allow"], "POST");
+    let body: Value = wrong_method.json().await.unwrap();
+    assert_eq!(body["error"], "method_not_allowed", "{body}");
     assert!(
         harness.messages(0).is_empty(),
         "nothing of a bad request is produced"

@@ -274,7 +274,8 @@ async fn the_api_key_is_required_everywhere_but_root_and_health() {
 }
 
 #[tokio::test]
-async fn unknown_paths_are_a_json_404_with_or_without_a_key_while_known_ones_need_it() {
+async fn unknown_paths_are_a_json_404_and_wrong_methods_a_json_405_with_or_without_a_key_while_known_ones_need_it()
+ {
     let http = HttpConfig {
         api_key: "letmein".to_owned().into(),
         ..HttpConfig::default()
@@ -294,6 +295,21 @@ async fn unknown_paths_are_a_json_404_with_or_without_a_key_while_known_ones_nee
     harness.api_key = None;
     let (status, _) = harness.get("/sources/anything").await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
+
+    // A known path asked with a method it does not take: JSON too, with Allow.
+    let response = harness
+        .request(reqwest::Method::DELETE, "/health")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(response.headers()["allow"], "GET,HEAD");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["code"], "method_not_allowed", "{body}");
+    assert_eq!(
+        body["reason"], "/health does not take DELETE (see the Allow header)",
+        "{body}"
+    );
 }
 
 /// A random source that stops by itself after `max_count` records.

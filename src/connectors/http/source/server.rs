@@ -110,6 +110,23 @@ pub fn router(shared: Arc<Shared>) -> Router {
                 "no endpoint at this path",
             )
         })
+        .layer(axum::middleware::from_fn(method_not_allowed))
+}
+
+/// axum's 405 for a known path asked with another method has an empty body
+/// (its `Allow` header is added outside this layer): give it the JSON error
+/// every other answer has.
+async fn method_not_allowed(request: Request, next: axum::middleware::Next) -> Response {
+    let (method, path) = (request.method().clone(), request.uri().path().to_owned());
+    let response = next.run(request).await;
+    if response.status() != StatusCode::METHOD_NOT_ALLOWED {
+        return response;
+    }
+    error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        &format!("{path} does not take {method} (see the Allow header)"),
+    )
 }
 
 async fn ingest(shared: &Shared, endpoint_index: usize, request: Request) -> Response {
