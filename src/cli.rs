@@ -10,6 +10,7 @@ use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod admin;
+mod control;
 mod dlq;
 mod pipe;
 pub mod process;

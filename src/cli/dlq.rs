@@ -8,6 +8,7 @@ use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use serde_json::{Map, Value, json};
 
+use super::control::{Control, ControlArgs};
 use crate::cli::tap::refusal;
 use crate::connectors::ConnectorKind;
 
@@ -32,16 +33,8 @@ pub struct Target {
     /// The dead-letter topic's partition.
     #[arg(long, default_value_t = 0)]
     partition: u32,
-    /// The control API's URL.
-    #[arg(
-        long,
-        env = "IGGY_CONNECT_URL",
-        default_value = "http://127.0.0.1:8081"
-    )]
-    url: String,
-    /// The API key (`[http] api_key`).
-    #[arg(long, env = "IGGY_CONNECTORS_HTTP_API_KEY", hide_env_values = true)]
-    api_key: Option<String>,
+    #[command(flatten)]
+    control: ControlArgs,
 }
 
 #[derive(Debug, Args)]
@@ -108,11 +101,15 @@ pub async fn dlq(command: DlqCommand) -> anyhow::Result<ExitCode> {
 }
 
 async fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
+    let control = match args.connector.control.clone().resolve() {
+        Ok(control) => control,
+        Err(code) => return Ok(code),
+    };
     let query = format!(
         "/dlq?from={}&limit={}&partition={}&max_bytes={}",
         args.from, args.limit, args.connector.partition, args.max_bytes
     );
-    let answer = call(&args.connector, &query, None).await?;
+    let answer = call(&args.connector, &control, &query, None).await?;
     match args.format {
         ListFormat::Json => println!("{answer}"),
         ListFormat::Text => {
@@ -132,6 +129,10 @@ async fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn replay(args: ReplayArgs) -> anyhow::Result<ExitCode> {
+    let control = match args.connector.control.clone().resolve() {
+        Ok(control) => control,
+        Err(code) => return Ok(code),
+    };
     let mut body = Map::new();
     body.insert("partition".into(), json!(args.connector.partition));
     body.insert("again".into(), json!(args.again));
@@ -151,7 +152,13 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<ExitCode> {
         "filter".into(),
         json!({ "error_class": args.filter, "stage": args.stage }),
     );
-    let answer = call(&args.connector, "/dlq/replay", Some(Value::Object(body))).await?;
+    let answer = call(
+        &args.connector,
+        &control,
+        "/dlq/replay",
+        Some(Value::Object(body)),
+    )
+    .await?;
     println!("{answer}");
     let failed = answer["stopped"].is_string();
     Ok(if failed {
@@ -163,7 +170,12 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<ExitCode> {
 
 /// Calls `path` under the connector (GET, or POST with `body`), trying the
 /// sink and then the source with the key unless `--kind` says which.
-async fn call(target: &Target, path: &str, body: Option<Value>) -> anyhow::Result<Value> {
+async fn call(
+    target: &Target,
+    control: &Control,
+    path: &str,
+    body: Option<Value>,
+) -> anyhow::Result<Value> {
     let client = reqwest::Client::new();
     let kinds = match target.kind {
         Some(kind) => vec![kind],
@@ -171,22 +183,18 @@ async fn call(target: &Target, path: &str, body: Option<Value>) -> anyhow::Resul
     };
     let mut last_refusal = String::new();
     for kind in kinds {
-        let url = format!(
-            "{}/{kind}s/{}{path}",
-            target.url.trim_end_matches('/'),
-            target.key
-        );
+        let url = format!("{}/{kind}s/{}{path}", control.url, target.key);
         let mut request = match &body {
             Some(body) => client.post(&url).json(body),
             None => client.get(&url),
         };
-        if let Some(key) = &target.api_key {
+        if let Some(key) = &control.api_key {
             request = request.header("api-key", key);
         }
         let response = request
             .send()
             .await
-            .with_context(|| format!("cannot reach the control API at {}", target.url))?;
+            .with_context(|| format!("cannot reach the control API at {}", control.url))?;
         let status = response.status();
         let text = response.text().await.unwrap_or_default();
         if status.is_success() {

@@ -9,6 +9,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use serde_json::Value;
 
+use super::control::ControlArgs;
 use crate::connectors::ConnectorKind;
 
 #[derive(Debug, Args)]
@@ -36,16 +37,8 @@ pub struct TapArgs {
     /// Exit after this many messages (default: until interrupted).
     #[arg(long)]
     count: Option<u64>,
-    /// The control API's URL.
-    #[arg(
-        long,
-        env = "IGGY_CONNECT_URL",
-        default_value = "http://127.0.0.1:8081"
-    )]
-    url: String,
-    /// The API key (`[http] api_key`).
-    #[arg(long, env = "IGGY_CONNECTORS_HTTP_API_KEY", hide_env_values = true)]
-    api_key: Option<String>,
+    #[command(flatten)]
+    control: ControlArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -55,6 +48,10 @@ pub enum TapFormat {
 }
 
 pub async fn tap(args: TapArgs) -> anyhow::Result<ExitCode> {
+    let control = match args.control.clone().resolve() {
+        Ok(control) => control,
+        Err(code) => return Ok(code),
+    };
     let client = reqwest::Client::new();
     let kinds = match args.kind {
         Some(kind) => vec![kind],
@@ -64,21 +61,16 @@ pub async fn tap(args: TapArgs) -> anyhow::Result<ExitCode> {
     for kind in kinds {
         let url = format!(
             "{}/{kind}s/{}/tap?stage={}&limit={}&interval_ms={}&max_bytes={}",
-            args.url.trim_end_matches('/'),
-            args.key,
-            args.stage,
-            args.limit,
-            args.interval_ms,
-            args.max_bytes
+            control.url, args.key, args.stage, args.limit, args.interval_ms, args.max_bytes
         );
         let mut request = client.get(&url);
-        if let Some(key) = &args.api_key {
+        if let Some(key) = &control.api_key {
             request = request.header("api-key", key);
         }
         let response = request
             .send()
             .await
-            .with_context(|| format!("cannot reach the control API at {}", args.url))?;
+            .with_context(|| format!("cannot reach the control API at {}", control.url))?;
         let status = response.status();
         if status.is_success() {
             return follow(response, &args).await;

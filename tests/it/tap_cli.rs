@@ -40,14 +40,18 @@ fn tap(url: &str, args: &[&str]) -> Output {
 }
 
 #[test]
-fn tap_prints_live_messages_of_a_running_source_and_sink() {
+fn tap_prints_live_messages_of_a_running_source_and_sink_found_by_url_or_by_the_runtimes_config() {
     let server = IggyTestServer::start();
     let workspace = Workspace::with_api(&server.address().to_string(), "");
     let config = workspace.path("config.toml");
     let text = std::fs::read_to_string(&config).unwrap();
+    // A wildcard address on a port of its own: `--config` below reaches it
+    // on loopback.
+    let port = crate::support::ports::free_port();
     std::fs::write(
         &config,
-        text.replace("[http]\n", "[http]\napi_key = \"k3y\"\n"),
+        text.replace("[http]\n", "[http]\napi_key = \"k3y\"\n")
+            .replace("127.0.0.1:0", &format!("0.0.0.0:{port}")),
     )
     .unwrap();
     workspace.add_connector("a.toml", &random_source("gen"));
@@ -102,6 +106,22 @@ fn tap_prints_live_messages_of_a_running_source_and_sink() {
         .unwrap();
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("refused the API key"));
+
+    // The runtime's own config gives the URL and the key.
+    let configured = Command::new(env!("CARGO_BIN_EXE_iggy-connect"))
+        .args(["tap", "gen", "--count", "2", "--config"])
+        .arg(&config)
+        .env_remove("IGGY_CONNECTORS_HTTP_API_KEY")
+        .env_remove("IGGY_CONNECT_URL")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&configured.stdout);
+    assert!(
+        configured.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&configured.stderr)
+    );
+    assert_eq!(stdout.lines().count(), 2, "{stdout}");
 
     running.terminate();
     assert!(running.wait_exit(LONG).success(), "{}", workspace.stderr());

@@ -14,6 +14,7 @@ use ratatui::crossterm::event::{self, Event, KeyEventKind};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
+use super::control::ControlArgs;
 use crate::connectors::ConnectorKind;
 use model::Sample;
 use view::{Action, App};
@@ -23,23 +24,19 @@ pub struct TopArgs {
     /// How often the figures are read, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     interval_ms: u64,
-    /// The control API's URL.
-    #[arg(
-        long,
-        env = "IGGY_CONNECT_URL",
-        default_value = "http://127.0.0.1:8081"
-    )]
-    url: String,
-    /// The API key (`[http] api_key`).
-    #[arg(long, env = "IGGY_CONNECTORS_HTTP_API_KEY", hide_env_values = true)]
-    api_key: Option<String>,
+    #[command(flatten)]
+    control: ControlArgs,
 }
 
 pub async fn top(args: TopArgs) -> anyhow::Result<ExitCode> {
+    let control = match args.control.resolve() {
+        Ok(control) => control,
+        Err(code) => return Ok(code),
+    };
     let api = Api {
         client: reqwest::Client::new(),
-        url: args.url.trim_end_matches('/').to_owned(),
-        api_key: args.api_key,
+        url: control.url,
+        api_key: control.api_key,
     };
     // Refuse a wrong URL or key before taking over the terminal.
     let first = api.samples().await?;
