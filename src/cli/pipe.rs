@@ -20,7 +20,8 @@ use crate::config::env::EnvVars;
 use crate::config::runtime::LogFormat;
 use crate::config::{ConfigIssue, ConnectorConfig, KindConfig, OnError, SinkStream, SourceStream};
 use crate::connectors::{
-    BatchPolicy, BuildError, ConnectorContext, ConnectorError, ConnectorKind, Source, SourceBatch,
+    BatchPolicy, BuildError, ConnectorContext, ConnectorError, ConnectorKind, Registry, Source,
+    SourceBatch, describe,
 };
 use crate::engine::metrics::{ConnectorMetrics, DualCounter};
 use crate::engine::runtime::{ConnectorFactory, RegistryFactory, RuntimeOptions};
@@ -53,7 +54,7 @@ pub struct PipeArgs {
     sink_file: Option<PathBuf>,
     /// `source.FIELD=VALUE` or `sink.FIELD=VALUE`: a `plugin_config` field (over
     /// the file's, if any). VALUE is read as TOML (`1000`, `true`, `[1, 2]`),
-    /// else as a string.
+    /// else as a string; one value for a list field is a list of one.
     #[arg(long = "set", value_name = "TARGET.FIELD=VALUE")]
     settings: Vec<String>,
     /// Schema of the in-memory topic when neither side comes from a file.
@@ -398,8 +399,10 @@ fn plan(args: &PipeArgs) -> Result<Plan, String> {
     if args.sink_file.is_none() && args.sink.as_deref() == Some("stdout") {
         sink.plugin_config["print_payload"] = true.into();
     }
-    merge(&mut source.plugin_config, source_settings);
-    merge(&mut sink.plugin_config, sink_settings);
+    for (config, settings) in [(&mut source, source_settings), (&mut sink, sink_settings)] {
+        let settings = listed(config, settings);
+        merge(&mut config.plugin_config, settings);
+    }
     for config in [&mut source, &mut sink] {
         config.enabled = true;
     }
@@ -563,6 +566,28 @@ fn pipe_plugin_configs(
         toml_to_json(&toml::Value::Table(source)),
         toml_to_json(&toml::Value::Table(sink)),
     ))
+}
+
+/// `--set` values with each one value given to a list field of the
+/// connector made a list of it (`--set source.topics=orders`), as a user
+/// would expect on a command line; in a file a list is written as one.
+fn listed(config: &ConnectorConfig, mut settings: serde_json::Value) -> serde_json::Value {
+    let Ok(info) = Registry::info(config.kind, &config.connector) else {
+        return settings;
+    };
+    let Some(fields) = settings.as_object_mut() else {
+        return settings;
+    };
+    for field in describe::fields(&info) {
+        let scalar = fields
+            .get(&field.name)
+            .is_some_and(|value| !value.is_array() && !value.is_object());
+        if scalar && field.kind.starts_with("array of ") {
+            let value = fields.remove(&field.name).unwrap_or_default();
+            fields.insert(field.name, serde_json::Value::Array(vec![value]));
+        }
+    }
+    settings
 }
 
 /// Reads a `--set` value as TOML when it is one, else as a plain string.

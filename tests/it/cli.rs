@@ -281,6 +281,30 @@ fn validate_reports_iggy_connection_settings_that_cannot_work() {
     );
 }
 
+#[cfg(feature = "file-source")]
+#[test]
+fn pipe_takes_one_value_for_a_list_field_as_a_list_of_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("app.log");
+    std::fs::write(&log, "first\nsecond\n").unwrap();
+    let include = format!("source.include={}", log.display());
+    let output = iggy_connect(&[
+        "pipe",
+        "--source",
+        "file",
+        "--sink",
+        "stdout",
+        "--schema",
+        "text",
+        "--max-messages",
+        "2",
+        "--set",
+        &include,
+    ]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "first\nsecond\n");
+}
+
 #[test]
 fn pipe_configuration_errors_exit_2() {
     for args in [
