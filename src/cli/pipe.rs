@@ -211,12 +211,12 @@ pub async fn pipe(args: PipeArgs) -> anyhow::Result<ExitCode> {
         );
     }
     if signals.unless_stopped(runtime.shutdown()).await.is_none() {
+        let text = match interrupted {
+            true => "pipe: interrupted again, stopping at once",
+            false => "pipe: interrupted, stopping at once",
+        };
+        out.line("WARN", text, serde_json::json!({}));
         interrupted = true;
-        out.line(
-            "WARN",
-            "pipe: interrupted again, stopping at once",
-            serde_json::json!({}),
-        );
     }
 
     let undelivered: u64 = plan
@@ -568,9 +568,9 @@ fn pipe_plugin_configs(
     ))
 }
 
-/// `--set` values with each one value given to a list field of the
-/// connector made a list of it (`--set source.topics=orders`), as a user
-/// would expect on a command line; in a file a list is written as one.
+/// `settings` with a single value given to a list field of the connector
+/// wrapped in a list (`--set source.topics=orders`): on a command line one
+/// value is what a user writes, where a file writes the list.
 fn listed(config: &ConnectorConfig, mut settings: serde_json::Value) -> serde_json::Value {
     let Ok(info) = Registry::info(config.kind, &config.connector) else {
         return settings;

@@ -23,28 +23,6 @@ pub use connector_dir::{is_connector_file, load_connector_dir};
 pub use runtime::RuntimeConfig;
 pub use streams::{SinkStream, SourceStream};
 
-/// Where a serde error points and what it says: the dotted path of the field
-/// (empty for the table itself) and the message. serde names a missing field
-/// in its message only, at the path of the table that lacks it, so the field
-/// is added to the path.
-pub fn serde_field<E: fmt::Display>(error: serde_path_to_error::Error<E>) -> (String, String) {
-    let path = match error.path().to_string() {
-        path if path == "." => String::new(),
-        path => path,
-    };
-    let message = error.into_inner().to_string();
-    let missing = message
-        .strip_prefix("missing field `")
-        .and_then(|rest| rest.strip_suffix('`'));
-    match missing {
-        Some(name) if path.is_empty() => (name.to_owned(), MISSING.to_owned()),
-        Some(name) => (format!("{path}.{name}"), MISSING.to_owned()),
-        None => (path, message),
-    }
-}
-
-const MISSING: &str = "missing required field";
-
 /// One problem found in a config file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigIssue {
@@ -131,46 +109,3 @@ impl fmt::Display for ConfigIssues {
 }
 
 impl std::error::Error for ConfigIssues {}
-
-#[cfg(test)]
-mod tests {
-    use serde::Deserialize;
-
-    use super::serde_field;
-
-    #[derive(Debug, Deserialize)]
-    #[allow(dead_code)]
-    struct Outer {
-        name: String,
-        tls: Inner,
-    }
-
-    #[derive(Debug, Deserialize)]
-    #[allow(dead_code)]
-    struct Inner {
-        ca_file: String,
-    }
-
-    fn located(json: serde_json::Value) -> (String, String) {
-        serde_field(serde_path_to_error::deserialize::<_, Outer>(json).unwrap_err())
-    }
-
-    #[test]
-    fn given_a_missing_field_when_located_should_name_it_at_its_path() {
-        let missing = "missing required field".to_owned();
-        assert_eq!(
-            located(serde_json::json!({"tls": {"ca_file": "ca.pem"}})),
-            ("name".to_owned(), missing.clone())
-        );
-        assert_eq!(
-            located(serde_json::json!({"name": "n", "tls": {}})),
-            ("tls.ca_file".to_owned(), missing)
-        );
-        let (field, message) = located(serde_json::json!({"name": 7, "tls": {"ca_file": ""}}));
-        assert_eq!(field, "name");
-        assert!(
-            message.starts_with("invalid type: integer `7`"),
-            "{message}"
-        );
-    }
-}

@@ -169,7 +169,7 @@ impl StateConfig {
     /// the field (`state.server.timeout`) and what is wrong with it.
     pub fn settings<T: DeserializeOwned>(&self) -> Result<T, SettingsError> {
         serde_path_to_error::deserialize(self.settings.clone()).map_err(|error| {
-            let (field, message) = super::serde_field(error);
+            let (field, message) = crate::connectors::serde_field(error);
             SettingsError {
                 field: match field.as_str() {
                     "" => "state".to_owned(),

@@ -563,6 +563,28 @@ impl PluginConfigError {
     }
 }
 
+/// Where a serde error points and what it says: the dotted path of the field
+/// (empty for the table itself) and the message. serde names a missing field
+/// in its message only, at the path of the table that lacks it, so the field
+/// is added to the path.
+pub fn serde_field<E: fmt::Display>(error: serde_path_to_error::Error<E>) -> (String, String) {
+    let path = match error.path().to_string() {
+        path if path == "." => String::new(),
+        path => path,
+    };
+    let message = error.into_inner().to_string();
+    let missing = message
+        .strip_prefix("missing field `")
+        .and_then(|rest| rest.strip_suffix('`'));
+    match missing {
+        Some(name) if path.is_empty() => (name.to_owned(), MISSING.to_owned()),
+        Some(name) => (format!("{path}.{name}"), MISSING.to_owned()),
+        None => (path, message),
+    }
+}
+
+const MISSING: &str = "missing required field";
+
 /// Parses a connector's `plugin_config` into its typed config, naming every
 /// field that does not fit: serde stops at the first, so each offending field
 /// is taken out and the rest parsed again (up to 20 fields).
@@ -577,7 +599,7 @@ pub fn parse_plugin_config<T: DeserializeOwned>(
     let mut found = Vec::new();
     loop {
         let taken_out = remove_at(&mut rest, error.path());
-        let (field, message) = crate::config::serde_field(error);
+        let (field, message) = serde_field(error);
         found.push(PluginConfigError::new(field, message));
         if !taken_out || found.len() == 20 {
             break;
@@ -632,4 +654,47 @@ pub fn encode_state<T: serde::Serialize>(state: &T) -> Result<Vec<u8>, Connector
 /// Decodes a state written by [`encode_state`].
 pub fn decode_state<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ConnectorError> {
     rmp_serde::from_slice(bytes).map_err(ConnectorError::fatal)
+}
+
+#[cfg(test)]
+mod serde_field_tests {
+    use serde::Deserialize;
+
+    use super::serde_field;
+
+    #[derive(Debug, Deserialize)]
+    #[allow(dead_code)]
+    struct Outer {
+        name: String,
+        tls: Inner,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[allow(dead_code)]
+    struct Inner {
+        ca_file: String,
+    }
+
+    fn located(json: serde_json::Value) -> (String, String) {
+        serde_field(serde_path_to_error::deserialize::<_, Outer>(json).unwrap_err())
+    }
+
+    #[test]
+    fn given_a_missing_field_when_located_should_name_it_at_its_path() {
+        let missing = "missing required field".to_owned();
+        assert_eq!(
+            located(serde_json::json!({"tls": {"ca_file": "ca.pem"}})),
+            ("name".to_owned(), missing.clone())
+        );
+        assert_eq!(
+            located(serde_json::json!({"name": "n", "tls": {}})),
+            ("tls.ca_file".to_owned(), missing)
+        );
+        let (field, message) = located(serde_json::json!({"name": 7, "tls": {"ca_file": ""}}));
+        assert_eq!(field, "name");
+        assert!(
+            message.starts_with("invalid type: integer `7`"),
+            "{message}"
+        );
+    }
 }

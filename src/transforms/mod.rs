@@ -391,7 +391,7 @@ fn boxed<T: Transform + 'static>(transform: T) -> Box<dyn Transform> {
 /// the field that does not fit.
 fn parse<T: DeserializeOwned>(settings: &serde_json::Value) -> Result<T, FieldError> {
     serde_path_to_error::deserialize(settings).map_err(|error| {
-        let (field, message) = crate::config::serde_field(error);
+        let (field, message) = crate::connectors::serde_field(error);
         FieldError { field, message }
     })
 }

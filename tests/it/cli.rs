@@ -337,68 +337,100 @@ fn lines_of(stream: impl Read + Send + 'static) -> std::thread::JoinHandle<Vec<S
     })
 }
 
-#[test]
-fn an_interrupted_pipe_with_records_in_flight_exits_130_and_counts_them() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_iggy-connect"))
-        .args([
-            "pipe",
-            "--source",
-            "random",
-            "--sink",
-            "stdout",
-            "--set",
-            "source.interval=0ms",
-            "--set",
-            "sink.print_payload=true",
-            "--progress-interval",
-            "100ms",
-        ])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (lines, errors) = std::sync::mpsc::channel();
-    let stderr_reader = {
+/// `pipe --source random --sink stdout` as fast as it goes, with progress
+/// lines every 100 ms; nothing reads its stdout until [`finish`](Self::finish),
+/// so the sink blocks on the full pipe while the source reads on.
+struct BlockedPipe {
+    child: std::process::Child,
+    stderr: std::sync::mpsc::Receiver<String>,
+    reader: std::thread::JoinHandle<()>,
+    report: Vec<String>,
+}
+
+impl BlockedPipe {
+    fn start() -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_iggy-connect"))
+            .args(["pipe", "--source", "random", "--sink", "stdout"])
+            .args([
+                "--set",
+                "source.interval=0ms",
+                "--progress-interval",
+                "100ms",
+            ])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (lines, stderr) = std::sync::mpsc::channel();
         let stream = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             for line in BufReader::new(stream).lines().map_while(Result::ok) {
                 let _ = lines.send(line);
             }
-        })
-    };
-    let stdout = child.stdout.take().unwrap();
-    // This test reads nothing from stdout yet: the sink blocks on the full
-    // pipe while the source reads on, so records wait in the topic. Signal
-    // once the progress line says so.
-    let mut report = Vec::new();
-    loop {
-        let line = errors
-            .recv_timeout(Duration::from_secs(60))
-            .unwrap_or_else(|_| panic!("no progress line with records waiting: {report:?}"));
-        let waiting =
-            progress_counts(&line).is_some_and(|(read, delivered)| read > delivered + 5000);
-        report.push(line);
-        if waiting {
-            break;
+        });
+        Self {
+            child,
+            stderr,
+            reader,
+            report: Vec::new(),
         }
     }
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let printed = lines_of(stdout).join().unwrap().len();
-    let status = child.wait().unwrap();
-    stderr_reader.join().unwrap();
-    report.extend(errors.try_iter());
-    let report = report.join("\n");
-    assert_eq!(status.code(), Some(130), "{report}");
-    let undelivered: u64 = report
+
+    /// Reads stderr up to the first line `wanted` accepts.
+    fn wait_for(&mut self, wanted: impl Fn(&str) -> bool) {
+        loop {
+            let line = self
+                .stderr
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|_| panic!("no such line: {:?}", self.report));
+            let found = wanted(&line);
+            self.report.push(line);
+            if found {
+                return;
+            }
+        }
+    }
+
+    fn interrupt(&self) {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+    }
+
+    /// Reads stdout to its end and waits for the exit: the exit code, the
+    /// lines printed and stderr.
+    fn finish(mut self) -> (Option<i32>, usize, String) {
+        let printed = lines_of(self.child.stdout.take().unwrap());
+        let status = self.child.wait().unwrap();
+        let printed = printed.join().unwrap().len();
+        self.reader.join().unwrap();
+        self.report.extend(self.stderr.try_iter());
+        (status.code(), printed, self.report.join("\n"))
+    }
+}
+
+/// The count of a `pipe` report's "N records read from the source were not
+/// delivered to the sink".
+fn undelivered(report: &str) -> u64 {
+    report
         .lines()
         .find_map(|line| {
             line.strip_suffix(" records read from the source were not delivered to the sink")
         })
         .and_then(|line| line.strip_prefix("pipe: "))
         .and_then(|count| count.parse().ok())
-        .unwrap_or_else(|| panic!("no count of undelivered records in {report}"));
-    assert!(undelivered > 0, "{report}");
+        .unwrap_or_else(|| panic!("no count of undelivered records in {report}"))
+}
+
+#[test]
+fn an_interrupted_pipe_with_records_in_flight_exits_130_and_counts_them() {
+    let mut pipe = BlockedPipe::start();
+    pipe.wait_for(|line| {
+        progress_counts(line).is_some_and(|(read, delivered)| read > delivered + 5000)
+    });
+    pipe.interrupt();
+    let (code, printed, report) = pipe.finish();
+    assert_eq!(code, Some(130), "{report}");
+    assert!(undelivered(&report) > 0, "{report}");
     let summary = summary_records(&report);
     assert!(
         printed as u64 >= summary,
@@ -408,62 +440,16 @@ fn an_interrupted_pipe_with_records_in_flight_exits_130_and_counts_them() {
 
 #[test]
 fn a_second_interrupt_stops_a_pipe_at_once_instead_of_waiting_for_its_sink() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_iggy-connect"))
-        .args([
-            "pipe",
-            "--source",
-            "random",
-            "--sink",
-            "stdout",
-            "--set",
-            "source.interval=0ms",
-            "--progress-interval",
-            "100ms",
-        ])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (lines, errors) = std::sync::mpsc::channel();
-    let stderr_reader = {
-        let stream = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                let _ = lines.send(line);
-            }
-        })
-    };
-    // Nothing reads stdout until the end: the sink stays blocked on the full
-    // pipe, so the graceful shutdown the first SIGINT starts cannot finish
-    // by itself before its grace period.
-    let mut report = Vec::new();
-    let mut wait_for = |wanted: &dyn Fn(&str) -> bool| loop {
-        let line = errors
-            .recv_timeout(Duration::from_secs(60))
-            .unwrap_or_else(|_| panic!("no such line: {report:?}"));
-        let found = wanted(&line);
-        report.push(line);
-        if found {
-            break;
-        }
-    };
-    wait_for(&|line| progress_counts(line).is_some_and(|(read, delivered)| read > delivered));
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    wait_for(&|line| line.starts_with("pipe: interrupted, stopping"));
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    wait_for(&|line| line == "pipe: interrupted again, stopping at once");
-    let stdout = lines_of(child.stdout.take().unwrap());
-    let status = child.wait().unwrap();
-    stdout.join().unwrap();
-    stderr_reader.join().unwrap();
-    report.extend(errors.try_iter());
-    let report = report.join("\n");
-    assert_eq!(status.code(), Some(130), "{report}");
-    assert!(
-        report.contains("records read from the source were not delivered"),
-        "{report}"
-    );
+    let mut pipe = BlockedPipe::start();
+    pipe.wait_for(|line| progress_counts(line).is_some_and(|(read, delivered)| read > delivered));
+    // The blocked sink holds the graceful stop the first SIGINT starts.
+    pipe.interrupt();
+    pipe.wait_for(|line| line.starts_with("pipe: interrupted, stopping"));
+    pipe.interrupt();
+    pipe.wait_for(|line| line == "pipe: interrupted again, stopping at once");
+    let (code, _, report) = pipe.finish();
+    assert_eq!(code, Some(130), "{report}");
+    assert!(undelivered(&report) > 0, "{report}");
 }
 
 /// The records read and delivered of a `pipe` progress line.

@@ -49,6 +49,20 @@ fn edited_example(dir: &Path, from: &str, to: &str) -> PathBuf {
     path
 }
 
+/// A runtime config in `dir` whose connector directory is `connectors`.
+fn runtime_config(dir: &Path, connectors: &Path) -> PathBuf {
+    let config = dir.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[iggy]\naddress = \"localhost:8090\"\n[connectors]\nconfig_type = \"local\"\nconfig_dir = \"{}\"\n",
+            connectors.display()
+        ),
+    )
+    .unwrap();
+    config
+}
+
 #[test]
 fn test_command_passes_the_example_files_tests_from_the_file_and_beside_it() {
     let output = iggy_connect(&["test", EXAMPLE]);
@@ -125,15 +139,7 @@ fn a_program_that_does_not_compile_is_a_config_error_with_vrls_diagnostic_in_tes
     let file = edited_example(&connectors, "parse_timestamp!(", "parse_timestamp(");
     let output = iggy_connect(&["test", file.to_str().unwrap()]);
     assert_eq!(output.status.code(), Some(2));
-    let config = dir.path().join("config.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[iggy]\naddress = \"localhost:8090\"\n[connectors]\nconfig_type = \"local\"\nconfig_dir = \"{}\"\n",
-            connectors.display()
-        ),
-    )
-    .unwrap();
+    let config = runtime_config(dir.path(), &connectors);
     let validated = iggy_connect(&["validate", "--config", config.to_str().unwrap()]);
     assert_eq!(validated.status.code(), Some(2));
     for report in [text(&output.stderr), text(&validated.stderr)] {
@@ -210,15 +216,7 @@ fn validate_leaves_out_a_files_tests_beside_it_in_the_connectors_directory() {
         )
         .unwrap();
     }
-    let config = dir.path().join("config.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[iggy]\naddress = \"localhost:8090\"\n[connectors]\nconfig_type = \"local\"\nconfig_dir = \"{}\"\n",
-            connectors.display()
-        ),
-    )
-    .unwrap();
+    let config = runtime_config(dir.path(), &connectors);
     let validated = iggy_connect(&["validate", "--config", config.to_str().unwrap()]);
     let stdout = text(&validated.stdout);
     assert_eq!(
