@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Context;
 use secrecy::ExposeSecret;
 
 use super::EXIT_CONFIG;
@@ -36,6 +37,25 @@ pub struct Control {
     /// Without a trailing `/`.
     pub url: String,
     pub api_key: Option<String>,
+    /// The API's own certificate (`[http.tls] cert_file`), trusted beside the
+    /// system's roots, so a self-signed one is reached too.
+    pub certificate: Option<PathBuf>,
+}
+
+impl Control {
+    /// An HTTP client that trusts [`certificate`](Self::certificate).
+    pub fn client(&self) -> anyhow::Result<reqwest::Client> {
+        let mut builder = reqwest::Client::builder();
+        if let Some(path) = &self.certificate {
+            let pem = std::fs::read(path)
+                .with_context(|| format!("cannot read the API's certificate {}", path.display()))?;
+            let certificates = reqwest::Certificate::from_pem_bundle(&pem).with_context(|| {
+                format!("no certificate in the API's certificate {}", path.display())
+            })?;
+            builder = builder.tls_certs_merge(certificates);
+        }
+        builder.build().context("cannot build the HTTP client")
+    }
 }
 
 impl ControlArgs {
@@ -50,11 +70,14 @@ impl ControlArgs {
             .url
             .or_else(|| from_config.as_ref().map(|control| control.url.clone()))
             .unwrap_or_else(|| DEFAULT_URL.to_owned());
+        let (api_key, certificate) = match from_config {
+            Some(control) => (self.api_key.or(control.api_key), control.certificate),
+            None => (self.api_key, None),
+        };
         Ok(Control {
             url: url.trim_end_matches('/').to_owned(),
-            api_key: self
-                .api_key
-                .or_else(|| from_config.and_then(|control| control.api_key)),
+            api_key,
+            certificate,
         })
     }
 }
@@ -92,6 +115,7 @@ fn of_http(http: &HttpConfig) -> Control {
     Control {
         url: format!("{scheme}://{address}"),
         api_key: (!key.is_empty()).then(|| key.to_owned()),
+        certificate: http.tls.enabled.then(|| http.tls.cert_file.clone()),
     }
 }
 
@@ -115,15 +139,14 @@ mod tests {
             of_http(&http("0.0.0.0:9000", false, "k")),
             Control {
                 url: "http://127.0.0.1:9000".into(),
-                api_key: Some("k".into())
+                api_key: Some("k".into()),
+                certificate: None,
             }
         );
+        let tls = of_http(&http("[::]:9000", true, ""));
         assert_eq!(
-            of_http(&http("[::]:9000", true, "")),
-            Control {
-                url: "https://[::1]:9000".into(),
-                api_key: None
-            }
+            (tls.url.as_str(), tls.api_key, tls.certificate.is_some()),
+            ("https://[::1]:9000", None, true)
         );
         assert_eq!(
             of_http(&http("api.internal:8081", false, "")).url,
@@ -142,7 +165,8 @@ mod tests {
             args.resolve().unwrap(),
             Control {
                 url: "http://h:1".into(),
-                api_key: Some("k".into())
+                api_key: Some("k".into()),
+                certificate: None,
             }
         );
     }

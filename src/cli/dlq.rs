@@ -176,7 +176,7 @@ async fn call(
     path: &str,
     body: Option<Value>,
 ) -> anyhow::Result<Value> {
-    let client = reqwest::Client::new();
+    let client = control.client()?;
     let kinds = match target.kind {
         Some(kind) => vec![kind],
         None => vec![ConnectorKind::Sink, ConnectorKind::Source],

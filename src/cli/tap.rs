@@ -52,7 +52,7 @@ pub async fn tap(args: TapArgs) -> anyhow::Result<ExitCode> {
         Ok(control) => control,
         Err(code) => return Ok(code),
     };
-    let client = reqwest::Client::new();
+    let client = control.client()?;
     let kinds = match args.kind {
         Some(kind) => vec![kind],
         None => vec![ConnectorKind::Source, ConnectorKind::Sink],

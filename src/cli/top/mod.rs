@@ -34,7 +34,7 @@ pub async fn top(args: TopArgs) -> anyhow::Result<ExitCode> {
         Err(code) => return Ok(code),
     };
     let api = Api {
-        client: reqwest::Client::new(),
+        client: control.client()?,
         url: control.url,
         api_key: control.api_key,
     };

@@ -72,7 +72,7 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 #[tokio::test]
-async fn tls_serves_https_with_the_configured_certificate() {
+async fn tls_serves_https_with_the_configured_certificate_which_the_cli_trusts_from_the_config() {
     let mut http = HttpConfig::default();
     http.tls.enabled = true;
     http.tls.cert_file = fixture("api_tls_cert.pem");
@@ -92,6 +92,36 @@ async fn tls_serves_https_with_the_configured_certificate() {
     );
     let response = client.get(url).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
+
+    // `dlq --config` reaches it over https trusting the configured
+    // certificate: the answer is the API's own "not found", not a TLS error.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("connectors")).unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[http]\nenabled = true\naddress = \"127.0.0.1:{port}\"\n\
+             [http.tls]\nenabled = true\ncert_file = \"{cert}\"\nkey_file = \"{key}\"\n\
+             [iggy]\naddress = \"localhost:8090\"\n\
+             [connectors]\nconfig_type = \"local\"\nconfig_dir = \"{dir}\"\n",
+            port = harness.server.address().port(),
+            cert = fixture("api_tls_cert.pem").display(),
+            key = fixture("api_tls_key.pem").display(),
+            dir = dir.path().join("connectors").display(),
+        ),
+    )
+    .unwrap();
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_iggy-connect"))
+        .args(["dlq", "list", "nosuch", "--config"])
+        .arg(&config)
+        .env_remove("IGGY_CONNECT_URL")
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("\"nosuch\" not found"), "{stderr}");
 
     let mut http = HttpConfig {
         address: "127.0.0.1:0".into(),
