@@ -35,6 +35,20 @@ fn iggy_connect(args: &[&str]) -> Output {
         .expect("the binary runs")
 }
 
+/// The binary's stdout, once it exited 0 (else the test fails with both
+/// streams).
+fn succeeded(args: &[&str]) -> String {
+    let output = iggy_connect(args);
+    let stdout = text(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{args:?}: {stdout}{}",
+        text(&output.stderr)
+    );
+    stdout
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -65,14 +79,7 @@ fn runtime_config(dir: &Path, connectors: &Path) -> PathBuf {
 
 #[test]
 fn test_command_passes_the_example_files_tests_from_the_file_and_beside_it() {
-    let output = iggy_connect(&["test", EXAMPLE]);
-    let stdout = text(&output.stdout);
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{stdout}{}",
-        text(&output.stderr)
-    );
+    let stdout = succeeded(&["test", EXAMPLE]);
     for name in [
         "renames, masks, parses the time and keys by user",
         "drops debug events",
@@ -159,19 +166,12 @@ fn a_program_that_does_not_compile_is_a_config_error_with_vrls_diagnostic_in_tes
 
 #[test]
 fn test_command_runs_a_files_tests_once_however_often_a_glob_or_a_directory_names_it() {
-    let output = iggy_connect(&[
+    let stdout = succeeded(&[
         "test",
         EXAMPLE,
         "examples/remap/users.test.toml",
         "examples",
     ]);
-    let stdout = text(&output.stdout);
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{stdout}{}",
-        text(&output.stderr)
-    );
     assert_eq!(
         stdout.matches("running 4 test(s) from").count(),
         1,
@@ -217,14 +217,7 @@ fn validate_leaves_out_a_files_tests_beside_it_in_the_connectors_directory() {
         .unwrap();
     }
     let config = runtime_config(dir.path(), &connectors);
-    let validated = iggy_connect(&["validate", "--config", config.to_str().unwrap()]);
-    let stdout = text(&validated.stdout);
-    assert_eq!(
-        validated.status.code(),
-        Some(0),
-        "{stdout}{}",
-        text(&validated.stderr)
-    );
+    let stdout = succeeded(&["validate", "--config", config.to_str().unwrap()]);
     assert!(stdout.contains("config OK: 1 connector(s)"), "{stdout}");
 }
 
