@@ -28,6 +28,9 @@ use crate::support::s3::S3Server;
 use crate::support::wait::{eventually, eventually_or, wait_for};
 
 const LONG: Duration = Duration::from_secs(90);
+/// How long the input may take to reach Iggy after a broker restart or a
+/// SIGKILL of the runtime (the group is joined again first).
+const AFTER_FAULT: Duration = Duration::from_secs(240);
 
 fn bodies(range: std::ops::Range<u64>) -> Vec<(Option<String>, Vec<u8>)> {
     range
@@ -557,9 +560,25 @@ impl BothWays {
     /// record must reach Iggy and every Iggy message the output.
     async fn finish(self, broker: &KafkaBroker, fault: &str) {
         produce(&broker.bootstrap(), &self.input, None, bodies(1000..1200)).await;
-        wait_for("all input in Iggy", LONG, || {
-            covers(&in_iggy(&self.iggy, "created"), 0..1200)
-        })
+        // After a fault the source waits for tansu to take its group back,
+        // which took 28-82 s here on a loaded machine: a longer wait, and on
+        // failure what is missing, so a loss shows as one, not as a timeout.
+        eventually_or(
+            "all input in Iggy",
+            AFTER_FAULT,
+            async || covers(&in_iggy(&self.iggy, "created"), 0..1200),
+            || {
+                let seen = in_iggy(&self.iggy, "created");
+                let missing: Vec<u64> = (0..1200).filter(|n| !seen.contains_key(n)).collect();
+                format!(
+                    "missing {}; source {:?}",
+                    ranges(&missing),
+                    self.runtime
+                        .view(ConnectorKind::Source, "from-kafka")
+                        .map(|view| view.status)
+                )
+            },
+        )
         .await;
         eventually_or(
             "the sink's offset to cover the topic",
